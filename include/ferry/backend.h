@@ -1,0 +1,185 @@
+// The backend interface: Registry, Device, BufferType, Buffer, Backend (a stream), Event.
+//
+// Rules that keep every backend remotable:
+//  - Nothing here hands out a raw pointer into another address space. A tensor's storage is
+//    (buffer, offset); Buffer::base() is nullptr unless the caller's process can address it.
+//  - Calls that move data or run work have an async form; synchronize() is the only wait.
+//  - supports_op() is honest and cheap; the scheduler relies on it to fall back to the CPU.
+//  - Errors are values with messages that name the op and the offending value.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/graph.h"
+#include "ferry/status.h"
+#include "ferry/tensor.h"
+
+namespace ferry {
+
+class Backend;
+class Buffer;
+class BufferType;
+class Device;
+class Event;
+
+enum class DeviceType { CPU, GPU, ACCEL, REMOTE };
+const char* device_type_name(DeviceType t);
+
+enum class BufferUsage { Any, Weights, Compute };
+
+struct DeviceMemory {
+    size_t free = 0;
+    size_t total = 0;
+};
+
+struct DeviceCaps {
+    bool async = false;        // set/get/compute may overlap the caller
+    bool host_buffer = false;  // host_buffer_type() gives pinned/shared host memory
+    bool buffer_from_host_ptr = false;
+    bool events = false;
+};
+
+class BufferType {
+  public:
+    virtual ~BufferType() = default;
+    virtual const char* name() const = 0;
+    virtual Device* device() const = 0;
+    virtual size_t alignment() const = 0;
+    virtual size_t max_size() const { return SIZE_MAX; }
+    // Bytes a tensor needs in this buffer type (may exceed nbytes, e.g. for padding).
+    virtual size_t alloc_size(const Tensor* t) const { return t->nbytes(); }
+    // True when buffers of this type live in the caller's address space.
+    virtual bool is_host() const = 0;
+    virtual Expected<std::unique_ptr<Buffer>> allocate(size_t size) = 0;
+};
+
+class Buffer {
+  public:
+    virtual ~Buffer() = default;
+    virtual BufferType* type() const = 0;
+    virtual size_t size() const = 0;
+    // Host address of byte 0, or nullptr when this process cannot address the memory.
+    virtual void* base() const = 0;
+    // Called when a tensor is placed in this buffer (at t->offs).
+    virtual Status init_tensor(Tensor* t) {
+        (void)t;
+        return Status::ok();
+    }
+    // Byte ranges are relative to the tensor's first element; the tensor must be contiguous
+    // over [offset, offset + size).
+    virtual Status set_tensor(Tensor* t, const void* src, size_t offset, size_t size) = 0;
+    virtual Status get_tensor(const Tensor* t, void* dst, size_t offset, size_t size) = 0;
+    virtual Status memset_tensor(Tensor* t, uint8_t value, size_t offset, size_t size) = 0;
+    // Copies src into dst (same byte size) when this buffer (dst's) can reach src's buffer
+    // directly; returns false (and copies nothing) otherwise.
+    virtual bool copy_tensor(const Tensor* src, Tensor* dst) {
+        (void)src;
+        (void)dst;
+        return false;
+    }
+    virtual Status clear(uint8_t value) = 0;
+
+    BufferUsage usage() const { return usage_; }
+    void set_usage(BufferUsage u) { usage_ = u; }
+
+  private:
+    BufferUsage usage_ = BufferUsage::Any;
+};
+
+class Event {
+  public:
+    virtual ~Event() = default;
+    virtual Device* device() const = 0;
+    virtual Status synchronize() = 0;  // waits until the recorded point has passed
+};
+
+// A stream of work on one device.
+class Backend {
+  public:
+    virtual ~Backend() = default;
+    virtual const char* name() const = 0;
+    virtual Device* device() const = 0;
+    virtual Status set_tensor_async(Tensor* t, const void* src, size_t offset, size_t size);
+    virtual Status get_tensor_async(const Tensor* t, void* dst, size_t offset, size_t size);
+    // Copies src (on any device this backend can reach) into dst (on this backend's device);
+    // returns false when it cannot, and the caller falls back to a host round trip.
+    virtual bool copy_tensor_async(const Tensor* src, Tensor* dst) {
+        (void)src;
+        (void)dst;
+        return false;
+    }
+    // Runs every node of the graph (view nodes are no-ops). All tensors must have storage
+    // on buffers this device can use.
+    virtual Status compute(Graph& g) = 0;
+    virtual Status synchronize() { return Status::ok(); }
+    virtual Status record_event(Event* e) {
+        (void)e;
+        return Status::error("events not supported");
+    }
+    virtual Status wait_event(Event* e) {
+        (void)e;
+        return Status::error("events not supported");
+    }
+    // Threads for CPU-side work (ignored by devices that have none).
+    virtual void set_n_threads(int n) { (void)n; }
+};
+
+class Device {
+  public:
+    virtual ~Device() = default;
+    virtual const char* name() const = 0;
+    virtual std::string description() const = 0;
+    virtual DeviceType type() const = 0;
+    virtual DeviceMemory memory() const = 0;
+    virtual DeviceCaps caps() const = 0;
+    virtual BufferType* buffer_type() = 0;
+    // Host memory the device reads fast (pinned/shared); nullptr if none.
+    virtual BufferType* host_buffer_type() { return nullptr; }
+    // Wraps caller memory as a buffer without copying (e.g. a memory-mapped file), when the
+    // device can read host memory; fails otherwise. The memory must outlive the buffer.
+    virtual Expected<std::unique_ptr<Buffer>> buffer_from_host_ptr(void* ptr, size_t size,
+                                                                   size_t max_tensor_size) {
+        (void)ptr;
+        (void)size;
+        (void)max_tensor_size;
+        return Status::errorf("device %s cannot use host memory directly", name());
+    }
+    // Whether this device can run `node` with its sources where they are. Cheap and honest.
+    virtual bool supports_op(const Tensor* node) = 0;
+    // Whether this device's backends can use tensors stored in buffers of `type`.
+    virtual bool supports_buffer_type(const BufferType* type) = 0;
+    // Whether running an op on this device is worth copying its host weights (batch size).
+    virtual bool offload_op(const Tensor* node) {
+        (void)node;
+        return false;
+    }
+    virtual Expected<std::unique_ptr<Backend>> make_backend() = 0;
+    virtual Expected<std::unique_ptr<Event>> make_event() {
+        return Status::errorf("device %s has no events", name());
+    }
+};
+
+class Registry {
+  public:
+    virtual ~Registry() = default;
+    virtual const char* name() const = 0;
+    virtual std::vector<Device*> devices() = 0;
+};
+
+// --- global registry of registries ---
+// The CPU registry is always present; others (cuda, remote) register themselves.
+void register_registry(std::unique_ptr<Registry> reg);
+std::vector<Registry*> registries();
+std::vector<Device*> all_devices();
+Device* find_device(const std::string& name);  // nullptr if none
+Device* cpu_device();
+
+// Convenience for whole tensors.
+Status tensor_set(Tensor* t, const void* src, size_t size);
+Status tensor_get(const Tensor* t, void* dst, size_t size);
+
+}  // namespace ferry

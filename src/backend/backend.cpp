@@ -1,0 +1,101 @@
+#include "ferry/backend.h"
+
+#include <cstring>
+#include <mutex>
+
+namespace ferry {
+
+const char* device_type_name(DeviceType t) {
+    switch (t) {
+        case DeviceType::CPU:
+            return "CPU";
+        case DeviceType::GPU:
+            return "GPU";
+        case DeviceType::ACCEL:
+            return "ACCEL";
+        case DeviceType::REMOTE:
+            return "REMOTE";
+    }
+    return "?";
+}
+
+Status Backend::set_tensor_async(Tensor* t, const void* src, size_t offset, size_t size) {
+    if (!t->buffer) return Status::errorf("tensor '%s' has no buffer", t->name);
+    return t->buffer->set_tensor(t, src, offset, size);
+}
+
+Status Backend::get_tensor_async(const Tensor* t, void* dst, size_t offset, size_t size) {
+    if (!t->buffer) return Status::errorf("tensor '%s' has no buffer", t->name);
+    return t->buffer->get_tensor(t, dst, offset, size);
+}
+
+namespace {
+
+std::mutex g_reg_mutex;
+std::vector<std::unique_ptr<Registry>>& regs() {
+    static std::vector<std::unique_ptr<Registry>> r;
+    return r;
+}
+
+}  // namespace
+
+std::unique_ptr<Registry> make_cpu_registry();  // src/backends/cpu/cpu-backend.cpp
+
+namespace {
+void ensure_cpu_locked() {
+    if (regs().empty()) regs().push_back(make_cpu_registry());
+}
+}  // namespace
+
+void register_registry(std::unique_ptr<Registry> reg) {
+    std::lock_guard<std::mutex> lock(g_reg_mutex);
+    ensure_cpu_locked();
+    regs().push_back(std::move(reg));
+}
+
+std::vector<Registry*> registries() {
+    std::lock_guard<std::mutex> lock(g_reg_mutex);
+    ensure_cpu_locked();
+    std::vector<Registry*> out;
+    for (auto& r : regs()) out.push_back(r.get());
+    return out;
+}
+
+std::vector<Device*> all_devices() {
+    std::vector<Device*> out;
+    for (Registry* r : registries()) {
+        for (Device* d : r->devices()) out.push_back(d);
+    }
+    return out;
+}
+
+Device* find_device(const std::string& name) {
+    for (Device* d : all_devices()) {
+        if (name == d->name()) return d;
+    }
+    return nullptr;
+}
+
+Device* cpu_device() {
+    return registries()[0]->devices()[0];
+}
+
+Status tensor_set(Tensor* t, const void* src, size_t size) {
+    if (!t->buffer) return Status::errorf("tensor %s has no storage", describe(t).c_str());
+    if (size != t->nbytes()) {
+        return Status::errorf("tensor %s holds %zu bytes, %zu given", describe(t).c_str(),
+                              t->nbytes(), size);
+    }
+    return t->buffer->set_tensor(t, src, 0, size);
+}
+
+Status tensor_get(const Tensor* t, void* dst, size_t size) {
+    if (!t->buffer) return Status::errorf("tensor %s has no storage", describe(t).c_str());
+    if (size != t->nbytes()) {
+        return Status::errorf("tensor %s holds %zu bytes, %zu asked for", describe(t).c_str(),
+                              t->nbytes(), size);
+    }
+    return t->buffer->get_tensor(t, dst, 0, size);
+}
+
+}  // namespace ferry

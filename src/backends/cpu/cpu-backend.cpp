@@ -1,0 +1,305 @@
+#include "backends/cpu/cpu-backend.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "backends/cpu/ops/ops.h"
+#include "backends/cpu/thread-pool.h"
+
+namespace ferry::cpu {
+
+// ---------------------------------------------------------------------------------------------
+// Errors from kernels
+
+void ErrorSink::fail(std::string msg) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failed_.load()) {
+        msg_ = std::move(msg);
+        failed_.store(true, std::memory_order_release);
+    }
+}
+
+std::string ErrorSink::message() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return msg_;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Buffers
+
+namespace {
+constexpr size_t kHostAlign = 64;
+}
+
+HostBuffer::HostBuffer(BufferType* type, void* base, size_t size, bool owned)
+    : type_(type), base_(base), size_(size), owned_(owned) {}
+
+HostBuffer::~HostBuffer() {
+    if (owned_) std::free(base_);
+}
+
+Status HostBuffer::check_range(const Tensor* t, size_t offset, size_t size) const {
+    size_t end = 0;
+    if (t->buffer != this) return Status::errorf("tensor '%s' is not in this buffer", t->name);
+    if (__builtin_add_overflow(t->offs, offset, &end) || __builtin_add_overflow(end, size, &end) ||
+        end > size_) {
+        return Status::errorf("tensor '%s': range [%zu, +%zu) past its buffer of %zu bytes",
+                              t->name, offset, size, size_);
+    }
+    return Status::ok();
+}
+
+Status HostBuffer::set_tensor(Tensor* t, const void* src, size_t offset, size_t size) {
+    FERRY_TRY(check_range(t, offset, size));
+    if (size) std::memcpy(static_cast<uint8_t*>(base_) + t->offs + offset, src, size);
+    return Status::ok();
+}
+
+Status HostBuffer::get_tensor(const Tensor* t, void* dst, size_t offset, size_t size) {
+    FERRY_TRY(check_range(t, offset, size));
+    if (size) std::memcpy(dst, static_cast<uint8_t*>(base_) + t->offs + offset, size);
+    return Status::ok();
+}
+
+Status HostBuffer::memset_tensor(Tensor* t, uint8_t value, size_t offset, size_t size) {
+    FERRY_TRY(check_range(t, offset, size));
+    if (size) std::memset(static_cast<uint8_t*>(base_) + t->offs + offset, value, size);
+    return Status::ok();
+}
+
+bool HostBuffer::copy_tensor(const Tensor* src, Tensor* dst) {
+    if (!src->buffer || !src->buffer->base() || !src->data || !dst->data) return false;
+    if (src->nbytes() != dst->nbytes()) return false;
+    std::memcpy(dst->data, src->data, src->nbytes());
+    return true;
+}
+
+Status HostBuffer::clear(uint8_t value) {
+    if (size_) std::memset(base_, value, size_);
+    return Status::ok();
+}
+
+namespace {
+
+class HostBufferType : public BufferType {
+  public:
+    const char* name() const override { return "CPU"; }
+    Device* device() const override { return cpu_device(); }
+    size_t alignment() const override { return kHostAlign; }
+    bool is_host() const override { return true; }
+    Expected<std::unique_ptr<Buffer>> allocate(size_t size) override {
+        const size_t rounded =
+            (std::max<size_t>(size, 1) + kHostAlign - 1) / kHostAlign * kHostAlign;
+        void* p = std::aligned_alloc(kHostAlign, rounded);
+        if (!p) return Status::errorf("CPU: cannot allocate %zu bytes", size);
+        return std::unique_ptr<Buffer>(new HostBuffer(this, p, size, true));
+    }
+};
+
+}  // namespace
+
+BufferType* host_buffer_type() {
+    static HostBufferType t;
+    return &t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dispatch
+
+namespace {
+
+using KernelFn = void (*)(const ComputeParams&, Tensor*);
+
+KernelFn kernel_for(Op op) {
+    switch (op) {
+        case Op::NONE:
+        case Op::RESHAPE:
+        case Op::VIEW:
+        case Op::PERMUTE:
+        case Op::TRANSPOSE:
+        case Op::COUNT:
+            return nullptr;
+        case Op::CPY:
+            return op_cpy;
+        case Op::CONT:
+            return op_cont;
+        case Op::GET_ROWS:
+            return op_get_rows;
+        case Op::SET_ROWS:
+            return op_set_rows;
+        case Op::ADD:
+            return op_add;
+        case Op::MUL:
+            return op_mul;
+        case Op::SCALE:
+            return op_scale;
+        case Op::RMS_NORM:
+            return op_rms_norm;
+        case Op::NORM:
+            return op_norm;
+        case Op::MUL_MAT:
+            return op_mul_mat;
+        case Op::SOFT_MAX:
+            return op_soft_max;
+        case Op::ROPE:
+            return op_rope;
+        case Op::FLASH_ATTN_EXT:
+            return op_flash_attn_ext;
+        case Op::SILU:
+            return op_silu;
+        case Op::GELU:
+            return op_gelu;
+        case Op::SWIGLU:
+            return op_swiglu;
+        case Op::GEGLU:
+            return op_geglu;
+        case Op::ARGMAX:
+            return op_argmax;
+        case Op::SUM_ROWS:
+            return op_sum_rows;
+    }
+    return nullptr;
+}
+
+bool is_view_op(Op op) {
+    return (op_info(op).flags & kOpView) != 0 || op == Op::NONE;
+}
+
+int default_threads() {
+    const unsigned n = std::thread::hardware_concurrency();
+    return n == 0 ? 1 : static_cast<int>(n);
+}
+
+class CpuBackend : public Backend {
+  public:
+    explicit CpuBackend(int n_threads) : pool_(std::make_unique<ThreadPool>(n_threads)) {}
+    const char* name() const override { return "CPU"; }
+    Device* device() const override { return cpu_device(); }
+    void set_n_threads(int n) override {
+        if (n <= 0) n = default_threads();
+        if (n != pool_->n_threads()) pool_ = std::make_unique<ThreadPool>(n);
+    }
+
+    Status compute(Graph& g) override {
+        const int nth = pool_->n_threads();
+        size_t wsize = 0;
+        for (const Tensor* n : g.nodes) {
+            if (is_view_op(n->op)) continue;
+            if (!n->data)
+                return Status::errorf("CPU: node %s has no host storage", describe(n).c_str());
+            if (!kernel_for(n->op)) {
+                return Status::errorf("CPU: op %s has no kernel", op_name(n->op));
+            }
+            for (int s = 0; s < kMaxSrc; s++) {
+                if (n->src[s] && !n->src[s]->data) {
+                    return Status::errorf("CPU: source %d of %s is not in host memory", s,
+                                          describe(n).c_str());
+                }
+            }
+            wsize = std::max(wsize, work_size(n, nth));
+        }
+        if (wsize > work_.size()) work_.resize(wsize);
+        ErrorSink errors;
+        pool_->run([&](int ith, int n_threads) {
+            ComputeParams p;
+            p.ith = ith;
+            p.nth = n_threads;
+            p.wdata = work_.data();
+            p.wsize = work_.size();
+            p.pool = pool_.get();
+            p.errors = &errors;
+            for (Tensor* n : g.nodes) {
+                if (is_view_op(n->op)) continue;
+                kernel_for(n->op)(p, n);
+                pool_->barrier();
+                if (errors.failed()) break;  // every thread sees it after the barrier
+            }
+        });
+        if (errors.failed()) return Status::error("CPU: " + errors.message());
+        return Status::ok();
+    }
+
+  private:
+    std::unique_ptr<ThreadPool> pool_;
+    std::vector<uint8_t> work_;
+};
+
+size_t read_meminfo(const char* key) {
+    std::ifstream f("/proc/meminfo");
+    std::string k;
+    size_t v = 0;
+    std::string unit;
+    while (f >> k >> v >> unit) {
+        if (k == key) return v * 1024;
+    }
+    return 0;
+}
+
+class CpuDevice : public Device {
+  public:
+    const char* name() const override { return "CPU"; }
+    std::string description() const override {
+        std::ifstream f("/proc/cpuinfo");
+        std::string line;
+        while (std::getline(f, line)) {
+            if (line.rfind("model name", 0) == 0) {
+                auto pos = line.find(':');
+                if (pos != std::string::npos) return line.substr(pos + 2);
+            }
+        }
+        return "CPU";
+    }
+    DeviceType type() const override { return DeviceType::CPU; }
+    DeviceMemory memory() const override {
+        return {read_meminfo("MemAvailable:"), read_meminfo("MemTotal:")};
+    }
+    DeviceCaps caps() const override {
+        DeviceCaps c;
+        c.buffer_from_host_ptr = true;
+        return c;
+    }
+    BufferType* buffer_type() override { return host_buffer_type(); }
+    BufferType* host_buffer_type() override { return cpu::host_buffer_type(); }
+    Expected<std::unique_ptr<Buffer>> buffer_from_host_ptr(void* ptr, size_t size,
+                                                           size_t max_tensor_size) override {
+        (void)max_tensor_size;
+        return std::unique_ptr<Buffer>(new HostBuffer(host_buffer_type(), ptr, size, false));
+    }
+    bool supports_op(const Tensor* node) override {
+        if (is_view_op(node->op)) return true;
+        return kernel_for(node->op) != nullptr && validate_node(node).is_ok();
+    }
+    bool supports_buffer_type(const BufferType* type) override { return type->is_host(); }
+    Expected<std::unique_ptr<Backend>> make_backend() override {
+        return std::unique_ptr<Backend>(new CpuBackend(default_threads()));
+    }
+};
+
+class CpuRegistry : public Registry {
+  public:
+    const char* name() const override { return "CPU"; }
+    std::vector<Device*> devices() override { return {&device_}; }
+
+  private:
+    CpuDevice device_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int n_threads) {
+    if (n_threads <= 0) n_threads = default_threads();
+    return std::make_unique<CpuBackend>(n_threads);
+}
+
+}  // namespace ferry::cpu
+
+namespace ferry {
+std::unique_ptr<Registry> make_cpu_registry() {
+    return std::make_unique<cpu::CpuRegistry>();
+}
+}  // namespace ferry

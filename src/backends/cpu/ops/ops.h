@@ -1,0 +1,77 @@
+// CPU kernels: one function per op (one file per op or op family in this folder), called by
+// every thread of the pool with its index; kernels split their work by rows over ith/nth.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "backends/cpu/thread-pool.h"
+#include "ferry/tensor.h"
+
+namespace ferry::cpu {
+
+// Collects the first error a kernel reports (data-dependent failures such as an out-of-range
+// GET_ROWS index). Thread-safe.
+class ErrorSink {
+public:
+    void fail(std::string msg);
+    bool failed() const { return failed_.load(std::memory_order_acquire); }
+    std::string message();
+
+private:
+    std::atomic<bool> failed_{false};
+    std::mutex mu_;
+    std::string msg_;
+};
+
+struct ComputeParams {
+    int ith = 0;
+    int nth = 1;
+    void* wdata = nullptr;  // scratch shared by all threads, work_size() bytes
+    size_t wsize = 0;
+    ThreadPool* pool = nullptr;  // for barrier() between phases of one kernel
+    ErrorSink* errors = nullptr;
+    void barrier() const {
+        if (pool) pool->barrier();
+    }
+};
+
+// Rows [first, last) of n for thread ith of nth.
+inline void split_rows(int64_t n, int ith, int nth, int64_t* first, int64_t* last) {
+    const int64_t per = (n + nth - 1) / nth;
+    *first = per * ith < n ? per * ith : n;
+    *last = *first + per < n ? *first + per : n;
+}
+
+// Kernels (see ops.def for semantics). View ops need no kernel.
+#define FERRY_CPU_KERNELS(X) \
+    X(cpy)                   \
+    X(cont)                  \
+    X(get_rows)              \
+    X(set_rows)              \
+    X(add)                   \
+    X(mul)                   \
+    X(scale)                 \
+    X(rms_norm)              \
+    X(norm)                  \
+    X(mul_mat)               \
+    X(soft_max)              \
+    X(rope)                  \
+    X(flash_attn_ext)        \
+    X(silu)                  \
+    X(gelu)                  \
+    X(swiglu)                \
+    X(geglu)                 \
+    X(argmax)                \
+    X(sum_rows)
+
+#define X(name) void op_##name(const ComputeParams& p, Tensor* dst);
+FERRY_CPU_KERNELS(X)
+#undef X
+
+// Scratch bytes a node needs (shared by all threads); 0 for most ops.
+size_t work_size(const Tensor* node, int n_threads);
+// Scratch bytes a MUL_MAT node needs (defined with the MUL_MAT kernel; used by work_size).
+size_t mul_mat_work_size(const Tensor* node, int n_threads);
+
+}  // namespace ferry::cpu

@@ -1,0 +1,400 @@
+// The packed MUL_MAT path: weight rows repacked into 16-row groups of interleaved unsigned
+// 8-bit quants with float per-block scales (and mins), activation columns into plain int8
+// quants with per-block scale and sums. Every weight format reduces to
+//     w = s * (u - offset) + m        (per block of 32, or 16 for Q6_K; u unsigned)
+// so one int8 GEMM kernel serves all of them:
+//     dot = sum_blocks s * dy * (sum u * q - offset * sum q) + m * dy * sum q
+// On AVX-512 VNNI, one vpdpbusd multiplies 4 consecutive quants of 16 weight rows (one vector)
+// by the same 4 activation quants (broadcast), so the per-block scaling is done once per 16
+// rows and column instead of once per dot product; the kernel keeps 2 groups (32 rows) x 4
+// columns of accumulators in registers.
+#include <algorithm>
+#include <cstring>
+
+#include "backends/cpu/simd/simd.h"
+#include "core/quants.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include "backends/cpu/simd/x86.h"
+#define FERRY_PACKED_AVX512 1
+#endif
+
+namespace ferry::cpu::simd {
+
+const PackedKernels* packed_kernels(Type t, bool portable);
+
+namespace {
+
+constexpr size_t align64(size_t n) {
+    return (n + 63) / 64 * 64;
+}
+
+struct Cfg {
+    int block;     // scale block of the packed layout
+    int offset;    // subtracted from the unsigned quants
+    bool has_min;  // per-block float min
+    bool q8k;      // activation partner Q8_K (else Q8_0)
+};
+
+// ---------------------------------------------------------------------------------------------
+// Layout helpers
+
+template <const Cfg& C>
+size_t group_bytes(int64_t n) {
+    const size_t nblk = static_cast<size_t>(n / C.block);
+    return static_cast<size_t>(n) * kPackRows + nblk * kPackRows * 4 * (C.has_min ? 2 : 1);
+}
+
+template <const Cfg& C>
+size_t column_bytes(int64_t n) {
+    const size_t nblk = static_cast<size_t>(n / C.block);
+    return align64(static_cast<size_t>(n)) + align64(nblk * 12);
+}
+
+struct GroupView {
+    uint8_t* q;  // n * 16 bytes
+    float* s;    // nblk * 16
+    float* m;    // nblk * 16 (has_min only)
+};
+
+template <const Cfg& C>
+GroupView group_view(void* g, int64_t n) {
+    const int64_t nblk = n / C.block;
+    auto* q = static_cast<uint8_t*>(g);
+    float* s = reinterpret_cast<float*>(q + n * kPackRows);
+    return {q, s, C.has_min ? s + nblk * kPackRows : nullptr};
+}
+
+struct ColView {
+    const int8_t* q;
+    const float* d;      // per block
+    const float* dsum;   // d * sum q, per block
+    const int32_t* off;  // -offset * sum q, per block
+};
+
+template <const Cfg& C>
+ColView col_view(const void* col, int64_t n) {
+    const int64_t nblk = n / C.block;
+    const auto* base = static_cast<const uint8_t*>(col);
+    const float* d = reinterpret_cast<const float*>(base + align64(static_cast<size_t>(n)));
+    return {reinterpret_cast<const int8_t*>(base), d, d + nblk,
+            reinterpret_cast<const int32_t*>(d + 2 * nblk)};
+}
+
+// Position of quant k of row r in a group.
+inline size_t qpos(int64_t k, int r) {
+    return static_cast<size_t>(k / 4) * 64 + static_cast<size_t>(r) * 4 +
+           static_cast<size_t>(k & 3);
+}
+
+inline float h2f(fp16_t h) {
+    return fp16_to_fp32(h);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Row unpackers: element k's unsigned quant, per-block scale and min of one weight row.
+
+void k_scales(const uint8_t* q, int j, int* sc, int* mn) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *mn = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+        *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+template <Type T>
+void pack_row(const uint8_t* x, int64_t n, int r, GroupView g) {
+    if constexpr (T == Type::Q4_0 || T == Type::Q4_1) {
+        constexpr bool q41 = T == Type::Q4_1;
+        constexpr size_t bsz = q41 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
+        for (int64_t b = 0; b < n / 32; b++) {
+            const uint8_t* blk = x + b * bsz;
+            fp16_t d;
+            std::memcpy(&d, blk, 2);
+            g.s[b * kPackRows + r] = h2f(d);
+            if constexpr (q41) {
+                fp16_t m;
+                std::memcpy(&m, blk + 2, 2);
+                g.m[b * kPackRows + r] = h2f(m);
+            }
+            const uint8_t* qs = blk + (q41 ? 4 : 2);
+            for (int l = 0; l < 16; l++) {
+                g.q[qpos(32 * b + l, r)] = qs[l] & 0x0f;
+                g.q[qpos(32 * b + l + 16, r)] = qs[l] >> 4;
+            }
+        }
+    } else if constexpr (T == Type::Q8_0) {
+        for (int64_t b = 0; b < n / 32; b++) {
+            const auto* blk = reinterpret_cast<const BlockQ8_0*>(x + b * sizeof(BlockQ8_0));
+            fp16_t d;
+            std::memcpy(&d, &blk->d, 2);
+            g.s[b * kPackRows + r] = h2f(d);
+            for (int l = 0; l < 32; l++) {
+                g.q[qpos(32 * b + l, r)] = static_cast<uint8_t>(blk->qs[l] + 128);
+            }
+        }
+    } else if constexpr (T == Type::Q4_K || T == Type::Q5_K) {
+        constexpr bool q5 = T == Type::Q5_K;
+        constexpr size_t bsz = q5 ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
+        for (int64_t i = 0; i < n / kQK_K; i++) {
+            const uint8_t* blk = x + i * bsz;
+            fp16_t dh, mh;
+            std::memcpy(&dh, blk, 2);
+            std::memcpy(&mh, blk + 2, 2);
+            const float d = h2f(dh), dmin = h2f(mh);
+            const uint8_t* scales = blk + 4;
+            const uint8_t* qh = blk + 4 + kKScaleSize;  // Q5_K only
+            const uint8_t* qs = blk + 4 + kKScaleSize + (q5 ? 32 : 0);
+            for (int j = 0; j < 8; j++) {
+                int sc, mn;
+                k_scales(scales, j, &sc, &mn);
+                const int64_t b = i * 8 + j;
+                g.s[b * kPackRows + r] = d * static_cast<float>(sc);
+                g.m[b * kPackRows + r] = -(dmin * static_cast<float>(mn));
+            }
+            for (int c = 0; c < 4; c++) {
+                for (int l = 0; l < 32; l++) {
+                    const uint8_t byte = qs[32 * c + l];
+                    int lo = byte & 0x0f, hi = byte >> 4;
+                    if constexpr (q5) {
+                        lo |= ((qh[l] >> (2 * c)) & 1) << 4;
+                        hi |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
+                    }
+                    g.q[qpos(i * kQK_K + 64 * c + l, r)] = static_cast<uint8_t>(lo);
+                    g.q[qpos(i * kQK_K + 64 * c + 32 + l, r)] = static_cast<uint8_t>(hi);
+                }
+            }
+        }
+    } else if constexpr (T == Type::Q6_K) {
+        for (int64_t i = 0; i < n / kQK_K; i++) {
+            const auto* blk = reinterpret_cast<const BlockQ6_K*>(x + i * sizeof(BlockQ6_K));
+            fp16_t dh;
+            std::memcpy(&dh, &blk->d, 2);
+            const float d = h2f(dh);
+            for (int j = 0; j < 16; j++) {
+                g.s[(i * 16 + j) * kPackRows + r] = d * static_cast<float>(blk->scales[j]);
+            }
+            for (int h = 0; h < 2; h++) {
+                const uint8_t* ql = blk->ql + 64 * h;
+                const uint8_t* qh = blk->qh + 32 * h;
+                const int64_t e = i * kQK_K + 128 * h;
+                for (int l = 0; l < 32; l++) {
+                    g.q[qpos(e + l, r)] = static_cast<uint8_t>((ql[l] & 0x0f) | ((qh[l] & 3) << 4));
+                    g.q[qpos(e + l + 32, r)] =
+                        static_cast<uint8_t>((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4));
+                    g.q[qpos(e + l + 64, r)] =
+                        static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+                    g.q[qpos(e + l + 96, r)] =
+                        static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+                }
+            }
+        }
+    }
+}
+
+template <Type T, const Cfg& C>
+void pack(const void* x, size_t bx, int nr, int64_t n, void* group) {
+    std::memset(group, 0, group_bytes<C>(n));
+    const GroupView g = group_view<C>(group, n);
+    for (int r = 0; r < nr; r++) pack_row<T>(static_cast<const uint8_t*>(x) + r * bx, n, r, g);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Column conversion: quantize with the direct path's quantizer, then split into plain quants
+// and per-block scale and sums.
+
+template <const Cfg& C>
+void convert_column(const float* b, int64_t n, void* col) {
+    auto* base = static_cast<uint8_t*>(col);
+    int8_t* q = reinterpret_cast<int8_t*>(base);
+    const int64_t nblk = n / C.block;
+    float* d = reinterpret_cast<float*>(base + align64(static_cast<size_t>(n)));
+    float* dsum = d + nblk;
+    int32_t* off = reinterpret_cast<int32_t*>(d + 2 * nblk);
+    auto put = [&](int64_t blk, float dv, int sum) {
+        d[blk] = dv;
+        dsum[blk] = dv * static_cast<float>(sum);
+        off[blk] = -C.offset * sum;
+    };
+    if constexpr (C.q8k) {
+        BlockQ8_K tmp;
+        const int per = kQK_K / C.block;  // scale blocks per super-block
+        const int groups = C.block / 16;  // bsums per scale block
+        for (int64_t i = 0; i < n / kQK_K; i++) {
+            quantize_row_q8_k(b + i * kQK_K, &tmp, kQK_K);
+            std::memcpy(q + i * kQK_K, tmp.qs, kQK_K);
+            for (int j = 0; j < per; j++) {
+                int sum = 0;
+                for (int g = 0; g < groups; g++) sum += tmp.bsums[j * groups + g];
+                put(i * per + j, tmp.d, sum);
+            }
+        }
+    } else {
+        BlockQ8_0 tmp;
+        for (int64_t i = 0; i < n / kQK8_0; i++) {
+            quantize_row_q8_0(b + i * kQK8_0, &tmp, kQK8_0);
+            std::memcpy(q + i * kQK8_0, tmp.qs, kQK8_0);
+            int sum = 0;
+            for (int l = 0; l < kQK8_0; l++) sum += tmp.qs[l];
+            put(i, fp16_to_fp32(tmp.d), sum);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMM kernels
+
+// Portable: same arithmetic as the vector kernel (exact integer block sums, float scaling).
+template <const Cfg& C>
+void gemm_scalar(int64_t n, const void* g0, const void* g1, int nr, const void* col, size_t bcol,
+                 int nc, float* out, size_t ldo) {
+    const int64_t nblk = n / C.block;
+    for (int c = 0; c < nc; c++) {
+        const ColView y = col_view<C>(static_cast<const uint8_t*>(col) + c * bcol, n);
+        for (int r = 0; r < nr; r++) {
+            const void* gp = r < kPackRows ? g0 : g1;
+            const int rr = r % kPackRows;
+            const GroupView g = group_view<C>(const_cast<void*>(gp), n);
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nblk; b++) {
+                int32_t isum = y.off[b];
+                for (int l = 0; l < C.block; l++) {
+                    const int64_t k = b * C.block + l;
+                    isum += g.q[qpos(k, rr)] * y.q[k];
+                }
+                acc += static_cast<float>(isum) * (g.s[b * kPackRows + rr] * y.d[b]);
+                if (C.has_min) acc += g.m[b * kPackRows + rr] * y.dsum[b];
+            }
+            out[c * ldo + r] = acc;
+        }
+    }
+}
+
+#if FERRY_PACKED_AVX512
+
+template <const Cfg& C, int G, int NC>
+void gemm_avx512_n(int64_t n, const void* g0, const void* g1, int nr, const uint8_t* col,
+                   size_t bcol, float* out, size_t ldo) {
+    const int64_t nblk = n / C.block;
+    const GroupView gv[2] = {group_view<C>(const_cast<void*>(g0), n),
+                             group_view<C>(const_cast<void*>(G > 1 ? g1 : g0), n)};
+    ColView y[NC];
+    for (int c = 0; c < NC; c++) y[c] = col_view<C>(col + c * bcol, n);
+    __m512 acc[G][NC];
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < NC; c++) acc[g][c] = _mm512_setzero_ps();
+    constexpr int kSteps = 0 + C.block / 4;
+    for (int64_t b = 0; b < nblk; b++) {
+        __m512i ia[G][NC];
+        for (int c = 0; c < NC; c++) {
+            const __m512i init = C.offset ? _mm512_set1_epi32(y[c].off[b]) : _mm512_setzero_si512();
+            for (int g = 0; g < G; g++) ia[g][c] = init;
+        }
+        const size_t qoff = static_cast<size_t>(b) * C.block * kPackRows;
+        const int64_t koff = b * C.block;
+        for (int j = 0; j < kSteps; j++) {
+            __m512i w[G];
+            for (int g = 0; g < G; g++) w[g] = _mm512_loadu_si512(gv[g].q + qoff + j * 64);
+            for (int c = 0; c < NC; c++) {
+                int32_t v;
+                std::memcpy(&v, y[c].q + koff + 4 * j, 4);
+                const __m512i yb = _mm512_set1_epi32(v);
+                for (int g = 0; g < G; g++) ia[g][c] = _mm512_dpbusd_epi32(ia[g][c], w[g], yb);
+            }
+        }
+        __m512 sv[G], mv[G];
+        for (int g = 0; g < G; g++) {
+            sv[g] = _mm512_loadu_ps(gv[g].s + b * kPackRows);
+            mv[g] = C.has_min ? _mm512_loadu_ps(gv[g].m + b * kPackRows) : _mm512_setzero_ps();
+        }
+        for (int c = 0; c < NC; c++) {
+            const __m512 dy = _mm512_set1_ps(y[c].d[b]);
+            for (int g = 0; g < G; g++) {
+                acc[g][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[g][c]), _mm512_mul_ps(sv[g], dy),
+                                            acc[g][c]);
+            }
+            if (C.has_min) {
+                const __m512 ds = _mm512_set1_ps(y[c].dsum[b]);
+                for (int g = 0; g < G; g++) acc[g][c] = _mm512_fmadd_ps(mv[g], ds, acc[g][c]);
+            }
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        const int rows = std::min(kPackRows, nr - g * kPackRows);
+        if (rows <= 0) continue;
+        const __mmask16 m = static_cast<__mmask16>((1u << rows) - 1);
+        for (int c = 0; c < NC; c++) {
+            _mm512_mask_storeu_ps(out + c * ldo + g * kPackRows, m, acc[g][c]);
+        }
+    }
+}
+
+template <const Cfg& C>
+void gemm_avx512(int64_t n, const void* g0, const void* g1, int nr, const void* col, size_t bcol,
+                 int nc, float* out, size_t ldo) {
+    using Fn =
+        void (*)(int64_t, const void*, const void*, int, const uint8_t*, size_t, float*, size_t);
+    static constexpr Fn table[2][4] = {
+        {gemm_avx512_n<C, 1, 1>, gemm_avx512_n<C, 1, 2>, gemm_avx512_n<C, 1, 3>,
+         gemm_avx512_n<C, 1, 4>},
+        {gemm_avx512_n<C, 2, 1>, gemm_avx512_n<C, 2, 2>, gemm_avx512_n<C, 2, 3>,
+         gemm_avx512_n<C, 2, 4>},
+    };
+    const int G = (g1 && nr > kPackRows) ? 2 : 1;
+    table[G - 1][nc - 1](n, g0, g1, nr, static_cast<const uint8_t*>(col), bcol, out, ldo);
+}
+
+#endif  // FERRY_PACKED_AVX512
+
+constexpr Cfg kCfgQ4_0 = {32, 8, false, false};
+constexpr Cfg kCfgQ4_1 = {32, 0, true, false};
+constexpr Cfg kCfgQ8_0 = {32, 128, false, false};
+constexpr Cfg kCfgQ4_K = {32, 0, true, true};
+constexpr Cfg kCfgQ5_K = {32, 0, true, true};
+constexpr Cfg kCfgQ6_K = {16, 32, false, true};
+
+template <Type T, const Cfg& C, bool PORTABLE>
+constexpr PackedKernels make_packed() {
+#if FERRY_PACKED_AVX512
+    constexpr auto gemm = PORTABLE ? gemm_scalar<C> : gemm_avx512<C>;
+#else
+    constexpr auto gemm = gemm_scalar<C>;
+#endif
+    return {C.block, group_bytes<C>, pack<T, C>, column_bytes<C>, convert_column<C>, gemm};
+}
+
+#define FERRY_PACKED(T)                                                        \
+    constexpr PackedKernels kFast##T = make_packed<Type::T, kCfg##T, false>(); \
+    constexpr PackedKernels kPort##T = make_packed<Type::T, kCfg##T, true>();
+FERRY_PACKED(Q4_0)
+FERRY_PACKED(Q4_1)
+FERRY_PACKED(Q8_0)
+FERRY_PACKED(Q4_K)
+FERRY_PACKED(Q5_K)
+FERRY_PACKED(Q6_K)
+#undef FERRY_PACKED
+
+}  // namespace
+
+const PackedKernels* packed_kernels(Type t, bool portable) {
+    switch (t) {
+        case Type::Q4_0:
+            return portable ? &kPortQ4_0 : &kFastQ4_0;
+        case Type::Q4_1:
+            return portable ? &kPortQ4_1 : &kFastQ4_1;
+        case Type::Q8_0:
+            return portable ? &kPortQ8_0 : &kFastQ8_0;
+        case Type::Q4_K:
+            return portable ? &kPortQ4_K : &kFastQ4_K;
+        case Type::Q5_K:
+            return portable ? &kPortQ5_K : &kFastQ5_K;
+        case Type::Q6_K:
+            return portable ? &kPortQ6_K : &kFastQ6_K;
+        default:
+            return nullptr;
+    }
+}
+
+}  // namespace ferry::cpu::simd

@@ -1,0 +1,75 @@
+// SIMD kernels behind the CPU MUL_MAT: quantizers for the activation operand (b), dot products
+// of weight rows with activation columns (the "direct" path, used for decode-sized batches) and
+// an int8 GEMM over weight rows repacked into an interleaved layout (the "packed" path, used for
+// prefill-sized batches).
+//
+// Every kernel has an AVX-512 path (VNNI for the integer dots) when compiled for it and a
+// portable scalar path built on the reference code in core/quants. Each output's value depends
+// only on its inputs and the path (direct or packed), never on which outputs are computed
+// together, so tiling and threading never change results.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ferry/types.h"
+
+namespace ferry::cpu::simd {
+
+// Quantizes n floats (a multiple of 32 / 256) into Q8_0 / Q8_K blocks. Produces exactly the
+// blocks of quants::quantize_row_q8_0 / quantize_row_q8_k.
+void quantize_row_q8_0(const float* x, void* y, int64_t n);
+void quantize_row_q8_k(const float* x, void* y, int64_t n);
+
+// Dot of one weight row x (type t) with one column y (the type's vec_dot partner: F32 for the
+// float types, Q8_0 or Q8_K blocks otherwise), n elements. Agrees with the reference vec_dot up
+// to float rounding (the reference accumulates in double).
+void vec_dot(Type t, int64_t n, float* out, const void* x, const void* y);
+
+// --- Direct path ------------------------------------------------------------------------------
+constexpr int kDirectRows = 4;  // most weight rows one direct tile computes
+constexpr int kDirectCols = 4;  // most columns one direct tile computes
+
+// out[c * ldo + r] = dot(x + r * bx, y + c * by) for r < nr <= kDirectRows, c < nc <=
+// kDirectCols. bx, by in bytes; ldo in floats.
+using DirectTileFn = void (*)(int64_t n, const void* x, size_t bx, int nr, const void* y, size_t by,
+                              int nc, float* out, size_t ldo);
+
+// --- Packed path ------------------------------------------------------------------------------
+// A packed group holds kPackRows weight rows: 8-bit unsigned quants interleaved by 4 (bytes
+// 4j..4j+3 of rows 0..15 form one 64-byte vector), then per block a float scale per row and,
+// for types with a min, a float min per row. The activation columns are converted to a plain
+// layout: n int8 quants, then per block the column's scale d, d * sum(q) and -offset * sum(q).
+constexpr int kPackRows = 16;
+
+struct PackedKernels {
+    int block;  // elements per scale block of the packed layout (32, or 16 for Q6_K)
+    // Bytes of one packed group of kPackRows rows of n elements.
+    size_t (*group_bytes)(int64_t n);
+    // Packs rows x + r * bx, r < nr <= kPackRows (missing rows are zero).
+    void (*pack)(const void* x, size_t bx, int nr, int64_t n, void* group);
+    // Bytes of one converted column of n elements (a multiple of 64).
+    size_t (*column_bytes)(int64_t n);
+    // Converts one F32 column of n elements.
+    void (*convert_column)(const float* b, int64_t n, void* col);
+    // out[c * ldo + r] for r < 2 * kPackRows of groups g0 and g1 (g1 may be nullptr: rows
+    // 0..15 only), rows >= nr not stored; columns c < nc <= 4 at col + c * bcol.
+    void (*gemm)(int64_t n, const void* g0, const void* g1, int nr, const void* col, size_t bcol,
+                 int nc, float* out, size_t ldo);
+};
+
+struct MatKernels {
+    Type vec_dot_type;       // the reference partner type of b
+    FromFloatFn quantize_b;  // converts a b row for `direct`; nullptr: b is read in place (F32)
+    size_t (*b_bytes)(int64_t n);  // bytes of one converted b row of n elements
+    DirectTileFn direct;           // never nullptr
+    const PackedKernels* packed;   // nullptr when the type has no packed path
+    // The packed path is used for matrices with at least this many columns (b.ne1).
+    int64_t packed_min_cols;
+};
+
+// Kernels for weight type t (a storage type other than I32). portable = true selects the
+// scalar kernels even where SIMD ones exist (tests compare the two).
+const MatKernels& mat_kernels(Type t, bool portable = false);
+
+}  // namespace ferry::cpu::simd

@@ -1,0 +1,103 @@
+// A client connection to `ferry serve`: framing, request ids and the pipeline of requests in
+// flight. Thread-safe (one lock per connection).
+//
+// Requests are sent without waiting; their replies are matched to them by id, in order (the
+// server answers a connection's requests in the order they arrive). A wait (drain) reads
+// replies until nothing is in flight. While sending, replies that arrive are read as well, so
+// a long pipeline never deadlocks on full socket buffers. The first error of an asynchronous
+// request is kept and returned by the next wait.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backends/remote/protocol.h"
+#include "backends/remote/transport.h"
+#include "ferry/status.h"
+
+namespace ferry::remote {
+
+class Connection {
+  public:
+    // Connects and says HELLO. token empty: FERRY_TOKEN if set.
+    static Expected<std::shared_ptr<Connection>> open(const std::string& addr,
+                                                      const std::string& token);
+    ~Connection();
+
+    const std::string& addr() const { return addr_; }
+    uint64_t caps() const { return caps_; }
+    uint64_t session_id() const { return session_; }
+    std::recursive_mutex& mutex() { return mu_; }
+
+    // The result of a synchronous call.
+    struct Result {
+        std::vector<uint8_t> payload;
+        std::vector<int> fds;  // descriptors that came with the reply (caller owns them)
+    };
+
+    // Sends a request and waits for its reply (and everything before it). The payload is
+    // `prefix` followed by `data` bytes.
+    Expected<Result> call(Cmd cmd, const wire::Writer& prefix, const void* data = nullptr,
+                          size_t size = 0);
+    // Sends a request without waiting. When reply_dst is set, the reply payload (which must be
+    // exactly reply_size bytes) is written there when it arrives.
+    Status send_async(Cmd cmd, const wire::Writer& prefix, const void* data = nullptr,
+                      size_t size = 0, void* reply_dst = nullptr, size_t reply_size = 0);
+    // Runs `fn` once every request sent so far has been answered (now, if none is in flight).
+    Status after_pending(std::function<void()> fn);
+    bool idle() const { return pending_.empty(); }
+    // Waits for every request in flight; returns (and clears) the first asynchronous error.
+    Status drain();
+
+    // Client mirror of the server's graph cache (see protocol.h: kClientGraphCache).
+    struct SentGraph {
+        uint64_t hash;
+        std::vector<uint8_t> bytes;
+    };
+    std::list<SentGraph>& sent_graphs() { return sent_graphs_; }
+    void forget_graphs() { sent_graphs_.clear(); }
+
+    // Error naming the server: "remote server ADDR: what".
+    Status error(const std::string& what) const;
+
+  private:
+    struct Pending {
+        uint64_t id = 0;
+        uint16_t cmd = 0;  // 0: a local action
+        void* dst = nullptr;
+        size_t dst_size = 0;
+        bool sync = false;
+        std::function<void()> action;
+    };
+
+    Connection() = default;
+    Status send_frame(Cmd cmd, uint64_t id, const wire::Writer& prefix, const void* data,
+                      size_t size);
+    // Reads one reply and retires the request at the front of the pipeline.
+    Status read_reply(Result* sync_result, Status* sync_status);
+    Status fail(const std::string& why);  // marks the connection dead
+    void run_local_actions();
+
+    std::recursive_mutex mu_;
+    std::string addr_;
+    Socket sock_;
+    uint64_t caps_ = 0;
+    uint64_t session_ = 0;
+    uint64_t next_id_ = 1;
+    bool dead_ = false;
+    std::string dead_why_;
+    Status sticky_;
+    std::deque<Pending> pending_;
+    std::list<SentGraph> sent_graphs_;
+    // Client-side counters, printed at exit when FERRY_REMOTE_STATS is set.
+    uint64_t sent_[kCmdMax + 1] = {};
+    uint64_t bytes_out_ = 0, bytes_in_ = 0, waits_ = 0;
+};
+
+}  // namespace ferry::remote

@@ -1,0 +1,154 @@
+// The remote protocol: framing, commands, capability bits and the tensor-table entry layout.
+// docs/remote-protocol.md is the full description; this header is its single source of
+// numbers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backends/remote/wire.h"
+#include "ferry/tensor.h"
+
+namespace ferry::remote {
+
+constexpr uint32_t kMagic = 0x31595246u;  // "FRY1" little-endian
+constexpr uint32_t kProtocolVersion = 1;
+
+// Frame header (24 bytes, little-endian), followed by `len` payload bytes.
+//   u32 magic, u16 cmd, u16 flags, u64 id, u64 len
+constexpr size_t kHeaderSize = 24;
+// Largest payload either side accepts. Bulk transfers are split into chunks below it.
+constexpr uint64_t kMaxPayload = 256ull << 20;
+constexpr uint64_t kMaxChunk = 64ull << 20;
+
+enum FrameFlags : uint16_t {
+    kFlagReply = 1u,  // a reply to the request with the same id and cmd
+    kFlagError = 2u,  // reply payload is a u32-length error message
+};
+
+enum class Cmd : uint16_t {
+    HELLO =
+        1,  // u32 version, u64 caps, str token -> u32 version, u64 caps, u64 session, str server
+    LIST_DEVICES = 2,    // -> u32 n, n x device record
+    DEVICE_MEMORY = 3,   // u32 dev -> u64 free, u64 total
+    SUPPORTS_OP = 4,     // u32 dev, tensor table (last entry = the node) -> u8 supported
+    BUFFER_ALLOC = 5,    // u32 dev, u8 kind, u64 size -> u64 handle, u64 size, u8 mappable (+ fd)
+    BUFFER_FREE = 6,     // u64 handle -> (empty)
+    BUFFER_CLEAR = 7,    // u64 handle, u8 value -> (empty)
+    TENSOR_SET = 8,      // u64 handle, u64 offset, u64 size, bytes -> (empty)
+    TENSOR_GET = 9,      // u64 handle, u64 offset, u64 size -> bytes
+    TENSOR_MEMSET = 10,  // u64 handle, u64 offset, u64 size, u8 value -> (empty)
+    TENSOR_COPY = 11,    // u64 src, u64 src_off, u64 dst, u64 dst_off, u64 size -> (empty)
+    GRAPH_COMPUTE = 12,  // u32 dev, u8 mode, ... (see docs) -> u64 table hash
+    SYNCHRONIZE = 13,    // u32 dev -> (empty)
+    SESSION_STATS = 14,  // -> stats record
+    PING = 15,           // -> (empty)
+};
+constexpr uint16_t kCmdMax = 15;
+const char* cmd_name(uint16_t cmd);
+
+// Capability bits (HELLO). The server answers with the intersection of what both offer.
+enum Caps : uint64_t {
+    kCapSharedMemory = 1ull << 0,  // host buffers are memfd shared memory, fd in the alloc reply
+    kCapGraphCache = 1ull << 1,    // GRAPH_COMPUTE mode 1 (delta against a cached table)
+};
+
+// BUFFER_ALLOC kinds.
+constexpr uint8_t kBufferDevice = 0;  // the device's buffer_type()
+constexpr uint8_t kBufferHost = 1;    // the device's host_buffer_type()
+
+// GRAPH_COMPUTE modes.
+constexpr uint8_t kGraphFull = 0;  // u32 n, n entries
+constexpr uint8_t kGraphDelta =
+    1;  // u64 base hash, u32 n, u32 n_changed, n_changed x (u32 idx, entry)
+
+// Limits the server enforces on tables.
+constexpr uint32_t kMaxTableEntries = 1u << 18;  // 262144 tensors
+// Graph tables a session keeps (LRU). Clients track at most kClientGraphCache of them so a
+// base they name is always still cached on the server.
+constexpr size_t kServerGraphCache = 16;
+constexpr size_t kClientGraphCache = 8;
+
+// One tensor-table entry, exactly kEntrySize bytes on the wire:
+//   u64 buffer handle (0: none; ignored for views), u64 offset in the buffer,
+//   u32 type, i64 ne[4], u64 nb[4], u32 op, i32 op_params[8],
+//   i32 src[4] (entry index, -1 none), i32 view_src (entry index, -1 none), u64 view_offs,
+//   u32 flags
+// Sources and view sources must refer to earlier entries (no cycles, no forward references).
+struct Entry {
+    uint64_t handle = 0;
+    uint64_t offs = 0;
+    uint32_t type = 0;
+    int64_t ne[kMaxDims] = {};
+    uint64_t nb[kMaxDims] = {};
+    uint32_t op = 0;
+    int32_t op_params[kMaxOpParams] = {};
+    int32_t src[kMaxSrc] = {-1, -1, -1, -1};
+    int32_t view_src = -1;
+    uint64_t view_offs = 0;
+    uint32_t flags = 0;
+};
+constexpr size_t kEntrySize =
+    8 + 8 + 4 + 8 * kMaxDims + 8 * kMaxDims + 4 + 4 * kMaxOpParams + 4 * kMaxSrc + 4 + 8 + 4;
+
+inline void write_entry(wire::Writer& w, const Entry& e) {
+    w.u64(e.handle);
+    w.u64(e.offs);
+    w.u32(e.type);
+    for (int i = 0; i < kMaxDims; i++) w.i64(e.ne[i]);
+    for (int i = 0; i < kMaxDims; i++) w.u64(e.nb[i]);
+    w.u32(e.op);
+    for (int i = 0; i < kMaxOpParams; i++) w.i32(e.op_params[i]);
+    for (int i = 0; i < kMaxSrc; i++) w.i32(e.src[i]);
+    w.i32(e.view_src);
+    w.u64(e.view_offs);
+    w.u32(e.flags);
+}
+
+inline Entry read_entry(wire::Reader& r) {
+    Entry e;
+    e.handle = r.u64();
+    e.offs = r.u64();
+    e.type = r.u32();
+    for (int i = 0; i < kMaxDims; i++) e.ne[i] = r.i64();
+    for (int i = 0; i < kMaxDims; i++) e.nb[i] = r.u64();
+    e.op = r.u32();
+    for (int i = 0; i < kMaxOpParams; i++) e.op_params[i] = r.i32();
+    for (int i = 0; i < kMaxSrc; i++) e.src[i] = r.i32();
+    e.view_src = r.i32();
+    e.view_offs = r.u64();
+    e.flags = r.u32();
+    return e;
+}
+
+// Frame header encode/decode.
+struct Header {
+    uint32_t magic = kMagic;
+    uint16_t cmd = 0;
+    uint16_t flags = 0;
+    uint64_t id = 0;
+    uint64_t len = 0;
+};
+
+inline void write_header(uint8_t out[kHeaderSize], const Header& h) {
+    wire::Writer w;
+    w.u32(h.magic);
+    w.u16(h.cmd);
+    w.u16(h.flags);
+    w.u64(h.id);
+    w.u64(h.len);
+    std::memcpy(out, w.data(), kHeaderSize);
+}
+
+inline Header read_header(const uint8_t in[kHeaderSize]) {
+    wire::Reader r(in, kHeaderSize);
+    Header h;
+    h.magic = r.u32();
+    h.cmd = r.u16();
+    h.flags = r.u16();
+    h.id = r.u64();
+    h.len = r.u64();
+    return h;
+}
+
+}  // namespace ferry::remote

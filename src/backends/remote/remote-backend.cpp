@@ -1,0 +1,669 @@
+// Client proxies: RemoteRegistry, RemoteDevice, RemoteBufferType, RemoteBuffer, RemoteBackend,
+// RemoteEvent. Every call becomes a request on the device's Connection; nothing on the wire is
+// a pointer (buffers are handles, tensors are (handle, offset) entries of a table).
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+#include "backends/remote/connection.h"
+#include "backends/remote/protocol.h"
+#include "backends/remote/remote.h"
+
+namespace ferry {
+namespace remote {
+namespace {
+
+class RemoteDevice;
+
+class RemoteBufferType : public BufferType {
+  public:
+    RemoteBufferType(RemoteDevice* dev, std::string name, size_t align, size_t max_size,
+                     uint8_t kind)
+        : dev_(dev), name_(std::move(name)), align_(align), max_size_(max_size), kind_(kind) {}
+    const char* name() const override { return name_.c_str(); }
+    Device* device() const override;
+    size_t alignment() const override { return align_; }
+    size_t max_size() const override { return max_size_; }
+    bool is_host() const override { return false; }
+    Expected<std::unique_ptr<Buffer>> allocate(size_t size) override;
+
+    RemoteDevice* remote_device() const { return dev_; }
+
+  private:
+    RemoteDevice* dev_;
+    std::string name_;
+    size_t align_;
+    size_t max_size_;
+    uint8_t kind_;
+};
+
+class RemoteBuffer : public Buffer {
+  public:
+    RemoteBuffer(RemoteBufferType* type, std::shared_ptr<Connection> conn, uint64_t handle,
+                 size_t size, void* map, size_t map_len)
+        : type_(type),
+          conn_(std::move(conn)),
+          handle_(handle),
+          size_(size),
+          map_(map),
+          map_len_(map_len) {}
+    ~RemoteBuffer() override {
+        std::lock_guard<std::recursive_mutex> lock(conn_->mutex());
+        // Deferred reads into the mapping must land before it goes away.
+        if (map_ && !conn_->idle()) (void)conn_->drain();
+        if (map_) munmap(map_, map_len_);
+        conn_->forget_graphs();  // the server drops its cached graphs on a free, too
+        wire::Writer w;
+        w.u64(handle_);
+        (void)conn_->send_async(Cmd::BUFFER_FREE, w);
+    }
+    BufferType* type() const override { return type_; }
+    size_t size() const override { return size_; }
+    void* base() const override { return map_; }
+
+    // A posted write: the data is copied into the request (or written in place to shared
+    // memory) before this returns, so the caller may reuse src at once; a server-side failure
+    // surfaces at the next wait. This keeps "set inputs, compute, read outputs" one round trip.
+    Status set_tensor(Tensor* t, const void* src, size_t offset, size_t size) override {
+        return write(t, src, offset, size);
+    }
+    Status get_tensor(const Tensor* t, void* dst, size_t offset, size_t size) override {
+        FERRY_TRY(read(t, dst, offset, size));
+        return conn_->drain();
+    }
+    Status memset_tensor(Tensor* t, uint8_t value, size_t offset, size_t size) override {
+        uint64_t off = 0;
+        FERRY_TRY(range(t, offset, size, &off));
+        std::lock_guard<std::recursive_mutex> lock(conn_->mutex());
+        if (map_) {
+            FERRY_TRY(conn_->drain());
+            std::memset(static_cast<uint8_t*>(map_) + off, value, size);
+            return Status::ok();
+        }
+        wire::Writer w;
+        w.u64(handle_);
+        w.u64(off);
+        w.u64(size);
+        w.u8(value);
+        return conn_->call(Cmd::TENSOR_MEMSET, w).status();
+    }
+    bool copy_tensor(const Tensor* src, Tensor* dst) override {
+        auto* sb = dynamic_cast<RemoteBuffer*>(src->buffer);
+        if (!sb || sb->conn_ != conn_ || src->nbytes() != dst->nbytes()) return false;
+        wire::Writer w;
+        w.u64(sb->handle_);
+        w.u64(src->offs);
+        w.u64(handle_);
+        w.u64(dst->offs);
+        w.u64(dst->nbytes());
+        return conn_->call(Cmd::TENSOR_COPY, w).has_value();
+    }
+    Status clear(uint8_t value) override {
+        std::lock_guard<std::recursive_mutex> lock(conn_->mutex());
+        if (map_) {
+            FERRY_TRY(conn_->drain());
+            std::memset(map_, value, size_);
+            return Status::ok();
+        }
+        wire::Writer w;
+        w.u64(handle_);
+        w.u8(value);
+        return conn_->call(Cmd::BUFFER_CLEAR, w).status();
+    }
+
+    // Queues a write (copied or written in place before returning).
+    Status write(const Tensor* t, const void* src, size_t offset, size_t size) {
+        uint64_t off = 0;
+        FERRY_TRY(range(t, offset, size, &off));
+        std::lock_guard<std::recursive_mutex> lock(conn_->mutex());
+        if (map_) {
+            // Shared memory: written in place, once no queued work can still read it.
+            if (!conn_->idle()) FERRY_TRY(conn_->drain());
+            if (size) std::memcpy(static_cast<uint8_t*>(map_) + off, src, size);
+            return Status::ok();
+        }
+        const uint8_t* p = static_cast<const uint8_t*>(src);
+        for (size_t done = 0; done < size || (size == 0 && done == 0);) {
+            const size_t n = std::min<size_t>(size - done, kMaxChunk);
+            wire::Writer w;
+            w.u64(handle_);
+            w.u64(off + done);
+            w.u64(n);
+            FERRY_TRY(conn_->send_async(Cmd::TENSOR_SET, w, p + done, n));
+            done += n;
+            if (size == 0) break;
+        }
+        return Status::ok();
+    }
+    // Queues a read; dst is filled by the time the connection is drained.
+    Status read(const Tensor* t, void* dst, size_t offset, size_t size) {
+        uint64_t off = 0;
+        FERRY_TRY(range(t, offset, size, &off));
+        std::lock_guard<std::recursive_mutex> lock(conn_->mutex());
+        if (map_) {
+            const uint8_t* from = static_cast<const uint8_t*>(map_) + off;
+            return conn_->after_pending([=]() {
+                if (size) std::memcpy(dst, from, size);
+            });
+        }
+        uint8_t* d = static_cast<uint8_t*>(dst);
+        for (size_t done = 0; done < size;) {
+            const size_t n = std::min<size_t>(size - done, kMaxChunk);
+            wire::Writer w;
+            w.u64(handle_);
+            w.u64(off + done);
+            w.u64(n);
+            FERRY_TRY(conn_->send_async(Cmd::TENSOR_GET, w, nullptr, 0, d + done, n));
+            done += n;
+        }
+        return Status::ok();
+    }
+
+    uint64_t handle() const { return handle_; }
+    const std::shared_ptr<Connection>& conn() const { return conn_; }
+
+  private:
+    Status range(const Tensor* t, size_t offset, size_t size, uint64_t* off) const {
+        if (t->buffer != this) {
+            return conn_->error(strfmt("tensor '%s' is not in this buffer", t->name));
+        }
+        uint64_t o = 0;
+        if (!wire::add_ok(t->offs, offset, &o) || !wire::range_ok(o, size, size_)) {
+            return conn_->error(
+                strfmt("tensor '%s': range [%zu, +%zu) past its buffer of %zu "
+                       "bytes",
+                       t->name, offset, size, size_));
+        }
+        *off = o;
+        return Status::ok();
+    }
+
+    RemoteBufferType* type_;
+    std::shared_ptr<Connection> conn_;
+    uint64_t handle_;
+    size_t size_;
+    void* map_;
+    size_t map_len_;
+};
+
+// Serializes tensors into table entries; sources and view sources come first.
+class TableBuilder {
+  public:
+    TableBuilder(Connection* conn, bool with_storage) : conn_(conn), storage_(with_storage) {}
+
+    Expected<int32_t> add(const Tensor* t) {
+        auto it = index_.find(t);
+        if (it != index_.end()) return it->second;
+        if (t->view_src) {
+            Expected<int32_t> v = add(t->view_src);
+            if (!v) return v.status();
+        }
+        for (int i = 0; i < kMaxSrc; i++) {
+            if (t->src[i]) {
+                Expected<int32_t> s = add(t->src[i]);
+                if (!s) return s.status();
+            }
+        }
+        Entry e;
+        FERRY_TRY(fill(t, &e));
+        for (int i = 0; i < kMaxSrc; i++) e.src[i] = t->src[i] ? index_.at(t->src[i]) : -1;
+        return push(t, e);
+    }
+    // A source of a supports_op query: shape only (op NONE, no sources).
+    Expected<int32_t> add_shape(const Tensor* t) {
+        auto it = index_.find(t);
+        if (it != index_.end()) return it->second;
+        if (t->view_src) {
+            Expected<int32_t> v = add_shape(t->view_src);
+            if (!v) return v.status();
+        }
+        Entry e;
+        FERRY_TRY(fill(t, &e));
+        e.op = static_cast<uint32_t>(Op::NONE);
+        std::memset(e.op_params, 0, sizeof(e.op_params));
+        e.flags = 0;
+        return push(t, e);
+    }
+    uint32_t count() const { return n_; }
+    wire::Writer& writer() { return w_; }
+
+  private:
+    Status fill(const Tensor* t, Entry* e) {
+        e->type = static_cast<uint32_t>(t->type);
+        for (int i = 0; i < kMaxDims; i++) {
+            e->ne[i] = t->ne[i];
+            e->nb[i] = t->nb[i];
+        }
+        e->op = static_cast<uint32_t>(t->op);
+        std::memcpy(e->op_params, t->op_params, sizeof(e->op_params));
+        e->flags = t->flags;
+        if (t->view_src) {
+            e->view_src = index_.at(t->view_src);
+            e->view_offs = t->view_offs;
+        } else if (storage_) {
+            auto* b = dynamic_cast<RemoteBuffer*>(t->buffer);
+            if (!b) {
+                return conn_->error(strfmt("tensor %s is not stored in a buffer of this server",
+                                           describe(t).c_str()));
+            }
+            if (b->conn().get() != conn_) {
+                return conn_->error(
+                    strfmt("tensor %s is stored on another server", describe(t).c_str()));
+            }
+            e->handle = b->handle();
+            e->offs = t->offs;
+        }
+        return Status::ok();
+    }
+    int32_t push(const Tensor* t, const Entry& e) {
+        write_entry(w_, e);
+        const int32_t i = static_cast<int32_t>(n_++);
+        index_[t] = i;
+        return i;
+    }
+
+    Connection* conn_;
+    bool storage_;
+    wire::Writer w_;
+    uint32_t n_ = 0;
+    std::unordered_map<const Tensor*, int32_t> index_;
+};
+
+class RemoteEvent : public Event {
+  public:
+    RemoteEvent(Device* dev, std::shared_ptr<Connection> conn)
+        : dev_(dev), conn_(std::move(conn)) {}
+    Device* device() const override { return dev_; }
+    // A connection's requests complete in order: waiting for everything sent so far covers
+    // the recorded point.
+    Status synchronize() override { return conn_->drain(); }
+
+  private:
+    Device* dev_;
+    std::shared_ptr<Connection> conn_;
+};
+
+class RemoteDevice : public Device {
+  public:
+    RemoteDevice(std::shared_ptr<Connection> conn, uint32_t index, wire::Reader& r)
+        : conn_(std::move(conn)), index_(index) {
+        remote_name_ = r.str();
+        name_ = conn_->addr() + "/" + remote_name_;
+        description_ = r.str(1u << 16);
+        remote_type_ = r.u32();
+        caps_bits_ = r.u8();
+        mem_.free = r.u64();
+        mem_.total = r.u64();
+        const std::string bt_name = r.str();
+        const uint64_t align = r.u64();
+        const uint64_t max_size = r.u64();
+        buffer_type_ = std::make_unique<RemoteBufferType>(
+            this, conn_->addr() + "/" + bt_name, align ? align : 64, static_cast<size_t>(max_size),
+            kBufferDevice);
+    }
+    const char* name() const override { return name_.c_str(); }
+    std::string description() const override {
+        const char* t = remote_type_ <= static_cast<uint32_t>(DeviceType::REMOTE)
+                            ? device_type_name(static_cast<DeviceType>(remote_type_))
+                            : "?";
+        return strfmt("%s %s on %s: %s", t, remote_name_.c_str(), conn_->addr().c_str(),
+                      description_.c_str());
+    }
+    DeviceType type() const override { return DeviceType::REMOTE; }
+    DeviceMemory memory() const override {
+        wire::Writer w;
+        w.u32(index_);
+        Expected<Connection::Result> r = conn_->call(Cmd::DEVICE_MEMORY, w);
+        if (!r) return mem_;
+        wire::Reader rd(r->payload.data(), r->payload.size());
+        DeviceMemory m;
+        m.free = rd.u64();
+        m.total = rd.u64();
+        return rd.done() ? m : mem_;
+    }
+    DeviceCaps caps() const override {
+        DeviceCaps c;
+        c.async = true;
+        c.events = true;
+        return c;
+    }
+    BufferType* buffer_type() override { return buffer_type_.get(); }
+    bool supports_op(const Tensor* node) override;
+    bool supports_buffer_type(const BufferType* type) override {
+        auto* bt = dynamic_cast<const RemoteBufferType*>(type);
+        return bt && bt->remote_device() == this;
+    }
+    Expected<std::unique_ptr<Backend>> make_backend() override;
+    Expected<std::unique_ptr<Event>> make_event() override {
+        return std::unique_ptr<Event>(new RemoteEvent(this, conn_));
+    }
+
+    const std::shared_ptr<Connection>& conn() const { return conn_; }
+    uint32_t index() const { return index_; }
+
+  private:
+    std::shared_ptr<Connection> conn_;
+    uint32_t index_;
+    std::string name_, remote_name_, description_;
+    uint32_t remote_type_ = 0;
+    uint8_t caps_bits_ = 0;
+    DeviceMemory mem_;
+    std::unique_ptr<RemoteBufferType> buffer_type_;
+    std::mutex support_mu_;
+    std::unordered_map<uint64_t, bool> support_cache_;
+};
+
+Device* RemoteBufferType::device() const {
+    return dev_;
+}
+
+Expected<std::unique_ptr<Buffer>> RemoteBufferType::allocate(size_t size) {
+    const std::shared_ptr<Connection>& conn = dev_->conn();
+    wire::Writer w;
+    w.u32(dev_->index());
+    w.u8(kind_);
+    w.u64(size);
+    Expected<Connection::Result> r = conn->call(Cmd::BUFFER_ALLOC, w);
+    if (!r) return r.status();
+    wire::Reader rd(r->payload.data(), r->payload.size());
+    const uint64_t handle = rd.u64();
+    const uint64_t got = rd.u64();
+    const uint8_t mappable = rd.u8();
+    void* map = nullptr;
+    size_t map_len = 0;
+    Status st;
+    if (!rd.done() || got != size) {
+        st = conn->error("BUFFER_ALLOC: malformed reply");
+    } else if (mappable) {
+        if (r->fds.size() != 1) {
+            st = conn->error("BUFFER_ALLOC: shared memory reply without a descriptor");
+        } else {
+            const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+            map_len = (std::max<size_t>(size, 1) + page - 1) / page * page;
+            map = mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, r->fds[0], 0);
+            if (map == MAP_FAILED) {
+                map = nullptr;
+                st = conn->error(strfmt("cannot map shared buffer of %zu bytes", size));
+            }
+        }
+    }
+    for (int fd : r->fds) close(fd);
+    if (!st) {
+        wire::Writer f;
+        f.u64(handle);
+        (void)conn->send_async(Cmd::BUFFER_FREE, f);
+        return st;
+    }
+    return std::unique_ptr<Buffer>(new RemoteBuffer(this, conn, handle, size, map, map_len));
+}
+
+// Op signature for the supports_op cache: op, params, and per tensor its type and layout
+// class (contiguous rows, fully contiguous); not exact sizes, so a decode step with a longer
+// KV cache does not ask again. See docs/remote-protocol.md.
+uint64_t op_signature(const Tensor* node) {
+    wire::Writer w;
+    auto add = [&](const Tensor* t) {
+        w.u32(static_cast<uint32_t>(t->type));
+        w.u8(static_cast<uint8_t>((t->nb[0] == type_size(t->type) ? 1 : 0) |
+                                  (t->is_contiguous() ? 2 : 0) | (t->view_src ? 4 : 0)));
+    };
+    w.u32(static_cast<uint32_t>(node->op));
+    w.bytes(node->op_params, sizeof(node->op_params));
+    add(node);
+    for (int i = 0; i < kMaxSrc; i++) {
+        if (node->src[i]) {
+            w.u8(1);
+            add(node->src[i]);
+        } else {
+            w.u8(0);
+        }
+    }
+    return wire::hash64(w.data(), w.size());
+}
+
+bool RemoteDevice::supports_op(const Tensor* node) {
+    const uint64_t sig = op_signature(node);
+    {
+        std::lock_guard<std::mutex> lock(support_mu_);
+        auto it = support_cache_.find(sig);
+        if (it != support_cache_.end()) return it->second;
+    }
+    TableBuilder tb(conn_.get(), false);
+    bool ok = true;
+    if (node->view_src && !tb.add_shape(node->view_src)) ok = false;
+    for (int i = 0; ok && i < kMaxSrc; i++) {
+        if (node->src[i] && !tb.add_shape(node->src[i])) ok = false;
+    }
+    // The node itself, with its real op and sources.
+    Entry e;
+    e.type = static_cast<uint32_t>(node->type);
+    for (int i = 0; i < kMaxDims; i++) {
+        e.ne[i] = node->ne[i];
+        e.nb[i] = node->nb[i];
+    }
+    e.op = static_cast<uint32_t>(node->op);
+    std::memcpy(e.op_params, node->op_params, sizeof(e.op_params));
+    if (ok) {
+        for (int i = 0; i < kMaxSrc; i++) {
+            e.src[i] = node->src[i] ? tb.add_shape(node->src[i]).value() : -1;
+        }
+        if (node->view_src) {
+            e.view_src = tb.add_shape(node->view_src).value();
+            e.view_offs = node->view_offs;
+        }
+    }
+    bool supported = false;
+    if (ok) {
+        wire::Writer w;
+        w.u32(index_);
+        w.u32(tb.count() + 1);
+        w.bytes(tb.writer().data(), tb.writer().size());
+        write_entry(w, e);
+        Expected<Connection::Result> r = conn_->call(Cmd::SUPPORTS_OP, w);
+        if (!r) {
+            // A dead connection supports nothing; do not cache transport failures.
+            if (r.message().find("connection lost") != std::string::npos) return false;
+        } else {
+            supported = r->payload.size() == 1 && r->payload[0] == 1;
+        }
+    }
+    std::lock_guard<std::mutex> lock(support_mu_);
+    support_cache_[sig] = supported;
+    return supported;
+}
+
+class RemoteBackend : public Backend {
+  public:
+    explicit RemoteBackend(RemoteDevice* dev) : dev_(dev), conn_(dev->conn()) {
+        name_ = dev->name();
+    }
+    const char* name() const override { return name_.c_str(); }
+    Device* device() const override { return dev_; }
+
+    Status set_tensor_async(Tensor* t, const void* src, size_t offset, size_t size) override {
+        auto* b = dynamic_cast<RemoteBuffer*>(t->buffer);
+        if (!b || b->conn() != conn_) return Backend::set_tensor_async(t, src, offset, size);
+        return b->write(t, src, offset, size);
+    }
+    Status get_tensor_async(const Tensor* t, void* dst, size_t offset, size_t size) override {
+        auto* b = dynamic_cast<RemoteBuffer*>(t->buffer);
+        if (!b || b->conn() != conn_) return Backend::get_tensor_async(t, dst, offset, size);
+        return b->read(t, dst, offset, size);
+    }
+    bool copy_tensor_async(const Tensor* src, Tensor* dst) override {
+        return dst->buffer && src->buffer && dst->buffer->copy_tensor(src, dst);
+    }
+
+    Status compute(Graph& g) override {
+        TableBuilder tb(conn_.get(), true);
+        for (const Tensor* t : g.leafs) FERRY_TRY(tb.add(t).status());
+        for (const Tensor* t : g.nodes) FERRY_TRY(tb.add(t).status());
+        std::vector<uint8_t>& table = tb.writer().buf();
+        const uint32_t n = tb.count();
+        const uint64_t hash = wire::hash64(table.data(), table.size());
+        std::lock_guard<std::recursive_mutex> lock(conn_->mutex());
+        wire::Writer w;
+        w.u32(dev_->index());
+        const bool cache = (conn_->caps() & kCapGraphCache) != 0;
+        // Delta against the most recent table of the same size the server still holds.
+        std::list<Connection::SentGraph>& sent = conn_->sent_graphs();
+        const Connection::SentGraph* base = nullptr;
+        if (cache) {
+            for (const Connection::SentGraph& s : sent) {
+                if (s.bytes.size() == table.size()) {
+                    base = &s;
+                    break;
+                }
+            }
+        }
+        std::vector<uint32_t> changed;
+        if (base) {
+            for (uint32_t i = 0; i < n; i++) {
+                const size_t at = static_cast<size_t>(i) * kEntrySize;
+                if (std::memcmp(base->bytes.data() + at, table.data() + at, kEntrySize) != 0) {
+                    changed.push_back(i);
+                }
+            }
+            if (changed.size() * 2 > n) base = nullptr;
+        }
+        if (base) {
+            w.u8(kGraphDelta);
+            w.u64(base->hash);
+            w.u32(n);
+            w.u32(static_cast<uint32_t>(changed.size()));
+            for (uint32_t i : changed) {
+                w.u32(i);
+                w.bytes(table.data() + static_cast<size_t>(i) * kEntrySize, kEntrySize);
+            }
+        } else {
+            w.u8(kGraphFull);
+            w.u32(n);
+            w.bytes(table.data(), table.size());
+        }
+        FERRY_TRY(conn_->send_async(Cmd::GRAPH_COMPUTE, w));
+        if (cache) {
+            sent.remove_if([&](const Connection::SentGraph& s) { return s.hash == hash; });
+            sent.push_front({hash, std::move(table)});
+            while (sent.size() > kClientGraphCache) sent.pop_back();
+        }
+        return Status::ok();
+    }
+    Status synchronize() override { return conn_->drain(); }
+    Status record_event(Event* e) override {
+        (void)e;
+        return Status::ok();
+    }
+    Status wait_event(Event* e) override { return e ? e->synchronize() : Status::ok(); }
+
+  private:
+    RemoteDevice* dev_;
+    std::shared_ptr<Connection> conn_;
+    std::string name_;
+};
+
+Expected<std::unique_ptr<Backend>> RemoteDevice::make_backend() {
+    return std::unique_ptr<Backend>(new RemoteBackend(this));
+}
+
+class RemoteRegistry : public Registry {
+  public:
+    static Expected<std::unique_ptr<RemoteRegistry>> open(const std::string& addr,
+                                                          const std::string& token) {
+        Expected<std::shared_ptr<Connection>> c = Connection::open(addr, token);
+        if (!c) return c.status();
+        std::unique_ptr<RemoteRegistry> reg(new RemoteRegistry());
+        reg->conn_ = *c;
+        Expected<Connection::Result> r = reg->conn_->call(Cmd::LIST_DEVICES, wire::Writer());
+        if (!r) return r.status();
+        wire::Reader rd(r->payload.data(), r->payload.size());
+        const uint32_t n = rd.u32();
+        if (!rd.ok() || n > 4096) return reg->conn_->error("LIST_DEVICES: malformed reply");
+        for (uint32_t i = 0; i < n; i++) {
+            reg->devices_.push_back(std::make_unique<RemoteDevice>(reg->conn_, i, rd));
+            if (!rd.ok()) return reg->conn_->error("LIST_DEVICES: malformed reply");
+        }
+        return reg;
+    }
+    const char* name() const override { return conn_->addr().c_str(); }
+    std::vector<Device*> devices() override {
+        std::vector<Device*> out;
+        for (auto& d : devices_) out.push_back(d.get());
+        return out;
+    }
+    const std::shared_ptr<Connection>& conn() const { return conn_; }
+
+  private:
+    std::shared_ptr<Connection> conn_;
+    std::vector<std::unique_ptr<RemoteDevice>> devices_;
+};
+
+std::mutex g_connect_mu;
+std::set<std::string>& connected() {
+    static std::set<std::string> s;
+    return s;
+}
+
+}  // namespace
+}  // namespace remote
+
+Expected<std::unique_ptr<Registry>> remote_open(const std::string& addr, const std::string& token) {
+    Expected<std::unique_ptr<remote::RemoteRegistry>> r = remote::RemoteRegistry::open(addr, token);
+    if (!r) return r.status();
+    return std::unique_ptr<Registry>(std::move(*r));
+}
+
+Status remote_connect(const std::string& addr, const std::string& token) {
+    std::lock_guard<std::mutex> lock(remote::g_connect_mu);
+    if (remote::connected().count(addr)) return Status::ok();
+    Expected<std::unique_ptr<Registry>> r = remote_open(addr, token);
+    if (!r) return r.status();
+    register_registry(std::move(*r));
+    remote::connected().insert(addr);
+    return Status::ok();
+}
+
+Status remote_connect(const std::string& addr) {
+    return remote_connect(addr, "");
+}
+
+Expected<RemoteStats> remote_stats(Registry* reg) {
+    auto* rr = dynamic_cast<remote::RemoteRegistry*>(reg);
+    if (!rr) return Status::error("not a remote registry");
+    Expected<remote::Connection::Result> r =
+        rr->conn()->call(remote::Cmd::SESSION_STATS, wire::Writer());
+    if (!r) return r.status();
+    wire::Reader rd(r->payload.data(), r->payload.size());
+    RemoteStats s;
+    s.session_id = rd.u64();
+    s.session_bytes = rd.u64();
+    s.session_buffers = rd.u64();
+    s.requests = rd.u64();
+    s.errors = rd.u64();
+    s.graph_cache_hits = rd.u64();
+    s.graph_cache_misses = rd.u64();
+    s.graph_delta_hits = rd.u64();
+    s.server_sessions = rd.u64();
+    s.server_bytes = rd.u64();
+    s.server_buffers = rd.u64();
+    if (!rd.done()) return rr->conn()->error("SESSION_STATS: malformed reply");
+    return s;
+}
+
+Expected<RemoteStats> remote_stats(const std::string& addr) {
+    for (Registry* r : registries()) {
+        if (addr == r->name() && dynamic_cast<remote::RemoteRegistry*>(r)) return remote_stats(r);
+    }
+    return Status::errorf("not connected to remote server %s", addr.c_str());
+}
+
+Status remote_ping(Registry* reg) {
+    auto* rr = dynamic_cast<remote::RemoteRegistry*>(reg);
+    if (!rr) return Status::error("not a remote registry");
+    return rr->conn()->call(remote::Cmd::PING, wire::Writer()).status();
+}
+
+}  // namespace ferry

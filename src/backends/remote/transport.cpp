@@ -1,0 +1,276 @@
+#include "backends/remote/transport.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace ferry::remote {
+
+bool Address::is_loopback() const {
+    if (kind == Kind::Unix) return true;
+    if (host == "localhost" || host == "::1") return true;
+    in_addr a{};
+    if (inet_pton(AF_INET, host.c_str(), &a) == 1) {
+        return (ntohl(a.s_addr) >> 24) == 127;
+    }
+    return false;
+}
+
+Expected<Address> parse_address(const std::string& s) {
+    Address a;
+    a.text = s;
+    if (s.rfind("unix:", 0) == 0) {
+        a.kind = Address::Kind::Unix;
+        a.path = s.substr(5);
+        if (a.path.empty()) return Status::errorf("address '%s': empty socket path", s.c_str());
+        if (a.path.size() >= sizeof(sockaddr_un::sun_path)) {
+            return Status::errorf("address '%s': socket path longer than %zu bytes", s.c_str(),
+                                  sizeof(sockaddr_un::sun_path) - 1);
+        }
+        return a;
+    }
+    if (s.rfind("tcp:", 0) == 0) {
+        a.kind = Address::Kind::Tcp;
+        std::string rest = s.substr(4);
+        std::string port;
+        if (!rest.empty() && rest[0] == '[') {
+            const size_t close = rest.find(']');
+            if (close == std::string::npos || close + 1 >= rest.size() || rest[close + 1] != ':') {
+                return Status::errorf("address '%s': expected tcp:[HOST]:PORT", s.c_str());
+            }
+            a.host = rest.substr(1, close - 1);
+            port = rest.substr(close + 2);
+        } else {
+            const size_t colon = rest.rfind(':');
+            if (colon == std::string::npos) {
+                return Status::errorf("address '%s': expected tcp:HOST:PORT", s.c_str());
+            }
+            a.host = rest.substr(0, colon);
+            port = rest.substr(colon + 1);
+        }
+        if (a.host.empty()) return Status::errorf("address '%s': empty host", s.c_str());
+        char* end = nullptr;
+        const long p = std::strtol(port.c_str(), &end, 10);
+        if (port.empty() || *end != '\0' || p < 0 || p > 65535) {
+            return Status::errorf("address '%s': bad port '%s'", s.c_str(), port.c_str());
+        }
+        a.port = static_cast<int>(p);
+        return a;
+    }
+    return Status::errorf("address '%s': expected unix:PATH or tcp:HOST:PORT", s.c_str());
+}
+
+Socket::~Socket() {
+    close();
+}
+
+Socket& Socket::operator=(Socket&& o) noexcept {
+    if (this != &o) {
+        close();
+        fd_ = o.fd_;
+        o.fd_ = -1;
+    }
+    return *this;
+}
+
+void Socket::close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+}
+
+void Socket::shutdown_both() {
+    if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+}
+
+Status Socket::send_all(const void* a, size_t na, const void* b, size_t nb, int pass_fd) {
+    const uint8_t* parts[2] = {static_cast<const uint8_t*>(a), static_cast<const uint8_t*>(b)};
+    size_t left[2] = {na, nb};
+    bool fd_pending = pass_fd >= 0;
+    while (left[0] + left[1] > 0) {
+        iovec iov[2];
+        int n = 0;
+        for (int i = 0; i < 2; i++) {
+            if (left[i]) iov[n++] = {const_cast<uint8_t*>(parts[i]), left[i]};
+        }
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = static_cast<size_t>(n);
+        alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))];
+        if (fd_pending) {
+            std::memset(ctrl, 0, sizeof(ctrl));
+            msg.msg_control = ctrl;
+            msg.msg_controllen = sizeof(ctrl);
+            cmsghdr* c = CMSG_FIRSTHDR(&msg);
+            c->cmsg_level = SOL_SOCKET;
+            c->cmsg_type = SCM_RIGHTS;
+            c->cmsg_len = CMSG_LEN(sizeof(int));
+            std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+        }
+        const ssize_t sent = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
+        if (sent < 0) {
+            if (errno == EINTR) continue;
+            return Status::errorf("send: %s", std::strerror(errno));
+        }
+        fd_pending = false;
+        size_t s = static_cast<size_t>(sent);
+        for (int i = 0; i < 2 && s > 0; i++) {
+            const size_t take = s < left[i] ? s : left[i];
+            parts[i] += take;
+            left[i] -= take;
+            s -= take;
+        }
+    }
+    return Status::ok();
+}
+
+Status Socket::recv_exact(void* p, size_t n, std::vector<int>* fds, bool* eof_at_start) {
+    uint8_t* out = static_cast<uint8_t*>(p);
+    size_t got = 0;
+    if (eof_at_start) *eof_at_start = false;
+    while (got < n) {
+        iovec iov{out + got, n - got};
+        msghdr msg{};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * 4)];
+        msg.msg_control = ctrl;
+        msg.msg_controllen = sizeof(ctrl);
+        const ssize_t r = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return Status::errorf("receive: %s", std::strerror(errno));
+        }
+        for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+            const size_t nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            for (size_t i = 0; i < nfd; i++) {
+                int fd = -1;
+                std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+                if (fds) {
+                    fds->push_back(fd);
+                } else {
+                    ::close(fd);
+                }
+            }
+        }
+        if (r == 0) {
+            if (got == 0 && eof_at_start) *eof_at_start = true;
+            return Status::errorf("connection closed (%zu of %zu bytes received)", got, n);
+        }
+        got += static_cast<size_t>(r);
+    }
+    return Status::ok();
+}
+
+namespace {
+
+Status sockaddr_for(const Address& a, sockaddr_storage* ss, socklen_t* len, int* family) {
+    std::memset(ss, 0, sizeof(*ss));
+    if (a.kind == Address::Kind::Unix) {
+        sockaddr_un* un = reinterpret_cast<sockaddr_un*>(ss);
+        un->sun_family = AF_UNIX;
+        std::memcpy(un->sun_path, a.path.c_str(), a.path.size() + 1);
+        *len = sizeof(sockaddr_un);
+        *family = AF_UNIX;
+        return Status::ok();
+    }
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_family = AF_UNSPEC;
+    addrinfo* res = nullptr;
+    const int rc = getaddrinfo(a.host.c_str(), std::to_string(a.port).c_str(), &hints, &res);
+    if (rc != 0 || !res) {
+        return Status::errorf("cannot resolve host '%s': %s", a.host.c_str(), gai_strerror(rc));
+    }
+    std::memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *len = res->ai_addrlen;
+    *family = res->ai_family;
+    freeaddrinfo(res);
+    return Status::ok();
+}
+
+void set_nodelay(int fd) {
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+}  // namespace
+
+Expected<Socket> connect_to(const Address& addr) {
+    sockaddr_storage ss;
+    socklen_t len = 0;
+    int family = 0;
+    FERRY_TRY(sockaddr_for(addr, &ss, &len, &family));
+    Socket s(::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!s.valid()) return Status::errorf("socket: %s", std::strerror(errno));
+    while (::connect(s.fd(), reinterpret_cast<sockaddr*>(&ss), len) != 0) {
+        if (errno == EINTR) continue;
+        return Status::errorf("cannot connect to %s: %s", addr.text.c_str(), std::strerror(errno));
+    }
+    if (addr.kind == Address::Kind::Tcp) set_nodelay(s.fd());
+    return s;
+}
+
+Expected<Socket> listen_on(const Address& addr, std::string* bound) {
+    sockaddr_storage ss;
+    socklen_t len = 0;
+    int family = 0;
+    FERRY_TRY(sockaddr_for(addr, &ss, &len, &family));
+    Socket s(::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!s.valid()) return Status::errorf("socket: %s", std::strerror(errno));
+    if (addr.kind == Address::Kind::Unix) {
+        struct stat st {};
+        if (::lstat(addr.path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode))
+            ::unlink(addr.path.c_str());
+    } else {
+        int one = 1;
+        setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    }
+    if (::bind(s.fd(), reinterpret_cast<sockaddr*>(&ss), len) != 0) {
+        return Status::errorf("cannot bind %s: %s", addr.text.c_str(), std::strerror(errno));
+    }
+    if (::listen(s.fd(), 64) != 0) {
+        return Status::errorf("cannot listen on %s: %s", addr.text.c_str(), std::strerror(errno));
+    }
+    if (bound) {
+        *bound = addr.text;
+        if (addr.kind == Address::Kind::Tcp) {
+            sockaddr_storage got{};
+            socklen_t glen = sizeof(got);
+            if (getsockname(s.fd(), reinterpret_cast<sockaddr*>(&got), &glen) == 0) {
+                int port = 0;
+                if (got.ss_family == AF_INET) {
+                    port = ntohs(reinterpret_cast<sockaddr_in*>(&got)->sin_port);
+                } else if (got.ss_family == AF_INET6) {
+                    port = ntohs(reinterpret_cast<sockaddr_in6*>(&got)->sin6_port);
+                }
+                const bool v6 = addr.host.find(':') != std::string::npos;
+                *bound =
+                    "tcp:" + (v6 ? "[" + addr.host + "]" : addr.host) + ":" + std::to_string(port);
+            }
+        }
+    }
+    return s;
+}
+
+Expected<Socket> accept_on(const Socket& listener, bool tcp) {
+    for (;;) {
+        const int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+        if (fd >= 0) {
+            if (tcp) set_nodelay(fd);
+            return Socket(fd);
+        }
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        return Status::errorf("accept: %s", std::strerror(errno));
+    }
+}
+
+}  // namespace ferry::remote

@@ -1,0 +1,231 @@
+#include "ferry/graph.h"
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+
+#include "ferry/backend.h"
+
+namespace ferry {
+
+void Graph::visit(Tensor* t) {
+    if (!t || !visited_.insert(t).second) return;
+    for (int i = 0; i < kMaxSrc; i++) visit(t->src[i]);
+    visit(t->view_src);
+    if (t->op == Op::NONE) {
+        leafs.push_back(t);
+    } else {
+        nodes.push_back(t);
+    }
+}
+
+void Graph::build_forward(Tensor* t) {
+    visit(t);
+}
+
+namespace {
+
+struct Hasher {
+    uint64_t h = 1469598103934665603ull;
+    void bytes(const void* p, size_t n) {
+        const uint8_t* b = static_cast<const uint8_t*>(p);
+        for (size_t i = 0; i < n; i++) {
+            h ^= b[i];
+            h *= 1099511628211ull;
+        }
+    }
+    template <class T>
+    void add(const T& v) {
+        bytes(&v, sizeof(v));
+    }
+};
+
+size_t align_up(size_t x, size_t a) {
+    return (x + a - 1) / a * a;
+}
+
+}  // namespace
+
+uint64_t graph_key(const Graph& g) {
+    std::unordered_map<const Tensor*, int64_t> index;
+    int64_t next = 0;
+    for (const Tensor* t : g.leafs) index[t] = next++;
+    for (const Tensor* t : g.nodes) index[t] = next++;
+    auto id = [&](const Tensor* t) -> int64_t {
+        if (!t) return -1;
+        auto it = index.find(t);
+        return it == index.end() ? -2 : it->second;
+    };
+    Hasher h;
+    h.add(g.leafs.size());
+    h.add(g.nodes.size());
+    auto add_tensor = [&](const Tensor* t) {
+        h.add(t->type);
+        h.bytes(t->ne, sizeof(t->ne));
+        h.bytes(t->nb, sizeof(t->nb));
+        h.add(t->op);
+        h.bytes(t->op_params, sizeof(t->op_params));
+        for (int i = 0; i < kMaxSrc; i++) h.add(id(t->src[i]));
+        h.add(id(t->view_src));
+        h.add(t->view_offs);
+        h.add(t->flags);
+    };
+    for (const Tensor* t : g.leafs) add_tensor(t);
+    for (const Tensor* t : g.nodes) add_tensor(t);
+    return h.h;
+}
+
+void init_view(Tensor* t) {
+    Tensor* vs = t->view_src;
+    FERRY_ASSERT(vs && vs->buffer);
+    t->buffer = vs->buffer;
+    t->offs = vs->offs + t->view_offs;
+    t->data = vs->data ? static_cast<uint8_t*>(vs->data) + t->view_offs : nullptr;
+}
+
+namespace {
+
+// First-fit allocator over a virtual address range; tracks the high-water mark.
+class OffsetPlanner {
+  public:
+    explicit OffsetPlanner(size_t align) : align_(align) {}
+    size_t alloc(size_t size) {
+        size = align_up(std::max<size_t>(size, 1), align_);
+        for (size_t i = 0; i < free_.size(); i++) {
+            if (free_[i].size >= size) {
+                const size_t off = free_[i].off;
+                free_[i].off += size;
+                free_[i].size -= size;
+                if (free_[i].size == 0) free_.erase(free_.begin() + static_cast<long>(i));
+                return off;
+            }
+        }
+        const size_t off = top_;
+        top_ += size;
+        return off;
+    }
+    void release(size_t off, size_t size) {
+        size = align_up(std::max<size_t>(size, 1), align_);
+        free_.push_back({off, size});
+        std::sort(free_.begin(), free_.end(),
+                  [](const Block& a, const Block& b) { return a.off < b.off; });
+        std::vector<Block> merged;
+        for (const Block& b : free_) {
+            if (!merged.empty() && merged.back().off + merged.back().size == b.off) {
+                merged.back().size += b.size;
+            } else {
+                merged.push_back(b);
+            }
+        }
+        // A free block at the top shrinks the high-water region.
+        if (!merged.empty() && merged.back().off + merged.back().size == top_) {
+            top_ = merged.back().off;
+            merged.pop_back();
+        }
+        free_ = std::move(merged);
+        peak_ = std::max(peak_, top_);
+    }
+    size_t peak() const { return std::max(peak_, top_); }
+    void note_peak() { peak_ = std::max(peak_, top_); }
+
+  private:
+    struct Block {
+        size_t off, size;
+    };
+    size_t align_;
+    size_t top_ = 0;
+    size_t peak_ = 0;
+    std::vector<Block> free_;
+};
+
+}  // namespace
+
+GraphAllocator::GraphAllocator(BufferType* type) : type_(type) {}
+GraphAllocator::~GraphAllocator() = default;
+
+Status GraphAllocator::allocate(Graph& g) {
+    const size_t align = type_->alignment();
+    // Last step at which each storage owner is read or written.
+    std::unordered_map<const Tensor*, size_t> last_use;
+    std::unordered_map<const Tensor*, int> n_consumers;
+    for (size_t i = 0; i < g.nodes.size(); i++) {
+        const Tensor* n = g.nodes[i];
+        for (int s = 0; s < kMaxSrc; s++) {
+            if (n->src[s]) {
+                last_use[n->src[s]->storage()] = i;
+                n_consumers[n->src[s]]++;
+            }
+        }
+        if (n->view_src) last_use[n->view_src] = std::max(last_use[n->view_src], i);
+    }
+    OffsetPlanner planner(align);
+    std::unordered_map<Tensor*, size_t> offset;
+    auto needs_storage = [](const Tensor* t) { return !t->buffer && !t->view_src; };
+    for (Tensor* t : g.leafs) {
+        if (needs_storage(t)) offset[t] = planner.alloc(type_->alloc_size(t));
+    }
+    // Nodes free their storage after their last reader ran; outputs and nodes nobody reads
+    // (results) stay.
+    std::vector<std::vector<Tensor*>> frees(g.nodes.size());
+    for (size_t i = 0; i < g.nodes.size(); i++) {
+        Tensor* n = g.nodes[i];
+        if (needs_storage(n)) {
+            offset[n] = planner.alloc(type_->alloc_size(n));
+            planner.note_peak();
+            const bool keep = (n->flags & kTensorOutput) != 0 || !last_use.count(n);
+            if (!keep) frees[last_use[n]].push_back(n);
+        }
+        for (Tensor* f : frees[i]) planner.release(offset[f], type_->alloc_size(f));
+    }
+    planned_ = planner.peak();
+    if (planned_ > 0 && (!buffer_ || buffer_->size() < planned_)) {
+        buffer_.reset();
+        Expected<std::unique_ptr<Buffer>> b = type_->allocate(planned_);
+        if (!b) return b.status().context("graph allocator");
+        buffer_ = std::move(*b);
+        buffer_->set_usage(BufferUsage::Compute);
+    }
+    uint8_t* base = buffer_ ? static_cast<uint8_t*>(buffer_->base()) : nullptr;
+    for (auto& [t, off] : offset) {
+        t->buffer = buffer_.get();
+        t->offs = off;
+        t->data = base ? base + off : nullptr;
+        FERRY_TRY(buffer_->init_tensor(t));
+    }
+    for (Tensor* t : g.leafs) {
+        if (t->view_src && !t->buffer) init_view(t);
+    }
+    for (Tensor* t : g.nodes) {
+        if (t->view_src && t->view_src->buffer) init_view(t);
+    }
+    return Status::ok();
+}
+
+Expected<std::unique_ptr<Buffer>> allocate_context_tensors(Context& ctx, BufferType* type) {
+    const size_t align = type->alignment();
+    size_t total = 0;
+    for (Tensor& t : ctx) {
+        if (!t.buffer && !t.view_src) total = align_up(total, align) + type->alloc_size(&t);
+    }
+    if (total == 0) return std::unique_ptr<Buffer>();
+    Expected<std::unique_ptr<Buffer>> b = type->allocate(total);
+    if (!b) return b.status();
+    Buffer* buf = b->get();
+    uint8_t* base = static_cast<uint8_t*>(buf->base());
+    size_t off = 0;
+    for (Tensor& t : ctx) {
+        if (t.buffer || t.view_src) continue;
+        off = align_up(off, align);
+        t.buffer = buf;
+        t.offs = off;
+        t.data = base ? base + off : nullptr;
+        FERRY_TRY(buf->init_tensor(&t));
+        off += type->alloc_size(&t);
+    }
+    for (Tensor& t : ctx) {
+        if (t.view_src && t.view_src->buffer) init_view(&t);
+    }
+    return b;
+}
+
+}  // namespace ferry

@@ -1,0 +1,25 @@
+// Reference quantizers, dequantizers and dot products for the GGUF block formats.
+// n is always a multiple of the type's block size (callers check).
+#pragma once
+
+#include <cstdint>
+
+#include "ferry/types.h"
+
+namespace ferry::quants {
+
+#define FERRY_QUANT_FNS(T)                                                   \
+    void dequantize_row_##T(const void* src, float* dst, int64_t n);         \
+    void quantize_row_##T(const float* src, void* dst, int64_t n);           \
+    void vec_dot_##T(int64_t n, float* out, const void* x, const void* y);
+
+FERRY_QUANT_FNS(q4_0)
+FERRY_QUANT_FNS(q4_1)
+FERRY_QUANT_FNS(q8_0)
+FERRY_QUANT_FNS(q4_k)
+FERRY_QUANT_FNS(q5_k)
+FERRY_QUANT_FNS(q6_k)
+FERRY_QUANT_FNS(q8_k)
+#undef FERRY_QUANT_FNS
+
+}  // namespace ferry::quants

@@ -1,0 +1,295 @@
+// Llama inference sessions: the KV cache, the forward graph and decoding.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backends/cpu/cpu-backend.h"
+#include "ferry/scheduler.h"
+#include "model/llama-impl.h"
+#include "model/llama.h"
+
+namespace ferry {
+
+namespace {
+
+// The attended KV length is rounded up to this many positions (masked past the end) so that
+// consecutive single-token steps share one graph instead of building a new one per token.
+constexpr int32_t kKvPad = 256;
+constexpr fp16_t kF16NegInf = 0xFC00;
+
+}  // namespace
+
+struct LlamaSession::Impl {
+    LlamaModel::Impl* m = nullptr;
+    int32_t n_ctx = 0;
+    int32_t n_batch = 0;
+    Type kv_type = Type::F16;
+
+    // KV cache: per layer, K and V rows [head_dim * n_head_kv] for every position.
+    Context kv_ctx;
+    std::vector<Tensor*> k_cache;  // [head_dim * n_head_kv, n_ctx] per layer
+    std::vector<Tensor*> v_cache;  // [head_dim * n_head_kv, n_ctx] per layer
+    std::unique_ptr<Buffer> kv_buf;
+
+    std::unique_ptr<Backend> dev_backend;  // the weights' device, when not the CPU
+    std::unique_ptr<Backend> cpu_backend;
+    std::unique_ptr<Scheduler> sched;
+
+    int32_t n_past = 0;
+    std::vector<float> logits;  // [n_rows, n_vocab]
+    int32_t n_rows = 0;
+
+    // The last graph built; reused while its shape parameters stay the same.
+    struct Built {
+        std::unique_ptr<Context> ctx;
+        Graph graph;
+        Tensor* ids = nullptr;   // [n_tokens] i32
+        Tensor* pos = nullptr;   // [n_tokens] i32
+        Tensor* mask = nullptr;  // [n_kv, n_tokens] f16, or nullptr
+        Tensor* out = nullptr;   // [n_vocab, n_out]
+        int32_t n_tokens = -1, n_kv = -1, n_out = -1;
+        bool valid = false;
+    } g;
+    std::vector<fp16_t> mask_host;
+    std::vector<int32_t> pos_host;
+
+    Status build(int32_t n_tokens, int32_t n_kv, int32_t n_out);
+    Status run_chunk(const int32_t* tokens, int32_t n_tokens, bool all_logits, float* out_rows);
+};
+
+// Builds the forward graph for n_tokens new tokens attending to n_kv cached positions
+// (including the new ones, padded), producing logits for the last n_out tokens.
+Status LlamaSession::Impl::build(int32_t n_tokens, int32_t n_kv, int32_t n_out) {
+    const LlamaHParams& hp = m->hp;
+    const int64_t hd = hp.head_dim;
+    const int64_t n_head = hp.n_head, n_head_kv = hp.n_head_kv;
+    const int64_t nt = n_tokens;
+    const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const bool need_mask = n_tokens > 1 || n_kv > n_past + n_tokens;
+
+    g.valid = false;
+    g.graph.clear();
+    g.ctx = std::make_unique<Context>();
+    Context& c = *g.ctx;
+
+    g.ids = c.new_tensor(Type::I32, {nt});  // [n_tokens]
+    g.ids->set_name("inp_tokens");
+    g.ids->flags |= kTensorInput;
+    g.pos = c.new_tensor(Type::I32, {nt});  // [n_tokens]
+    g.pos->set_name("inp_pos");
+    g.pos->flags |= kTensorInput;
+    g.mask = nullptr;
+    if (need_mask) {
+        g.mask = c.new_tensor(Type::F16, {n_kv, nt});  // [n_kv, n_tokens]
+        g.mask->set_name("inp_mask");
+        g.mask->flags |= kTensorInput;
+    }
+
+    Tensor* x = c.get_rows(m->tok_embd, g.ids);  // [n_embd, n_tokens]
+    for (int32_t il = 0; il < hp.n_layer; il++) {
+        const LlamaLayer& l = m->layers[static_cast<size_t>(il)];
+        const bool last = il == hp.n_layer - 1;
+
+        Tensor* cur = c.mul(c.rms_norm(x, hp.norm_eps), l.attn_norm);  // [n_embd, n_tokens]
+        Tensor* q = c.mul_mat(l.wq, cur);                              // [n_head*hd, n_tokens]
+        Tensor* k = c.mul_mat(l.wk, cur);                              // [n_head_kv*hd, n_tokens]
+        Tensor* v = c.mul_mat(l.wv, cur);                              // [n_head_kv*hd, n_tokens]
+        q = c.rope(c.reshape(q, {hd, n_head, nt}), g.pos, hp.n_rot, kRopeNormal, hp.rope_freq_base,
+                   hp.rope_freq_scale);  // [hd, n_head, n_tokens]
+        k = c.rope(c.reshape(k, {hd, n_head_kv, nt}), g.pos, hp.n_rot, kRopeNormal,
+                   hp.rope_freq_base, hp.rope_freq_scale);  // [hd, n_head_kv, n_tokens]
+
+        // Store the new positions, then attend over the cache as the stores left it (the
+        // views read the SET_ROWS results, which orders them after the stores).
+        Tensor* kc = k_cache[static_cast<size_t>(il)];
+        Tensor* vc = v_cache[static_cast<size_t>(il)];
+        Tensor* k_st =
+            c.set_rows(kc, c.reshape(k, {hd * n_head_kv, nt}), g.pos);  // [hd*n_head_kv, n_ctx]
+        Tensor* v_st = c.set_rows(vc, v, g.pos);                        // [hd*n_head_kv, n_ctx]
+        const size_t esz = type_size(kv_type);
+        Tensor* kv_k = c.view_3d(k_st, hd, n_kv, n_head_kv, kc->nb[1], hd * esz,
+                                 0);  // [hd, n_kv, n_head_kv]
+        Tensor* kv_v = c.view_3d(v_st, hd, n_kv, n_head_kv, vc->nb[1], hd * esz,
+                                 0);                                       // [hd, n_kv, n_head_kv]
+        Tensor* qp = c.permute(q, 0, 2, 1, 3);                             // [hd, n_tokens, n_head]
+        Tensor* att = c.flash_attn_ext(qp, kv_k, kv_v, g.mask, kq_scale);  // [hd, n_head, n_tokens]
+        att = c.reshape(att, {hd * n_head, nt});                           // [n_head*hd, n_tokens]
+
+        Tensor* res = x;  // [n_embd, n_tokens]
+        if (last && n_out < n_tokens) {
+            // Only the last n_out tokens feed the logits: drop the others before the FFN.
+            const size_t off = static_cast<size_t>(n_tokens - n_out);
+            att = c.view_2d(att, att->ne[0], n_out, att->nb[1],
+                            off * att->nb[1]);                              // [n_head*hd, n_out]
+            res = c.view_2d(x, x->ne[0], n_out, x->nb[1], off * x->nb[1]);  // [n_embd, n_out]
+        }
+        cur = c.mul_mat(l.wo, att);  // [n_embd, n_out]
+        x = c.add(cur, res);         // [n_embd, n_out]
+
+        cur = c.mul(c.rms_norm(x, hp.norm_eps), l.ffn_norm);  // [n_embd, n_out]
+        Tensor* gate = c.mul_mat(l.ffn_gate, cur);            // [n_ff, n_out]
+        Tensor* up = c.mul_mat(l.ffn_up, cur);                // [n_ff, n_out]
+        cur = c.mul_mat(l.ffn_down, c.swiglu(gate, up));      // [n_embd, n_out]
+        x = c.add(cur, x);                                    // [n_embd, n_out]
+    }
+    x = c.mul(c.rms_norm(x, hp.norm_eps), m->output_norm);  // [n_embd, n_out]
+    g.out = c.mul_mat(m->output, x);                        // [n_vocab, n_out]
+    g.out->set_name("logits");
+    g.out->flags |= kTensorOutput;
+    g.graph.build_forward(g.out);
+    g.n_tokens = n_tokens;
+    g.n_kv = n_kv;
+    g.n_out = n_out;
+    FERRY_TRY(sched->alloc(g.graph));
+    g.valid = true;
+    return Status::ok();
+}
+
+Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bool all_logits,
+                                     float* out_rows) {
+    const int32_t n_end = n_past + n_tokens;
+    const int32_t n_kv = std::min(n_ctx, (n_end + kKvPad - 1) / kKvPad * kKvPad);
+    const int32_t n_out = all_logits ? n_tokens : 1;
+    const bool need_mask = n_tokens > 1 || n_kv > n_end;
+    // A graph is reused only when its inputs keep their storage (alloc was its last plan).
+    if (!g.valid || g.n_tokens != n_tokens || g.n_kv != n_kv || g.n_out != n_out ||
+        (g.mask != nullptr) != need_mask) {
+        FERRY_TRY(build(n_tokens, n_kv, n_out));
+    }
+    pos_host.resize(static_cast<size_t>(n_tokens));
+    for (int32_t i = 0; i < n_tokens; i++) pos_host[static_cast<size_t>(i)] = n_past + i;
+    FERRY_TRY(tensor_set(g.ids, tokens, sizeof(int32_t) * static_cast<size_t>(n_tokens)));
+    FERRY_TRY(tensor_set(g.pos, pos_host.data(), sizeof(int32_t) * pos_host.size()));
+    if (g.mask) {
+        mask_host.resize(static_cast<size_t>(n_kv) * static_cast<size_t>(n_tokens));
+        for (int32_t i = 0; i < n_tokens; i++) {
+            fp16_t* row = mask_host.data() + static_cast<size_t>(i) * static_cast<size_t>(n_kv);
+            const int32_t visible = n_past + i + 1;  // positions [0, visible) are attended
+            std::fill(row, row + visible, fp16_t{0});
+            std::fill(row + visible, row + n_kv, kF16NegInf);
+        }
+        FERRY_TRY(tensor_set(g.mask, mask_host.data(), sizeof(fp16_t) * mask_host.size()));
+    }
+    Status st = sched->compute(g.graph);
+    if (!st) {
+        g.valid = false;
+        return st;
+    }
+    const size_t n_vocab = static_cast<size_t>(m->hp.n_vocab);
+    return tensor_get(g.out, out_rows, sizeof(float) * n_vocab * static_cast<size_t>(n_out));
+}
+
+Expected<std::unique_ptr<LlamaSession>> LlamaSession::create(LlamaModel& model,
+                                                             const SessionOptions& opts) {
+    LlamaModel::Impl* m = model.impl();
+    const LlamaHParams& hp = m->hp;
+    std::unique_ptr<LlamaSession> s(new LlamaSession());
+    s->impl_ = std::make_unique<Impl>();
+    Impl& d = *s->impl_;
+    d.m = m;
+    if (opts.n_ctx < 0) return Status::errorf("session: n_ctx %d is negative", opts.n_ctx);
+    d.n_ctx = opts.n_ctx > 0 ? opts.n_ctx : std::min(hp.n_ctx_train, 4096);
+    if (opts.n_batch < 0) return Status::errorf("session: n_batch %d is negative", opts.n_batch);
+    d.n_batch = std::min(opts.n_batch > 0 ? opts.n_batch : 512, d.n_ctx);
+    if (opts.kv_type != Type::F16 && opts.kv_type != Type::F32 && opts.kv_type != Type::BF16) {
+        return Status::errorf("session: KV cache type %s is not supported (f16, f32, bf16)",
+                              type_name(opts.kv_type));
+    }
+    d.kv_type = opts.kv_type;
+
+    const int64_t row = int64_t{hp.head_dim} * hp.n_head_kv;
+    for (int32_t il = 0; il < hp.n_layer; il++) {
+        Tensor* k = d.kv_ctx.new_tensor(d.kv_type, {row, d.n_ctx});  // [hd*n_head_kv, n_ctx]
+        k->set_name("cache_k_l" + std::to_string(il));
+        Tensor* v = d.kv_ctx.new_tensor(d.kv_type, {row, d.n_ctx});  // [hd*n_head_kv, n_ctx]
+        v->set_name("cache_v_l" + std::to_string(il));
+        d.k_cache.push_back(k);
+        d.v_cache.push_back(v);
+    }
+    Device* dev = m->device;
+    Expected<std::unique_ptr<Buffer>> kv = allocate_context_tensors(d.kv_ctx, dev->buffer_type());
+    if (!kv) return kv.status().context(strfmt("session: KV cache on %s", dev->name()));
+    d.kv_buf = std::move(*kv);
+    // Padded attention reads positions nobody wrote yet (masked): they must hold finite values.
+    FERRY_TRY(d.kv_buf->clear(0));
+
+    d.cpu_backend = cpu::make_cpu_backend(opts.n_threads);
+    std::vector<Backend*> backends;
+    if (dev->type() != DeviceType::CPU) {
+        Expected<std::unique_ptr<Backend>> b = dev->make_backend();
+        if (!b) return b.status().context(strfmt("session: backend for %s", dev->name()));
+        d.dev_backend = std::move(*b);
+        d.dev_backend->set_n_threads(opts.n_threads);
+        backends.push_back(d.dev_backend.get());
+    }
+    backends.push_back(d.cpu_backend.get());
+    d.sched = std::make_unique<Scheduler>(std::move(backends));
+    return s;
+}
+
+LlamaSession::~LlamaSession() = default;
+
+Status LlamaSession::decode(std::span<const int32_t> tokens, bool all_logits) {
+    Impl& d = *impl_;
+    const int32_t n_vocab = d.m->hp.n_vocab;
+    if (tokens.empty()) return Status::error("decode: no tokens given");
+    for (size_t i = 0; i < tokens.size(); i++) {
+        if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+            return Status::errorf(
+                "decode: token id %d at position %zu is outside the vocabulary "
+                "[0, %d)",
+                tokens[i], i, n_vocab);
+        }
+    }
+    if (tokens.size() > static_cast<size_t>(d.n_ctx - d.n_past)) {
+        return Status::errorf(
+            "decode: prompt of %zu tokens plus %d cached exceeds the context "
+            "of %d",
+            tokens.size(), d.n_past, d.n_ctx);
+    }
+    const int32_t n = static_cast<int32_t>(tokens.size());
+    d.n_rows = all_logits ? n : 1;
+    d.logits.resize(static_cast<size_t>(d.n_rows) * static_cast<size_t>(n_vocab));
+    const int32_t n_past0 = d.n_past;
+    for (int32_t i = 0; i < n; i += d.n_batch) {
+        const int32_t nt = std::min(d.n_batch, n - i);
+        // Without all_logits, only the last chunk's last row survives: earlier chunks write
+        // their single row to row 0 and are overwritten.
+        float* dst = d.logits.data() +
+                     (all_logits ? static_cast<size_t>(i) * static_cast<size_t>(n_vocab) : 0);
+        Status st = d.run_chunk(tokens.data() + i, nt, all_logits, dst);
+        if (!st) {
+            d.n_past = n_past0;
+            d.n_rows = 0;
+            return st.context("decode");
+        }
+        d.n_past += nt;
+    }
+    return Status::ok();
+}
+
+const float* LlamaSession::logits(int32_t i) const {
+    const Impl& d = *impl_;
+    if (i < 0 || i >= d.n_rows) return nullptr;
+    return d.logits.data() + static_cast<size_t>(i) * static_cast<size_t>(d.m->hp.n_vocab);
+}
+
+int32_t LlamaSession::n_logit_rows() const {
+    return impl_->n_rows;
+}
+int32_t LlamaSession::n_past() const {
+    return impl_->n_past;
+}
+int32_t LlamaSession::n_ctx() const {
+    return impl_->n_ctx;
+}
+void LlamaSession::reset() {
+    impl_->n_past = 0;
+    impl_->n_rows = 0;
+}
+
+size_t LlamaSession::kv_bytes() const {
+    return impl_->kv_buf ? impl_->kv_buf->size() : 0;
+}
+
+}  // namespace ferry

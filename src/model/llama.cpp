@@ -1,0 +1,408 @@
+// The llama architecture: hyperparameters, weight checks and placement.
+#include "model/llama.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <map>
+
+#include "model/llama-impl.h"
+
+namespace ferry {
+
+namespace {
+
+bool is_integer_type(GgufValueType t) {
+    switch (t) {
+        case GgufValueType::UINT8:
+        case GgufValueType::INT8:
+        case GgufValueType::UINT16:
+        case GgufValueType::INT16:
+        case GgufValueType::UINT32:
+        case GgufValueType::INT32:
+        case GgufValueType::UINT64:
+        case GgufValueType::INT64:
+            return true;
+        default:
+            return false;
+    }
+}
+
+// Reads llama.<key> as an integer in [lo, hi]; `def` when absent (required when def < 0).
+Status read_int(const GgufFile& f, const std::string& key, int64_t def, int64_t lo, int64_t hi,
+                int32_t* out) {
+    const GgufKV* kv = f.find_kv(key);
+    if (!kv) {
+        if (def < 0) return Status::errorf("missing metadata key '%s'", key.c_str());
+        *out = static_cast<int32_t>(def);
+        return Status::ok();
+    }
+    Expected<int64_t> v = f.get_int(key);
+    if (!v) return v.status();
+    if (*v < lo || *v > hi) {
+        return Status::errorf("metadata key '%s' = %lld is outside [%lld, %lld]", key.c_str(),
+                              static_cast<long long>(*v), static_cast<long long>(lo),
+                              static_cast<long long>(hi));
+    }
+    *out = static_cast<int32_t>(*v);
+    return Status::ok();
+}
+
+// Reads a float key (float or integer in the file); `def` when absent unless `required`.
+Status read_float(const GgufFile& f, const std::string& key, bool required, float def, float* out) {
+    const GgufKV* kv = f.find_kv(key);
+    if (!kv) {
+        if (required) return Status::errorf("missing metadata key '%s'", key.c_str());
+        *out = def;
+        return Status::ok();
+    }
+    double v = 0.0;
+    if (kv->value.type == GgufValueType::FLOAT32 || kv->value.type == GgufValueType::FLOAT64) {
+        v = kv->value.f;
+    } else if (is_integer_type(kv->value.type)) {
+        Expected<int64_t> i = f.get_int(key);
+        if (!i) return i.status();
+        v = static_cast<double>(*i);
+    } else {
+        return Status::errorf("metadata key '%s' is not a number", key.c_str());
+    }
+    if (!std::isfinite(v)) return Status::errorf("metadata key '%s' is not finite", key.c_str());
+    *out = static_cast<float>(v);
+    return Status::ok();
+}
+
+Status read_hparams(const GgufFile& f, LlamaHParams* hp) {
+    constexpr int64_t kBig = 1 << 24;
+    FERRY_TRY(read_int(f, "llama.context_length", -1, 1, kBig, &hp->n_ctx_train));
+    FERRY_TRY(read_int(f, "llama.embedding_length", -1, 1, kBig, &hp->n_embd));
+    FERRY_TRY(read_int(f, "llama.block_count", -1, 1, 4096, &hp->n_layer));
+    FERRY_TRY(read_int(f, "llama.feed_forward_length", -1, 1, kBig, &hp->n_ff));
+    FERRY_TRY(read_int(f, "llama.attention.head_count", -1, 1, 4096, &hp->n_head));
+    FERRY_TRY(read_int(f, "llama.attention.head_count_kv", hp->n_head, 1, 4096, &hp->n_head_kv));
+    if (hp->n_head % hp->n_head_kv != 0) {
+        return Status::errorf("llama.attention.head_count %d is not a multiple of head_count_kv %d",
+                              hp->n_head, hp->n_head_kv);
+    }
+    if (!f.find_kv("llama.attention.key_length") && hp->n_embd % hp->n_head != 0) {
+        return Status::errorf("llama.embedding_length %d is not a multiple of head_count %d",
+                              hp->n_embd, hp->n_head);
+    }
+    FERRY_TRY(read_int(f, "llama.attention.key_length", hp->n_embd / hp->n_head, 2, 65536,
+                       &hp->head_dim));
+    int32_t v_len = 0;
+    FERRY_TRY(read_int(f, "llama.attention.value_length", hp->head_dim, 1, 65536, &v_len));
+    if (v_len != hp->head_dim) {
+        return Status::errorf(
+            "llama.attention.value_length %d differs from key_length %d "
+            "(unsupported)",
+            v_len, hp->head_dim);
+    }
+    FERRY_TRY(read_int(f, "llama.rope.dimension_count", hp->head_dim, 2, hp->head_dim, &hp->n_rot));
+    if (hp->n_rot % 2 != 0) {
+        return Status::errorf("llama.rope.dimension_count %d is odd", hp->n_rot);
+    }
+    FERRY_TRY(read_float(f, "llama.rope.freq_base", false, 10000.0f, &hp->rope_freq_base));
+    if (hp->rope_freq_base <= 0.0f) {
+        return Status::errorf("llama.rope.freq_base %g must be positive", hp->rope_freq_base);
+    }
+    if (const GgufKV* kv = f.find_kv("llama.rope.scaling.type")) {
+        Expected<std::string> t = f.get_string(kv->key);
+        if (!t) return t.status();
+        if (*t != "none" && *t != "linear") {
+            return Status::errorf("llama.rope.scaling.type '%s' is not supported (none, linear)",
+                                  t->c_str());
+        }
+    }
+    float factor = 1.0f;
+    FERRY_TRY(read_float(f, "llama.rope.scale_linear", false, 1.0f, &factor));
+    FERRY_TRY(read_float(f, "llama.rope.scaling.factor", false, factor, &factor));
+    if (factor == 0.0f) factor = 1.0f;  // converters write 0 for "no scaling"
+    if (factor < 0.0f) return Status::errorf("rope scaling factor %g must be positive", factor);
+    hp->rope_freq_scale = 1.0f / factor;
+    FERRY_TRY(read_float(f, "llama.attention.layer_norm_rms_epsilon", true, 0.0f, &hp->norm_eps));
+    if (hp->norm_eps < 0.0f) {
+        return Status::errorf("llama.attention.layer_norm_rms_epsilon %g is negative",
+                              hp->norm_eps);
+    }
+    return Status::ok();
+}
+
+std::string shape_str(int n_dims, const int64_t* ne) {
+    std::string s = "[";
+    for (int i = 0; i < n_dims; i++) {
+        if (i) s += ", ";
+        s += std::to_string(ne[i]);
+    }
+    return s + "]";
+}
+
+// Name of llama.cpp's general.file_type values (a public enum of the GGUF ecosystem).
+const char* file_type_name(int64_t ft) {
+    switch (ft) {
+        case 0:
+            return "F32";
+        case 1:
+            return "F16";
+        case 2:
+            return "Q4_0";
+        case 3:
+            return "Q4_1";
+        case 7:
+            return "Q8_0";
+        case 8:
+            return "Q5_0";
+        case 9:
+            return "Q5_1";
+        case 10:
+            return "Q2_K";
+        case 11:
+            return "Q3_K_S";
+        case 12:
+            return "Q3_K_M";
+        case 13:
+            return "Q3_K_L";
+        case 14:
+            return "Q4_K_S";
+        case 15:
+            return "Q4_K_M";
+        case 16:
+            return "Q5_K_S";
+        case 17:
+            return "Q5_K_M";
+        case 18:
+            return "Q6_K";
+        case 32:
+            return "BF16";
+        default:
+            return nullptr;
+    }
+}
+
+std::string upper(std::string s) {
+    for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    return s;
+}
+
+class Loader {
+  public:
+    Loader(LlamaModel::Impl& m) : m_(m), f_(*m.gguf) {}
+
+    // Creates the metadata tensor for `name`, checking presence, shape and type.
+    Status take(const std::string& name, std::initializer_list<int64_t> shape, bool norm,
+                Tensor** out) {
+        int64_t want[kMaxDims] = {1, 1, 1, 1};
+        int n_want = 0;
+        for (int64_t v : shape) want[n_want++] = v;
+        const GgufTensorInfo* info = f_.find_tensor(name);
+        if (!info) {
+            return Status::errorf("missing tensor '%s' (expected shape %s)", name.c_str(),
+                                  shape_str(n_want, want).c_str());
+        }
+        bool ok = true;
+        for (int i = 0; i < kMaxDims; i++) ok = ok && info->ne[i] == want[i];
+        if (!ok) {
+            return Status::errorf("tensor '%s' has shape %s, expected %s", name.c_str(),
+                                  shape_str(std::max(info->n_dims, 1), info->ne).c_str(),
+                                  shape_str(n_want, want).c_str());
+        }
+        const TypeTraits* tr = type_traits_or_null(static_cast<uint32_t>(info->type));
+        if (!tr || !tr->is_storage || info->type == Type::I32) {
+            return Status::errorf("tensor '%s' has unsupported type id %u", name.c_str(),
+                                  static_cast<uint32_t>(info->type));
+        }
+        if (norm && info->type != Type::F32) {
+            return Status::errorf("tensor '%s' has type %s; norm weights must be f32", name.c_str(),
+                                  tr->name);
+        }
+        Tensor* t = m_.weights.new_tensor(info->type, kMaxDims, info->ne);
+        t->set_name(name);
+        t->flags |= kTensorParam;
+        if (t->nbytes() != info->nbytes) {
+            return Status::errorf("tensor '%s': %zu bytes in the file, %zu expected", name.c_str(),
+                                  info->nbytes, t->nbytes());
+        }
+        infos_.push_back(info);
+        tensors_.push_back(t);
+        *out = t;
+        return Status::ok();
+    }
+
+    Status take_all() {
+        const LlamaHParams& hp = m_.hp;
+        const int64_t n_embd = hp.n_embd, n_vocab = hp.n_vocab, n_ff = hp.n_ff;
+        const int64_t n_q = int64_t{hp.n_head} * hp.head_dim;
+        const int64_t n_kv = int64_t{hp.n_head_kv} * hp.head_dim;
+        FERRY_TRY(take("token_embd.weight", {n_embd, n_vocab}, false, &m_.tok_embd));
+        FERRY_TRY(take("output_norm.weight", {n_embd}, true, &m_.output_norm));
+        if (f_.find_tensor("output.weight")) {
+            FERRY_TRY(take("output.weight", {n_embd, n_vocab}, false, &m_.output));
+        } else {
+            m_.output = m_.tok_embd;
+            m_.hp.tied_output = true;
+        }
+        m_.layers.resize(static_cast<size_t>(hp.n_layer));
+        for (int il = 0; il < hp.n_layer; il++) {
+            LlamaLayer& l = m_.layers[static_cast<size_t>(il)];
+            const std::string p = "blk." + std::to_string(il) + ".";
+            FERRY_TRY(take(p + "attn_norm.weight", {n_embd}, true, &l.attn_norm));
+            FERRY_TRY(take(p + "attn_q.weight", {n_embd, n_q}, false, &l.wq));
+            FERRY_TRY(take(p + "attn_k.weight", {n_embd, n_kv}, false, &l.wk));
+            FERRY_TRY(take(p + "attn_v.weight", {n_embd, n_kv}, false, &l.wv));
+            FERRY_TRY(take(p + "attn_output.weight", {n_q, n_embd}, false, &l.wo));
+            FERRY_TRY(take(p + "ffn_norm.weight", {n_embd}, true, &l.ffn_norm));
+            FERRY_TRY(take(p + "ffn_gate.weight", {n_embd, n_ff}, false, &l.ffn_gate));
+            FERRY_TRY(take(p + "ffn_up.weight", {n_embd, n_ff}, false, &l.ffn_up));
+            FERRY_TRY(take(p + "ffn_down.weight", {n_ff, n_embd}, false, &l.ffn_down));
+        }
+        return Status::ok();
+    }
+
+    void summarize() {
+        std::map<Type, uint64_t> elems_by_type;
+        for (size_t i = 0; i < tensors_.size(); i++) {
+            const Tensor* t = tensors_[i];
+            m_.n_params += static_cast<uint64_t>(t->nelements());
+            m_.size_bytes += t->nbytes();
+            if (t->ne[1] > 1) elems_by_type[t->type] += static_cast<uint64_t>(t->nelements());
+        }
+        const char* ft = nullptr;
+        if (f_.find_kv("general.file_type")) {
+            Expected<int64_t> v = f_.get_int("general.file_type");
+            if (v) ft = file_type_name(*v);
+        }
+        if (ft) {
+            m_.type_desc = ft;
+        } else {
+            Type best = Type::F32;
+            uint64_t most = 0;
+            for (auto& [t, n] : elems_by_type) {
+                if (n > most) {
+                    most = n;
+                    best = t;
+                }
+            }
+            m_.type_desc = upper(type_name(best));
+        }
+    }
+
+    // Zero copy: the CPU reads the mapped file through a buffer that wraps it.
+    Status place_mapped(Device* dev, const std::function<void(float)>& progress) {
+        size_t max_tensor = 0;
+        for (const Tensor* t : tensors_) max_tensor = std::max(max_tensor, t->nbytes());
+        Expected<std::unique_ptr<Buffer>> b = dev->buffer_from_host_ptr(
+            const_cast<uint8_t*>(f_.file_data()), f_.file_size(), max_tensor);
+        if (!b) return b.status().context("mapping weights");
+        m_.buffer = std::move(*b);
+        m_.buffer->set_usage(BufferUsage::Weights);
+        uint8_t* base = static_cast<uint8_t*>(m_.buffer->base());
+        for (size_t i = 0; i < tensors_.size(); i++) {
+            Tensor* t = tensors_[i];
+            t->buffer = m_.buffer.get();
+            t->offs = f_.data_offset() + infos_[i]->offset;
+            t->data = base ? base + t->offs : nullptr;
+            FERRY_TRY(m_.buffer->init_tensor(t));
+        }
+        if (progress) progress(1.0f);
+        return Status::ok();
+    }
+
+    // Device memory: one buffer of the device's type, tensors uploaded one by one.
+    Status place_uploaded(Device* dev, const std::function<void(float)>& progress) {
+        Expected<std::unique_ptr<Buffer>> b =
+            allocate_context_tensors(m_.weights, dev->buffer_type());
+        if (!b) return b.status().context(strfmt("allocating weights on %s", dev->name()));
+        m_.buffer = std::move(*b);
+        if (!m_.buffer) return Status::error("model has no weights");
+        m_.buffer->set_usage(BufferUsage::Weights);
+        uint64_t done = 0;
+        for (size_t i = 0; i < tensors_.size(); i++) {
+            Tensor* t = tensors_[i];
+            FERRY_TRY(m_.buffer->set_tensor(t, f_.tensor_data(*infos_[i]), 0, t->nbytes())
+                          .context(strfmt("uploading '%s' to %s", t->name, dev->name())));
+            done += t->nbytes();
+            if (progress) {
+                progress(
+                    static_cast<float>(static_cast<double>(done) /
+                                       static_cast<double>(std::max<uint64_t>(m_.size_bytes, 1))));
+            }
+        }
+        return Status::ok();
+    }
+
+  private:
+    LlamaModel::Impl& m_;
+    const GgufFile& f_;
+    std::vector<const GgufTensorInfo*> infos_;
+    std::vector<Tensor*> tensors_;
+};
+
+Status load_into(LlamaModel::Impl& m, const ModelOptions& opts) {
+    Expected<std::unique_ptr<GgufFile>> f = GgufFile::open(m.path);
+    if (!f) return f.status();
+    m.gguf = std::move(*f);
+    const GgufFile& g = *m.gguf;
+    Expected<std::string> arch = g.get_string("general.architecture");
+    if (!arch) return arch.status();
+    if (*arch != "llama") {
+        return Status::errorf(
+            "unsupported architecture '%s' (general.architecture); ferry runs "
+            "'llama'",
+            arch->c_str());
+    }
+    FERRY_TRY(read_hparams(g, &m.hp));
+    Expected<Vocab> vocab = Vocab::from_gguf(g);
+    if (!vocab) return vocab.status();
+    m.vocab = std::move(*vocab);
+    m.hp.n_vocab = m.vocab.n_tokens();
+    if (m.hp.n_vocab <= 0) return Status::error("the vocabulary is empty");
+
+    Loader loader(m);
+    FERRY_TRY(loader.take_all());
+    loader.summarize();
+
+    m.device = opts.devices.empty() ? cpu_device() : opts.devices[0];
+    if (!m.device) return Status::error("no device to place the weights on");
+    if (m.device->type() == DeviceType::CPU) return loader.place_mapped(m.device, opts.progress);
+    return loader.place_uploaded(m.device, opts.progress);
+}
+
+}  // namespace
+
+Expected<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string& path,
+                                                       const ModelOptions& opts) {
+    std::unique_ptr<LlamaModel> model(new LlamaModel());
+    model->impl_ = std::make_unique<Impl>();
+    model->impl_->path = path;
+    Status st = load_into(*model->impl_, opts);
+    if (!st) return st.context("loading " + path);
+    return model;
+}
+
+LlamaModel::~LlamaModel() = default;
+
+const LlamaHParams& LlamaModel::hparams() const {
+    return impl_->hp;
+}
+const Vocab& LlamaModel::vocab() const {
+    return impl_->vocab;
+}
+const GgufFile& LlamaModel::gguf() const {
+    return *impl_->gguf;
+}
+const std::string& LlamaModel::path() const {
+    return impl_->path;
+}
+uint64_t LlamaModel::n_params() const {
+    return impl_->n_params;
+}
+uint64_t LlamaModel::size_bytes() const {
+    return impl_->size_bytes;
+}
+std::string LlamaModel::type_desc() const {
+    return impl_->type_desc;
+}
+Device* LlamaModel::device() const {
+    return impl_->device;
+}
+
+}  // namespace ferry

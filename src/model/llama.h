@@ -1,0 +1,98 @@
+// The llama architecture: model loading and inference sessions with a KV cache.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ferry/backend.h"
+#include "ferry/gguf.h"
+#include "ferry/status.h"
+#include "model/vocab.h"
+
+namespace ferry {
+
+struct LlamaHParams {
+    int32_t n_vocab = 0;
+    int32_t n_ctx_train = 0;
+    int32_t n_embd = 0;
+    int32_t n_layer = 0;
+    int32_t n_head = 0;
+    int32_t n_head_kv = 0;
+    int32_t head_dim = 0;  // n_embd / n_head unless the file says otherwise
+    int32_t n_ff = 0;
+    int32_t n_rot = 0;     // rotated dims per head
+    float rope_freq_base = 10000.0f;
+    float rope_freq_scale = 1.0f;
+    float norm_eps = 1e-5f;
+    bool tied_output = false;
+};
+
+struct ModelOptions {
+    // Devices to place weights on, in order of preference (empty: the CPU). Weights go to the
+    // first device; the CPU reads the memory-mapped file directly (no copy).
+    std::vector<Device*> devices;
+    // Called with progress in [0, 1] while weights load.
+    std::function<void(float)> progress;
+};
+
+class LlamaModel {
+public:
+    static Expected<std::unique_ptr<LlamaModel>> load(const std::string& path,
+                                                      const ModelOptions& opts);
+    ~LlamaModel();
+
+    const LlamaHParams& hparams() const;
+    const Vocab& vocab() const;
+    const GgufFile& gguf() const;
+    const std::string& path() const;
+    uint64_t n_params() const;
+    uint64_t size_bytes() const;  // bytes of weights
+    std::string type_desc() const;  // dominant weight type, e.g. "Q4_0" (from general.file_type or tensors)
+    Device* device() const;         // where the weights live
+
+    struct Impl;
+    Impl* impl() const { return impl_.get(); }
+
+private:
+    LlamaModel() = default;
+    std::unique_ptr<Impl> impl_;
+};
+
+struct SessionOptions {
+    int32_t n_ctx = 0;      // 0: the model's training context, capped at 4096
+    int32_t n_batch = 512;  // tokens per forward pass when decoding long prompts
+    Type kv_type = Type::F16;
+    int n_threads = 0;      // CPU threads (0: all cores)
+};
+
+class LlamaSession {
+public:
+    static Expected<std::unique_ptr<LlamaSession>> create(LlamaModel& model,
+                                                          const SessionOptions& opts);
+    ~LlamaSession();
+
+    // Runs tokens at positions [n_past, n_past + tokens.size()), appending to the KV cache.
+    // Logits for every position when all_logits, else only for the last. Fails (leaving the
+    // cache as it was) when a token id is outside the vocabulary or the context would overflow.
+    Status decode(std::span<const int32_t> tokens, bool all_logits);
+    // Logits of row i of the last decode ([n_vocab] floats); with all_logits=false, row 0 is
+    // the last token.
+    const float* logits(int32_t i) const;
+    int32_t n_logit_rows() const;
+    int32_t n_past() const;
+    int32_t n_ctx() const;
+    void reset();  // empties the KV cache
+    size_t kv_bytes() const;
+
+    struct Impl;
+
+private:
+    LlamaSession() = default;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ferry

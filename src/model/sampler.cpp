@@ -1,0 +1,120 @@
+#include "model/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace ferry {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Higher logit first; equal logits: lower id first, so every step is deterministic.
+bool before(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+}
+
+}  // namespace
+
+Sampler::Sampler(const SamplerParams& p) : p_(p), rng_(p.seed) {}
+
+void Sampler::reset() {
+    recent_.clear();
+    rng_.seed(p_.seed);
+}
+
+void Sampler::accept(int32_t token) {
+    if (p_.repeat_last_n == 0) return;
+    recent_.push_back(token);
+    if (p_.repeat_last_n > 0) {
+        while (recent_.size() > static_cast<size_t>(p_.repeat_last_n)) recent_.pop_front();
+    }
+}
+
+int32_t Sampler::sample(const float* logits, int32_t n_vocab) {
+    if (n_vocab <= 0) return -1;
+    const auto n = static_cast<size_t>(n_vocab);
+    cand_.resize(n);
+    for (size_t i = 0; i < n; i++) {
+        const float l = logits[i];
+        cand_[i] = {std::isnan(l) ? kNegInf : l, static_cast<int32_t>(i)};
+    }
+
+    // 1. Repetition penalty, once per distinct recent token.
+    if (p_.repeat_penalty != 1.0f && p_.repeat_penalty > 0.0f && !recent_.empty()) {
+        std::vector<int32_t> seen(recent_.begin(), recent_.end());
+        std::sort(seen.begin(), seen.end());
+        seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+        for (int32_t t : seen) {
+            if (t < 0 || t >= n_vocab) continue;
+            float& l = cand_[static_cast<size_t>(t)].first;
+            l = l > 0.0f ? l / p_.repeat_penalty : l * p_.repeat_penalty;
+        }
+    }
+
+    // 2. Greedy.
+    if (p_.temp <= 0.0f) {
+        return std::min_element(cand_.begin(), cand_.end(), before)->second;
+    }
+
+    // 3. Top-k (sorting only as much as needed; the later steps need the order).
+    size_t keep = n;
+    if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) keep = static_cast<size_t>(p_.top_k);
+    if (keep < n) {
+        std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(keep),
+                          cand_.end(), before);
+    } else {
+        std::sort(cand_.begin(), cand_.end(), before);
+    }
+    cand_.resize(keep);
+
+    const float max_logit = cand_[0].first;
+    if (max_logit == kNegInf) return cand_[0].second;  // nothing has any probability
+
+    // 4. Top-p over the temperature-1 distribution of what is left.
+    if (p_.top_p < 1.0f) {
+        double total = 0.0;
+        for (const auto& c : cand_) total += std::exp(static_cast<double>(c.first - max_logit));
+        double cum = 0.0;
+        size_t i = 0;
+        while (i < cand_.size()) {
+            cum += std::exp(static_cast<double>(cand_[i].first - max_logit)) / total;
+            i++;
+            if (cum >= static_cast<double>(p_.top_p)) break;
+        }
+        cand_.resize(i);
+    }
+
+    // 5. Min-p: p_i >= min_p * p_max  <=>  logit_i >= max_logit + log(min_p).
+    if (p_.min_p > 0.0f) {
+        const double floor =
+            static_cast<double>(max_logit) + std::log(static_cast<double>(p_.min_p));
+        size_t i = 1;  // the top token always stays
+        while (i < cand_.size() && static_cast<double>(cand_[i].first) >= floor) i++;
+        cand_.resize(i);
+    }
+
+    // 6 and 7. Temperature, softmax, one uniform draw.
+    const double inv_temp = 1.0 / static_cast<double>(p_.temp);
+    std::vector<double> w(cand_.size());
+    double total = 0.0;
+    for (size_t i = 0; i < cand_.size(); i++) {
+        w[i] = std::exp((static_cast<double>(cand_[i].first) - max_logit) * inv_temp);
+        total += w[i];
+    }
+    // 53 random bits -> [0, 1): the same on every platform, unlike std::*_distribution.
+    const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * total;
+    double cum = 0.0;
+    for (size_t i = 0; i < cand_.size(); i++) {
+        cum += w[i];
+        if (u < cum) return cand_[i].second;
+    }
+    // Rounding left u at or past the sum: the last token with any weight.
+    for (size_t i = cand_.size(); i-- > 0;) {
+        if (w[i] > 0.0) return cand_[i].second;
+    }
+    return cand_[0].second;
+}
+
+}  // namespace ferry

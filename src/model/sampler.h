@@ -1,0 +1,54 @@
+// Token sampling: greedy, temperature, top-k, top-p, min-p, repetition penalty, seeded.
+// Defaults follow llama.cpp's command line (temp 0.8, top-k 40, top-p 0.95, min-p 0.05,
+// repeat penalty 1.0 over the last 64 tokens). temp <= 0 means greedy (argmax).
+//
+// The steps run in llama.cpp's default order:
+//   1. repetition penalty: each distinct token among the last repeat_last_n accepted tokens has
+//      its logit divided by repeat_penalty when positive, multiplied by it otherwise;
+//   2. greedy (temp <= 0): the highest penalized logit wins (ties: the lowest id); stop here;
+//   3. top-k: keep the k highest logits;
+//   4. top-p: keep the smallest set of the most likely tokens whose probability (softmax of the
+//      logits at temperature 1) sums to at least top_p;
+//   5. min-p: keep the tokens whose probability is at least min_p times the top one's;
+//   6. temperature: divide the remaining logits by temp;
+//   7. draw from their softmax with the sampler's own generator.
+// Each filter keeps at least one token. NaN logits count as -inf.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <random>
+#include <utility>
+#include <vector>
+
+namespace ferry {
+
+struct SamplerParams {
+    float temp = 0.8f;
+    int32_t top_k = 40;           // <= 0: disabled
+    float top_p = 0.95f;          // >= 1: disabled
+    float min_p = 0.05f;          // <= 0: disabled
+    float repeat_penalty = 1.0f;  // 1: disabled
+    int32_t repeat_last_n = 64;   // 0: disabled; < 0: every accepted token
+    uint64_t seed = 0xFE22F;      // same seed, same logits -> same tokens
+};
+
+class Sampler {
+  public:
+    explicit Sampler(const SamplerParams& p);
+    // Picks a token from n_vocab logits (not modified). Returns -1 when n_vocab <= 0.
+    int32_t sample(const float* logits, int32_t n_vocab);
+    // Records a token (prompt or generated) for the repetition penalty.
+    void accept(int32_t token);
+    // Forgets accepted tokens and restarts the generator from the seed.
+    void reset();
+    const SamplerParams& params() const { return p_; }
+
+  private:
+    SamplerParams p_;
+    std::mt19937_64 rng_;
+    std::deque<int32_t> recent_;
+    std::vector<std::pair<float, int32_t>> cand_;  // scratch: (logit, id)
+};
+
+}  // namespace ferry

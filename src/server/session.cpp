@@ -1,0 +1,638 @@
+#include "server/session.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "backends/remote/protocol.h"
+#include "backends/remote/wire.h"
+
+namespace ferry::server {
+
+using remote::Cmd;
+using wire::Reader;
+using wire::Writer;
+
+namespace {
+
+bool tokens_equal(const std::string& a, const std::string& b) {
+    // Constant time in the length of the expected token.
+    unsigned diff = a.size() == b.size() ? 0u : 1u;
+    for (size_t i = 0; i < a.size(); i++) {
+        diff |= static_cast<unsigned>(a[i]) ^ static_cast<unsigned>(i < b.size() ? b[i] : 0);
+    }
+    return diff == 0;
+}
+
+// Bytes spanned by a tensor under its strides, overflow-checked. Requires a known type.
+bool span_of(const Tensor& t, uint64_t* out) {
+    const TypeTraits* tr = type_traits_or_null(static_cast<uint32_t>(t.type));
+    if (!tr) return false;
+    for (int i = 0; i < kMaxDims; i++) {
+        if (t.ne[i] < 0) return false;
+    }
+    for (int i = 0; i < kMaxDims; i++) {
+        if (t.ne[i] == 0) {
+            *out = 0;
+            return true;
+        }
+    }
+    if (t.ne[0] % tr->block_size != 0) return false;
+    // Exact: one past the last byte any element touches (last block of every dimension), so
+    // transposed and permuted layouts are measured by what they really reach.
+    uint64_t total = tr->type_size;
+    uint64_t extra0 = 0;
+    if (!wire::mul_ok(static_cast<uint64_t>(t.ne[0] / tr->block_size - 1), t.nb[0], &extra0) ||
+        !wire::add_ok(total, extra0, &total)) {
+        return false;
+    }
+    for (int i = 1; i < kMaxDims; i++) {
+        uint64_t extra = 0;
+        if (!wire::mul_ok(static_cast<uint64_t>(t.ne[i] - 1), t.nb[i], &extra)) return false;
+        if (!wire::add_ok(total, extra, &total)) return false;
+    }
+    *out = total;
+    return true;
+}
+
+}  // namespace
+
+Session::Session(const ServerOptions& opts, ServerCounters* counters, bool shared_memory)
+    : opts_(opts),
+      counters_(counters),
+      shared_memory_(shared_memory),
+      id_(counters->next_session.fetch_add(1)),
+      // Handles carry the session id in the high bits: a handle from another session can
+      // never name one of ours, and a freed handle is never handed out again.
+      next_handle_((id_ << 32) | 1u) {
+    counters_->sessions.fetch_add(1);
+    backends_.resize(opts_.devices.size());
+}
+
+Session::~Session() {
+    cache_.clear();  // holds pointers to buffers
+    for (auto& [h, b] : buffers_) free_buffer(b);
+    buffers_.clear();
+    counters_->sessions.fetch_sub(1);
+}
+
+void Session::free_buffer(SrvBuffer& b) {
+    b.buf.reset();
+    if (b.map) munmap(b.map, b.map_len);
+    b.map = nullptr;
+    bytes_ -= b.size;
+    counters_->bytes.fetch_sub(b.size);
+    counters_->buffers.fetch_sub(1);
+}
+
+void Session::handle(uint16_t cmd, const uint8_t* payload, size_t len, Reply* out) {
+    out->payload.clear();
+    out->error = false;
+    out->pass_fd = -1;
+    requests_++;
+    Status st = dispatch(cmd, payload, len, out);
+    if (!st) {
+        errors_++;
+        if (out->pass_fd >= 0) {
+            close(out->pass_fd);
+            out->pass_fd = -1;
+        }
+        out->payload.clear();
+        Writer w(&out->payload);
+        w.str(strfmt("%s: %s", remote::cmd_name(cmd), st.message().c_str()));
+        out->error = true;
+    }
+}
+
+Status Session::dispatch(uint16_t cmd, const uint8_t* p, size_t n, Reply* out) {
+    if (cmd == 0 || cmd > remote::kCmdMax) return Status::errorf("unknown command %u", cmd);
+    const Cmd c = static_cast<Cmd>(cmd);
+    if (c == Cmd::HELLO) return cmd_hello(p, n, out);
+    if (!hello_) return Status::error("HELLO must be the first request of a connection");
+    Reader r(p, n);
+    Writer w(&out->payload);
+    switch (c) {
+        case Cmd::HELLO:
+            break;
+        case Cmd::LIST_DEVICES:
+            if (n != 0) return Status::error("unexpected payload");
+            return cmd_list_devices(out);
+        case Cmd::DEVICE_MEMORY: {
+            const uint32_t dev = r.u32();
+            if (!r.done()) return Status::error("malformed request");
+            Expected<Device*> d = device(dev);
+            if (!d) return d.status();
+            const DeviceMemory m = (*d)->memory();
+            w.u64(m.free);
+            w.u64(m.total);
+            return Status::ok();
+        }
+        case Cmd::SUPPORTS_OP:
+            return cmd_supports_op(p, n, out);
+        case Cmd::BUFFER_ALLOC:
+            return cmd_buffer_alloc(p, n, out);
+        case Cmd::BUFFER_FREE:
+            return cmd_buffer_free(p, n);
+        case Cmd::BUFFER_CLEAR: {
+            const uint64_t h = r.u64();
+            const uint8_t v = r.u8();
+            if (!r.done()) return Status::error("malformed request");
+            Expected<SrvBuffer*> b = lookup(h);
+            if (!b) return b.status();
+            return (*b)->buf->clear(v);
+        }
+        case Cmd::TENSOR_SET:
+        case Cmd::TENSOR_GET:
+        case Cmd::TENSOR_MEMSET:
+        case Cmd::TENSOR_COPY:
+            return cmd_tensor_io(cmd, p, n, out);
+        case Cmd::GRAPH_COMPUTE:
+            return cmd_graph_compute(p, n, out);
+        case Cmd::SYNCHRONIZE: {
+            const uint32_t dev = r.u32();
+            if (!r.done()) return Status::error("malformed request");
+            FERRY_TRY(device(dev).status());
+            if (backends_[dev]) return backends_[dev]->synchronize();
+            return Status::ok();
+        }
+        case Cmd::SESSION_STATS:
+            if (n != 0) return Status::error("unexpected payload");
+            return cmd_stats(out);
+        case Cmd::PING:
+            if (n != 0) return Status::error("unexpected payload");
+            return Status::ok();
+    }
+    return Status::errorf("unknown command %u", cmd);
+}
+
+Status Session::cmd_hello(const uint8_t* p, size_t n, Reply* out) {
+    if (hello_) return Status::error("HELLO sent twice");
+    Reader r(p, n);
+    const uint32_t version = r.u32();
+    const uint64_t caps = r.u64();
+    const std::string token = r.str(1024);
+    if (!r.done()) {
+        out->close = true;
+        return Status::error("malformed HELLO");
+    }
+    if (version != remote::kProtocolVersion) {
+        out->close = true;
+        return Status::errorf("protocol version %u is not supported (this server speaks %u)",
+                              version, remote::kProtocolVersion);
+    }
+    if (!opts_.token.empty() && !tokens_equal(opts_.token, token)) {
+        out->close = true;
+        return Status::error("authentication failed: wrong or missing token");
+    }
+    uint64_t offered = remote::kCapGraphCache;
+    if (shared_memory_) offered |= remote::kCapSharedMemory;
+    caps_ = offered & caps;
+    hello_ = true;
+    Writer w(&out->payload);
+    w.u32(remote::kProtocolVersion);
+    w.u64(caps_);
+    w.u64(id_);
+    w.str("ferry serve");
+    return Status::ok();
+}
+
+Status Session::cmd_list_devices(Reply* out) {
+    Writer w(&out->payload);
+    w.u32(static_cast<uint32_t>(opts_.devices.size()));
+    for (Device* d : opts_.devices) {
+        w.str(d->name());
+        w.str(d->description());
+        w.u32(static_cast<uint32_t>(d->type()));
+        const DeviceCaps c = d->caps();
+        const bool host_shm = shared_memory_ && (caps_ & remote::kCapSharedMemory) &&
+                              d->buffer_type()->is_host() && c.buffer_from_host_ptr;
+        w.u8(static_cast<uint8_t>((c.async ? 1 : 0) | (c.events ? 2 : 0) | (host_shm ? 4 : 0)));
+        const DeviceMemory m = d->memory();
+        w.u64(m.free);
+        w.u64(m.total);
+        BufferType* bt = d->buffer_type();
+        w.str(bt->name());
+        w.u64(bt->alignment());
+        w.u64(bt->max_size());
+    }
+    return Status::ok();
+}
+
+Expected<Device*> Session::device(uint32_t dev) {
+    if (dev >= opts_.devices.size()) {
+        return Status::errorf("device index %u out of range (%zu devices)", dev,
+                              opts_.devices.size());
+    }
+    return opts_.devices[dev];
+}
+
+Expected<Backend*> Session::backend(uint32_t dev) {
+    Expected<Device*> d = device(dev);
+    if (!d) return d.status();
+    if (!backends_[dev]) {
+        Expected<std::unique_ptr<Backend>> b = (*d)->make_backend();
+        if (!b) return b.status();
+        backends_[dev] = std::move(*b);
+    }
+    return backends_[dev].get();
+}
+
+Expected<Session::SrvBuffer*> Session::lookup(uint64_t handle) {
+    auto it = buffers_.find(handle);
+    if (it == buffers_.end()) {
+        return Status::errorf("unknown buffer handle 0x%llx (freed, or not this session's)",
+                              static_cast<unsigned long long>(handle));
+    }
+    return &it->second;
+}
+
+Status Session::cmd_buffer_alloc(const uint8_t* p, size_t n, Reply* out) {
+    Reader r(p, n);
+    const uint32_t dev = r.u32();
+    const uint8_t kind = r.u8();
+    const uint64_t size = r.u64();
+    if (!r.done()) return Status::error("malformed request");
+    Expected<Device*> d = device(dev);
+    if (!d) return d.status();
+    BufferType* bt = nullptr;
+    if (kind == remote::kBufferDevice) {
+        bt = (*d)->buffer_type();
+    } else if (kind == remote::kBufferHost) {
+        bt = (*d)->host_buffer_type();
+        if (!bt) return Status::errorf("device %s has no host buffer type", (*d)->name());
+    } else {
+        return Status::errorf("unknown buffer kind %u", kind);
+    }
+    if (size > bt->max_size()) {
+        return Status::errorf("size %llu exceeds the buffer type's maximum %zu",
+                              static_cast<unsigned long long>(size), bt->max_size());
+    }
+    uint64_t total = 0;
+    if (!wire::add_ok(bytes_, size, &total) || (opts_.max_memory && total > opts_.max_memory)) {
+        return Status::errorf(
+            "allocating %llu bytes would exceed the session memory limit "
+            "(%llu of %llu bytes in use)",
+            static_cast<unsigned long long>(size), static_cast<unsigned long long>(bytes_),
+            static_cast<unsigned long long>(opts_.max_memory));
+    }
+    SrvBuffer sb;
+    sb.size = size;
+    sb.dev = dev;
+    int fd = -1;
+    const bool shm = shared_memory_ && (caps_ & remote::kCapSharedMemory) && bt->is_host() &&
+                     (*d)->caps().buffer_from_host_ptr;
+    if (shm) {
+        const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+        uint64_t len = 0;
+        if (!wire::add_ok(std::max<uint64_t>(size, 1), page - 1, &len)) {
+            return Status::errorf("size %llu overflows", static_cast<unsigned long long>(size));
+        }
+        len = len / page * page;
+        fd = memfd_create("ferry-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fd < 0) return Status::errorf("memfd_create: %s", std::strerror(errno));
+        if (ftruncate(fd, static_cast<off_t>(len)) != 0) {
+            const int e = errno;
+            close(fd);
+            return Status::errorf("cannot allocate %llu bytes of shared memory: %s",
+                                  static_cast<unsigned long long>(size), std::strerror(e));
+        }
+        // The client must not be able to shrink the file under our mapping (SIGBUS).
+        if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+            const int e = errno;
+            close(fd);
+            return Status::errorf("cannot seal shared memory: %s", std::strerror(e));
+        }
+        void* map = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (map == MAP_FAILED) {
+            const int e = errno;
+            close(fd);
+            return Status::errorf("cannot map %llu bytes of shared memory: %s",
+                                  static_cast<unsigned long long>(size), std::strerror(e));
+        }
+        Expected<std::unique_ptr<Buffer>> b = (*d)->buffer_from_host_ptr(map, size, size);
+        if (!b) {
+            munmap(map, len);
+            close(fd);
+            return b.status();
+        }
+        sb.buf = std::move(*b);
+        sb.map = map;
+        sb.map_len = len;
+    } else {
+        Expected<std::unique_ptr<Buffer>> b = bt->allocate(size);
+        if (!b) return b.status();
+        sb.buf = std::move(*b);
+    }
+    const uint64_t handle = next_handle_++;
+    bytes_ += size;
+    counters_->bytes.fetch_add(size);
+    counters_->buffers.fetch_add(1);
+    buffers_.emplace(handle, std::move(sb));
+    Writer w(&out->payload);
+    w.u64(handle);
+    w.u64(size);
+    w.u8(fd >= 0 ? 1 : 0);
+    out->pass_fd = fd;
+    return Status::ok();
+}
+
+Status Session::cmd_buffer_free(const uint8_t* p, size_t n) {
+    Reader r(p, n);
+    const uint64_t h = r.u64();
+    if (!r.done()) return Status::error("malformed request");
+    FERRY_TRY(lookup(h).status());
+    // Cached graphs point at buffers; the client forgets its cache on a free as well.
+    cache_.clear();
+    auto it = buffers_.find(h);
+    free_buffer(it->second);
+    buffers_.erase(it);
+    return Status::ok();
+}
+
+Status Session::cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* out) {
+    Reader r(p, n);
+    const Cmd c = static_cast<Cmd>(cmd);
+    if (c == Cmd::TENSOR_COPY) {
+        const uint64_t sh = r.u64(), so = r.u64(), dh = r.u64(), doff = r.u64(), size = r.u64();
+        if (!r.done()) return Status::error("malformed request");
+        Expected<SrvBuffer*> s = lookup(sh);
+        if (!s) return s.status();
+        Expected<SrvBuffer*> d = lookup(dh);
+        if (!d) return d.status();
+        if (!wire::range_ok(so, size, (*s)->size) || !wire::range_ok(doff, size, (*d)->size)) {
+            return Status::errorf(
+                "copy of %llu bytes from offset %llu (buffer of %llu) to offset "
+                "%llu (buffer of %llu) is out of range",
+                static_cast<unsigned long long>(size), static_cast<unsigned long long>(so),
+                static_cast<unsigned long long>((*s)->size), static_cast<unsigned long long>(doff),
+                static_cast<unsigned long long>((*d)->size));
+        }
+        if (size == 0) return Status::ok();
+        uint8_t* sbase = static_cast<uint8_t*>((*s)->buf->base());
+        uint8_t* dbase = static_cast<uint8_t*>((*d)->buf->base());
+        if (sbase && dbase) {
+            std::memmove(dbase + doff, sbase + so, size);
+            return Status::ok();
+        }
+        std::vector<uint8_t> tmp(size);
+        Tensor ts, td;
+        ts.buffer = (*s)->buf.get();
+        ts.offs = so;
+        td.buffer = (*d)->buf.get();
+        td.offs = doff;
+        FERRY_TRY((*s)->buf->get_tensor(&ts, tmp.data(), 0, size));
+        return (*d)->buf->set_tensor(&td, tmp.data(), 0, size);
+    }
+    const uint64_t h = r.u64();
+    const uint64_t off = r.u64();
+    const uint64_t size = r.u64();
+    uint8_t value = 0;
+    const uint8_t* data = nullptr;
+    if (c == Cmd::TENSOR_SET) {
+        data = r.bytes(size);
+        if (!data)
+            return Status::errorf("payload holds fewer than the %llu data bytes announced",
+                                  static_cast<unsigned long long>(size));
+    } else if (c == Cmd::TENSOR_MEMSET) {
+        value = r.u8();
+    }
+    if (!r.done()) return Status::error("malformed request");
+    Expected<SrvBuffer*> b = lookup(h);
+    if (!b) return b.status();
+    if (!wire::range_ok(off, size, (*b)->size)) {
+        return Status::errorf("range [%llu, +%llu) is outside the buffer of %llu bytes",
+                              static_cast<unsigned long long>(off),
+                              static_cast<unsigned long long>(size),
+                              static_cast<unsigned long long>((*b)->size));
+    }
+    if (c == Cmd::TENSOR_GET && size > remote::kMaxPayload) {
+        return Status::errorf("read of %llu bytes exceeds the frame limit",
+                              static_cast<unsigned long long>(size));
+    }
+    Tensor t;
+    t.buffer = (*b)->buf.get();
+    t.offs = off;
+    switch (c) {
+        case Cmd::TENSOR_SET:
+            return (*b)->buf->set_tensor(&t, data, 0, size);
+        case Cmd::TENSOR_MEMSET:
+            return (*b)->buf->memset_tensor(&t, value, 0, size);
+        default: {
+            Writer w(&out->payload);
+            uint8_t* dst = w.reserve(size);
+            return (*b)->buf->get_tensor(&t, dst, 0, size);
+        }
+    }
+}
+
+Status Session::build_table(const uint8_t* bytes, uint32_t n, bool with_storage, uint32_t dev,
+                            std::vector<Tensor>* out) {
+    Device* d = nullptr;
+    if (with_storage) {
+        Expected<Device*> dd = device(dev);
+        if (!dd) return dd.status();
+        d = *dd;
+    }
+    std::vector<Tensor>& ts = *out;
+    ts.clear();
+    ts.resize(n);  // never reallocated below: tensors point at each other
+    uint64_t table_bytes = 0;
+    if (!wire::mul_ok(n, remote::kEntrySize, &table_bytes)) return Status::error("table too large");
+    Reader r(bytes, table_bytes);
+    for (uint32_t i = 0; i < n; i++) {
+        const remote::Entry e = remote::read_entry(r);
+        if (!r.ok()) return Status::errorf("entry %u: truncated", i);
+        Tensor& t = ts[i];
+        std::snprintf(t.name, sizeof(t.name), "entry %u", i);
+        auto fail = [&](const Status& st) { return st.context(strfmt("entry %u", i)); };
+        const TypeTraits* tr = type_traits_or_null(e.type);
+        if (!tr || !tr->is_storage) return fail(Status::errorf("unknown type id %u", e.type));
+        if (!op_info_or_null(e.op)) return fail(Status::errorf("unknown op id %u", e.op));
+        t.type = static_cast<Type>(e.type);
+        t.op = static_cast<Op>(e.op);
+        for (int k = 0; k < kMaxDims; k++) {
+            t.ne[k] = e.ne[k];
+            t.nb[k] = e.nb[k];
+        }
+        std::memcpy(t.op_params, e.op_params, sizeof(t.op_params));
+        for (int k = 0; k < kMaxSrc; k++) {
+            const int32_t s = e.src[k];
+            if (s == -1) continue;
+            if (s < 0 || static_cast<uint32_t>(s) >= i) {
+                return fail(
+                    Status::errorf("source %d refers to entry %d: sources must be earlier "
+                                   "entries (forward reference or cycle)",
+                                   k, s));
+            }
+            t.src[k] = &ts[static_cast<uint32_t>(s)];
+        }
+        if (e.view_src != -1) {
+            if (e.view_src < 0 || static_cast<uint32_t>(e.view_src) >= i) {
+                return fail(
+                    Status::errorf("view source refers to entry %d: must be an earlier "
+                                   "entry (forward reference or cycle)",
+                                   e.view_src));
+            }
+            t.view_src = &ts[static_cast<uint32_t>(e.view_src)];
+            t.view_offs = e.view_offs;
+        } else if (e.view_offs != 0) {
+            return fail(Status::error("view offset without a view source"));
+        }
+        if (e.flags & ~static_cast<uint32_t>(kTensorInput | kTensorOutput | kTensorParam)) {
+            return fail(Status::errorf("unknown flags 0x%x", e.flags));
+        }
+        t.flags = e.flags;
+        FERRY_TRY(fail(validate_node(&t)));
+        if (!with_storage) continue;
+        uint64_t span = 0;
+        if (!span_of(t, &span)) return fail(Status::error("shape or strides overflow"));
+        if (t.view_src) {
+            const Tensor* vs = t.view_src;
+            uint64_t offs = 0;
+            if (!vs->buffer || !wire::add_ok(vs->offs, t.view_offs, &offs)) {
+                return fail(Status::error("view source has no storage"));
+            }
+            t.buffer = vs->buffer;
+            t.offs = offs;
+        } else {
+            Expected<SrvBuffer*> b = lookup(e.handle);
+            if (!b) return fail(b.status());
+            t.buffer = (*b)->buf.get();
+            t.offs = e.offs;
+        }
+        if (!wire::range_ok(t.offs, span, t.buffer->size())) {
+            return fail(
+                Status::errorf("[offset %llu, %llu bytes] reaches past its buffer of %zu "
+                               "bytes",
+                               static_cast<unsigned long long>(t.offs),
+                               static_cast<unsigned long long>(span), t.buffer->size()));
+        }
+        if (!d->supports_buffer_type(t.buffer->type())) {
+            return fail(Status::errorf("device %s cannot use buffers of type %s", d->name(),
+                                       t.buffer->type()->name()));
+        }
+        uint8_t* base = static_cast<uint8_t*>(t.buffer->base());
+        t.data = base ? base + t.offs : nullptr;
+    }
+    return Status::ok();
+}
+
+Status Session::cmd_supports_op(const uint8_t* p, size_t n, Reply* out) {
+    Reader r(p, n);
+    const uint32_t dev = r.u32();
+    const uint32_t count = r.u32();
+    if (!r.ok()) return Status::error("malformed request");
+    Expected<Device*> d = device(dev);
+    if (!d) return d.status();
+    if (count == 0 || count > 16) return Status::errorf("op table of %u entries (1..16)", count);
+    const uint8_t* table = r.bytes(static_cast<uint64_t>(count) * remote::kEntrySize);
+    if (!table || !r.done()) return Status::error("op table size does not match its count");
+    std::vector<Tensor> ts;
+    FERRY_TRY(build_table(table, count, false, dev, &ts));
+    Writer w(&out->payload);
+    w.u8((*d)->supports_op(&ts.back()) ? 1 : 0);
+    return Status::ok();
+}
+
+Status Session::cmd_graph_compute(const uint8_t* p, size_t n, Reply* out) {
+    Reader r(p, n);
+    const uint32_t dev = r.u32();
+    const uint8_t mode = r.u8();
+    if (!r.ok()) return Status::error("malformed request");
+    FERRY_TRY(device(dev).status());
+    std::vector<uint8_t> bytes;
+    uint32_t count = 0;
+    bool delta = false;
+    if (mode == remote::kGraphFull) {
+        count = r.u32();
+        if (!r.ok() || count > remote::kMaxTableEntries) {
+            return Status::errorf("table of %u entries (limit %u)", count,
+                                  remote::kMaxTableEntries);
+        }
+        const uint8_t* table = r.bytes(static_cast<uint64_t>(count) * remote::kEntrySize);
+        if (!table || !r.done()) return Status::error("table size does not match its count");
+        bytes.assign(table, table + static_cast<size_t>(count) * remote::kEntrySize);
+    } else if (mode == remote::kGraphDelta) {
+        if (!(caps_ & remote::kCapGraphCache)) return Status::error("graph cache not negotiated");
+        const uint64_t base = r.u64();
+        count = r.u32();
+        const uint32_t changed = r.u32();
+        if (!r.ok()) return Status::error("malformed request");
+        auto it = std::find_if(cache_.begin(), cache_.end(),
+                               [&](const CachedGraph& g) { return g.hash == base; });
+        if (it == cache_.end()) {
+            return Status::errorf("base graph %016llx is not cached",
+                                  static_cast<unsigned long long>(base));
+        }
+        if (count != it->bytes.size() / remote::kEntrySize) {
+            return Status::errorf("table of %u entries does not match the cached base of %zu",
+                                  count, it->bytes.size() / remote::kEntrySize);
+        }
+        if (changed > count) return Status::errorf("%u changed entries of %u", changed, count);
+        bytes = it->bytes;
+        for (uint32_t k = 0; k < changed; k++) {
+            const uint32_t idx = r.u32();
+            const uint8_t* e = r.bytes(remote::kEntrySize);
+            if (!e) return Status::error("truncated changed entry");
+            if (idx >= count) return Status::errorf("changed entry index %u of %u", idx, count);
+            std::memcpy(bytes.data() + static_cast<size_t>(idx) * remote::kEntrySize, e,
+                        remote::kEntrySize);
+        }
+        if (!r.done()) return Status::error("trailing bytes after the changed entries");
+        delta = true;
+    } else {
+        return Status::errorf("unknown graph mode %u", mode);
+    }
+    const uint64_t hash = wire::hash64(bytes.data(), bytes.size());
+    auto it = std::find_if(cache_.begin(), cache_.end(), [&](const CachedGraph& g) {
+        return g.hash == hash && g.dev == dev && g.bytes == bytes;
+    });
+    if (it != cache_.end()) {
+        cache_hits_++;
+        cache_.splice(cache_.begin(), cache_, it);
+    } else {
+        CachedGraph g;
+        g.hash = hash;
+        g.dev = dev;
+        FERRY_TRY(build_table(bytes.data(), count, true, dev, &g.tensors));
+        for (Tensor& t : g.tensors) {
+            (t.op == Op::NONE ? g.graph.leafs : g.graph.nodes).push_back(&t);
+        }
+        g.bytes = std::move(bytes);
+        cache_misses_++;
+        if (delta) delta_hits_++;
+        // A stale entry with the same hash (other device) is replaced.
+        cache_.remove_if([&](const CachedGraph& c) { return c.hash == hash; });
+        cache_.push_front(std::move(g));
+        while (cache_.size() > remote::kServerGraphCache) cache_.pop_back();
+    }
+    Expected<Backend*> b = backend(dev);
+    if (!b) return b.status();
+    FERRY_TRY((*b)->compute(cache_.front().graph));
+    FERRY_TRY((*b)->synchronize());
+    Writer w(&out->payload);
+    w.u64(hash);
+    return Status::ok();
+}
+
+Status Session::cmd_stats(Reply* out) {
+    Writer w(&out->payload);
+    w.u64(id_);
+    w.u64(bytes_);
+    w.u64(buffers_.size());
+    w.u64(requests_);
+    w.u64(errors_);
+    w.u64(cache_hits_);
+    w.u64(cache_misses_);
+    w.u64(delta_hits_);
+    w.u64(counters_->sessions.load());
+    w.u64(counters_->bytes.load());
+    w.u64(counters_->buffers.load());
+    return Status::ok();
+}
+
+}  // namespace ferry::server

@@ -1,0 +1,108 @@
+// One client's session on `ferry serve`: its buffer handle table, backends, graph cache and
+// the request decoder + validator. Independent of sockets so the fuzzer can drive it directly.
+//
+// Every byte a client sends is hostile: handles are looked up in this session's own table
+// (another session's handles, stale handles and made-up ones are all just unknown), every
+// offset and size is range-checked with overflow-checked arithmetic, and every tensor of a
+// graph passes validate_node() plus buffer range checks before any kernel runs.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/backend.h"
+#include "ferry/graph.h"
+
+namespace ferry::server {
+
+struct ServerOptions {
+    std::vector<Device*> devices;  // devices served, in the order clients see them
+    std::string token;             // required in HELLO when non-empty
+    uint64_t max_memory = 0;       // per-session limit on live buffer bytes (0: unlimited)
+    bool verbose = false;
+};
+
+// Counters over all sessions of a server.
+struct ServerCounters {
+    std::atomic<uint64_t> sessions{0};
+    std::atomic<uint64_t> bytes{0};
+    std::atomic<uint64_t> buffers{0};
+    std::atomic<uint64_t> next_session{1};
+};
+
+struct Reply {
+    std::vector<uint8_t> payload;
+    bool error = false;
+    int pass_fd = -1;    // descriptor to send with the reply (the caller closes it after)
+    bool close = false;  // close the connection after sending the reply
+};
+
+class Session {
+  public:
+    // shared_memory: the transport can pass descriptors (Unix sockets), so host buffers are
+    // allocated as memfd shared memory that the client maps.
+    Session(const ServerOptions& opts, ServerCounters* counters, bool shared_memory);
+    ~Session();  // frees every buffer of the session
+    Session(const Session&) = delete;
+    Session& operator=(const Session&) = delete;
+
+    // Decodes, validates and executes one request; never trusts the payload.
+    void handle(uint16_t cmd, const uint8_t* payload, size_t len, Reply* out);
+
+    uint64_t id() const { return id_; }
+
+  private:
+    struct SrvBuffer {
+        std::unique_ptr<Buffer> buf;
+        uint64_t size = 0;
+        uint32_t dev = 0;
+        void* map = nullptr;  // memfd mapping (shared memory buffers)
+        size_t map_len = 0;
+    };
+    struct CachedGraph {
+        uint64_t hash = 0;
+        uint32_t dev = 0;
+        std::vector<uint8_t> bytes;  // the serialized table
+        std::vector<Tensor> tensors;
+        Graph graph;
+    };
+
+    Status dispatch(uint16_t cmd, const uint8_t* payload, size_t len, Reply* out);
+    Status cmd_hello(const uint8_t* p, size_t n, Reply* out);
+    Status cmd_list_devices(Reply* out);
+    Status cmd_buffer_alloc(const uint8_t* p, size_t n, Reply* out);
+    Status cmd_buffer_free(const uint8_t* p, size_t n);
+    Status cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* out);
+    Status cmd_supports_op(const uint8_t* p, size_t n, Reply* out);
+    Status cmd_graph_compute(const uint8_t* p, size_t n, Reply* out);
+    Status cmd_stats(Reply* out);
+
+    Expected<SrvBuffer*> lookup(uint64_t handle);
+    Expected<Device*> device(uint32_t dev);
+    Expected<Backend*> backend(uint32_t dev);
+    // Deserializes and validates a table of n entries. With storage, every tensor gets its
+    // buffer (session handles), offset and host address, each range-checked.
+    Status build_table(const uint8_t* bytes, uint32_t n, bool with_storage, uint32_t dev,
+                       std::vector<Tensor>* out);
+    void free_buffer(SrvBuffer& b);
+
+    const ServerOptions& opts_;
+    ServerCounters* counters_;
+    const bool shared_memory_;
+    const uint64_t id_;
+    bool hello_ = false;
+    uint64_t caps_ = 0;
+    std::map<uint64_t, SrvBuffer> buffers_;
+    uint64_t next_handle_;
+    uint64_t bytes_ = 0;
+    std::vector<std::unique_ptr<Backend>> backends_;
+    std::list<CachedGraph> cache_;  // most recently used first
+    uint64_t requests_ = 0, errors_ = 0, cache_hits_ = 0, cache_misses_ = 0, delta_hits_ = 0;
+};
+
+}  // namespace ferry::server

@@ -1,0 +1,379 @@
+// Tests for the CPU MUL_MAT: the SIMD b-row quantizers against the reference (byte identity),
+// the SIMD dot products against the reference dots, the direct and packed kernels (fast and
+// portable) against a double-precision oracle, and the op through the CPU backend for every
+// weight type, with broadcasting, strided operands, and 1/2/3-thread bit identity.
+//
+// Error bounds. Oracle "exact": double dot of the dequantized weights with b as the kernel sees
+// it (b quantized to Q8_0 / Q8_K and dequantized, for the quantized types): what remains is
+// float rounding of per-block scales and of the accumulation, NMSE ~1e-14..1e-12; bound 1e-10.
+// Oracle "float": the same with the original F32 b: adds the error of quantizing b. For b
+// uniform in [-1, 1], a 32- or 256-element block's absmax is ~1, the step d ~ 1/127, the
+// rounding error d / sqrt(12) ~ 2.3e-3 against rms(b) = 0.577: relative 3.9e-3, NMSE ~1.6e-5 for
+// independent weights; bound 6e-5 (about 4x). Float weight types are exact up to accumulation
+// rounding: bound 1e-10.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backends/cpu/cpu-backend.h"
+#include "backends/cpu/simd/simd.h"
+#include "core/quants.h"
+#include "ferry/backend.h"
+#include "ferry/graph.h"
+#include "ferry/tensor.h"
+
+using namespace ferry;
+
+
+namespace {
+
+constexpr double kExactNmse = 1e-10;
+constexpr double kQuantNmse = 6e-5;
+
+const Type kWeightTypes[] = {Type::F32,  Type::F16,  Type::BF16, Type::Q4_0, Type::Q4_1,
+                             Type::Q8_0, Type::Q4_K, Type::Q5_K, Type::Q6_K};
+
+std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> dist(lo, hi);
+    std::vector<float> v(n);
+    for (float& x : v) x = dist(rng);
+    return v;
+}
+
+std::vector<uint8_t> quantize_rows(Type t, const float* x, int64_t nrows, int64_t k) {
+    const size_t rs = row_size(t, k);
+    std::vector<uint8_t> out(rs * static_cast<size_t>(nrows));
+    for (int64_t r = 0; r < nrows; r++) {
+        EXPECT_TRUE(from_float_row(t, x + r * k, out.data() + r * rs, k).is_ok());
+    }
+    return out;
+}
+
+std::vector<float> dequantize(Type t, const uint8_t* x, int64_t nrows, int64_t k, size_t stride) {
+    std::vector<float> out(static_cast<size_t>(nrows * k));
+    for (int64_t r = 0; r < nrows; r++) {
+        EXPECT_TRUE(to_float_row(t, x + r * stride, out.data() + r * k, k).is_ok());
+    }
+    return out;
+}
+
+// b as the kernels see it: rounded through the type's vec_dot partner.
+std::vector<float> partner_round(Type weight, const float* b, int64_t nrows, int64_t k) {
+    const Type vdt = type_traits(weight).vec_dot_type;
+    if (vdt == Type::F32) return std::vector<float>(b, b + nrows * k);
+    const std::vector<uint8_t> q = quantize_rows(vdt, b, nrows, k);
+    return dequantize(vdt, q.data(), nrows, k, row_size(vdt, k));
+}
+
+double nmse(const float* got, const double* want, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += (got[i] - want[i]) * (got[i] - want[i]);
+        den += want[i] * want[i];
+    }
+    return den > 0 ? num / den : num;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantizers
+
+std::vector<float> quantizer_inputs(int64_t n, uint32_t seed) {
+    std::vector<float> x = random_floats(static_cast<size_t>(n), seed, -3.0f, 3.0f);
+    // Blocks with special content: all zero, tiny (subnormal scales), huge, ties, a single spike.
+    for (int i = 0; i < 256; i++) x[i] = 0.0f;
+    for (int i = 256; i < 512; i++) x[i] = 1e-40f * static_cast<float>(i % 7 - 3);
+    for (int i = 512; i < 768; i++) x[i] = 6e4f * static_cast<float>(i % 5 - 2);
+    for (int i = 768; i < 1024; i++) x[i] = static_cast<float>(i % 9 - 4) * 0.5f;
+    for (int i = 1024; i < 1280; i++) x[i] = i == 1100 ? 100.0f : 1e-3f;
+    return x;
+}
+
+TEST(MulMatQuantize, Q8_0MatchesReferenceBytes) {
+    const int64_t n = 4096;
+    const std::vector<float> x = quantizer_inputs(n, 1);
+    std::vector<uint8_t> ref(row_size(Type::Q8_0, n)), got(ref.size());
+    quants::quantize_row_q8_0(x.data(), ref.data(), n);
+    cpu::simd::quantize_row_q8_0(x.data(), got.data(), n);
+    EXPECT_EQ(0, std::memcmp(ref.data(), got.data(), ref.size()));
+}
+
+TEST(MulMatQuantize, Q8_KMatchesReferenceBytes) {
+    const int64_t n = 4096;
+    const std::vector<float> x = quantizer_inputs(n, 2);
+    std::vector<uint8_t> ref(row_size(Type::Q8_K, n)), got(ref.size());
+    quants::quantize_row_q8_k(x.data(), ref.data(), n);
+    cpu::simd::quantize_row_q8_k(x.data(), got.data(), n);
+    EXPECT_EQ(0, std::memcmp(ref.data(), got.data(), ref.size()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// vec_dot against the reference dot
+
+class MulMatTyped : public ::testing::TestWithParam<Type> {};
+
+TEST_P(MulMatTyped, VecDotMatchesReference) {
+    const Type t = GetParam();
+    const TypeTraits& tr = type_traits(t);
+    for (int64_t n : {256, 1024, 4096}) {
+        for (uint32_t seed = 0; seed < 4; seed++) {
+            const std::vector<float> xf = random_floats(static_cast<size_t>(n), 10 + seed);
+            const std::vector<float> yf = random_floats(static_cast<size_t>(n), 20 + seed);
+            const std::vector<uint8_t> x = quantize_rows(t, xf.data(), 1, n);
+            const std::vector<uint8_t> y = quantize_rows(tr.vec_dot_type, yf.data(), 1, n);
+            float ref = 0, got = 0;
+            tr.vec_dot(n, &ref, x.data(), y.data());
+            cpu::simd::vec_dot(t, n, &got, x.data(), y.data());
+            // |error| relative to sum |x_i y_i|: float accumulation over at most n / 16 terms
+            // per lane (float types) or n / 32 block sums (quantized types).
+            const std::vector<float> xd = dequantize(t, x.data(), 1, n, x.size());
+            const std::vector<float> yd = dequantize(tr.vec_dot_type, y.data(), 1, n, y.size());
+            double mag = 0;
+            for (int64_t i = 0; i < n; i++) mag += std::fabs(static_cast<double>(xd[i]) * yd[i]);
+            EXPECT_LE(std::fabs(static_cast<double>(got) - ref), 4e-6 * mag)
+                << type_name(t) << " n=" << n << " ref=" << ref << " got=" << got;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels directly: direct tiles and the packed GEMM, fast and portable.
+
+struct KernelCase {
+    int64_t k, m, n;
+};
+
+// out[c * m + r] for the whole matrix via the direct tiles.
+std::vector<float> run_direct(const cpu::simd::MatKernels& mk, Type t, const uint8_t* a,
+                              const float* b, int64_t k, int64_t m, int64_t n) {
+    const size_t rs = row_size(t, k);
+    std::vector<uint8_t> yq;
+    const uint8_t* y = reinterpret_cast<const uint8_t*>(b);
+    size_t by = static_cast<size_t>(k) * 4;
+    if (mk.quantize_b) {
+        by = (mk.b_bytes(k) + 63) / 64 * 64;
+        yq.resize(by * static_cast<size_t>(n) + 64);
+        uint8_t* base = yq.data() + (64 - reinterpret_cast<uintptr_t>(yq.data()) % 64) % 64;
+        for (int64_t c = 0; c < n; c++) mk.quantize_b(b + c * k, base + c * by, k);
+        y = base;
+    }
+    std::vector<float> out(static_cast<size_t>(m * n), NAN);
+    for (int64_t r = 0; r < m; r += cpu::simd::kDirectRows) {
+        for (int64_t c = 0; c < n; c += cpu::simd::kDirectCols) {
+            const int nr = static_cast<int>(std::min<int64_t>(cpu::simd::kDirectRows, m - r));
+            const int nc = static_cast<int>(std::min<int64_t>(cpu::simd::kDirectCols, n - c));
+            mk.direct(k, a + r * rs, rs, nr, y + c * by, by, nc, out.data() + c * m + r,
+                      static_cast<size_t>(m));
+        }
+    }
+    return out;
+}
+
+std::vector<float> run_packed(const cpu::simd::PackedKernels& pk, Type t, const uint8_t* a,
+                              const float* b, int64_t k, int64_t m, int64_t n) {
+    const size_t rs = row_size(t, k);
+    const size_t cb = pk.column_bytes(k);
+    std::vector<uint8_t> cols(cb * static_cast<size_t>(n) + 64);
+    uint8_t* colp = cols.data() + (64 - reinterpret_cast<uintptr_t>(cols.data()) % 64) % 64;
+    for (int64_t c = 0; c < n; c++) pk.convert_column(b + c * k, k, colp + c * cb);
+    const size_t gb = pk.group_bytes(k);
+    std::vector<uint8_t> g(2 * gb + 64);
+    uint8_t* g0 = g.data() + (64 - reinterpret_cast<uintptr_t>(g.data()) % 64) % 64;
+    uint8_t* g1 = g0 + gb;
+    std::vector<float> out(static_cast<size_t>(m * n), NAN);
+    for (int64_t r = 0; r < m; r += 2 * cpu::simd::kPackRows) {
+        const int nr = static_cast<int>(std::min<int64_t>(2 * cpu::simd::kPackRows, m - r));
+        pk.pack(a + r * rs, rs, std::min(nr, cpu::simd::kPackRows), k, g0);
+        const bool two = nr > cpu::simd::kPackRows;
+        if (two) pk.pack(a + (r + 16) * rs, rs, nr - cpu::simd::kPackRows, k, g1);
+        for (int64_t c = 0; c < n; c += 4) {
+            const int nc = static_cast<int>(std::min<int64_t>(4, n - c));
+            pk.gemm(k, g0, two ? g1 : nullptr, nr, colp + c * cb, cb, nc, out.data() + c * m + r,
+                    static_cast<size_t>(m));
+        }
+    }
+    return out;
+}
+
+// Double oracle: out[c * m + r] = sum a_deq[r] * bq[c].
+std::vector<double> oracle(const std::vector<float>& ad, const std::vector<float>& bd, int64_t k,
+                           int64_t m, int64_t n) {
+    std::vector<double> out(static_cast<size_t>(m * n));
+    for (int64_t c = 0; c < n; c++) {
+        for (int64_t r = 0; r < m; r++) {
+            double s = 0;
+            for (int64_t i = 0; i < k; i++) s += static_cast<double>(ad[r * k + i]) * bd[c * k + i];
+            out[c * m + r] = s;
+        }
+    }
+    return out;
+}
+
+TEST_P(MulMatTyped, KernelsMatchOracle) {
+    const Type t = GetParam();
+    const bool kq = block_size(t) == kQK_K;
+    const KernelCase cases[] = {
+        {kq ? 256 : 96, 7, 5}, {kq ? 512 : 160, 37, 9}, {kq ? 256 : 32, 33, 1}};
+    for (const KernelCase& kc : cases) {
+        const std::vector<float> af = random_floats(static_cast<size_t>(kc.m * kc.k), 3);
+        const std::vector<float> bf = random_floats(static_cast<size_t>(kc.n * kc.k), 4);
+        const std::vector<uint8_t> a = quantize_rows(t, af.data(), kc.m, kc.k);
+        const std::vector<float> ad = dequantize(t, a.data(), kc.m, kc.k, row_size(t, kc.k));
+        const std::vector<float> bq = partner_round(t, bf.data(), kc.n, kc.k);
+        const std::vector<double> want = oracle(ad, bq, kc.k, kc.m, kc.n);
+        const size_t total = static_cast<size_t>(kc.m * kc.n);
+        for (bool portable : {false, true}) {
+            const cpu::simd::MatKernels& mk = cpu::simd::mat_kernels(t, portable);
+            const std::vector<float> d = run_direct(mk, t, a.data(), bf.data(), kc.k, kc.m, kc.n);
+            EXPECT_LE(nmse(d.data(), want.data(), total), kExactNmse)
+                << type_name(t) << " direct portable=" << portable << " m=" << kc.m;
+            if (mk.packed) {
+                const std::vector<float> p =
+                    run_packed(*mk.packed, t, a.data(), bf.data(), kc.k, kc.m, kc.n);
+                EXPECT_LE(nmse(p.data(), want.data(), total), kExactNmse)
+                    << type_name(t) << " packed portable=" << portable << " m=" << kc.m;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The op through the CPU backend
+
+struct OpCase {
+    int64_t k, m, n;
+    int64_t a2, a3, b2, b3;
+    int64_t a_pad;  // extra elements per a row (a is a strided view)
+    int64_t b_pad;  // extra floats per b row (b is a strided view)
+};
+
+struct OpResult {
+    std::vector<float> out;
+    std::vector<double> want_exact;
+    std::vector<double> want_float;
+};
+
+OpResult run_op(Type t, const OpCase& oc, const std::vector<int>& threads,
+                std::vector<std::vector<float>>* outs) {
+    Context ctx;
+    const int64_t ka = oc.k + oc.a_pad, kb = oc.k + oc.b_pad;
+    Tensor* abig = ctx.new_tensor(t, {ka, oc.m, oc.a2, oc.a3});
+    Tensor* bbig = ctx.new_tensor(Type::F32, {kb, oc.n, oc.b2, oc.b3});
+    Tensor* a = oc.a_pad ? ctx.view(abig, {oc.k, oc.m, oc.a2, oc.a3},
+                                    {abig->nb[1], abig->nb[2], abig->nb[3]}, 0)
+                         : abig;
+    Tensor* b = oc.b_pad ? ctx.view(bbig, {oc.k, oc.n, oc.b2, oc.b3},
+                                    {bbig->nb[1], bbig->nb[2], bbig->nb[3]}, 0)
+                         : bbig;
+    Tensor* out = ctx.mul_mat(a, b);
+    auto buf = allocate_context_tensors(ctx, cpu::host_buffer_type());
+    EXPECT_TRUE(buf.has_value()) << buf.message();
+
+    const int64_t arows = oc.m * oc.a2 * oc.a3, brows = oc.n * oc.b2 * oc.b3;
+    const std::vector<float> af = random_floats(static_cast<size_t>(arows * ka), 100);
+    const std::vector<float> bf = random_floats(static_cast<size_t>(brows * kb), 200);
+    const std::vector<uint8_t> aq = quantize_rows(t, af.data(), arows, ka);
+    std::memcpy(abig->data, aq.data(), aq.size());
+    std::memcpy(bbig->data, bf.data(), bf.size() * 4);
+
+    OpResult res;
+    Graph g;
+    g.build_forward(out);
+    for (int nth : threads) {
+        auto be = cpu::make_cpu_backend(nth);
+        const Status st = be->compute(g);
+        EXPECT_TRUE(st.is_ok()) << st.message();
+        const float* o = static_cast<const float*>(out->data);
+        outs->emplace_back(o, o + out->nelements());
+    }
+    res.out = outs->front();
+
+    // Oracles, in the output's layout [m, n, b2, b3].
+    const size_t ars = row_size(t, ka);
+    std::vector<float> brow(static_cast<size_t>(oc.k));
+    res.want_exact.resize(res.out.size());
+    res.want_float.resize(res.out.size());
+    for (int64_t i3 = 0; i3 < oc.b3; i3++) {
+        for (int64_t i2 = 0; i2 < oc.b2; i2++) {
+            const int64_t am = (i3 / (oc.b3 / oc.a3)) * oc.a2 + i2 / (oc.b2 / oc.a2);
+            const std::vector<float> ad =
+                dequantize(t, aq.data() + am * oc.m * ars, oc.m, oc.k, ars);
+            for (int64_t i1 = 0; i1 < oc.n; i1++) {
+                const float* bsrc = bf.data() + ((i3 * oc.b2 + i2) * oc.n + i1) * kb;
+                const std::vector<float> bq = partner_round(t, bsrc, 1, oc.k);
+                for (int64_t i0 = 0; i0 < oc.m; i0++) {
+                    double se = 0, sf = 0;
+                    for (int64_t i = 0; i < oc.k; i++) {
+                        se += static_cast<double>(ad[i0 * oc.k + i]) * bq[i];
+                        sf += static_cast<double>(ad[i0 * oc.k + i]) * bsrc[i];
+                    }
+                    const size_t o =
+                        static_cast<size_t>(((i3 * oc.b2 + i2) * oc.n + i1) * oc.m + i0);
+                    res.want_exact[o] = se;
+                    res.want_float[o] = sf;
+                }
+            }
+        }
+    }
+    return res;
+}
+
+TEST_P(MulMatTyped, OpMatchesOracleAndIsThreadInvariant) {
+    const Type t = GetParam();
+    const bool kq = block_size(t) == kQK_K;
+    const bool fl = !is_quantized(t);
+    const int64_t bs = block_size(t);
+    const OpCase cases[] = {
+        // decode-like, prefill-like (packed path for quantized), odd sizes
+        {kq ? 256 : 128, 33, 1, 1, 1, 1, 1, 0, 0},
+        {kq ? 512 : 96, 7, 33, 1, 1, 1, 1, 0, 0},
+        {kq ? 256 : (fl ? 37 : 64), 33, 7, 1, 1, 1, 1, 0, 0},
+        {kq ? 256 : 64, 70, 40, 1, 1, 1, 1, 0, 0},
+        // broadcasting a over dims 2-3, strided a and b
+        {kq ? 256 : 64, 7, 9, 2, 1, 6, 2, bs == 1 ? 3 : bs, 5},
+        {kq ? 256 : 64, 5, 3, 2, 1, 6, 1, 0, 8},
+        // few columns but much of b: one shared conversion, barrier and dynamic tasks
+        {1024, 9, 7, 1, 1, 3, 1, 0, 0},
+    };
+    for (const OpCase& oc : cases) {
+        std::vector<std::vector<float>> outs;
+        const OpResult r = run_op(t, oc, {1, 2, 3}, &outs);
+        const size_t n = r.out.size();
+        const double e_exact = nmse(r.out.data(), r.want_exact.data(), n);
+        const double e_float = nmse(r.out.data(), r.want_float.data(), n);
+        EXPECT_LE(e_exact, kExactNmse)
+            << type_name(t) << " k=" << oc.k << " m=" << oc.m << " n=" << oc.n;
+        EXPECT_LE(e_float, fl ? kExactNmse : kQuantNmse)
+            << type_name(t) << " k=" << oc.k << " m=" << oc.m << " n=" << oc.n;
+        for (size_t i = 1; i < outs.size(); i++) {
+            EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[i].data(), n * sizeof(float)))
+                << type_name(t) << ": thread count changed the result (case m=" << oc.m
+                << " n=" << oc.n << ")";
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, MulMatTyped, ::testing::ValuesIn(kWeightTypes),
+                         [](const ::testing::TestParamInfo<Type>& info) {
+                             return std::string(type_name(info.param));
+                         });
+
+TEST(MulMatOp, SupportedByCpuDevice) {
+    Context ctx;
+    Tensor* a = ctx.new_tensor(Type::Q4_K, {256, 4});
+    Tensor* b = ctx.new_tensor(Type::F32, {256, 3});
+    Tensor* out = ctx.mul_mat(a, b);
+    Device* cpu = nullptr;
+    for (Registry* reg : registries()) {
+        for (Device* d : reg->devices()) {
+            if (d->type() == DeviceType::CPU) cpu = d;
+        }
+    }
+    ASSERT_NE(cpu, nullptr);
+    EXPECT_TRUE(cpu->supports_op(out));
+}
+
+}  // namespace

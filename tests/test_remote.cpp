@@ -1,0 +1,645 @@
+// The remote backend end to end: a real `ferry serve` process on a unix socket and on a tcp
+// port of 127.0.0.1, clients in this process (and in forked children), real sockets.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <random>
+#include <thread>
+
+#include "backends/remote/remote.h"
+#include "ferry/backend.h"
+#include "ferry/graph.h"
+#include "test_remote_util.h"
+
+using namespace ferry;
+using ferry::test::ServerProcess;
+
+namespace {
+
+struct Servers {
+    std::string dir;
+    ServerProcess unix_srv, tcp_srv;
+};
+
+Servers* g_servers = nullptr;
+
+class RemoteEnv : public ::testing::Environment {
+  public:
+    void SetUp() override {
+        g_servers = new Servers();
+        g_servers->dir = ferry::test::make_temp_dir();
+        std::string err;
+        ASSERT_TRUE(g_servers->unix_srv.start("unix:" + g_servers->dir + "/s", {}, &err)) << err;
+        ASSERT_TRUE(g_servers->tcp_srv.start("tcp:127.0.0.1:0", {}, &err)) << err;
+    }
+    void TearDown() override {
+        delete g_servers;
+        g_servers = nullptr;
+    }
+};
+
+[[maybe_unused]] auto* const g_env = ::testing::AddGlobalTestEnvironment(new RemoteEnv());
+
+std::string addr_of(const std::string& transport) {
+    return transport == "unix" ? g_servers->unix_srv.addr() : g_servers->tcp_srv.addr();
+}
+
+std::vector<uint8_t> random_bytes(size_t n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::vector<uint8_t> v(n);
+    for (auto& b : v) b = static_cast<uint8_t>(rng());
+    return v;
+}
+
+std::vector<float> random_floats(size_t n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+    std::vector<float> v(n);
+    for (auto& x : v) {
+        x = d(rng);
+        if (x == 0.0f) x = 0.25f;
+    }
+    return v;
+}
+
+// A test graph: builds tensors in ctx, names the input data, returns the output.
+struct Inputs {
+    std::vector<std::pair<Tensor*, std::vector<uint8_t>>> data;
+    void f32(Tensor* t, uint32_t seed) {
+        auto v = random_floats(static_cast<size_t>(t->nelements()), seed);
+        std::vector<uint8_t> b(t->nbytes());
+        std::memcpy(b.data(), v.data(), b.size());
+        data.push_back({t, b});
+    }
+    void f16(Tensor* t, uint32_t seed) {
+        auto v = random_floats(static_cast<size_t>(t->nelements()), seed);
+        std::vector<uint8_t> b(t->nbytes());
+        for (size_t i = 0; i < v.size(); i++) {
+            const fp16_t h = fp32_to_fp16(v[i]);
+            std::memcpy(b.data() + 2 * i, &h, 2);
+        }
+        data.push_back({t, b});
+    }
+    void quant(Tensor* t, uint32_t seed) {
+        auto v = random_floats(static_cast<size_t>(t->nelements()), seed);
+        std::vector<uint8_t> b(t->nbytes());
+        EXPECT_TRUE(from_float_row(t->type, v.data(), b.data(), t->nelements()).is_ok());
+        data.push_back({t, b});
+    }
+    void i32(Tensor* t, std::vector<int32_t> v) {
+        std::vector<uint8_t> b(v.size() * 4);
+        std::memcpy(b.data(), v.data(), b.size());
+        data.push_back({t, b});
+    }
+};
+using BuildFn = std::function<Tensor*(Context&, Inputs&)>;
+
+struct GraphCase {
+    const char* name;
+    BuildFn build;
+};
+
+std::vector<GraphCase> graph_cases() {
+    return {
+        {"norm_chain",
+         [](Context& c, Inputs& in) {
+             Tensor* x = c.new_tensor(Type::F32, {64, 8});
+             Tensor* y = c.new_tensor(Type::F32, {64, 1});
+             in.f32(x, 1);
+             in.f32(y, 2);
+             return c.scale(c.rms_norm(c.mul(c.add(x, y), x), 1e-5f), 0.5f, 0.1f);
+         }},
+        {"q8_matmul_softmax",
+         [](Context& c, Inputs& in) {
+             Tensor* w = c.new_tensor(Type::Q8_0, {64, 16});
+             Tensor* x = c.new_tensor(Type::F32, {64, 4});
+             in.quant(w, 3);
+             in.f32(x, 4);
+             return c.soft_max(c.mul_mat(w, x), nullptr, 0.125f);
+         }},
+        {"q4_0_matmul_silu",
+         [](Context& c, Inputs& in) {
+             Tensor* w = c.new_tensor(Type::Q4_0, {64, 32});
+             Tensor* x = c.new_tensor(Type::F32, {64, 3});
+             in.quant(w, 5);
+             in.f32(x, 6);
+             return c.silu(c.mul_mat(w, x));
+         }},
+        {"get_rows_rope_permute_cpy",
+         [](Context& c, Inputs& in) {
+             Tensor* emb = c.new_tensor(Type::F32, {32, 10});
+             Tensor* idx = c.new_tensor(Type::I32, {5});
+             Tensor* pos = c.new_tensor(Type::I32, {5});
+             Tensor* dst = c.new_tensor(Type::F16, {5, 32});
+             in.f32(emb, 7);
+             in.i32(idx, {3, 0, 9, 3, 4});
+             in.i32(pos, {0, 1, 2, 3, 4});
+             Tensor* r = c.get_rows(emb, idx);       // [32, 5]
+             Tensor* r3 = c.reshape(r, {32, 1, 5});  // [32, 1 head, 5 tokens]
+             Tensor* ro = c.rope(r3, pos, 32, kRopeNeox, 10000.0f, 1.0f);
+             Tensor* t = c.cont(c.transpose(c.reshape(ro, {32, 5})));  // [5, 32]
+             return c.cpy(t, dst);
+         }},
+        {"set_rows_then_get_rows",
+         [](Context& c, Inputs& in) {
+             Tensor* cache = c.new_tensor(Type::F16, {32, 16});
+             Tensor* src = c.new_tensor(Type::F32, {32, 3});
+             Tensor* idx = c.new_tensor(Type::I32, {3});
+             Tensor* idx2 = c.new_tensor(Type::I32, {4});
+             in.f16(cache, 8);
+             in.f32(src, 9);
+             in.i32(idx, {15, 2, 7});
+             in.i32(idx2, {7, 0, 15, 2});
+             return c.get_rows(c.set_rows(cache, src, idx), idx2);
+         }},
+        {"flash_attn_argmax",
+         [](Context& c, Inputs& in) {
+             Tensor* q = c.new_tensor(Type::F32, {32, 4, 2});
+             Tensor* k = c.new_tensor(Type::F16, {32, 8, 1});
+             Tensor* v = c.new_tensor(Type::F16, {32, 8, 1});
+             Tensor* m = c.new_tensor(Type::F16, {8, 4});
+             in.f32(q, 10);
+             in.f16(k, 11);
+             in.f16(v, 12);
+             in.f16(m, 13);
+             Tensor* a = c.flash_attn_ext(q, k, v, m, 0.17f);  // [32, 2, 4]
+             return c.argmax(c.sum_rows(c.gelu(a)));
+         }},
+    };
+}
+
+// Builds and runs a case on `dev`; returns the output bytes. Skips (returns nullopt) when the
+// local CPU lacks a kernel for one of its ops.
+struct RunResult {
+    bool skipped = false;
+    std::string skip_reason;
+    Status status;
+    std::vector<uint8_t> out;
+};
+
+RunResult run_case(const GraphCase& gc, Device* dev, Backend* backend) {
+    RunResult rr;
+    Context ctx;
+    Inputs in;
+    Tensor* out = gc.build(ctx, in);
+    out->flags |= kTensorOutput;
+    Graph g;
+    g.build_forward(out);
+    for (Tensor* n : g.nodes) {
+        if (!cpu_device()->supports_op(n)) {
+            rr.skipped = true;
+            rr.skip_reason = std::string("local CPU has no kernel for ") + op_name(n->op);
+            return rr;
+        }
+    }
+    Expected<std::unique_ptr<Buffer>> buf = allocate_context_tensors(ctx, dev->buffer_type());
+    if (!buf) {
+        rr.status = buf.status();
+        return rr;
+    }
+    for (auto& [t, bytes] : in.data) {
+        rr.status = backend->set_tensor_async(t, bytes.data(), 0, bytes.size());
+        if (!rr.status) return rr;
+    }
+    rr.status = backend->compute(g);
+    if (!rr.status) return rr;
+    rr.out.resize(out->nbytes());
+    rr.status = backend->get_tensor_async(out, rr.out.data(), 0, rr.out.size());
+    if (!rr.status) return rr;
+    rr.status = backend->synchronize();
+    return rr;
+}
+
+class Remote : public ::testing::TestWithParam<std::string> {
+  protected:
+    void SetUp() override {
+        auto r = remote_open(addr_of(GetParam()));
+        ASSERT_TRUE(r) << r.message();
+        reg_ = std::move(*r);
+        ASSERT_EQ(reg_->devices().size(), 1u);
+        dev_ = reg_->devices()[0];
+    }
+    std::unique_ptr<Registry> reg_;
+    Device* dev_ = nullptr;
+};
+
+TEST_P(Remote, DeviceListing) {
+    const std::string addr = addr_of(GetParam());
+    EXPECT_EQ(std::string(dev_->name()), addr + "/CPU");
+    EXPECT_EQ(dev_->type(), DeviceType::REMOTE);
+    EXPECT_NE(dev_->description().find("CPU"), std::string::npos);
+    const DeviceMemory m = dev_->memory();
+    EXPECT_GT(m.total, 0u);
+    EXPECT_LE(m.free, m.total);
+    EXPECT_TRUE(dev_->supports_buffer_type(dev_->buffer_type()));
+    EXPECT_FALSE(dev_->supports_buffer_type(cpu_device()->buffer_type()));
+
+    // The global registration and `ferry devices --remote`.
+    ASSERT_TRUE(remote_connect(addr).is_ok());
+    ASSERT_TRUE(remote_connect(addr).is_ok());  // twice is a no-op
+    ASSERT_NE(find_device(addr + "/CPU"), nullptr);
+    int n = 0;
+    for (Device* d : all_devices()) n += std::string(d->name()) == addr + "/CPU";
+    EXPECT_EQ(n, 1);
+    const std::string cmd = std::string(FERRY_BIN) + " devices --remote " + addr;
+    FILE* p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string text;
+    char line[512];
+    while (std::fgets(line, sizeof(line), p)) text += line;
+    EXPECT_EQ(pclose(p), 0);
+    EXPECT_NE(text.find(addr + "/CPU"), std::string::npos) << text;
+    EXPECT_NE(text.find("REMOTE"), std::string::npos) << text;
+}
+
+TEST_P(Remote, SetGetRoundTrips) {
+    auto buf = dev_->buffer_type()->allocate(1 << 20);
+    ASSERT_TRUE(buf) << buf.message();
+    Buffer* b = buf->get();
+    EXPECT_EQ(b->size(), 1u << 20);
+    // Unix: the buffer is shared memory mapped in this process; tcp: not addressable.
+    if (GetParam() == "unix") {
+        EXPECT_NE(b->base(), nullptr);
+    } else {
+        EXPECT_EQ(b->base(), nullptr);
+    }
+    Tensor t;
+    t.type = Type::F32;
+    t.ne[0] = 1000;
+    set_contiguous_strides(&t);
+    t.buffer = b;
+    t.offs = 4096;
+    auto data = random_bytes(4000, 42);
+    ASSERT_TRUE(tensor_set(&t, data.data(), data.size()).is_ok());
+    std::vector<uint8_t> back(4000);
+    ASSERT_TRUE(tensor_get(&t, back.data(), back.size()).is_ok());
+    EXPECT_EQ(back, data);
+    // Partial ranges.
+    std::vector<uint8_t> part(100);
+    ASSERT_TRUE(b->get_tensor(&t, part.data(), 1000, 100).is_ok());
+    EXPECT_TRUE(std::equal(part.begin(), part.end(), data.begin() + 1000));
+    ASSERT_TRUE(b->memset_tensor(&t, 0xAB, 10, 20).is_ok());
+    ASSERT_TRUE(tensor_get(&t, back.data(), back.size()).is_ok());
+    for (size_t i = 0; i < 4000; i++) {
+        ASSERT_EQ(back[i], (i >= 10 && i < 30) ? 0xAB : data[i]) << i;
+    }
+    // Out-of-range ranges are refused on the client, naming the server.
+    Status st = b->set_tensor(&t, data.data(), (1 << 20) - 4096, 8);
+    EXPECT_FALSE(st.is_ok());
+    // Copy between two buffers of the server.
+    auto buf2 = dev_->buffer_type()->allocate(8192);
+    ASSERT_TRUE(buf2);
+    Tensor t2 = t;
+    t2.buffer = buf2->get();
+    t2.offs = 0;
+    ASSERT_TRUE(buf2->get()->copy_tensor(&t, &t2));
+    std::vector<uint8_t> copied(4000);
+    ASSERT_TRUE(tensor_get(&t2, copied.data(), copied.size()).is_ok());
+    EXPECT_EQ(copied, back);
+    ASSERT_TRUE(buf2->get()->clear(7).is_ok());
+    ASSERT_TRUE(tensor_get(&t2, copied.data(), copied.size()).is_ok());
+    EXPECT_EQ(copied, std::vector<uint8_t>(4000, 7));
+    // Async forms through a backend, then one synchronize.
+    auto be = dev_->make_backend();
+    ASSERT_TRUE(be);
+    auto d2 = random_bytes(4000, 43);
+    std::vector<uint8_t> got(4000);
+    ASSERT_TRUE((*be)->set_tensor_async(&t, d2.data(), 0, d2.size()).is_ok());
+    ASSERT_TRUE((*be)->get_tensor_async(&t, got.data(), 0, got.size()).is_ok());
+    ASSERT_TRUE((*be)->synchronize().is_ok());
+    EXPECT_EQ(got, d2);
+}
+
+TEST_P(Remote, LargeTransferIsChunked) {
+    // 70 MiB crosses the 64 MiB chunk size of inline transfers.
+    const size_t n = 70u << 20;
+    auto buf = dev_->buffer_type()->allocate(n);
+    ASSERT_TRUE(buf) << buf.message();
+    Tensor t;
+    t.type = Type::F32;
+    t.ne[0] = static_cast<int64_t>(n / 4);
+    set_contiguous_strides(&t);
+    t.buffer = buf->get();
+    auto data = random_bytes(n, 5);
+    ASSERT_TRUE(tensor_set(&t, data.data(), n).is_ok());
+    std::vector<uint8_t> back(n);
+    ASSERT_TRUE(tensor_get(&t, back.data(), n).is_ok());
+    EXPECT_TRUE(back == data);
+}
+
+TEST_P(Remote, GraphsBitIdenticalToLocalCpu) {
+    auto local = cpu_device()->make_backend();
+    ASSERT_TRUE(local);
+    auto remote_be = dev_->make_backend();
+    ASSERT_TRUE(remote_be);
+    int ran = 0;
+    for (const GraphCase& gc : graph_cases()) {
+        SCOPED_TRACE(gc.name);
+        RunResult a = run_case(gc, cpu_device(), local->get());
+        if (a.skipped) {
+            std::printf("[ skipped  ] %s: %s\n", gc.name, a.skip_reason.c_str());
+            continue;
+        }
+        ASSERT_TRUE(a.status.is_ok()) << a.status.message();
+        RunResult b = run_case(gc, dev_, remote_be->get());
+        ASSERT_TRUE(b.status.is_ok()) << b.status.message();
+        ASSERT_EQ(a.out.size(), b.out.size());
+        EXPECT_EQ(std::memcmp(a.out.data(), b.out.data(), a.out.size()), 0);
+        ran++;
+    }
+    if (ran == 0) GTEST_SKIP() << "no graph case has local kernels yet";
+}
+
+TEST_P(Remote, GraphCacheAndDelta) {
+    // A decode-like step repeated: same graph -> cache hit; a view that moves -> delta.
+    Context ctx;
+    Tensor* x = ctx.new_tensor(Type::F32, {64, 16});
+    Tensor* y = ctx.new_tensor(Type::F32, {64, 1});
+    auto buf = allocate_context_tensors(ctx, dev_->buffer_type());
+    ASSERT_TRUE(buf);
+    if (!cpu_device()->supports_op(ctx.add(ctx.view_1d(x, 64, 0), y))) GTEST_SKIP() << "no ADD";
+    auto be = dev_->make_backend();
+    ASSERT_TRUE(be);
+    auto xs = random_floats(64 * 16, 1);
+    auto ys = random_floats(64, 2);
+    ASSERT_TRUE(tensor_set(x, xs.data(), xs.size() * 4).is_ok());
+    ASSERT_TRUE(tensor_set(y, ys.data(), ys.size() * 4).is_ok());
+    auto s0 = remote_stats(reg_.get());
+    ASSERT_TRUE(s0);
+    for (int step = 0; step < 6; step++) {
+        const int row = step / 2;  // the view moves every second step
+        Context gctx;
+        Tensor* v = gctx.view_1d(x, 64, static_cast<size_t>(row) * 64 * 4);
+        Tensor* out = gctx.add(v, y);
+        out->flags |= kTensorOutput;
+        Graph g;
+        g.build_forward(out);
+        GraphAllocator alloc(dev_->buffer_type());
+        ASSERT_TRUE(alloc.allocate(g).is_ok());
+        ASSERT_TRUE((*be)->compute(g).is_ok());
+        std::vector<float> got(64);
+        ASSERT_TRUE((*be)->get_tensor_async(out, got.data(), 0, 256).is_ok());
+        ASSERT_TRUE((*be)->synchronize().is_ok());
+        for (int i = 0; i < 64; i++) ASSERT_EQ(got[i], xs[row * 64 + i] + ys[i]);
+    }
+    auto s1 = remote_stats(reg_.get());
+    ASSERT_TRUE(s1);
+    // Each step allocates a fresh intermediate buffer (a free clears the caches), so what is
+    // counted here is that every graph went through the cache path without errors.
+    EXPECT_EQ(s1->errors, s0->errors);
+    EXPECT_GE(s1->graph_cache_misses + s1->graph_cache_hits,
+              s0->graph_cache_misses + s0->graph_cache_hits + 6);
+
+    // With one persistent allocator, identical steps hit the cache and a moved view is a delta.
+    GraphAllocator alloc(dev_->buffer_type());
+    auto s2 = remote_stats(reg_.get());
+    ASSERT_TRUE(s2);
+    std::vector<std::unique_ptr<Context>> keep;
+    for (int step = 0; step < 6; step++) {
+        const int row = step / 3;
+        keep.push_back(std::make_unique<Context>());
+        Context& gctx = *keep.back();
+        Tensor* v = gctx.view_1d(x, 64, static_cast<size_t>(row) * 64 * 4);
+        Tensor* out = gctx.add(v, y);
+        out->flags |= kTensorOutput;
+        Graph g;
+        g.build_forward(out);
+        ASSERT_TRUE(alloc.allocate(g).is_ok());
+        ASSERT_TRUE((*be)->compute(g).is_ok());
+        std::vector<float> got(64);
+        ASSERT_TRUE((*be)->get_tensor_async(out, got.data(), 0, 256).is_ok());
+        ASSERT_TRUE((*be)->synchronize().is_ok());
+        for (int i = 0; i < 64; i++) ASSERT_EQ(got[i], xs[row * 64 + i] + ys[i]);
+    }
+    auto s3 = remote_stats(reg_.get());
+    ASSERT_TRUE(s3);
+    EXPECT_EQ(s3->errors, s2->errors);
+    EXPECT_GE(s3->graph_cache_hits - s2->graph_cache_hits, 4u);  // steps 1, 2, 4, 5
+    EXPECT_GE(s3->graph_delta_hits - s2->graph_delta_hits, 1u);  // step 3
+}
+
+TEST_P(Remote, SupportsOpAnsweredByServer) {
+    Context ctx;
+    Tensor* a = ctx.new_tensor(Type::F32, {16, 4});
+    Tensor* b = ctx.new_tensor(Type::F32, {16, 4});
+    Tensor* s = ctx.add(a, b);
+    EXPECT_EQ(dev_->supports_op(s), cpu_device()->supports_op(s));
+    auto st0 = remote_stats(reg_.get());
+    ASSERT_TRUE(st0);
+    // Same signature (other sizes): answered from the client cache, no request.
+    Tensor* a2 = ctx.new_tensor(Type::F32, {32, 8});
+    Tensor* b2 = ctx.new_tensor(Type::F32, {32, 8});
+    EXPECT_EQ(dev_->supports_op(ctx.add(a2, b2)), cpu_device()->supports_op(s));
+    auto st1 = remote_stats(reg_.get());
+    ASSERT_TRUE(st1);
+    EXPECT_EQ(st1->requests, st0->requests + 1);  // only the stats request itself
+    Tensor* v = ctx.view_2d(a, 8, 4, a->nb[1], 0);
+    EXPECT_TRUE(dev_->supports_op(v));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, Remote, ::testing::Values("unix", "tcp"));
+
+// Four clients at once get bit-identical results; afterwards the server's memory is back.
+TEST(RemoteServer, FourConcurrentClientsThenMemoryReturnsToBaseline) {
+    for (const std::string transport : {"unix", "tcp"}) {
+        SCOPED_TRACE(transport);
+        const std::string addr = addr_of(transport);
+        auto watcher = remote_open(addr);
+        ASSERT_TRUE(watcher) << watcher.message();
+        auto base = remote_stats(watcher->get());
+        ASSERT_TRUE(base);
+        auto local = cpu_device()->make_backend();
+        ASSERT_TRUE(local);
+        const auto cases = graph_cases();
+        std::vector<std::vector<uint8_t>> expect(cases.size());
+        std::vector<bool> skip(cases.size());
+        for (size_t i = 0; i < cases.size(); i++) {
+            RunResult r = run_case(cases[i], cpu_device(), local->get());
+            skip[i] = r.skipped;
+            if (!r.skipped) {
+                ASSERT_TRUE(r.status.is_ok()) << r.status.message();
+                expect[i] = r.out;
+            }
+        }
+        std::atomic<int> failures{0}, runs{0};
+        std::atomic<uint64_t> peak{0};
+        std::vector<std::thread> threads;
+        for (int c = 0; c < 4; c++) {
+            threads.emplace_back([&, c]() {
+                auto reg = remote_open(addr);
+                if (!reg) {
+                    failures++;
+                    return;
+                }
+                Device* dev = (*reg)->devices()[0];
+                auto be = dev->make_backend();
+                auto keep = dev->buffer_type()->allocate(static_cast<size_t>(c + 1) << 20);
+                if (!be || !keep) {
+                    failures++;
+                    return;
+                }
+                for (int rep = 0; rep < 5; rep++) {
+                    for (size_t i = 0; i < cases.size(); i++) {
+                        if (skip[i]) continue;
+                        RunResult r = run_case(cases[i], dev, be->get());
+                        if (!r.status || r.out != expect[i]) failures++;
+                        runs++;
+                    }
+                }
+                auto s = remote_stats(reg->get());
+                if (s) peak = std::max<uint64_t>(peak.load(), s->server_bytes);
+            });
+        }
+        for (auto& t : threads) t.join();
+        EXPECT_EQ(failures.load(), 0);
+        EXPECT_GE(peak.load(), base->server_bytes + (1u << 20));
+        // Every client is gone: the server frees their sessions.
+        uint64_t bytes = UINT64_MAX, sessions = 0;
+        for (int i = 0; i < 100; i++) {
+            auto s = remote_stats(watcher->get());
+            ASSERT_TRUE(s);
+            bytes = s->server_bytes;
+            sessions = s->server_sessions;
+            if (bytes == base->server_bytes && sessions == base->server_sessions) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        EXPECT_EQ(bytes, base->server_bytes);
+        EXPECT_EQ(sessions, base->server_sessions);
+    }
+}
+
+TEST(RemoteServer, SigkilledClientHasItsBuffersFreed) {
+    const std::string addr = g_servers->unix_srv.addr();
+    auto watcher = remote_open(addr);
+    ASSERT_TRUE(watcher);
+    auto base = remote_stats(watcher->get());
+    ASSERT_TRUE(base);
+    int ready[2];
+    ASSERT_EQ(pipe(ready), 0);
+    const pid_t child = fork();
+    if (child == 0) {
+        auto reg = remote_open(addr);
+        if (!reg) _exit(2);
+        Device* dev = (*reg)->devices()[0];
+        std::vector<std::unique_ptr<Buffer>> keep;
+        for (int i = 0; i < 3; i++) {
+            auto b = dev->buffer_type()->allocate(8u << 20);
+            if (!b) _exit(3);
+            keep.push_back(std::move(*b));
+        }
+        char c = 1;
+        if (write(ready[1], &c, 1) != 1) _exit(4);
+        for (;;) pause();
+    }
+    close(ready[1]);
+    char c = 0;
+    ASSERT_EQ(read(ready[0], &c, 1), 1);
+    close(ready[0]);
+    auto during = remote_stats(watcher->get());
+    ASSERT_TRUE(during);
+    EXPECT_EQ(during->server_bytes, base->server_bytes + 3 * (8u << 20));
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+    uint64_t bytes = UINT64_MAX;
+    for (int i = 0; i < 100 && bytes != base->server_bytes; i++) {
+        auto s = remote_stats(watcher->get());
+        ASSERT_TRUE(s);
+        bytes = s->server_bytes;
+        if (bytes != base->server_bytes) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_EQ(bytes, base->server_bytes);
+}
+
+TEST(RemoteServer, SigkilledServerFailsClientCallsNamingTheServerAndRestartServes) {
+    for (const std::string transport : {"unix", "tcp"}) {
+        SCOPED_TRACE(transport);
+        const std::string dir = ferry::test::make_temp_dir();
+        const std::string listen = transport == "unix" ? "unix:" + dir + "/k" : "tcp:127.0.0.1:0";
+        std::string addr;
+        {
+            ServerProcess srv;
+            std::string err;
+            ASSERT_TRUE(srv.start(listen, {}, &err)) << err;
+            addr = srv.addr();
+            auto reg = remote_open(addr);
+            ASSERT_TRUE(reg);
+            Device* dev = (*reg)->devices()[0];
+            auto b = dev->buffer_type()->allocate(4096);
+            ASSERT_TRUE(b);
+            Tensor t;
+            t.ne[0] = 16;
+            set_contiguous_strides(&t);
+            t.buffer = b->get();
+            std::vector<float> v(16, 1.0f);
+            ASSERT_TRUE(tensor_set(&t, v.data(), 64).is_ok());
+            auto be = dev->make_backend();
+            ASSERT_TRUE(be);
+            srv.kill9();
+            const auto t0 = std::chrono::steady_clock::now();
+            // A call that needs the server: mapped buffers read locally, so use a request.
+            Status st = remote_ping(reg->get());
+            if (st.is_ok()) st = (*be)->synchronize();
+            const double secs =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            ASSERT_FALSE(st.is_ok());
+            EXPECT_LT(secs, 5.0);
+            EXPECT_NE(st.message().find(addr), std::string::npos) << st.message();
+            // Every later call fails fast too, and freeing buffers does not hang.
+            EXPECT_FALSE(dev->buffer_type()->allocate(64).has_value());
+            EXPECT_FALSE(remote_stats(reg->get()).has_value());
+        }
+        // A restarted server serves new clients.
+        ServerProcess again;
+        std::string err;
+        ASSERT_TRUE(again.start(transport == "unix" ? listen : "tcp:127.0.0.1:0", {}, &err)) << err;
+        auto reg2 = remote_open(again.addr());
+        ASSERT_TRUE(reg2) << reg2.message();
+        EXPECT_TRUE(remote_ping(reg2->get()).is_ok());
+    }
+}
+
+TEST(RemoteServer, TokenAndListenRules) {
+    ServerProcess srv;
+    std::string err;
+    ASSERT_TRUE(srv.start("tcp:127.0.0.1:0", {"--token", "s3cret"}, &err)) << err;
+    auto bad = remote_open(srv.addr(), "wrong");
+    ASSERT_FALSE(bad);
+    EXPECT_NE(bad.message().find("authentication failed"), std::string::npos) << bad.message();
+    EXPECT_NE(bad.message().find(srv.addr()), std::string::npos) << bad.message();
+    auto good = remote_open(srv.addr(), "s3cret");
+    ASSERT_TRUE(good) << good.message();
+    EXPECT_TRUE(remote_ping(good->get()).is_ok());
+    // A non-loopback address without a token is refused at startup.
+    const std::string cmd =
+        std::string("env -u FERRY_TOKEN ") + FERRY_BIN + " serve --listen tcp:0.0.0.0:0 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string text;
+    char line[512];
+    while (std::fgets(line, sizeof(line), p)) text += line;
+    EXPECT_NE(pclose(p), 0);
+    EXPECT_NE(text.find("requires --token"), std::string::npos) << text;
+}
+
+TEST(RemoteServer, SessionMemoryLimit) {
+    ServerProcess srv;
+    std::string err;
+    const std::string dir = ferry::test::make_temp_dir();
+    ASSERT_TRUE(srv.start("unix:" + dir + "/m", {"--max-memory", "1048576"}, &err)) << err;
+    auto reg = remote_open(srv.addr());
+    ASSERT_TRUE(reg);
+    Device* dev = (*reg)->devices()[0];
+    auto a = dev->buffer_type()->allocate(768 << 10);
+    ASSERT_TRUE(a) << a.message();
+    auto b = dev->buffer_type()->allocate(512 << 10);
+    ASSERT_FALSE(b);
+    EXPECT_NE(b.message().find("memory limit"), std::string::npos) << b.message();
+    a->reset();
+    auto c = dev->buffer_type()->allocate(1 << 20);
+    EXPECT_TRUE(c) << c.message();
+}
+
+}  // namespace

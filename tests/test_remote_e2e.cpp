@@ -1,0 +1,245 @@
+// The remote backend under the real commands: `ferry test-ops`, `ferry logits` and `ferry run`
+// with --remote against a `ferry serve` child process, compared with local runs.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "backends/remote/remote.h"
+#include "test_remote_util.h"
+
+using namespace ferry;
+using ferry::test::ServerProcess;
+
+namespace {
+
+const std::string kTiny = std::string(FERRY_FIXTURES_DIR) + "/tiny-llama";
+const char* kEncodings[] = {"f32", "f16", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_1", "q4_0"};
+
+struct Proc {
+    int rc = -1;
+    std::string out;
+};
+
+// Runs a shell command, capturing stdout (and stderr when merged by the caller).
+Proc sh(const std::string& cmd) {
+    Proc p;
+    FILE* f = popen(cmd.c_str(), "r");
+    if (!f) return p;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0) p.out.append(buf, n);
+    const int st = pclose(f);
+    p.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return p;
+}
+
+std::string slurp(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+bool have_fixtures() {
+    return std::ifstream(kTiny + "/tiny-llama-q4_0.gguf").good();
+}
+
+class RemoteE2E : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        dir_ = ferry::test::make_temp_dir();
+        unix_ = new ServerProcess();
+        tcp_ = new ServerProcess();
+        std::string err;
+        ASSERT_TRUE(unix_->start("unix:" + dir_ + "/e", {}, &err)) << err;
+        ASSERT_TRUE(tcp_->start("tcp:127.0.0.1:0", {}, &err)) << err;
+    }
+    static void TearDownTestSuite() {
+        delete unix_;
+        delete tcp_;
+    }
+    static std::string dir_;
+    static ServerProcess* unix_;
+    static ServerProcess* tcp_;
+};
+std::string RemoteE2E::dir_;
+ServerProcess* RemoteE2E::unix_ = nullptr;
+ServerProcess* RemoteE2E::tcp_ = nullptr;
+
+// Every op case through the server gives exactly the local CPU's error against the float64
+// reference (same nmse text): the results are the same bits.
+TEST_F(RemoteE2E, TestOpsThroughTheServerMatchLocal) {
+    for (const std::string& addr : {unix_->addr(), tcp_->addr()}) {
+        SCOPED_TRACE(addr);
+        Proc p = sh(std::string(FERRY_BIN) + " test-ops --remote " + addr + " 2>&1");
+        EXPECT_EQ(p.rc, 0) << p.out.substr(p.out.size() > 3000 ? p.out.size() - 3000 : 0);
+        std::map<std::string, std::string> local, remote;
+        std::istringstream in(p.out);
+        std::string line;
+        while (std::getline(in, line)) {
+            std::istringstream ls(line);
+            std::string dev, op, name;
+            if (!(ls >> dev >> op >> name)) continue;
+            const size_t at = line.find("nmse=");
+            if (at == std::string::npos) continue;
+            const std::string nmse = line.substr(at, line.find(' ', at) - at);
+            if (dev == "CPU") local[name] = nmse;
+            if (dev == addr + "/CPU") remote[name] = nmse;
+        }
+        ASSERT_GT(local.size(), 20u);
+        EXPECT_EQ(local.size(), remote.size());
+        for (const auto& [name, nmse] : local) {
+            auto it = remote.find(name);
+            ASSERT_NE(it, remote.end()) << name;
+            EXPECT_EQ(it->second, nmse) << name;
+        }
+    }
+}
+
+TEST_F(RemoteE2E, LogitsBitIdenticalForAllEncodingsOverBothTransports) {
+    if (!have_fixtures()) GTEST_SKIP() << "no tiny-llama fixtures";
+    for (const char* enc : kEncodings) {
+        SCOPED_TRACE(enc);
+        const std::string model = kTiny + "/tiny-llama-" + enc + ".gguf";
+        const std::string base = dir_ + "/logits-" + enc;
+        auto run = [&](const std::string& extra, const std::string& out) {
+            return sh(std::string(FERRY_BIN) + " logits -m " + model +
+                      " --tokens 1,45,99,300,7,12,512,3 --out " + out + " " + extra + " 2>&1");
+        };
+        Proc l = run("", base + ".local");
+        ASSERT_EQ(l.rc, 0) << l.out;
+        Proc u = run("--remote " + unix_->addr(), base + ".unix");
+        ASSERT_EQ(u.rc, 0) << u.out;
+        Proc t = run("--remote " + tcp_->addr(), base + ".tcp");
+        ASSERT_EQ(t.rc, 0) << t.out;
+        const std::string a = slurp(base + ".local");
+        ASSERT_EQ(a.size(), 8u * 1024u * 4u);
+        EXPECT_TRUE(a == slurp(base + ".unix"));
+        EXPECT_TRUE(a == slurp(base + ".tcp"));
+    }
+}
+
+TEST_F(RemoteE2E, RunStreamsTheSameTextAsLocal) {
+    if (!have_fixtures()) GTEST_SKIP() << "no tiny-llama fixtures";
+    const std::string cmd = std::string(FERRY_BIN) + " run -m " + kTiny +
+                            "/tiny-llama-q8_0.gguf -p 'The license' -n 48 --temp 0 2>/dev/null";
+    Proc l = sh(cmd);
+    ASSERT_EQ(l.rc, 0);
+    ASSERT_FALSE(l.out.empty());
+    for (const std::string& addr : {unix_->addr(), tcp_->addr()}) {
+        Proc r = sh(cmd + " --remote " + addr);
+        EXPECT_EQ(r.rc, 0);
+        EXPECT_EQ(r.out, l.out) << addr;
+    }
+}
+
+TEST_F(RemoteE2E, FourLogitsClientsAtOnceThenServerMemoryBackToBaseline) {
+    if (!have_fixtures()) GTEST_SKIP() << "no tiny-llama fixtures";
+    auto watcher = remote_open(unix_->addr());
+    ASSERT_TRUE(watcher) << watcher.message();
+    auto base = remote_stats(watcher->get());
+    ASSERT_TRUE(base);
+    const std::string model = kTiny + "/tiny-llama-q4_k_m.gguf";
+    const std::string local = dir_ + "/four.local";
+    Proc l = sh(std::string(FERRY_BIN) + " logits -m " + model +
+                " --tokens 1,2,3,4,5,6,7,8,9,10 --out " + local + " 2>&1");
+    ASSERT_EQ(l.rc, 0) << l.out;
+    for (const std::string& addr : {unix_->addr(), tcp_->addr()}) {
+        SCOPED_TRACE(addr);
+        std::vector<std::thread> ts;
+        std::vector<Proc> res(4);
+        for (int i = 0; i < 4; i++) {
+            ts.emplace_back([&, i] {
+                res[static_cast<size_t>(i)] =
+                    sh(std::string(FERRY_BIN) + " logits -m " + model +
+                       " --tokens 1,2,3,4,5,6,7,8,9,10 --out " + dir_ + "/four." +
+                       std::to_string(i) + " --remote " + addr + " 2>&1");
+            });
+        }
+        for (auto& t : ts) t.join();
+        for (int i = 0; i < 4; i++) {
+            EXPECT_EQ(res[static_cast<size_t>(i)].rc, 0) << res[static_cast<size_t>(i)].out;
+            EXPECT_TRUE(slurp(local) == slurp(dir_ + "/four." + std::to_string(i)));
+        }
+    }
+    uint64_t bytes = UINT64_MAX;
+    for (int i = 0; i < 100 && bytes != base->server_bytes; i++) {
+        auto s = remote_stats(watcher->get());
+        ASSERT_TRUE(s);
+        bytes = s->server_bytes;
+        if (bytes != base->server_bytes) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_EQ(bytes, base->server_bytes);
+}
+
+// SIGKILL of the server mid-generation: the client exits non-zero within 5 s, naming it.
+TEST(RemoteFaults, ServerKilledMidGeneration) {
+    if (!have_fixtures()) GTEST_SKIP() << "no tiny-llama fixtures";
+    for (const std::string transport : {"unix", "tcp"}) {
+        SCOPED_TRACE(transport);
+        const std::string dir = ferry::test::make_temp_dir();
+        ServerProcess srv;
+        std::string err;
+        ASSERT_TRUE(
+            srv.start(transport == "unix" ? "unix:" + dir + "/k" : "tcp:127.0.0.1:0", {}, &err))
+            << err;
+        // The client: ferry run generating for long, stdout to a pipe we watch.
+        int out[2];
+        ASSERT_EQ(pipe(out), 0);
+        const std::string errfile = dir + "/client.err";
+        const pid_t child = fork();
+        if (child == 0) {
+            dup2(out[1], 1);
+            close(out[0]);
+            const int ef = open(errfile.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            dup2(ef, 2);
+            const std::string model = kTiny + "/tiny-llama-f32.gguf";
+            execl(FERRY_BIN, FERRY_BIN, "run", "-m", model.c_str(), "-p", "The", "-n", "100000",
+                  "-c", "4096", "--temp", "1.0", "--seed", "7", "--remote", srv.addr().c_str(),
+                  static_cast<char*>(nullptr));
+            _exit(127);
+        }
+        close(out[1]);
+        // Wait for generated text, then kill the server.
+        std::string got;
+        char buf[256];
+        while (got.size() < 64) {
+            const ssize_t n = read(out[0], buf, sizeof(buf));
+            if (n <= 0) break;
+            got.append(buf, static_cast<size_t>(n));
+        }
+        ASSERT_GE(got.size(), 64u) << "client ended before the kill";
+        srv.kill9();
+        const auto t0 = std::chrono::steady_clock::now();
+        // Drain stdout so the client never blocks on it.
+        std::thread drain([fd = out[0]] {
+            char b[4096];
+            while (read(fd, b, sizeof(b)) > 0) {
+            }
+            close(fd);
+        });
+        int status = 0;
+        pid_t w = 0;
+        while ((w = waitpid(child, &status, WNOHANG)) == 0 &&
+               std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        const double secs =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (w == 0) {
+            kill(child, SIGKILL);
+            waitpid(child, &status, 0);
+        }
+        drain.join();
+        EXPECT_LT(secs, 5.0);
+        ASSERT_TRUE(WIFEXITED(status));
+        EXPECT_NE(WEXITSTATUS(status), 0);
+        const std::string msg = slurp(errfile);
+        EXPECT_NE(msg.find(srv.addr()), std::string::npos) << msg;
+    }
+}
+
+}  // namespace

@@ -1,0 +1,276 @@
+// Sampler tests: greedy, top-k/top-p/min-p filters on hand-made logits, repetition penalty,
+// seeded reproducibility, and the sampled distribution against the softmax.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "model/sampler.h"
+
+namespace ferry {
+namespace {
+
+SamplerParams plain(float temp) {
+    SamplerParams p;
+    p.temp = temp;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    p.repeat_penalty = 1.0f;
+    return p;
+}
+
+std::vector<float> random_logits(std::mt19937& rng, int n) {
+    std::normal_distribution<float> d(0.0f, 3.0f);
+    std::vector<float> l(static_cast<size_t>(n));
+    for (float& x : l) x = d(rng);
+    return l;
+}
+
+int32_t argmax(const std::vector<float>& l) {
+    return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+}
+
+// Tokens drawn (as a set) over many samples.
+std::set<int32_t> support(const SamplerParams& p, const std::vector<float>& logits,
+                          int draws = 3000) {
+    Sampler s(p);
+    std::set<int32_t> seen;
+    for (int i = 0; i < draws; i++) seen.insert(s.sample(logits.data(), int32_t(logits.size())));
+    return seen;
+}
+
+// Logits whose temperature-1 probabilities are exactly these.
+std::vector<float> logits_of(const std::vector<double>& probs) {
+    std::vector<float> l;
+    for (double p : probs) l.push_back(static_cast<float>(std::log(p)));
+    return l;
+}
+
+TEST(Sampler, DefaultsFollowLlamaCpp) {
+    SamplerParams p;
+    EXPECT_FLOAT_EQ(p.temp, 0.8f);
+    EXPECT_EQ(p.top_k, 40);
+    EXPECT_FLOAT_EQ(p.top_p, 0.95f);
+    EXPECT_FLOAT_EQ(p.min_p, 0.05f);
+    EXPECT_FLOAT_EQ(p.repeat_penalty, 1.0f);
+    EXPECT_EQ(p.repeat_last_n, 64);
+}
+
+TEST(Sampler, GreedyIsArgmax) {
+    std::mt19937 rng(7);
+    for (float temp : {0.0f, -1.0f}) {
+        SamplerParams p;  // filters on: they must not matter for greedy
+        p.temp = temp;
+        Sampler s(p);
+        for (int i = 0; i < 100; i++) {
+            const std::vector<float> l = random_logits(rng, 1 + i * 37);
+            EXPECT_EQ(s.sample(l.data(), int32_t(l.size())), argmax(l));
+        }
+    }
+    // Ties go to the lowest id; NaN never wins.
+    Sampler s(plain(0.0f));
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const std::vector<float> tie = {1.0f, 3.0f, 3.0f, nan};
+    EXPECT_EQ(s.sample(tie.data(), 4), 1);
+    const std::vector<float> with_nan = {nan, -2.0f, 5.0f, nan};
+    EXPECT_EQ(s.sample(with_nan.data(), 4), 2);
+    EXPECT_EQ(s.sample(with_nan.data(), 0), -1);
+}
+
+TEST(Sampler, TopKOneIsArgmaxAtAnyTemperature) {
+    std::mt19937 rng(11);
+    for (float temp : {0.1f, 0.8f, 1.0f, 5.0f, 1000.0f}) {
+        SamplerParams p = plain(temp);
+        p.top_k = 1;
+        Sampler s(p);
+        for (int i = 0; i < 50; i++) {
+            const std::vector<float> l = random_logits(rng, 500);
+            EXPECT_EQ(s.sample(l.data(), int32_t(l.size())), argmax(l)) << "temp " << temp;
+        }
+    }
+}
+
+TEST(Sampler, TopKKeepsTheKHighest) {
+    const std::vector<float> l = {0.0f, 4.0f, 1.0f, 3.0f, 2.0f};
+    SamplerParams p = plain(100.0f);  // nearly uniform over what survives
+    p.top_k = 3;
+    EXPECT_EQ(support(p, l), (std::set<int32_t>{1, 3, 4}));
+    p.top_k = 99;  // larger than the vocabulary: no filtering
+    EXPECT_EQ(support(p, l), (std::set<int32_t>{0, 1, 2, 3, 4}));
+}
+
+TEST(Sampler, SeededReproducibility) {
+    SamplerParams p;
+    p.temp = 1.5f;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    std::mt19937 rng(3);
+    std::vector<std::vector<float>> steps;
+    for (int i = 0; i < 300; i++) steps.push_back(random_logits(rng, 64));
+    auto run = [&](Sampler& s) {
+        std::vector<int32_t> out;
+        for (const auto& l : steps) out.push_back(s.sample(l.data(), 64));
+        return out;
+    };
+    Sampler a(p), b(p);
+    const std::vector<int32_t> ra = run(a);
+    EXPECT_EQ(ra, run(b));
+    a.reset();
+    EXPECT_EQ(ra, run(a));  // reset restarts the generator
+    // Not degenerate: the draws vary, and another seed gives another sequence.
+    EXPECT_GT(std::set<int32_t>(ra.begin(), ra.end()).size(), 10u);
+    p.seed += 1;
+    Sampler c(p);
+    EXPECT_NE(ra, run(c));
+}
+
+// Pearson's chi-square statistic of observed counts against expected probabilities.
+double chi_square(const std::vector<int>& counts, const std::vector<double>& probs, int n) {
+    double x2 = 0.0;
+    for (size_t i = 0; i < counts.size(); i++) {
+        const double e = probs[i] * n;
+        x2 += (counts[i] - e) * (counts[i] - e) / e;
+    }
+    return x2;
+}
+
+std::vector<double> softmax(const std::vector<float>& l, double temp) {
+    const double mx = *std::max_element(l.begin(), l.end());
+    std::vector<double> p;
+    double sum = 0.0;
+    for (float x : l) sum += std::exp((x - mx) / temp);
+    for (float x : l) p.push_back(std::exp((x - mx) / temp) / sum);
+    return p;
+}
+
+TEST(Sampler, FrequenciesMatchSoftmax) {
+    const std::vector<float> l = {1.0f, 0.5f, 0.0f, -0.5f, 2.0f, -1.0f};
+    const int n = 20000;
+    for (float temp : {1.0f, 0.7f, 2.0f}) {
+        Sampler s(plain(temp));
+        std::vector<int> counts(l.size(), 0);
+        for (int i = 0; i < n; i++) counts[static_cast<size_t>(s.sample(l.data(), 6))]++;
+        const std::vector<double> p = softmax(l, temp);
+        // 5 degrees of freedom: P(chi2 > 20.5) ~ 0.001 for a correct sampler.
+        EXPECT_LT(chi_square(counts, p, n), 20.5) << "temp " << temp;
+        for (size_t i = 0; i < l.size(); i++) {
+            EXPECT_NEAR(counts[i] / double(n), p[i], 0.015) << "token " << i << " temp " << temp;
+        }
+    }
+}
+
+TEST(Sampler, TopPKeepsTheSmallestNucleus) {
+    // Probabilities 0.5, 0.3, 0.15, 0.05 (temperature 1, before the temperature step).
+    const std::vector<float> l = logits_of({0.5, 0.3, 0.15, 0.05});
+    SamplerParams p = plain(1.0f);
+    p.top_p = 0.4f;
+    EXPECT_EQ(support(p, l), (std::set<int32_t>{0}));
+    p.top_p = 0.75f;
+    EXPECT_EQ(support(p, l), (std::set<int32_t>{0, 1}));
+    p.top_p = 0.9f;
+    EXPECT_EQ(support(p, l), (std::set<int32_t>{0, 1, 2}));
+    p.top_p = 0.99f;
+    EXPECT_EQ(support(p, l), (std::set<int32_t>{0, 1, 2, 3}));
+    // The filter sees temperature-1 probabilities: a high temperature flattens only the draw.
+    p.top_p = 0.75f;
+    p.temp = 50.0f;
+    EXPECT_EQ(support(p, l), (std::set<int32_t>{0, 1}));
+    // Order of ids does not matter, only probability.
+    const std::vector<float> shuffled = logits_of({0.05, 0.3, 0.5, 0.15});
+    EXPECT_EQ(support(p, shuffled), (std::set<int32_t>{1, 2}));
+}
+
+TEST(Sampler, MinPDropsUnlikelyTokens) {
+    const std::vector<float> l = logits_of({0.5, 0.3, 0.15, 0.05});
+    SamplerParams p = plain(1.0f);
+    p.min_p = 0.25f;  // keeps p >= 0.125
+    EXPECT_EQ(support(p, l), (std::set<int32_t>{0, 1, 2}));
+    p.min_p = 0.5f;  // keeps p >= 0.25
+    EXPECT_EQ(support(p, l), (std::set<int32_t>{0, 1}));
+    p.min_p = 0.7f;  // keeps p >= 0.35
+    EXPECT_EQ(support(p, l), (std::set<int32_t>{0}));
+    p.min_p = 0.05f;  // keeps p >= 0.025: everything
+    p.temp = 20.0f;
+    EXPECT_EQ(support(p, l), (std::set<int32_t>{0, 1, 2, 3}));
+    // Kept tokens are drawn in proportion to their probabilities: 0.5 : 0.3.
+    p.min_p = 0.5f;
+    p.temp = 1.0f;
+    Sampler s(p);
+    int zeros = 0;
+    const int n = 20000;
+    for (int i = 0; i < n; i++) zeros += s.sample(l.data(), 4) == 0;
+    EXPECT_NEAR(zeros / double(n), 0.5 / 0.8, 0.015);
+}
+
+TEST(Sampler, RepetitionPenaltyChangesTheChoice) {
+    SamplerParams p = plain(0.0f);
+    p.repeat_penalty = 1.1f;
+    {
+        // Positive logit: 2.0 / 1.1 = 1.82 drops below 1.9.
+        const std::vector<float> l = {2.0f, 1.9f, -1.0f};
+        Sampler s(p);
+        EXPECT_EQ(s.sample(l.data(), 3), 0);
+        s.accept(0);
+        EXPECT_EQ(s.sample(l.data(), 3), 1);
+        SamplerParams off = p;
+        off.repeat_penalty = 1.0f;
+        Sampler s2(off);
+        s2.accept(0);
+        EXPECT_EQ(s2.sample(l.data(), 3), 0);
+    }
+    {
+        // Negative logit: -1.0 * 1.1 = -1.1 drops below -1.05.
+        const std::vector<float> l = {-1.0f, -1.05f};
+        Sampler s(p);
+        s.accept(0);
+        EXPECT_EQ(s.sample(l.data(), 2), 1);
+    }
+    {
+        // Once per distinct token however often it repeats: 2.0 / 1.1 = 1.82 > 1.7 (three
+        // applications would give 1.50).
+        const std::vector<float> l = {2.0f, 1.7f};
+        Sampler s(p);
+        for (int i = 0; i < 3; i++) s.accept(0);
+        EXPECT_EQ(s.sample(l.data(), 2), 0);
+    }
+    {
+        // Only the last repeat_last_n tokens count.
+        const std::vector<float> l = {2.0f, 1.9f, -1.0f, -1.0f};
+        p.repeat_last_n = 2;
+        Sampler s(p);
+        s.accept(0);
+        EXPECT_EQ(s.sample(l.data(), 4), 1);
+        s.accept(2);
+        s.accept(3);
+        EXPECT_EQ(s.sample(l.data(), 4), 0);
+        s.reset();  // forgets accepted tokens
+        s.accept(0);
+        s.reset();
+        EXPECT_EQ(s.sample(l.data(), 4), 0);
+        // Ids outside the vocabulary are ignored.
+        s.accept(99);
+        s.accept(-3);
+        EXPECT_EQ(s.sample(l.data(), 4), 0);
+    }
+}
+
+TEST(Sampler, DegenerateLogits) {
+    const float inf = std::numeric_limits<float>::infinity();
+    const std::vector<float> masked = {-inf, -inf, 0.5f, -inf};
+    EXPECT_EQ(support(plain(1.0f), masked, 200), (std::set<int32_t>{2}));
+    const std::vector<float> all_masked = {-inf, -inf, -inf};
+    Sampler s(plain(1.0f));
+    const int32_t t = s.sample(all_masked.data(), 3);
+    EXPECT_TRUE(t >= 0 && t < 3);
+    const std::vector<float> one = {42.0f};
+    EXPECT_EQ(s.sample(one.data(), 1), 0);
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,61 @@
+// ferry gen-model: writes a random-weight GGUF with a real architecture's shapes.
+#include <chrono>
+#include <cstdio>
+
+#include "cli.h"
+#include "model/gen-model.h"
+
+namespace ferry::cli {
+namespace {
+
+int cmd_gen_model(int argc, char** argv) {
+    Args args(argc, argv);
+    if (args.flag({"-h", "--help"})) {
+        std::printf(
+            "usage: ferry gen-model --preset NAME --type TYPE -o FILE [--embd-type TYPE] "
+            "[--seed N] [-t N]\n"
+            "  Writes a llama GGUF with random weights and a valid vocabulary.\n"
+            "  presets:");
+        for (const ModelPreset& p : model_presets()) std::printf(" %s", p.name);
+        std::printf(
+            "\n  types: f32 f16 bf16 q4_0 q4_1 q8_0 q4_k q5_k q6_k\n"
+            "  --embd-type: token embedding / output type (default q6_k for 4- and 5-bit "
+            "types, as llama.cpp's quantizer makes them; the weight type otherwise)\n");
+        return 0;
+    }
+    const std::optional<std::string> preset = args.value({"--preset"});
+    const std::optional<std::string> type = args.value({"--type"});
+    const std::optional<std::string> out = args.value({"-o", "--output"});
+    const std::optional<std::string> embd = args.value({"--embd-type"});
+    const std::optional<long long> seed = args.integer({"--seed"});
+    const std::optional<long long> threads = args.integer({"-t", "--threads"});
+    if (Status st = args.finish(); !st) return fail("gen-model", st.message());
+    if (!preset || !out) return fail("gen-model", "--preset and -o are required (see --help)");
+    Expected<ModelPreset> p = find_preset(*preset);
+    if (!p) return fail("gen-model", p.message());
+    GenModelOptions opts;
+    if (type) {
+        Expected<Type> t = type_from_name(type->c_str());
+        if (!t) return fail("gen-model", "--type: " + t.message());
+        opts.type = *t;
+    }
+    if (embd) {
+        Expected<Type> t = type_from_name(embd->c_str());
+        if (!t) return fail("gen-model", "--embd-type: " + t.message());
+        opts.embd_type = *t;
+        opts.embd_type_set = true;
+    }
+    if (seed) opts.seed = static_cast<uint64_t>(*seed);
+    if (threads) opts.n_threads = static_cast<int>(*threads);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (Status st = generate_model(*p, opts, *out); !st) return fail("gen-model", st.message());
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "ferry gen-model: wrote %s (%s, %s) in %.1f s\n", out->c_str(), p->name,
+                 type_name(opts.type), s);
+    return 0;
+}
+
+}  // namespace
+FERRY_COMMAND(gen_model, "gen-model", "write a random-weight GGUF with a real model's shapes",
+              cmd_gen_model);
+}  // namespace ferry::cli

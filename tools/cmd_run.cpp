@@ -1,0 +1,143 @@
+// ferry run: generates a completion of a prompt, streaming tokens as they come.
+#include <chrono>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli.h"
+#include "ferry/backend.h"
+#include "model/llama.h"
+#include "model/sampler.h"
+
+namespace ferry::cli {
+
+// Shared with `ferry logits` (tools/cmd_logits.cpp).
+Expected<Device*> pick_device(const std::vector<std::string>& remotes,
+                              const std::optional<std::string>& device_name);
+Expected<Type> parse_kv_type(const std::optional<std::string>& s);
+
+namespace {
+
+void usage() {
+    std::printf(
+        "usage: ferry run -m MODEL -p PROMPT [options]\n"
+        "  Streams the completion of PROMPT to stdout; timings go to stderr.\n"
+        "options:\n"
+        "  -m, --model PATH        GGUF model\n"
+        "  -p, --prompt TEXT       prompt\n"
+        "  -n, --n-predict N       tokens to generate (default 128; stops early at end of text)\n"
+        "  -t, --threads N         CPU threads (default: all cores)\n"
+        "  -c, --ctx N             context size (default: the model's, at most 4096)\n"
+        "  --temp T                temperature (default 0.8; 0: greedy)\n"
+        "  --top-k N               top-k (default 40; 0: off)\n"
+        "  --top-p P               top-p (default 0.95; 1: off)\n"
+        "  --min-p P               min-p (default 0.05; 0: off)\n"
+        "  --repeat-penalty R      repetition penalty over the last 64 tokens (default 1: off)\n"
+        "  --seed S                sampling seed\n"
+        "  --kv-type TYPE          KV cache type: f16 (default) or f32\n"
+        "  --remote ADDR           put the weights on a `ferry serve` device (repeatable)\n"
+        "  --device NAME           put the weights on this device\n");
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int cmd_run(int argc, char** argv) {
+    Args args(argc, argv);
+    if (args.flag({"-h", "--help"})) {
+        usage();
+        return 0;
+    }
+    const std::optional<std::string> model_path = args.value({"-m", "--model"});
+    const std::optional<std::string> prompt = args.value({"-p", "--prompt"});
+    const std::optional<long long> n_predict = args.integer({"-n", "--n-predict"});
+    const std::optional<long long> threads = args.integer({"-t", "--threads"});
+    const std::optional<long long> ctx = args.integer({"-c", "--ctx"});
+    const std::optional<double> temp = args.number({"--temp"});
+    const std::optional<long long> top_k = args.integer({"--top-k"});
+    const std::optional<double> top_p = args.number({"--top-p"});
+    const std::optional<double> min_p = args.number({"--min-p"});
+    const std::optional<double> repeat_penalty = args.number({"--repeat-penalty"});
+    const std::optional<long long> seed = args.integer({"--seed", "-s"});
+    const std::optional<std::string> kv = args.value({"--kv-type"});
+    const std::vector<std::string> remotes = args.values({"--remote"});
+    const std::optional<std::string> device_name = args.value({"--device"});
+    if (Status st = args.finish(); !st) return fail("run", st.message());
+    if (!model_path) return fail("run", "-m MODEL is required");
+    if (!prompt) return fail("run", "-p PROMPT is required");
+    const long long n_gen = n_predict.value_or(128);
+    if (n_gen < 0) return fail("run", "-n must not be negative");
+    if (ctx && (*ctx <= 0 || *ctx > (1 << 24))) return fail("run", "-c must be positive");
+    Expected<Type> kv_type = parse_kv_type(kv);
+    if (!kv_type) return fail("run", kv_type.message());
+    Expected<Device*> dev = pick_device(remotes, device_name);
+    if (!dev) return fail("run", dev.message());
+
+    const auto t_load = std::chrono::steady_clock::now();
+    ModelOptions mo;
+    if (*dev) mo.devices.push_back(*dev);
+    Expected<std::unique_ptr<LlamaModel>> model = LlamaModel::load(*model_path, mo);
+    if (!model) return fail("run", model.message());
+    SessionOptions so;
+    so.kv_type = *kv_type;
+    so.n_threads = threads ? static_cast<int>(*threads) : 0;
+    so.n_ctx = ctx ? static_cast<int32_t>(*ctx) : 0;
+    Expected<std::unique_ptr<LlamaSession>> session = LlamaSession::create(**model, so);
+    if (!session) return fail("run", session.message());
+    const double load_s = seconds_since(t_load);
+
+    const Vocab& vocab = (*model)->vocab();
+    const int32_t n_vocab = (*model)->hparams().n_vocab;
+    std::vector<int32_t> tokens = vocab.encode(*prompt, true);
+    if (tokens.empty()) return fail("run", "the prompt gives no tokens");
+
+    SamplerParams sp;
+    if (temp) sp.temp = static_cast<float>(*temp);
+    if (top_k) sp.top_k = static_cast<int32_t>(*top_k);
+    if (top_p) sp.top_p = static_cast<float>(*top_p);
+    if (min_p) sp.min_p = static_cast<float>(*min_p);
+    if (repeat_penalty) sp.repeat_penalty = static_cast<float>(*repeat_penalty);
+    if (seed) sp.seed = static_cast<uint64_t>(*seed);
+    Sampler sampler(sp);
+    for (int32_t t : tokens) sampler.accept(t);
+
+    LlamaSession& s = **session;
+    const auto t_prompt = std::chrono::steady_clock::now();
+    if (Status st = s.decode(tokens, false); !st) return fail("run", st.message());
+    const double prompt_s = seconds_since(t_prompt);
+
+    const auto t_gen = std::chrono::steady_clock::now();
+    long long n_done = 0;
+    while (n_done < n_gen) {
+        const int32_t next = sampler.sample(s.logits(0), n_vocab);
+        if (next < 0 || vocab.is_eog(next)) break;
+        sampler.accept(next);
+        const std::string piece = vocab.token_to_piece(next);
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+        n_done++;
+        if (n_done == n_gen) break;
+        if (s.n_past() >= s.n_ctx()) {
+            std::fprintf(stderr, "\nferry run: context of %d tokens is full\n", s.n_ctx());
+            break;
+        }
+        const int32_t one[1] = {next};
+        if (Status st = s.decode(one, false); !st) return fail("run", st.message());
+    }
+    const double gen_s = seconds_since(t_gen);
+    std::printf("\n");
+    std::fflush(stdout);
+    std::fprintf(stderr, "ferry run: load %.3f s (%s, %s on %s)\n", load_s,
+                 (*model)->type_desc().c_str(), model_path->c_str(), (*model)->device()->name());
+    std::fprintf(stderr, "ferry run: prompt %zu tokens in %.3f s (%.1f tokens/s)\n", tokens.size(),
+                 prompt_s, prompt_s > 0 ? tokens.size() / prompt_s : 0.0);
+    std::fprintf(stderr, "ferry run: generated %lld tokens in %.3f s (%.1f tokens/s)\n", n_done,
+                 gen_s, gen_s > 0 ? n_done / gen_s : 0.0);
+    return 0;
+}
+
+}  // namespace
+FERRY_COMMAND(run, "run", "generate text from a prompt", cmd_run);
+}  // namespace ferry::cli

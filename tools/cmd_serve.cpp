@@ -1,0 +1,79 @@
+// ferry serve: hosts local devices for remote clients (API remoting).
+#include <cstdio>
+#include <cstdlib>
+
+#include "cli.h"
+#include "ferry/backend.h"
+#include "server/server.h"
+
+namespace ferry::cli {
+namespace {
+
+void serve_usage() {
+    std::printf(
+        "usage: ferry serve --listen ADDR [--device NAME ...] [--token T] [--max-memory BYTES]\n"
+        "                   [--verbose]\n"
+        "  Hosts local devices for `--remote ADDR` clients.\n"
+        "  ADDR          unix:PATH (shared memory buffers, fd passing) or tcp:HOST:PORT\n"
+        "                (data inline; port 0 picks a free port). A tcp address other than\n"
+        "                loopback requires a token.\n"
+        "  --device      a device to serve (repeatable; default: every local device)\n"
+        "  --token       token clients must present in HELLO (default: $FERRY_TOKEN)\n"
+        "  --max-memory  per-session limit on buffer bytes (default: physical memory)\n"
+        "  Prints 'ferry serve: listening on ADDR' once ready.\n");
+}
+
+int cmd_serve(int argc, char** argv) {
+    Args args(argc, argv);
+    if (args.flag({"-h", "--help"})) {
+        serve_usage();
+        return 0;
+    }
+    std::optional<std::string> listen = args.value({"--listen", "-l"});
+    std::vector<std::string> names = args.values({"--device", "-d"});
+    std::optional<std::string> token = args.value({"--token"});
+    std::optional<long long> max_mem = args.integer({"--max-memory"});
+    const bool verbose = args.flag({"--verbose", "-v"});
+    if (Status st = args.finish(); !st) return fail("serve", st.message());
+    if (!listen) return fail("serve", "--listen ADDR is required (unix:PATH or tcp:HOST:PORT)");
+
+    server::ServerOptions opts;
+    opts.verbose = verbose;
+    if (token) {
+        opts.token = *token;
+    } else if (const char* env = std::getenv("FERRY_TOKEN")) {
+        opts.token = env;
+    }
+    if (max_mem) {
+        if (*max_mem <= 0) return fail("serve", "--max-memory must be positive");
+        opts.max_memory = static_cast<uint64_t>(*max_mem);
+    } else {
+        const DeviceMemory m = cpu_device()->memory();
+        opts.max_memory = m.total;
+    }
+    if (names.empty()) {
+        for (Device* d : all_devices()) {
+            if (d->type() != DeviceType::REMOTE) opts.devices.push_back(d);
+        }
+    } else {
+        for (const std::string& n : names) {
+            Device* d = find_device(n);
+            if (!d) return fail("serve", "no device named '" + n + "' (see `ferry devices`)");
+            if (d->type() == DeviceType::REMOTE) {
+                return fail("serve", "cannot serve remote device '" + n + "'");
+            }
+            opts.devices.push_back(d);
+        }
+    }
+    server::Server srv(std::move(opts));
+    std::string bound;
+    if (Status st = srv.listen(*listen, &bound); !st) return fail("serve", st.message());
+    std::printf("ferry serve: listening on %s\n", bound.c_str());
+    std::fflush(stdout);
+    if (Status st = srv.run(); !st) return fail("serve", st.message());
+    return 0;
+}
+
+}  // namespace
+FERRY_COMMAND(serve, "serve", "host local devices for remote clients (--listen ADDR)", cmd_serve);
+}  // namespace ferry::cli
