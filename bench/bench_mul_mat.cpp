@@ -28,7 +28,6 @@
 
 using namespace ferry;
 
-
 namespace {
 
 std::vector<std::string> split(const std::string& s, char sep) {

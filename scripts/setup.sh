@@ -17,6 +17,10 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
 
+# Usage: setup.sh [PRESET [TARGET...]] (default: the release preset, every target).
 preset="${1:-release}"
+shift || true
+targets=()
+for t in "$@"; do targets+=(--target "$t"); done
 cmake --preset "$preset" >/dev/null
-cmake --build --preset "$preset" -j "$(nproc)"
+cmake --build --preset "$preset" -j "$(nproc)" "${targets[@]}"

@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh release
 ctest --preset release -j "$(nproc)" --timeout 900
 
-# Decoders of outside bytes, under the sanitizers.
-bash scripts/setup.sh asan
-ctest --preset asan -j "$(nproc)" --timeout 900 -R 'Gguf|Corrupt|Hostile|Wire'
+# Decoders of outside bytes (GGUF files, JSON, remote requests), under the sanitizers: the
+# remote tests spawn the sanitized `ferry serve`.
+bash scripts/setup.sh asan ferry test_gguf test_json test_remote
+ctest --preset asan -j "$(nproc)" --timeout 900 -R '^(Gguf|Json|Remote|Hostile)'

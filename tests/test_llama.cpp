@@ -168,7 +168,9 @@ constexpr Peer kPeers[] = {
     {"q4_1", 1.03e-01, 0.615}, {"q4_0", 1.05e-01, 0.692},
 };
 
-void PrintTo(const Peer& p, std::ostream* os) { *os << p.enc; }
+void PrintTo(const Peer& p, std::ostream* os) {
+    *os << p.enc;
+}
 
 class LlamaOracle : public ::testing::TestWithParam<Peer> {};
 
@@ -379,6 +381,28 @@ TEST_F(LlamaErrors, UnchangedRewriteLoads) {
     EXPECT_EQ((*m)->hparams().n_vocab, 1024);
     EXPECT_FALSE((*m)->hparams().tied_output);
     EXPECT_EQ((*m)->type_desc(), "Q4_0");
+}
+
+TEST_F(LlamaErrors, WithoutOutputTheEmbeddingIsTied) {
+    const std::string path =
+        rewrite("tied.gguf", keep_kv, [](GgufTensorInfo& t) { return t.name != "output.weight"; });
+    std::unique_ptr<LlamaModel> m = load(path);
+    ASSERT_TRUE(m);
+    EXPECT_TRUE(m->hparams().tied_output);
+    std::unique_ptr<LlamaSession> s = session(*m, Type::F16, 64);
+    ASSERT_TRUE(s);
+    ASSERT_TRUE(s->decode(cases()[0].tokens, false));
+    for (int j = 0; j < kVocab; j++) ASSERT_TRUE(std::isfinite(s->logits(0)[j]));
+}
+
+TEST_F(LlamaErrors, HugeContextFailsCleanly) {
+    std::unique_ptr<LlamaModel> m = load(model_path("q4_0"));
+    ASSERT_TRUE(m);
+    SessionOptions so;
+    so.n_ctx = 2000000000;
+    Expected<std::unique_ptr<LlamaSession>> s = LlamaSession::create(*m, so);
+    ASSERT_FALSE(s);
+    EXPECT_NE(s.message().find("KV cache"), std::string::npos) << s.message();
 }
 
 TEST_F(LlamaErrors, MissingFile) {

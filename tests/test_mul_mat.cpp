@@ -27,7 +27,6 @@
 
 using namespace ferry;
 
-
 namespace {
 
 constexpr double kExactNmse = 1e-10;

@@ -440,6 +440,71 @@ TEST_P(Remote, SupportsOpAnsweredByServer) {
     EXPECT_TRUE(dev_->supports_op(v));
 }
 
+TEST_P(Remote, SplitGraphUsesEarlierResultsWithoutRecomputing) {
+    // A scheduler split hands the backend a graph of some nodes only; their sources computed
+    // by an earlier split must be read from memory, not computed again.
+    Context ctx;
+    Tensor* x = ctx.new_tensor(Type::F32, {32, 2});
+    Tensor* y = ctx.new_tensor(Type::F32, {32, 2});
+    Tensor* a = ctx.add(x, y);
+    Tensor* b = ctx.mul(a, y);
+    if (!cpu_device()->supports_op(a) || !cpu_device()->supports_op(b)) GTEST_SKIP();
+    auto buf = allocate_context_tensors(ctx, dev_->buffer_type());
+    ASSERT_TRUE(buf);
+    auto be = dev_->make_backend();
+    ASSERT_TRUE(be);
+    auto xs = random_floats(64, 3), ys = random_floats(64, 4), as = random_floats(64, 5);
+    ASSERT_TRUE(tensor_set(x, xs.data(), 256).is_ok());
+    ASSERT_TRUE(tensor_set(y, ys.data(), 256).is_ok());
+    Graph first;
+    first.nodes = {a};
+    ASSERT_TRUE((*be)->compute(first).is_ok());
+    ASSERT_TRUE((*be)->synchronize().is_ok());
+    ASSERT_TRUE(tensor_set(a, as.data(), 256).is_ok());  // overwrite the first split's result
+    Graph second;
+    second.nodes = {b};
+    ASSERT_TRUE((*be)->compute(second).is_ok());
+    std::vector<float> got(64);
+    ASSERT_TRUE((*be)->get_tensor_async(b, got.data(), 0, 256).is_ok());
+    ASSERT_TRUE((*be)->synchronize().is_ok());
+    for (int i = 0; i < 64; i++) ASSERT_EQ(got[i], as[i] * ys[i]) << i;
+}
+
+TEST_P(Remote, AsyncErrorSurfacesAtTheNextWait) {
+    // A pipelined compute that fails on the server (an out-of-range GET_ROWS index, caught by
+    // the kernel) returns at once; the error comes back from synchronize(), naming the
+    // server, and the connection carries on.
+    Context ctx;
+    Tensor* src = ctx.new_tensor(Type::F32, {8, 4});
+    Tensor* idx = ctx.new_tensor(Type::I32, {2});
+    Tensor* rows = ctx.get_rows(src, idx);
+    if (!cpu_device()->supports_op(rows)) GTEST_SKIP();
+    auto buf = allocate_context_tensors(ctx, dev_->buffer_type());
+    ASSERT_TRUE(buf);
+    auto be = dev_->make_backend();
+    ASSERT_TRUE(be);
+    auto data = random_floats(32, 9);
+    ASSERT_TRUE(tensor_set(src, data.data(), 128).is_ok());
+    Graph g;
+    g.build_forward(rows);
+    const int32_t bad[2] = {1, 99};
+    ASSERT_TRUE(tensor_set(idx, bad, 8).is_ok());
+    ASSERT_TRUE((*be)->compute(g).is_ok());
+    Status err = (*be)->synchronize();
+    ASSERT_FALSE(err.is_ok());
+    EXPECT_NE(err.message().find(addr_of(GetParam())), std::string::npos) << err.message();
+    const int32_t good[2] = {3, 0};
+    ASSERT_TRUE(tensor_set(idx, good, 8).is_ok());
+    ASSERT_TRUE((*be)->compute(g).is_ok());
+    std::vector<float> got(16);
+    ASSERT_TRUE((*be)->get_tensor_async(rows, got.data(), 0, 64).is_ok());
+    ASSERT_TRUE((*be)->synchronize().is_ok());
+    for (int i = 0; i < 8; i++) {
+        EXPECT_EQ(got[i], data[24 + i]);
+        EXPECT_EQ(got[8 + i], data[i]);
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, Remote, ::testing::Values("unix", "tcp"));
 
 // Four clients at once get bit-identical results; afterwards the server's memory is back.

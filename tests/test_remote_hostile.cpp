@@ -299,6 +299,10 @@ TEST_P(Hostile, EveryBadRequestGetsAnErrorAndNobodyElseNotices) {
     expect_error(c, Cmd::TENSOR_SET, set_req(h, 0, 64, 16), "fewer than", "set short payload");
     expect_error(c, Cmd::TENSOR_SET, set_req(h, 0, 16, 64), "malformed", "set trailing bytes");
     expect_error(c, Cmd::TENSOR_SET, set_req(h, 0, UINT64_MAX, 0), "fewer than", "set size 2^64-1");
+    expect_error(c, Cmd::TENSOR_SET, set_req(h, 0, 1u << 20, 1u << 20), "outside the buffer",
+                 "bulk set larger than its buffer");
+    expect_error(c, Cmd::TENSOR_SET, set_req(foreign, 0, 1u << 20, 1u << 20),
+                 "unknown buffer handle", "bulk set into a foreign buffer");
     expect_error(c, Cmd::TENSOR_GET, get_req(h, 0, 4097), "outside the buffer", "get past end");
     expect_error(c, Cmd::TENSOR_GET, get_req(h, 8, UINT64_MAX - 4), "outside the buffer",
                  "get size overflow");
@@ -591,6 +595,18 @@ TEST_P(Hostile, EveryBadRequestGetsAnErrorAndNobodyElseNotices) {
     {
         RawClient t = connect_hello();
         ASSERT_TRUE(t.send_frame(static_cast<uint16_t>(Cmd::TENSOR_SET), {1, 2, 3, 4}, 0, 100));
+        t.shutdown_write();
+        auto r = t.read_reply();
+        n_++;
+        ASSERT_TRUE(r.is_error());
+        EXPECT_NE(r.message().find("truncated frame"), std::string::npos) << r.message();
+    }
+    {
+        // A bulk set (received in place) whose data stops short.
+        RawClient t = connect_hello();
+        const uint64_t big = alloc(t, 2u << 20);
+        std::vector<uint8_t> p = set_req(big, 0, 2u << 20, 1u << 20);
+        ASSERT_TRUE(t.send_frame(static_cast<uint16_t>(Cmd::TENSOR_SET), p, 0, 24 + (2u << 20)));
         t.shutdown_write();
         auto r = t.read_reply();
         n_++;

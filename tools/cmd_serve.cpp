@@ -12,7 +12,7 @@ namespace {
 void serve_usage() {
     std::printf(
         "usage: ferry serve --listen ADDR [--device NAME ...] [--token T] [--max-memory BYTES]\n"
-        "                   [--verbose]\n"
+        "                   [-t N] [--verbose]\n"
         "  Hosts local devices for `--remote ADDR` clients.\n"
         "  ADDR          unix:PATH (shared memory buffers, fd passing) or tcp:HOST:PORT\n"
         "                (data inline; port 0 picks a free port). A tcp address other than\n"
@@ -20,6 +20,7 @@ void serve_usage() {
         "  --device      a device to serve (repeatable; default: every local device)\n"
         "  --token       token clients must present in HELLO (default: $FERRY_TOKEN)\n"
         "  --max-memory  per-session limit on buffer bytes (default: physical memory)\n"
+        "  -t, --threads CPU threads per client session (default: all cores)\n"
         "  Prints 'ferry serve: listening on ADDR' once ready.\n");
 }
 
@@ -33,12 +34,17 @@ int cmd_serve(int argc, char** argv) {
     std::vector<std::string> names = args.values({"--device", "-d"});
     std::optional<std::string> token = args.value({"--token"});
     std::optional<long long> max_mem = args.integer({"--max-memory"});
+    std::optional<long long> threads = args.integer({"-t", "--threads"});
     const bool verbose = args.flag({"--verbose", "-v"});
     if (Status st = args.finish(); !st) return fail("serve", st.message());
     if (!listen) return fail("serve", "--listen ADDR is required (unix:PATH or tcp:HOST:PORT)");
 
     server::ServerOptions opts;
     opts.verbose = verbose;
+    if (threads) {
+        if (*threads <= 0 || *threads > 1024) return fail("serve", "--threads must be 1..1024");
+        opts.n_threads = static_cast<int>(*threads);
+    }
     if (token) {
         opts.token = *token;
     } else if (const char* env = std::getenv("FERRY_TOKEN")) {

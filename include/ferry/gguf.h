@@ -71,6 +71,8 @@ class GgufFile {
     static Expected<std::unique_ptr<GgufFile>> from_memory(const void* data, size_t size,
                                                            const std::string& name);
     ~GgufFile();
+    GgufFile(const GgufFile&) = delete;
+    GgufFile& operator=(const GgufFile&) = delete;
 
     const std::string& path() const { return path_; }
     uint32_t version() const { return version_; }
@@ -121,7 +123,8 @@ class GgufWriter {
   public:
     // Data alignment (a power of two; default 32). Also sets the "general.alignment" kv (u32),
     // which the file must carry when the alignment is not 32; adding that kv with add_kv sets
-    // the alignment likewise. Set it before placing tensors with add_tensor_at.
+    // the alignment likewise. Changing it re-places every tensor added so far, packed in
+    // insertion order (explicit offsets and a set data size are dropped).
     void set_alignment(size_t a);
     size_t alignment() const { return alignment_; }
     // Adds a metadata entry; a key added twice keeps its first position and its latest value.

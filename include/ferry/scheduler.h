@@ -29,7 +29,8 @@ class Scheduler {
     // before setting input tensors; compute() calls it when the graph was not allocated yet.
     Status alloc(Graph& g);
     // Copies split inputs across devices and runs every split in order. Output tensors
-    // (kTensorOutput) can be read with tensor_get afterwards.
+    // (kTensorOutput) can be read with tensor_get afterwards. Called again with the same
+    // Graph object (same nodes), it reuses the plan: inputs keep their storage.
     Status compute(Graph& g);
 
     // After compute: which backend ran node i, and how many splits the last graph had.

@@ -77,7 +77,9 @@ Device* find_device(const std::string& name) {
 }
 
 Device* cpu_device() {
-    return registries()[0]->devices()[0];
+    // The CPU registry is created first and never removed.
+    static Device* const cpu = registries()[0]->devices()[0];
+    return cpu;
 }
 
 Status tensor_set(Tensor* t, const void* src, size_t size) {

@@ -41,10 +41,20 @@ struct Scheduler::Impl {
     // Copies and their views live in this context; its buffers are reused across graphs.
     std::unique_ptr<Context> copy_ctx;
     std::vector<std::unique_ptr<Buffer>> copy_buffers;
-    // (node, src slot, original) to restore after compute.
-    std::vector<std::tuple<Tensor*, int, Tensor*>> patched;
+    // Sources replaced by their copies while the graph runs: (node, slot, original, copy).
+    struct Patch {
+        Tensor* node;
+        int slot;
+        Tensor* original;
+        Tensor* copy;
+    };
+    std::vector<Patch> patches;
+    bool patched = false;
+    // The graph the current plan belongs to: compute() reuses the plan while the caller passes
+    // the same, unchanged graph (decode steps), and plans again otherwise.
     const Graph* allocated = nullptr;
     size_t allocated_nodes = 0;
+    const Tensor* allocated_last = nullptr;
 
     int backend_index_for_buffer(const Buffer* b) const {
         if (!b) return -1;
@@ -58,6 +68,7 @@ struct Scheduler::Impl {
     }
     Status assign(Graph& g);
     Status allocate(Graph& g);
+    void apply();
     void restore();
 };
 
@@ -73,11 +84,15 @@ Scheduler::~Scheduler() {
     impl_->restore();
 }
 
+void Scheduler::Impl::apply() {
+    for (const Patch& p : patches) p.node->src[p.slot] = p.copy;
+    patched = true;
+}
+
 void Scheduler::Impl::restore() {
-    for (auto it = patched.rbegin(); it != patched.rend(); ++it) {
-        std::get<0>(*it)->src[std::get<1>(*it)] = std::get<2>(*it);
-    }
-    patched.clear();
+    if (!patched) return;
+    for (auto it = patches.rbegin(); it != patches.rend(); ++it) it->node->src[it->slot] = it->original;
+    patched = false;
 }
 
 Status Scheduler::Impl::assign(Graph& g) {
@@ -151,6 +166,7 @@ Status Scheduler::Impl::assign(Graph& g) {
 
 Status Scheduler::Impl::allocate(Graph& g) {
     restore();
+    patches.clear();
     copies.clear();
     FERRY_TRY(assign(g));
     const size_t nb = backends.size();
@@ -232,8 +248,7 @@ Status Scheduler::Impl::allocate(Graph& g) {
                     owners_per_backend[static_cast<size_t>(bi)].push_back(v);
                     replacement = v;
                 }
-                patched.emplace_back(n, s, src);
-                n->src[s] = replacement;
+                patches.push_back({n, s, src, replacement});
             }
         }
     }
@@ -269,9 +284,11 @@ Status Scheduler::Impl::allocate(Graph& g) {
 }
 
 Status Scheduler::alloc(Graph& g) {
+    impl_->allocated = nullptr;
     FERRY_TRY(impl_->allocate(g));
     impl_->allocated = &g;
     impl_->allocated_nodes = g.nodes.size();
+    impl_->allocated_last = g.nodes.empty() ? nullptr : g.nodes.back();
     return Status::ok();
 }
 
@@ -289,8 +306,11 @@ Status copy_across(Backend* to_backend, const Tensor* from, Tensor* to) {
 
 Status Scheduler::compute(Graph& g) {
     Impl& m = *impl_;
-    if (m.allocated != &g || m.allocated_nodes != g.nodes.size()) FERRY_TRY(alloc(g));
-    m.allocated = nullptr;
+    if (m.allocated != &g || m.allocated_nodes != g.nodes.size() ||
+        m.allocated_last != (g.nodes.empty() ? nullptr : g.nodes.back())) {
+        FERRY_TRY(alloc(g));
+    }
+    m.apply();
     Status result;
     if (m.splits.size() == 1 && m.copies.empty()) {
         result = m.backends[static_cast<size_t>(m.splits[0].backend)]->compute(g);

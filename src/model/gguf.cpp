@@ -32,7 +32,8 @@ constexpr size_t kMaxTensorName = 63;
 constexpr int kMaxArrayDepth = 8;
 // Each metadata value costs a GgufValue (~100 bytes) in memory however small its encoding
 // (1 byte for a u8): bound the total so a file cannot make the reader allocate ~100x its size.
-constexpr uint64_t kMaxMetadataValues = uint64_t{1} << 26;
+// Real files hold well under a million (vocabularies of 256k tokens plus merges).
+constexpr uint64_t kMaxMetadataValues = uint64_t{1} << 24;
 // Smallest encodings, used to reject counts before anything is allocated for them.
 constexpr size_t kMinKvBytes = 8 + 4 + 1;              // key length, value type, 1-byte value
 constexpr size_t kMinTensorInfoBytes = 8 + 4 + 4 + 8;  // name length, n_dims, type, offset
@@ -117,10 +118,11 @@ std::string quoted(const std::string& s) {
             out += strfmt("\\x%02x", c);
         }
     }
-    if (s.size() > limit)
+    if (s.size() > limit) {
         out += strfmt("...' (%zu bytes)", s.size());
-    else
+    } else {
         out += "'";
+    }
     return out;
 }
 
@@ -268,7 +270,8 @@ Status read_value(Cursor& c, GgufValueType type, GgufValue* out, int depth, uint
     if (n > c.left() / min_size) {
         return Status::errorf("array count %" PRIu64
                               " of %s elements (at least %zu bytes each) exceeds the %zu bytes "
-                              "left in the file (count at offset %zu)",
+                              "left in the file (count at offset %zu): the count is corrupt or the "
+                              "file is truncated",
                               n, value_type_name(et), min_size, c.left(), c.pos() - 8);
     }
     if (n > *budget) {
@@ -421,22 +424,24 @@ Status GgufFile::parse() {
     FERRY_TRY(c.read(&tensor_count, "tensor_count"));
     FERRY_TRY(c.read(&kv_count, "kv_count"));
     // Counts are checked against the bytes that follow before anything is reserved for them.
+    // (A count too large for the bytes left is either corrupt or the file was cut short.)
     if (kv_count > c.left() / kMinKvBytes) {
         return Status::errorf("kv_count %" PRIu64
-                              " is impossible: each kv takes at least %zu bytes and %zu bytes "
-                              "follow the header",
+                              " needs at least %zu bytes per kv but only %zu bytes follow the "
+                              "header: the count is corrupt or the file is truncated",
                               kv_count, kMinKvBytes, c.left());
     }
     if (tensor_count > c.left() / kMinTensorInfoBytes) {
         return Status::errorf("tensor_count %" PRIu64
-                              " is impossible: each tensor info takes at least %zu bytes and %zu "
-                              "bytes follow the header",
+                              " needs at least %zu bytes per tensor info but only %zu bytes "
+                              "follow the header: the count is corrupt or the file is truncated",
                               tensor_count, kMinTensorInfoBytes, c.left());
     }
     if (kv_count * kMinKvBytes + tensor_count * kMinTensorInfoBytes > c.left()) {
         return Status::errorf(
-            "kv_count %" PRIu64 " and tensor_count %" PRIu64
-            " are impossible: they need at least %" PRIu64 " bytes and %zu bytes follow the header",
+            "kv_count %" PRIu64 " and tensor_count %" PRIu64 " need at least %" PRIu64
+            " bytes but only %zu bytes follow the header: a count is corrupt "
+            "or the file is truncated",
             kv_count, tensor_count, kv_count * kMinKvBytes + tensor_count * kMinTensorInfoBytes,
             c.left());
     }
@@ -650,15 +655,17 @@ Expected<const GgufValue*> GgufFile::get_array(const std::string& key) const {
 void GgufWriter::apply_alignment(size_t a) {
     FERRY_ASSERT(a > 0 && std::has_single_bit(a) && a <= std::numeric_limits<uint32_t>::max());
     if (a == alignment_) return;
-    // Explicit offsets were checked against the old alignment: changing it under them is misuse.
-    FERRY_ASSERT(!any_explicit_);
     alignment_ = a;
-    // Re-place the (implicitly placed) tensors for the new alignment.
+    if (tensors_.empty()) return;
+    // Offsets chosen for the old alignment may be misaligned now: re-place every tensor, packed
+    // in insertion order. A preserved layout (explicit offsets, data size) no longer applies.
     std::vector<T> old = std::move(tensors_);
     tensors_.clear();
     tensor_index_.clear();
     ranges_.clear();
     data_end_ = 0;
+    any_explicit_ = false;
+    has_data_size_ = false;
     for (T& t : old) {
         Status st = place(std::move(t), false);
         FERRY_ASSERT(st.is_ok());

@@ -14,7 +14,7 @@ namespace {
 
 // The attended KV length is rounded up to this many positions (masked past the end) so that
 // consecutive single-token steps share one graph instead of building a new one per token.
-constexpr int32_t kKvPad = 256;
+constexpr int32_t kKvPad = 32;
 constexpr fp16_t kF16NegInf = 0xFC00;
 
 }  // namespace
@@ -54,6 +54,7 @@ struct LlamaSession::Impl {
     std::vector<int32_t> pos_host;
 
     Status build(int32_t n_tokens, int32_t n_kv, int32_t n_out);
+    Status set_input(Tensor* t, const void* src, size_t size);
     Status run_chunk(const int32_t* tokens, int32_t n_tokens, bool all_logits, float* out_rows);
 };
 
@@ -106,25 +107,30 @@ Status LlamaSession::Impl::build(int32_t n_tokens, int32_t n_kv, int32_t n_out) 
         Tensor* k_st =
             c.set_rows(kc, c.reshape(k, {hd * n_head_kv, nt}), g.pos);  // [hd*n_head_kv, n_ctx]
         Tensor* v_st = c.set_rows(vc, v, g.pos);                        // [hd*n_head_kv, n_ctx]
-        const size_t esz = type_size(kv_type);
-        Tensor* kv_k = c.view_3d(k_st, hd, n_kv, n_head_kv, kc->nb[1], hd * esz,
-                                 0);  // [hd, n_kv, n_head_kv]
-        Tensor* kv_v = c.view_3d(v_st, hd, n_kv, n_head_kv, vc->nb[1], hd * esz,
-                                 0);                                       // [hd, n_kv, n_head_kv]
-        Tensor* qp = c.permute(q, 0, 2, 1, 3);                             // [hd, n_tokens, n_head]
-        Tensor* att = c.flash_attn_ext(qp, kv_k, kv_v, g.mask, kq_scale);  // [hd, n_head, n_tokens]
-        att = c.reshape(att, {hd * n_head, nt});                           // [n_head*hd, n_tokens]
-
-        Tensor* res = x;  // [n_embd, n_tokens]
-        if (last && n_out < n_tokens) {
-            // Only the last n_out tokens feed the logits: drop the others before the FFN.
-            const size_t off = static_cast<size_t>(n_tokens - n_out);
-            att = c.view_2d(att, att->ne[0], n_out, att->nb[1],
-                            off * att->nb[1]);                              // [n_head*hd, n_out]
-            res = c.view_2d(x, x->ne[0], n_out, x->nb[1], off * x->nb[1]);  // [n_embd, n_out]
+        const size_t head_bytes = static_cast<size_t>(hd) * type_size(kv_type);
+        // [hd, n_kv, n_head_kv]
+        Tensor* kv_k = c.view_3d(k_st, hd, n_kv, n_head_kv, kc->nb[1], head_bytes, 0);
+        // [hd, n_kv, n_head_kv]
+        Tensor* kv_v = c.view_3d(v_st, hd, n_kv, n_head_kv, vc->nb[1], head_bytes, 0);
+        // In the last layer only the last n_out tokens feed the logits: their queries alone
+        // attend, and the other rows are dropped before the FFN. n_out == n_tokens elsewhere.
+        const int64_t n_q = last ? n_out : nt;
+        const size_t skip = static_cast<size_t>(nt - n_q);
+        Tensor* mask = g.mask;  // [n_kv, n_tokens] or nullptr
+        Tensor* res = x;        // [n_embd, n_tokens]
+        if (skip > 0) {
+            // [hd, n_head, n_out]
+            q = c.view_3d(q, hd, n_head, n_q, q->nb[1], q->nb[2], skip * q->nb[2]);
+            // [n_kv, n_out]
+            if (mask) mask = c.view_2d(mask, n_kv, n_q, mask->nb[1], skip * mask->nb[1]);
+            // [n_embd, n_out]
+            res = c.view_2d(x, x->ne[0], n_q, x->nb[1], skip * x->nb[1]);
         }
-        cur = c.mul_mat(l.wo, att);  // [n_embd, n_out]
-        x = c.add(cur, res);         // [n_embd, n_out]
+        Tensor* qp = c.permute(q, 0, 2, 1, 3);                           // [hd, n_out, n_head]
+        Tensor* att = c.flash_attn_ext(qp, kv_k, kv_v, mask, kq_scale);  // [hd, n_head, n_out]
+        att = c.reshape(att, {hd * n_head, n_q});                        // [n_head*hd, n_out]
+        cur = c.mul_mat(l.wo, att);                                      // [n_embd, n_out]
+        x = c.add(cur, res);                                             // [n_embd, n_out]
 
         cur = c.mul(c.rms_norm(x, hp.norm_eps), l.ffn_norm);  // [n_embd, n_out]
         Tensor* gate = c.mul_mat(l.ffn_gate, cur);            // [n_ff, n_out]
@@ -145,6 +151,13 @@ Status LlamaSession::Impl::build(int32_t n_tokens, int32_t n_kv, int32_t n_out) 
     return Status::ok();
 }
 
+// Writes an input through the stream of the backend that reads it, so that remote backends
+// pipeline the writes with the compute that follows (compute waits for every backend).
+Status LlamaSession::Impl::set_input(Tensor* t, const void* src, size_t size) {
+    if (Backend* be = sched->backend_of(t)) return be->set_tensor_async(t, src, 0, size);
+    return tensor_set(t, src, size);
+}
+
 Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bool all_logits,
                                      float* out_rows) {
     const int32_t n_end = n_past + n_tokens;
@@ -158,8 +171,8 @@ Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bo
     }
     pos_host.resize(static_cast<size_t>(n_tokens));
     for (int32_t i = 0; i < n_tokens; i++) pos_host[static_cast<size_t>(i)] = n_past + i;
-    FERRY_TRY(tensor_set(g.ids, tokens, sizeof(int32_t) * static_cast<size_t>(n_tokens)));
-    FERRY_TRY(tensor_set(g.pos, pos_host.data(), sizeof(int32_t) * pos_host.size()));
+    FERRY_TRY(set_input(g.ids, tokens, sizeof(int32_t) * static_cast<size_t>(n_tokens)));
+    FERRY_TRY(set_input(g.pos, pos_host.data(), sizeof(int32_t) * pos_host.size()));
     if (g.mask) {
         mask_host.resize(static_cast<size_t>(n_kv) * static_cast<size_t>(n_tokens));
         for (int32_t i = 0; i < n_tokens; i++) {
@@ -168,7 +181,7 @@ Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bo
             std::fill(row, row + visible, fp16_t{0});
             std::fill(row + visible, row + n_kv, kF16NegInf);
         }
-        FERRY_TRY(tensor_set(g.mask, mask_host.data(), sizeof(fp16_t) * mask_host.size()));
+        FERRY_TRY(set_input(g.mask, mask_host.data(), sizeof(fp16_t) * mask_host.size()));
     }
     Status st = sched->compute(g.graph);
     if (!st) {
@@ -197,16 +210,28 @@ Expected<std::unique_ptr<LlamaSession>> LlamaSession::create(LlamaModel& model,
     }
     d.kv_type = opts.kv_type;
 
-    const int64_t row = int64_t{hp.head_dim} * hp.n_head_kv;
+    const int64_t kv_ne[2] = {int64_t{hp.head_dim} * hp.n_head_kv, d.n_ctx};
     for (int32_t il = 0; il < hp.n_layer; il++) {
-        Tensor* k = d.kv_ctx.new_tensor(d.kv_type, {row, d.n_ctx});  // [hd*n_head_kv, n_ctx]
-        k->set_name("cache_k_l" + std::to_string(il));
-        Tensor* v = d.kv_ctx.new_tensor(d.kv_type, {row, d.n_ctx});  // [hd*n_head_kv, n_ctx]
-        v->set_name("cache_v_l" + std::to_string(il));
-        d.k_cache.push_back(k);
-        d.v_cache.push_back(v);
+        for (int kv = 0; kv < 2; kv++) {
+            Expected<Tensor*> t = d.kv_ctx.new_tensor_checked(d.kv_type, 2, kv_ne);
+            if (!t) return t.status().context(strfmt("session: KV cache of %d positions", d.n_ctx));
+            Tensor* c = *t;  // [hd*n_head_kv, n_ctx]
+            c->set_name((kv == 0 ? "cache_k_l" : "cache_v_l") + std::to_string(il));
+            (kv == 0 ? d.k_cache : d.v_cache).push_back(c);
+        }
     }
     Device* dev = m->device;
+    size_t kv_total = 0;
+    for (size_t i = 0; i < d.k_cache.size(); i++) {
+        kv_total += d.k_cache[i]->nbytes() + d.v_cache[i]->nbytes();
+    }
+    const DeviceMemory mem = dev->memory();
+    if (mem.total > 0 && kv_total > mem.total) {
+        return Status::errorf(
+            "session: KV cache of %d positions needs %.1f MiB, more than the "
+            "%.1f MiB of %s",
+            d.n_ctx, kv_total / 1048576.0, mem.total / 1048576.0, dev->name());
+    }
     Expected<std::unique_ptr<Buffer>> kv = allocate_context_tensors(d.kv_ctx, dev->buffer_type());
     if (!kv) return kv.status().context(strfmt("session: KV cache on %s", dev->name()));
     d.kv_buf = std::move(*kv);

@@ -89,6 +89,12 @@ Status read_hparams(const GgufFile& f, LlamaHParams* hp) {
     }
     FERRY_TRY(read_int(f, "llama.attention.key_length", hp->n_embd / hp->n_head, 2, 65536,
                        &hp->head_dim));
+    if (hp->head_dim < 2) {
+        return Status::errorf(
+            "head size %d (llama.embedding_length %d / head_count %d) is too "
+            "small",
+            hp->head_dim, hp->n_embd, hp->n_head);
+    }
     int32_t v_len = 0;
     FERRY_TRY(read_int(f, "llama.attention.value_length", hp->head_dim, 1, 65536, &v_len));
     if (v_len != hp->head_dim) {
@@ -98,8 +104,9 @@ Status read_hparams(const GgufFile& f, LlamaHParams* hp) {
             v_len, hp->head_dim);
     }
     FERRY_TRY(read_int(f, "llama.rope.dimension_count", hp->head_dim, 2, hp->head_dim, &hp->n_rot));
-    if (hp->n_rot % 2 != 0) {
-        return Status::errorf("llama.rope.dimension_count %d is odd", hp->n_rot);
+    if (hp->n_rot < 2 || hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0) {
+        return Status::errorf("llama.rope.dimension_count %d must be even and in [2, %d]",
+                              hp->n_rot, hp->head_dim);
     }
     FERRY_TRY(read_float(f, "llama.rope.freq_base", false, 10000.0f, &hp->rope_freq_base));
     if (hp->rope_freq_base <= 0.0f) {
@@ -374,7 +381,11 @@ Expected<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string& path,
     model->impl_ = std::make_unique<Impl>();
     model->impl_->path = path;
     Status st = load_into(*model->impl_, opts);
-    if (!st) return st.context("loading " + path);
+    if (!st) {
+        // GGUF errors already name the file.
+        if (st.message().find(path) != std::string::npos) return st;
+        return st.context("loading " + path);
+    }
     return model;
 }
 

@@ -169,6 +169,21 @@ Status Session::dispatch(uint16_t cmd, const uint8_t* p, size_t n, Reply* out) {
     return Status::errorf("unknown command %u", cmd);
 }
 
+uint8_t* Session::direct_set_target(const uint8_t* prefix, uint64_t frame_len) {
+    if (!hello_ || frame_len < 24) return nullptr;
+    Reader r(prefix, 24);
+    const uint64_t h = r.u64();
+    const uint64_t off = r.u64();
+    const uint64_t size = r.u64();
+    if (!r.done() || size != frame_len - 24) return nullptr;
+    auto it = buffers_.find(h);
+    if (it == buffers_.end() || !wire::range_ok(off, size, it->second.size)) return nullptr;
+    uint8_t* base = static_cast<uint8_t*>(it->second.buf->base());
+    if (!base) return nullptr;
+    requests_++;
+    return base + off;
+}
+
 Status Session::cmd_hello(const uint8_t* p, size_t n, Reply* out) {
     if (hello_) return Status::error("HELLO sent twice");
     Reader r(p, n);
@@ -237,6 +252,7 @@ Expected<Backend*> Session::backend(uint32_t dev) {
         Expected<std::unique_ptr<Backend>> b = (*d)->make_backend();
         if (!b) return b.status();
         backends_[dev] = std::move(*b);
+        if (opts_.n_threads > 0) backends_[dev]->set_n_threads(opts_.n_threads);
     }
     return backends_[dev].get();
 }

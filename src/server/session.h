@@ -24,6 +24,7 @@ struct ServerOptions {
     std::vector<Device*> devices;  // devices served, in the order clients see them
     std::string token;             // required in HELLO when non-empty
     uint64_t max_memory = 0;       // per-session limit on live buffer bytes (0: unlimited)
+    int n_threads = 0;             // CPU threads per session backend (0: the device default)
     bool verbose = false;
 };
 
@@ -55,6 +56,12 @@ class Session {
     void handle(uint16_t cmd, const uint8_t* payload, size_t len, Reply* out);
 
     uint64_t id() const { return id_; }
+
+    // For a TENSOR_SET whose 24-byte prefix (handle, offset, size) is at `prefix` and whose
+    // payload is frame_len bytes: where its data may be received directly (host-addressable
+    // buffer of this session, range checked, size matching the frame), counted as a handled
+    // request; nullptr to take the ordinary path (which reports any error).
+    uint8_t* direct_set_target(const uint8_t* prefix, uint64_t frame_len);
 
   private:
     struct SrvBuffer {

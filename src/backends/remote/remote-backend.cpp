@@ -8,6 +8,7 @@
 #include <mutex>
 #include <set>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "backends/remote/connection.h"
 #include "backends/remote/protocol.h"
@@ -195,9 +196,14 @@ class TableBuilder {
   public:
     TableBuilder(Connection* conn, bool with_storage) : conn_(conn), storage_(with_storage) {}
 
+    // Nodes to compute; any other tensor with an op (a result of an earlier split, already in
+    // memory) is sent as a leaf so the server does not compute it again.
+    void set_compute_set(const std::unordered_set<const Tensor*>* nodes) { nodes_ = nodes; }
+
     Expected<int32_t> add(const Tensor* t) {
         auto it = index_.find(t);
         if (it != index_.end()) return it->second;
+        if (t->op != Op::NONE && nodes_ && !nodes_->count(t)) return add_shape(t);
         if (t->view_src) {
             Expected<int32_t> v = add(t->view_src);
             if (!v) return v.status();
@@ -218,7 +224,7 @@ class TableBuilder {
         auto it = index_.find(t);
         if (it != index_.end()) return it->second;
         if (t->view_src) {
-            Expected<int32_t> v = add_shape(t->view_src);
+            Expected<int32_t> v = nodes_ ? add(t->view_src) : add_shape(t->view_src);
             if (!v) return v.status();
         }
         Entry e;
@@ -268,6 +274,7 @@ class TableBuilder {
 
     Connection* conn_;
     bool storage_;
+    const std::unordered_set<const Tensor*>* nodes_ = nullptr;
     wire::Writer w_;
     uint32_t n_ = 0;
     std::unordered_map<const Tensor*, int32_t> index_;
@@ -500,6 +507,8 @@ class RemoteBackend : public Backend {
 
     Status compute(Graph& g) override {
         TableBuilder tb(conn_.get(), true);
+        const std::unordered_set<const Tensor*> nodes(g.nodes.begin(), g.nodes.end());
+        tb.set_compute_set(&nodes);
         for (const Tensor* t : g.leafs) FERRY_TRY(tb.add(t).status());
         for (const Tensor* t : g.nodes) FERRY_TRY(tb.add(t).status());
         std::vector<uint8_t>& table = tb.writer().buf();

@@ -2,17 +2,19 @@
 // (i1, i2, i3)), for every weight type.
 //
 // Phase 1 converts every row of b once into what the weight type's kernels read (Q8_0 / Q8_K
-// blocks for the direct path, plain int8 columns with block sums for the packed path; F32 b is
-// read in place), each thread a contiguous share of the rows, then a barrier. Phase 2 splits
-// the output into tasks (batch matrix x chunk of weight rows x chunk of columns) that threads
-// claim from a shared counter, so a slow core never holds up the node. Task boundaries depend
-// only on the shapes, and every output's arithmetic depends only on its own row and column, so
-// results are bit-identical for any thread count.
+// quants laid out for the direct tiles, or plain int8 columns with block sums for the packed
+// path; F32 b is read in place). When b is small (decode) every thread converts all of it into
+// its own scratch and no barrier follows; otherwise each thread converts a share, then a
+// barrier. Phase 2 splits the output into tasks (batch matrix x chunk of 64 weight rows x chunk
+// of columns): claimed from a shared counter after a barrier, or round-robin without one.
+// Task boundaries depend only on the shapes, and every output's arithmetic depends only on its
+// own row and column (never on the tile it was computed in), so results are bit-identical for
+// any thread count.
 //
 // Direct path (few columns: decode): tiles of 4 weight rows x 4 columns straight from the
-// stored blocks; the weights stream from memory once. Packed path (many columns: prefill):
-// each task repacks its 64 weight rows into interleaved int8 groups in per-thread scratch and
-// runs the register-tiled int8 GEMM over all columns (see simd/packed.cpp).
+// stored blocks, so the weights stream from memory exactly once. Packed path (many columns:
+// prefill): each task repacks its 64 weight rows into interleaved int8 groups in per-thread
+// scratch and runs the register-tiled int8 GEMM over its columns (see simd/packed.cpp).
 #include <algorithm>
 #include <atomic>
 
@@ -119,8 +121,7 @@ void op_mul_mat(const ComputeParams& cp, Tensor* dst) {
     std::atomic_ref<int64_t> next_task(*reinterpret_cast<int64_t*>(wbase));
     const size_t nth = static_cast<size_t>(cp.nth), ith = static_cast<size_t>(cp.ith);
     uint8_t* conv = wbase + kHeader + (p.shared ? 0 : p.conv_bytes * ith);
-    uint8_t* scratch =
-        wbase + kHeader + p.conv_bytes * (p.shared ? 1 : nth) + p.per_thread * ith;
+    uint8_t* scratch = wbase + kHeader + p.conv_bytes * (p.shared ? 1 : nth) + p.per_thread * ith;
 
     // Phase 1: convert b (shared: each thread a share, then a barrier; private: all of it).
     if (p.col_bytes) {

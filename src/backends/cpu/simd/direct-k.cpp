@@ -96,7 +96,7 @@ constexpr WordTable kQ6kIdx1 = make_q6k_idx(8);
 
 // Requests the bytes the next tile will read in the same row position (see direct.cpp).
 inline void prefetch_next_tile(const uint8_t* p, size_t dist) {
-    _mm_prefetch(reinterpret_cast<const char*>(p + dist), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p + dist), _MM_HINT_T1);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -56,7 +56,17 @@ void dispatch(int64_t n, const void* x, size_t bx, int nr, const void* y, size_t
 // ---------------------------------------------------------------------------------------------
 // Float weights (F32, F16, BF16) against F32 columns.
 
+// Weight rows are short streams (a few KiB), too short for the hardware prefetchers to lock
+// on to each: while a tile reads a row, it asks for the same bytes of the row a later tile
+// will read (`dist` = 2 x rows per tile x row stride ahead), one request per 64 bytes
+// consumed. Into L2 (T1): far more misses can be outstanding there than in L1, which is what
+// a DRAM stream needs (measured: single-core Q8_0 decode 10 -> 18 GB/s against T0).
+inline void prefetch_next_tile(const uint8_t* p, size_t dist) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + dist), _MM_HINT_T1);
+}
+
 struct LoadF32 {
+    using Elem = float;
     static __m512 load(const uint8_t* p, int64_t k) {
         return _mm512_loadu_ps(reinterpret_cast<const float*>(p) + k);
     }
@@ -65,6 +75,7 @@ struct LoadF32 {
     }
 };
 struct LoadF16 {
+    using Elem = uint16_t;
     static __m512 load(const uint8_t* p, int64_t k) {
         return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * k)));
     }
@@ -73,6 +84,7 @@ struct LoadF16 {
     }
 };
 struct LoadBF16 {
+    using Elem = uint16_t;
     static __m512 widen(__m256i h) {
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
@@ -98,6 +110,9 @@ struct FloatTile {
                 __m512 yv[NC];
                 for (int c = 0; c < NC; c++) yv[c] = LoadF32::load(y + c * by, k);
                 for (int r = 0; r < NR; r++) {
+                    if (k % 32 == 0 || sizeof(typename L::Elem) == 4) {
+                        prefetch_next_tile(x + r * bx + k * sizeof(typename L::Elem), 2 * NR * bx);
+                    }
                     const __m512 xv = L::load(x + r * bx, k);
                     for (int c = 0; c < NC; c++) acc[r][c] = _mm512_fmadd_ps(xv, yv[c], acc[r][c]);
                 }
@@ -212,13 +227,6 @@ inline __m512i pair_nibbles(__m512i z) {
     const __m512i shifts = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
     return _mm512_and_si512(_mm512_srlv_epi64(_mm512_permutexvar_epi8(idx, z), shifts),
                             _mm512_set1_epi8(0x0f));
-}
-
-// Weight rows are short streams (a few KiB), too short for the hardware prefetchers to lock
-// on to each: while a tile reads a row, it asks for the same bytes of the row the next tile
-// will read (`dist` = rows per tile x row stride ahead), one request per 64 bytes consumed.
-inline void prefetch_next_tile(const uint8_t* p, size_t dist) {
-    _mm_prefetch(reinterpret_cast<const char*>(p + dist), _MM_HINT_T0);
 }
 
 template <QKind KIND>
@@ -477,17 +485,17 @@ void tri_vec_dot(int64_t n, float* out, const void* x, const void* y) {
 
 }  // namespace
 
-// Columns from which repacking Q4_0/Q4_1/Q8_0 weights pays off (measured with
-// bench_mul_mat). The K formats have no direct SIMD tile and always use the packed path.
-constexpr int64_t kQ8_0MinCols = 8;
+// Columns from which repacking the weights pays off against the direct tiles (crossovers
+// measured with bench_mul_mat at 2048 x 2048, single thread: Q4 ~8-10, Q8_0 ~12, K ~16-20).
+constexpr int64_t kQ4MinCols = 8;
+constexpr int64_t kQ8_0MinCols = 12;
+constexpr int64_t kKMinCols = 16;
 
 // Defined in packed.cpp and direct-k.cpp.
 const PackedKernels* packed_kernels(Type t, bool portable);
 DirectTileFn direct_k_tile(Type t);
 
 namespace {
-
-// Without a vector direct tile for a K format, the packed path is faster even for one column.
 
 size_t q8_0_bytes(int64_t n) {
     return row_size(Type::Q8_0, n);
@@ -502,15 +510,16 @@ size_t f32_bytes(int64_t n) {
 MatKernels make(Type t, bool portable) {
     const PackedKernels* pk = packed_kernels(t, portable);
     auto q8_0 = [&](DirectTileFn fast, DirectTileFn port) {
-        return MatKernels{Type::Q8_0, quantize_row_q8_0, q8_0_bytes, portable ? port : fast,
-                          pk,         kQ8_0MinCols};
+        return MatKernels{Type::Q8_0, quantize_row_q8_0,
+                          q8_0_bytes, portable ? port : fast,
+                          pk,         t == Type::Q8_0 ? kQ8_0MinCols : kQ4MinCols};
     };
     auto q8_k = [&](DirectTileFn port) {
         DirectTileFn fast = direct_k_tile(t);
         const bool use_fast = fast && !portable;
-        return MatKernels{Type::Q8_K, quantize_row_q8_k,
-                          q8_k_bytes, use_fast ? fast : port,
-                          pk,         use_fast ? kQ8_0MinCols : 1};
+        return MatKernels{Type::Q8_K, quantize_row_q8_k, q8_k_bytes, use_fast ? fast : port,
+                          // Without a vector direct tile the packed path wins from 1 column.
+                          pk, use_fast ? kKMinCols : 1};
     };
     auto f32 = [&](DirectTileFn fast, DirectTileFn port) {
         return MatKernels{Type::F32, nullptr, f32_bytes, portable ? port : fast, nullptr, 0};
@@ -523,14 +532,14 @@ MatKernels make(Type t, bool portable) {
                     tri_bytes<sizeof(BlockQ4_0)>,
                     dispatch<Q4_0TriTile>,
                     pk,
-                    kQ8_0MinCols};
+                    kQ4MinCols};
         }
         return {Type::Q8_0,
                 tri_quantize<sizeof(BlockQ4_1)>,
                 tri_bytes<sizeof(BlockQ4_1)>,
                 dispatch<Q4_1TriTile>,
                 pk,
-                kQ8_0MinCols};
+                kQ4MinCols};
     }
 #define FERRY_FAST(T, tile) dispatch<tile>
 #else

@@ -104,13 +104,16 @@ void k_scales(const uint8_t* q, int j, int* sc, int* mn) {
     }
 }
 
+// Elements [e0, e0 + len) of one weight row (len: a multiple of the type's block, at most
+// kChunk): unsigned quants into u[0, len), scale and min of row r into the group.
 template <Type T>
-void pack_row(const uint8_t* x, int64_t n, int r, GroupView g) {
+void unpack_row(const uint8_t* x, int64_t e0, int64_t len, int r, GroupView g, uint8_t* u) {
     if constexpr (T == Type::Q4_0 || T == Type::Q4_1) {
         constexpr bool q41 = T == Type::Q4_1;
         constexpr size_t bsz = q41 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
-        for (int64_t b = 0; b < n / 32; b++) {
+        for (int64_t b = e0 / 32; b < (e0 + len) / 32; b++) {
             const uint8_t* blk = x + b * bsz;
+            uint8_t* ub = u + (32 * b - e0);
             fp16_t d;
             std::memcpy(&d, blk, 2);
             g.s[b * kPackRows + r] = h2f(d);
@@ -120,26 +123,41 @@ void pack_row(const uint8_t* x, int64_t n, int r, GroupView g) {
                 g.m[b * kPackRows + r] = h2f(m);
             }
             const uint8_t* qs = blk + (q41 ? 4 : 2);
+#if FERRY_PACKED_AVX512
+            // (The compiler's own vectorization of the loop below stalls on byte inserts.)
+            const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+            const __m128i m4 = _mm_set1_epi8(0x0f);
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(ub), _mm_and_si128(q, m4));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(ub + 16),
+                             _mm_and_si128(_mm_srli_epi16(q, 4), m4));
+#else
             for (int l = 0; l < 16; l++) {
-                g.q[qpos(32 * b + l, r)] = qs[l] & 0x0f;
-                g.q[qpos(32 * b + l + 16, r)] = qs[l] >> 4;
+                ub[l] = qs[l] & 0x0f;
+                ub[l + 16] = qs[l] >> 4;
             }
+#endif
         }
     } else if constexpr (T == Type::Q8_0) {
-        for (int64_t b = 0; b < n / 32; b++) {
+        for (int64_t b = e0 / 32; b < (e0 + len) / 32; b++) {
             const auto* blk = reinterpret_cast<const BlockQ8_0*>(x + b * sizeof(BlockQ8_0));
+            uint8_t* ub = u + (32 * b - e0);
             fp16_t d;
             std::memcpy(&d, &blk->d, 2);
             g.s[b * kPackRows + r] = h2f(d);
-            for (int l = 0; l < 32; l++) {
-                g.q[qpos(32 * b + l, r)] = static_cast<uint8_t>(blk->qs[l] + 128);
-            }
+#if FERRY_PACKED_AVX512
+            const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qs));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(ub),
+                                _mm256_xor_si256(q, _mm256_set1_epi8(static_cast<char>(0x80))));
+#else
+            for (int l = 0; l < 32; l++) ub[l] = static_cast<uint8_t>(blk->qs[l] ^ 0x80);
+#endif
         }
     } else if constexpr (T == Type::Q4_K || T == Type::Q5_K) {
         constexpr bool q5 = T == Type::Q5_K;
         constexpr size_t bsz = q5 ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
-        for (int64_t i = 0; i < n / kQK_K; i++) {
+        for (int64_t i = e0 / kQK_K; i < (e0 + len) / kQK_K; i++) {
             const uint8_t* blk = x + i * bsz;
+            uint8_t* ub = u + (i * kQK_K - e0);
             fp16_t dh, mh;
             std::memcpy(&dh, blk, 2);
             std::memcpy(&mh, blk + 2, 2);
@@ -162,13 +180,13 @@ void pack_row(const uint8_t* x, int64_t n, int r, GroupView g) {
                         lo |= ((qh[l] >> (2 * c)) & 1) << 4;
                         hi |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
                     }
-                    g.q[qpos(i * kQK_K + 64 * c + l, r)] = static_cast<uint8_t>(lo);
-                    g.q[qpos(i * kQK_K + 64 * c + 32 + l, r)] = static_cast<uint8_t>(hi);
+                    ub[64 * c + l] = static_cast<uint8_t>(lo);
+                    ub[64 * c + 32 + l] = static_cast<uint8_t>(hi);
                 }
             }
         }
     } else if constexpr (T == Type::Q6_K) {
-        for (int64_t i = 0; i < n / kQK_K; i++) {
+        for (int64_t i = e0 / kQK_K; i < (e0 + len) / kQK_K; i++) {
             const auto* blk = reinterpret_cast<const BlockQ6_K*>(x + i * sizeof(BlockQ6_K));
             fp16_t dh;
             std::memcpy(&dh, &blk->d, 2);
@@ -179,14 +197,13 @@ void pack_row(const uint8_t* x, int64_t n, int r, GroupView g) {
             for (int h = 0; h < 2; h++) {
                 const uint8_t* ql = blk->ql + 64 * h;
                 const uint8_t* qh = blk->qh + 32 * h;
-                const int64_t e = i * kQK_K + 128 * h;
+                uint8_t* ue = u + (i * kQK_K - e0) + 128 * h;
                 for (int l = 0; l < 32; l++) {
-                    g.q[qpos(e + l, r)] = static_cast<uint8_t>((ql[l] & 0x0f) | ((qh[l] & 3) << 4));
-                    g.q[qpos(e + l + 32, r)] =
+                    ue[l] = static_cast<uint8_t>((ql[l] & 0x0f) | ((qh[l] & 3) << 4));
+                    ue[l + 32] =
                         static_cast<uint8_t>((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4));
-                    g.q[qpos(e + l + 64, r)] =
-                        static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
-                    g.q[qpos(e + l + 96, r)] =
+                    ue[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+                    ue[l + 96] =
                         static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
                 }
             }
@@ -194,11 +211,63 @@ void pack_row(const uint8_t* x, int64_t n, int r, GroupView g) {
     }
 }
 
+// Interleaves rows u[r * kChunk + k] (r < 16, k < len) into the group's layout from element e0:
+// dword j of the 16 rows becomes the 64-byte vector j.
+constexpr int64_t kChunk = 256;
+void interleave(const uint8_t* u, int64_t len, uint8_t* q) {
+#if FERRY_PACKED_AVX512
+    const __m512i rows =
+        _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                           _mm512_set1_epi32(static_cast<int>(kChunk)));
+    for (int64_t j = 0; j < len / 4; j++) {
+        _mm512_storeu_si512(q + j * 64, _mm512_i32gather_epi32(rows, u + 4 * j, 1));
+    }
+#else
+    for (int64_t j = 0; j < len / 4; j++) {
+        for (int r = 0; r < kPackRows; r++)
+            std::memcpy(q + j * 64 + r * 4, u + r * kChunk + 4 * j, 4);
+    }
+#endif
+}
+
+template <Type T>
+constexpr size_t kChunkBytes = kChunk /
+                               (T == Type::Q4_K || T == Type::Q5_K || T == Type::Q6_K ? kQK_K
+                                                                                      : 32) *
+                               (T == Type::Q4_0   ? sizeof(BlockQ4_0)
+                                : T == Type::Q4_1 ? sizeof(BlockQ4_1)
+                                : T == Type::Q8_0 ? sizeof(BlockQ8_0)
+                                : T == Type::Q4_K ? sizeof(BlockQ4_K)
+                                : T == Type::Q5_K ? sizeof(BlockQ5_K)
+                                                  : sizeof(BlockQ6_K));
+
 template <Type T, const Cfg& C>
 void pack(const void* x, size_t bx, int nr, int64_t n, void* group) {
-    std::memset(group, 0, group_bytes<C>(n));
     const GroupView g = group_view<C>(group, n);
-    for (int r = 0; r < nr; r++) pack_row<T>(static_cast<const uint8_t*>(x) + r * bx, n, r, g);
+    // Scales and mins of missing rows are zero; their quants are zeroed chunk by chunk.
+    std::memset(g.s, 0, group_bytes<C>(n) - static_cast<size_t>(n) * kPackRows);
+    alignas(64) uint8_t u[kPackRows * kChunk];
+    for (int64_t e0 = 0; e0 < n; e0 += kChunk) {
+        const int64_t len = std::min(kChunk, n - e0);
+        for (int r = 0; r < kPackRows; r++) {
+            if (r < nr) {
+                const uint8_t* xr = static_cast<const uint8_t*>(x) + r * bx;
+                // 16 short interleaved runs defeat the hardware prefetchers: ask for the
+                // chunk after next of this row now.
+                const int64_t ahead = e0 + 2 * kChunk;
+                if (ahead < n) {
+                    const uint8_t* pf = xr + row_size(T, ahead);
+                    for (size_t o = 0; o < kChunkBytes<T>; o += 64) {
+                        __builtin_prefetch(pf + o, 0, 2);  // into L2, as in direct.cpp
+                    }
+                }
+                unpack_row<T>(xr, e0, len, r, g, u + r * kChunk);
+            } else {
+                std::memset(u + r * kChunk, 0, static_cast<size_t>(len));
+            }
+        }
+        interleave(u, len, g.q + e0 * kPackRows);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
