@@ -11,3 +11,10 @@ ctest --preset release -j "$(nproc)" --timeout 900
 # remote tests spawn the sanitized `ferry serve`.
 bash scripts/setup.sh asan ferry test_gguf test_json test_remote
 ctest --preset asan -j "$(nproc)" --timeout 900 -R '^(Gguf|Json|Remote|Hostile)'
+
+# The installed binary carries the demo model: `ferry run` works outside the build tree.
+prefix="$(mktemp -d)"
+cmake --install build/release --prefix "$prefix" >/dev/null
+(cd / && "$prefix/bin/ferry" run -n 8 >/dev/null)
+rm -rf "$prefix"
+echo "install check: ferry run from the installed binary works"

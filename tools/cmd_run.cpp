@@ -1,4 +1,6 @@
 // ferry run: generates a completion of a prompt, streaming tokens as they come.
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <optional>
@@ -7,6 +9,7 @@
 
 #include "cli.h"
 #include "ferry/backend.h"
+#include "model/embedded-model.h"
 #include "model/llama.h"
 #include "model/sampler.h"
 
@@ -19,13 +22,28 @@ Expected<Type> parse_kv_type(const std::optional<std::string>& s);
 
 namespace {
 
+constexpr const char* kDefaultPrompt = "Permission is hereby granted";
+
+// A one-line progress bar on stderr while weights load, when stderr is a terminal.
+void show_progress(float f) {
+    static int last = -1;
+    const int pct = static_cast<int>(f * 100.0f);
+    if (pct == last) return;
+    last = pct;
+    const int width = 30, filled = static_cast<int>(f * width);
+    std::fprintf(stderr, "\rloading [%.*s%*s] %3d%%", filled, "##############################",
+                 width - filled, "", pct);
+    if (f >= 1.0f) std::fprintf(stderr, "\r%*s\r", width + 16, "");
+    std::fflush(stderr);
+}
+
 void usage() {
     std::printf(
-        "usage: ferry run -m MODEL -p PROMPT [options]\n"
+        "usage: ferry run [-m MODEL] [-p PROMPT] [options]\n"
         "  Streams the completion of PROMPT to stdout; timings go to stderr.\n"
         "options:\n"
-        "  -m, --model PATH        GGUF model\n"
-        "  -p, --prompt TEXT       prompt\n"
+        "  -m, --model PATH        GGUF model (default: the embedded demo model, tiny-llama Q8_0)\n"
+        "  -p, --prompt TEXT       prompt (default: \"%s\")\n"
         "  -n, --n-predict N       tokens to generate (default 128; stops early at end of text)\n"
         "  -t, --threads N         CPU threads (default: all cores)\n"
         "  -c, --ctx N             context size (default: the model's, at most 4096)\n"
@@ -37,7 +55,8 @@ void usage() {
         "  --seed S                sampling seed\n"
         "  --kv-type TYPE          KV cache type: f16 (default) or f32\n"
         "  --remote ADDR           put the weights on a `ferry serve` device (repeatable)\n"
-        "  --device NAME           put the weights on this device\n");
+        "  --device NAME           put the weights on this device\n",
+        kDefaultPrompt);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -65,8 +84,8 @@ int cmd_run(int argc, char** argv) {
     const std::vector<std::string> remotes = args.values({"--remote"});
     const std::optional<std::string> device_name = args.value({"--device"});
     if (Status st = args.finish(); !st) return fail("run", st.message());
-    if (!model_path) return fail("run", "-m MODEL is required");
-    if (!prompt) return fail("run", "-p PROMPT is required");
+    const std::string path = model_path ? *model_path : embedded_demo_model().name;
+    const std::string prompt_text = prompt ? *prompt : kDefaultPrompt;
     const long long n_gen = n_predict.value_or(128);
     if (n_gen < 0) return fail("run", "-n must not be negative");
     if (ctx && (*ctx <= 0 || *ctx > (1 << 24))) return fail("run", "-c must be positive");
@@ -78,7 +97,8 @@ int cmd_run(int argc, char** argv) {
     const auto t_load = std::chrono::steady_clock::now();
     ModelOptions mo;
     if (*dev) mo.devices.push_back(*dev);
-    Expected<std::unique_ptr<LlamaModel>> model = LlamaModel::load(*model_path, mo);
+    if (isatty(STDERR_FILENO)) mo.progress = show_progress;
+    Expected<std::unique_ptr<LlamaModel>> model = LlamaModel::load(path, mo);
     if (!model) return fail("run", model.message());
     SessionOptions so;
     so.kv_type = *kv_type;
@@ -90,7 +110,7 @@ int cmd_run(int argc, char** argv) {
 
     const Vocab& vocab = (*model)->vocab();
     const int32_t n_vocab = (*model)->hparams().n_vocab;
-    std::vector<int32_t> tokens = vocab.encode(*prompt, true);
+    std::vector<int32_t> tokens = vocab.encode(prompt_text, true);
     if (tokens.empty()) return fail("run", "the prompt gives no tokens");
 
     SamplerParams sp;
@@ -130,7 +150,7 @@ int cmd_run(int argc, char** argv) {
     std::printf("\n");
     std::fflush(stdout);
     std::fprintf(stderr, "ferry run: load %.3f s (%s, %s on %s)\n", load_s,
-                 (*model)->type_desc().c_str(), model_path->c_str(), (*model)->device()->name());
+                 (*model)->type_desc().c_str(), path.c_str(), (*model)->device()->name());
     std::fprintf(stderr, "ferry run: prompt %zu tokens in %.3f s (%.1f tokens/s)\n", tokens.size(),
                  prompt_s, prompt_s > 0 ? tokens.size() / prompt_s : 0.0);
     std::fprintf(stderr, "ferry run: generated %lld tokens in %.3f s (%.1f tokens/s)\n", n_done,

@@ -1,6 +1,8 @@
 // The llama architecture: hyperparameters, weight checks and placement.
 #include "model/llama.h"
 
+#include "model/embedded-model.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -344,7 +346,10 @@ class Loader {
 };
 
 Status load_into(LlamaModel::Impl& m, const ModelOptions& opts) {
-    Expected<std::unique_ptr<GgufFile>> f = GgufFile::open(m.path);
+    const EmbeddedModel demo = embedded_demo_model();
+    Expected<std::unique_ptr<GgufFile>> f =
+        m.path == demo.name ? GgufFile::from_memory(demo.data, demo.size, demo.name)
+                            : GgufFile::open(m.path);
     if (!f) return f.status();
     m.gguf = std::move(*f);
     const GgufFile& g = *m.gguf;

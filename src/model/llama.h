@@ -41,6 +41,8 @@ struct ModelOptions {
 
 class LlamaModel {
 public:
+    // Loads a GGUF file; the path embedded_demo_model().name ("embedded:...") loads the demo
+    // model compiled into the binary.
     static Expected<std::unique_ptr<LlamaModel>> load(const std::string& path,
                                                       const ModelOptions& opts);
     ~LlamaModel();

@@ -1,0 +1,50 @@
+// The command line as a user meets it: `ferry run` with no arguments, help, unknown commands.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+namespace {
+
+struct Output {
+    int rc = -1;
+    std::string out;
+};
+
+// Runs a shell command from /tmp (not the source tree: the demo model must come from the
+// binary itself) and returns its stdout and exit status.
+Output run(const std::string& args) {
+    Output o;
+    const std::string cmd = "cd /tmp && " + std::string(FERRY_BIN) + " " + args + " 2>/dev/null";
+    FILE* p = popen(cmd.c_str(), "r");
+    if (!p) return o;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) o.out.append(buf, n);
+    const int st = pclose(p);
+    o.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return o;
+}
+
+}  // namespace
+
+TEST(Cli, RunWithNoArgumentsUsesTheEmbeddedModel) {
+    Output o = run("run -n 16");
+    EXPECT_EQ(o.rc, 0);
+    EXPECT_GT(o.out.size(), 16u) << o.out;
+}
+
+TEST(Cli, GreedyRunOfTheDemoModelContinuesLikeTheOracle) {
+    // reference.json, prompt 0: the float64 oracle's greedy continuation begins so; the Q8_0
+    // demo model agrees on these tokens.
+    Output o = run("run -p 'The quick brown fox' -n 24 --temp 0");
+    ASSERT_EQ(o.rc, 0);
+    EXPECT_EQ(o.out.rfind("imum implementation was added. 3. If you can use the", 0), 0u) << o.out;
+}
+
+TEST(Cli, UnknownCommandAndArgumentFail) {
+    EXPECT_NE(run("no-such-command").rc, 0);
+    EXPECT_NE(run("run --no-such-flag").rc, 0);
+    EXPECT_NE(run("run -m /nonexistent.gguf").rc, 0);
+    EXPECT_EQ(run("help").rc, 0);
+}
