@@ -266,9 +266,8 @@ Status validate_op(const Tensor* t) {
             const Tensor* a = s[0];
             const Tensor* idx = s[1];
             FERRY_TRY(need_type(idx, "GET_ROWS index", {Type::I32}));
-            if (!type_traits(a->type).to_float) {
-                return Status::errorf("GET_ROWS source type %s", type_name(a->type));
-            }
+            // I32 rows gather as I32; every other type converts to F32.
+            const Type out_type = a->type == Type::I32 ? Type::I32 : Type::F32;
             if (!row_elems_contiguous(a) || !row_elems_contiguous(idx)) {
                 return Status::error("GET_ROWS needs contiguous rows");
             }
@@ -276,7 +275,7 @@ Status validate_op(const Tensor* t) {
                 return Status::errorf("GET_ROWS index %s does not match source %s",
                                       describe(idx).c_str(), describe(a).c_str());
             }
-            return check_result(t, Type::F32, {a->ne[0], idx->ne[0], idx->ne[1], idx->ne[2]});
+            return check_result(t, out_type, {a->ne[0], idx->ne[0], idx->ne[1], idx->ne[2]});
         }
         case Op::SET_ROWS: {
             const Tensor* dst = s[0];
@@ -683,8 +682,9 @@ Tensor* Context::transpose(Tensor* a) {
 }
 
 Tensor* Context::get_rows(Tensor* a, Tensor* idx) {
-    return finish(new_node(Op::GET_ROWS, Type::F32, {a->ne[0], idx->ne[0], idx->ne[1], idx->ne[2]},
-                           {a, idx}));
+    const Type out = a->type == Type::I32 ? Type::I32 : Type::F32;
+    return finish(
+        new_node(Op::GET_ROWS, out, {a->ne[0], idx->ne[0], idx->ne[1], idx->ne[2]}, {a, idx}));
 }
 
 Tensor* Context::set_rows(Tensor* dst, Tensor* src, Tensor* idx) {

@@ -442,6 +442,10 @@ void add_rows_cases(Table& T) {
                   return b.g().get_rows(b.in(t, {ne0, 11}), b.in(kI32, {7}, Fill::indices(11)));
               });
     }
+    T.add(Op::GET_ROWS, "i32", kExact, kNoteExact, [](CaseBuilder& b) {
+        return b.g().get_rows(b.in(kI32, {5, 11}, Fill::indices(1000)),
+                              b.in(kI32, {7}, Fill::indices(11)));
+    });
     T.add(Op::GET_ROWS, "f32_batched", kExact, kNoteExact, [](CaseBuilder& b) {
         return b.g().get_rows(b.in(kF32, {33, 9, 3}), b.in(kI32, {5, 3}, Fill::indices(9)));
     });

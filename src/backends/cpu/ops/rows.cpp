@@ -78,7 +78,11 @@ void op_get_rows(const ComputeParams& p, Tensor* dst) {
                            describe(a).c_str()));
             continue;
         }
-        row_to_f32(a->type, row(a, v, j, k), reinterpret_cast<float*>(row(dst, i, j, k)), ne0);
+        if (a->type == Type::I32) {  // index tables gather as they are
+            std::memcpy(row(dst, i, j, k), row(a, v, j, k), static_cast<size_t>(ne0) * 4);
+        } else {
+            row_to_f32(a->type, row(a, v, j, k), reinterpret_cast<float*>(row(dst, i, j, k)), ne0);
+        }
     }
 }
 

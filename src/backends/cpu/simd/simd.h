@@ -31,7 +31,9 @@ constexpr int kDirectRows = 4;  // most weight rows one direct tile computes
 constexpr int kDirectCols = 4;  // most columns one direct tile computes
 
 // out[c * ldo + r] = dot(x + r * bx, y + c * by) for r < nr <= kDirectRows, c < nc <=
-// kDirectCols. bx, by in bytes; ldo in floats.
+// kDirectCols. bx, by in bytes; ldo in floats. The columns y are b rows as MatKernels::
+// quantize_b made them: Q8_0 / Q8_K blocks, or (AVX-512 Q4_0 / Q4_1 tiles) a layout of the
+// Q8_0 quants that faces the weight nibbles in place; F32 rows for the float types.
 using DirectTileFn = void (*)(int64_t n, const void* x, size_t bx, int nr, const void* y, size_t by,
                               int nc, float* out, size_t ldo);
 
@@ -61,7 +63,8 @@ struct PackedKernels {
 struct MatKernels {
     Type vec_dot_type;       // the reference partner type of b
     FromFloatFn quantize_b;  // converts a b row for `direct`; nullptr: b is read in place (F32)
-    size_t (*b_bytes)(int64_t n);  // bytes of one converted b row of n elements
+    size_t (*b_bytes)(int64_t n);  // bytes of one converted b row of n elements (read with
+                                   // unaligned loads: any row stride works)
     DirectTileFn direct;           // never nullptr
     const PackedKernels* packed;   // nullptr when the type has no packed path
     // The packed path is used for matrices with at least this many columns (b.ne1).
