@@ -1,7 +1,10 @@
 // bench_remote: round-trip latency, set/get bandwidth and a pipelined decode-like step through
 // the remote backend, per transport, against a `ferry serve` this program starts.
 //
-//   bench_remote [--ferry PATH] [--mib N] [--pings N] [--steps N]
+//   bench_remote [--ferry PATH] [--mib N] [--pings N] [--steps N] [-t THREADS]
+//
+// -t sets the CPU threads of the local backend and of the servers' sessions (default: all
+// cores).
 //
 // Prints a markdown report (bench/results/remote*.md record its output).
 #include <signal.h>
@@ -40,7 +43,7 @@ struct Child {
     std::string addr;
 };
 
-Child spawn_server(const std::string& ferry, const std::string& listen) {
+Child spawn_server(const std::string& ferry, const std::string& listen, int threads) {
     int fds[2];
     Child c;
     if (pipe(fds) != 0) return c;
@@ -48,8 +51,14 @@ Child spawn_server(const std::string& ferry, const std::string& listen) {
     if (c.pid == 0) {
         dup2(fds[1], 1);
         close(fds[0]);
-        execl(ferry.c_str(), ferry.c_str(), "serve", "--listen", listen.c_str(),
-              static_cast<char*>(nullptr));
+        const std::string t = std::to_string(threads > 0 ? threads : 0);
+        if (threads > 0) {
+            execl(ferry.c_str(), ferry.c_str(), "serve", "--listen", listen.c_str(), "-t",
+                  t.c_str(), static_cast<char*>(nullptr));
+        } else {
+            execl(ferry.c_str(), ferry.c_str(), "serve", "--listen", listen.c_str(),
+                  static_cast<char*>(nullptr));
+        }
         _exit(127);
     }
     close(fds[1]);
@@ -107,7 +116,7 @@ Expected<double> step_median_us(Device* dev, Backend* be, int steps) {
 int run(int argc, char** argv) {
     std::string ferry;
     size_t mib = 64;
-    int pings = 2000, steps = 500;
+    int pings = 2000, steps = 500, threads = 0;
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
         if (a == "--ferry" && i + 1 < argc) {
@@ -118,10 +127,12 @@ int run(int argc, char** argv) {
             pings = std::atoi(argv[++i]);
         } else if (a == "--steps" && i + 1 < argc) {
             steps = std::atoi(argv[++i]);
+        } else if (a == "-t" && i + 1 < argc) {
+            threads = std::atoi(argv[++i]);
         } else {
             std::fprintf(stderr,
                          "usage: bench_remote [--ferry PATH] [--mib N] [--pings N] "
-                         "[--steps N]\n");
+                         "[--steps N] [-t THREADS]\n");
             return 2;
         }
     }
@@ -135,8 +146,8 @@ int run(int argc, char** argv) {
     }
     char dir[] = "/tmp/ferry-bench-XXXXXX";
     if (!mkdtemp(dir)) return 2;
-    Child us = spawn_server(ferry, std::string("unix:") + dir + "/s");
-    Child tc = spawn_server(ferry, "tcp:127.0.0.1:0");
+    Child us = spawn_server(ferry, std::string("unix:") + dir + "/s", threads);
+    Child tc = spawn_server(ferry, "tcp:127.0.0.1:0", threads);
     if (us.addr.empty() || tc.addr.empty()) {
         std::fprintf(stderr, "bench_remote: could not start %s serve\n", ferry.c_str());
         return 1;
@@ -148,6 +159,7 @@ int run(int argc, char** argv) {
     std::printf("|---|---|---|---|---|---|\n");
     {
         auto cpu_be = cpu_device()->make_backend();
+        if (cpu_be && threads > 0) (*cpu_be)->set_n_threads(threads);
         Expected<double> local = step_median_us(cpu_device(), cpu_be->get(), steps);
         std::printf("| local CPU (no remoting) | - | - | - | - | %.1f |\n", local ? *local : -1.0);
     }

@@ -63,10 +63,12 @@ Status send_reply(Socket& s, const Header& req, const Reply& r) {
     h.cmd = req.cmd;
     h.id = req.id;
     h.flags = static_cast<uint16_t>(remote::kFlagReply | (r.error ? remote::kFlagError : 0));
-    h.len = r.payload.size();
+    const uint8_t* body = r.data ? r.data : r.payload.data();
+    const size_t len = r.data ? r.data_len : r.payload.size();
+    h.len = len;
     uint8_t hdr[remote::kHeaderSize];
     remote::write_header(hdr, h);
-    return s.send_all(hdr, sizeof(hdr), r.payload.data(), r.payload.size(), r.pass_fd);
+    return s.send_all(hdr, sizeof(hdr), body, len, r.pass_fd);
 }
 
 // A transport-level error reply (the frame could not be decoded).

@@ -91,6 +91,8 @@ void Session::free_buffer(SrvBuffer& b) {
 
 void Session::handle(uint16_t cmd, const uint8_t* payload, size_t len, Reply* out) {
     out->payload.clear();
+    out->data = nullptr;
+    out->data_len = 0;
     out->error = false;
     out->pass_fd = -1;
     requests_++;
@@ -102,6 +104,8 @@ void Session::handle(uint16_t cmd, const uint8_t* payload, size_t len, Reply* ou
             out->pass_fd = -1;
         }
         out->payload.clear();
+        out->data = nullptr;
+        out->data_len = 0;
         Writer w(&out->payload);
         w.str(strfmt("%s: %s", remote::cmd_name(cmd), st.message().c_str()));
         out->error = true;
@@ -438,6 +442,11 @@ Status Session::cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* o
         case Cmd::TENSOR_MEMSET:
             return (*b)->buf->memset_tensor(&t, value, 0, size);
         default: {
+            if (const uint8_t* base = static_cast<const uint8_t*>((*b)->buf->base())) {
+                out->data = base + off;  // host memory: sent from the buffer, no staging copy
+                out->data_len = size;
+                return Status::ok();
+            }
             Writer w(&out->payload);
             uint8_t* dst = w.reserve(size);
             return (*b)->buf->get_tensor(&t, dst, 0, size);

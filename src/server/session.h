@@ -38,6 +38,10 @@ struct ServerCounters {
 
 struct Reply {
     std::vector<uint8_t> payload;
+    // When set, the reply's payload is these bytes instead (TENSOR_GET of host memory: sent
+    // straight from the buffer; valid until the next request of the session).
+    const uint8_t* data = nullptr;
+    size_t data_len = 0;
     bool error = false;
     int pass_fd = -1;    // descriptor to send with the reply (the caller closes it after)
     bool close = false;  // close the connection after sending the reply
