@@ -414,6 +414,11 @@ TEST_P(Hostile, EveryBadRequestGetsAnErrorAndNobodyElseNotices) {
         expect_error(c, Cmd::GRAPH_COMPUTE, graph({e}), "unknown buffer handle", "foreign handle");
         e = leaf(Type::F32, {16, 4}, 0, 0);
         expect_error(c, Cmd::GRAPH_COMPUTE, graph({e}), "unknown buffer handle", "no buffer");
+        e = leaf(Type::F32, {16, 4}, h, 2);
+        expect_error(c, Cmd::GRAPH_COMPUTE, graph({e}), "not aligned", "misaligned offset");
+        e = leaf(Type::F32, {16, 4}, h, 0);
+        e.nb[1] = 66;
+        expect_error(c, Cmd::GRAPH_COMPUTE, graph({e}), "not aligned", "misaligned stride");
     }
     {
         Entry v = leaf(Type::F32, {16}, 0, 0);

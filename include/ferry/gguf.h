@@ -32,6 +32,9 @@ enum class GgufValueType : uint32_t {
     FLOAT64 = 12,
 };
 
+// True for the eight integer value types (not BOOL).
+bool gguf_is_integer(GgufValueType t);
+
 // One metadata value. Arrays hold elements of a single type (arrays of arrays are allowed by
 // the format and supported).
 struct GgufValue {

@@ -80,7 +80,9 @@ size_t min_value_size(GgufValueType t) {
     return scalar_size(t);
 }
 
-bool is_integer_type(GgufValueType t) {
+}  // namespace
+
+bool gguf_is_integer(GgufValueType t) {
     switch (t) {
         case GgufValueType::UINT8:
         case GgufValueType::INT8:
@@ -95,6 +97,8 @@ bool is_integer_type(GgufValueType t) {
             return false;
     }
 }
+
+namespace {
 
 bool is_signed_type(GgufValueType t) {
     return t == GgufValueType::INT8 || t == GgufValueType::INT16 || t == GgufValueType::INT32 ||
@@ -614,7 +618,7 @@ Expected<int64_t> GgufFile::get_int(const std::string& key) const {
     const GgufKV* kv = find_kv(key);
     if (!kv) return missing_key(path_, key);
     const GgufValue& v = kv->value;
-    if (!is_integer_type(v.type)) return wrong_type(path_, key, v.type, "an integer");
+    if (!gguf_is_integer(v.type)) return wrong_type(path_, key, v.type, "an integer");
     if (is_signed_type(v.type)) return v.i;
     if (v.u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
         return Status::errorf("%s: metadata key '%s': value %" PRIu64 " does not fit in int64",

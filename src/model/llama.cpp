@@ -14,22 +14,6 @@ namespace ferry {
 
 namespace {
 
-bool is_integer_type(GgufValueType t) {
-    switch (t) {
-        case GgufValueType::UINT8:
-        case GgufValueType::INT8:
-        case GgufValueType::UINT16:
-        case GgufValueType::INT16:
-        case GgufValueType::UINT32:
-        case GgufValueType::INT32:
-        case GgufValueType::UINT64:
-        case GgufValueType::INT64:
-            return true;
-        default:
-            return false;
-    }
-}
-
 // Reads llama.<key> as an integer in [lo, hi]; `def` when absent (required when def < 0).
 Status read_int(const GgufFile& f, const std::string& key, int64_t def, int64_t lo, int64_t hi,
                 int32_t* out) {
@@ -61,7 +45,7 @@ Status read_float(const GgufFile& f, const std::string& key, bool required, floa
     double v = 0.0;
     if (kv->value.type == GgufValueType::FLOAT32 || kv->value.type == GgufValueType::FLOAT64) {
         v = kv->value.f;
-    } else if (is_integer_type(kv->value.type)) {
+    } else if (gguf_is_integer(kv->value.type)) {
         Expected<int64_t> i = f.get_int(key);
         if (!i) return i.status();
         v = static_cast<double>(*i);

@@ -540,6 +540,20 @@ Status Session::build_table(const uint8_t* bytes, uint32_t n, bool with_storage,
             return fail(Status::errorf("device %s cannot use buffers of type %s", d->name(),
                                        t.buffer->type()->name()));
         }
+        // Kernels access elements (and the half-precision fields of blocks) as typed values:
+        // the offset and every stride that is used must keep them naturally aligned.
+        const uint64_t align = tr->is_quantized ? 2 : tr->type_size;
+        bool aligned = t.offs % align == 0;
+        for (int k = 0; k < kMaxDims; k++) {
+            if (t.ne[k] > 1 && t.nb[k] % align != 0) aligned = false;
+        }
+        if (!aligned) {
+            return fail(
+                Status::errorf("offset %llu or strides are not aligned to %llu bytes for "
+                               "type %s",
+                               static_cast<unsigned long long>(t.offs),
+                               static_cast<unsigned long long>(align), tr->name));
+        }
         uint8_t* base = static_cast<uint8_t*>(t.buffer->base());
         t.data = base ? base + t.offs : nullptr;
     }

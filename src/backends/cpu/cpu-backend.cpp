@@ -188,13 +188,13 @@ class CpuBackend : public Backend {
     Status compute(Graph& g) override {
         const int nth = pool_->n_threads();
         size_t wsize = 0;
-        for (const Tensor* n : g.nodes) {
+        steps_.clear();
+        for (Tensor* n : g.nodes) {
             if (is_view_op(n->op)) continue;
             if (!n->data)
                 return Status::errorf("CPU: node %s has no host storage", describe(n).c_str());
-            if (!kernel_for(n->op)) {
-                return Status::errorf("CPU: op %s has no kernel", op_name(n->op));
-            }
+            const KernelFn fn = kernel_for(n->op);
+            if (!fn) return Status::errorf("CPU: op %s has no kernel", op_name(n->op));
             for (int s = 0; s < kMaxSrc; s++) {
                 if (n->src[s] && !n->src[s]->data) {
                     return Status::errorf("CPU: source %d of %s is not in host memory", s,
@@ -202,9 +202,13 @@ class CpuBackend : public Backend {
                 }
             }
             wsize = std::max(wsize, work_size(n, nth));
+            steps_.push_back({fn, n});
         }
+        if (steps_.empty()) return Status::ok();
         if (wsize > work_.size()) work_.resize(wsize);
         ErrorSink errors;
+        const Step* steps = steps_.data();
+        const size_t n_steps = steps_.size();
         pool_->run([&](int ith, int n_threads) {
             ComputeParams p;
             p.ith = ith;
@@ -213,11 +217,12 @@ class CpuBackend : public Backend {
             p.wsize = work_.size();
             p.pool = pool_.get();
             p.errors = &errors;
-            for (Tensor* n : g.nodes) {
-                if (is_view_op(n->op)) continue;
-                kernel_for(n->op)(p, n);
-                pool_->barrier();
-                if (errors.failed()) break;  // every thread sees it after the barrier
+            for (size_t i = 0;; i++) {
+                steps[i].fn(p, steps[i].node);
+                // The end of run() waits for every thread: no barrier after the last node.
+                if (i + 1 == n_steps) break;
+                // Every thread gets the same answer, so all of them stop at the same node.
+                if (pool_->barrier_any(errors.failed())) break;
             }
         });
         if (errors.failed()) return Status::error("CPU: " + errors.message());
@@ -225,8 +230,13 @@ class CpuBackend : public Backend {
     }
 
   private:
+    struct Step {
+        KernelFn fn;
+        Tensor* node;
+    };
     std::unique_ptr<ThreadPool> pool_;
     std::vector<uint8_t> work_;
+    std::vector<Step> steps_;  // the nodes to run, with their kernels (reused across calls)
 };
 
 size_t read_meminfo(const char* key) {
