@@ -202,3 +202,18 @@ TEST(Core, ThreadPoolBarrierAndDeterminism) {
     ASSERT_TRUE(tensor_get(out, r2.data(), 31 * 4).is_ok());
     EXPECT_EQ(0, std::memcmp(r1.data(), r2.data(), 31 * 4));
 }
+
+TEST(Core, ValidateRejectsMisalignedViews) {
+    Context ctx;
+    Tensor* a = ctx.new_tensor(Type::F32, {16, 4});
+    Tensor v = *ctx.view_1d(a, 8, 4);
+    EXPECT_TRUE(validate_node(&v).is_ok());
+    v.view_offs = 6;  // floats at an address that is not a multiple of 4
+    Status st = validate_node(&v);
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_NE(st.message().find("offset 6"), std::string::npos) << st.message();
+    Tensor w = *ctx.view_2d(a, 4, 2, 20, 0);
+    EXPECT_TRUE(validate_node(&w).is_ok());
+    w.nb[1] = 18;
+    EXPECT_FALSE(validate_node(&w).is_ok());
+}

@@ -8,6 +8,11 @@
 #include <vector>
 
 #include "ferry/status.h"
+#include "ferry/types.h"
+
+namespace ferry {
+class Device;
+}
 
 namespace ferry::cli {
 
@@ -48,6 +53,14 @@ class Args {
     std::vector<bool> used_;
     std::string error_;
 };
+
+// --remote ADDR... and --device NAME: connects to each server (registering its devices), then
+// returns the device named by --device, else the first device of the first server, else
+// nullptr (the CPU).
+Expected<Device*> pick_device(const std::vector<std::string>& remotes,
+                              const std::optional<std::string>& device_name);
+// --kv-type: f16 (default), f32 or bf16.
+Expected<Type> parse_kv_type(const std::optional<std::string>& s);
 
 // Prints "ferry <cmd>: message" to stderr and returns 1.
 int fail(const char* cmd, const std::string& message);

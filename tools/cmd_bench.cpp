@@ -91,11 +91,12 @@ int cmd_bench(int argc, char** argv) {
     if (args.flag({"-h", "--help"})) {
         std::printf(
             "usage: ferry bench -m MODEL [-p N] [-n N] [-r REPS] [-t THREADS] [-o md|json]\n"
-            "                   [--kv-type f16|f32]\n"
+            "                   [--kv-type f16|f32] [--remote ADDR] [--device NAME]\n"
             "  pp: one batch of N prompt tokens from an empty cache; tg: N tokens one at a time\n"
             "  from an empty cache (as llama-bench). Each test runs once to warm up, then REPS\n"
             "  times; prints mean ± sd tokens/s, and the process's peak resident memory.\n"
-            "  -p 0 or -n 0 skips that test. Defaults: -p 512 -n 128 -r 5.\n");
+            "  -p 0 or -n 0 skips that test. Defaults: -p 512 -n 128 -r 5.\n"
+            "  --remote ADDR puts the weights (and the work) on a `ferry serve` device.\n");
         return 0;
     }
     const std::optional<std::string> model_path = args.value({"-m", "--model"});
@@ -105,6 +106,8 @@ int cmd_bench(int argc, char** argv) {
     const long long threads = args.integer({"-t", "--threads"}).value_or(0);
     const std::string fmt = args.value({"-o", "--output"}).value_or("md");
     const std::optional<std::string> kv = args.value({"--kv-type"});
+    const std::vector<std::string> remotes = args.values({"--remote"});
+    const std::optional<std::string> device_name = args.value({"--device"});
     if (Status st = args.finish(); !st) return fail("bench", st.message());
     if (!model_path) return fail("bench", "-m MODEL is required");
     if (fmt != "md" && fmt != "json") return fail("bench", "-o must be md or json");
@@ -112,16 +115,17 @@ int cmd_bench(int argc, char** argv) {
 
     SessionOptions so;
     so.n_threads = static_cast<int>(threads);
-    if (kv) {
-        Expected<Type> t = type_from_name(kv->c_str());
-        if (!t || (*t != Type::F16 && *t != Type::F32))
-            return fail("bench", "--kv-type must be f16 or f32");
-        so.kv_type = *t;
-    }
+    Expected<Type> kv_type = parse_kv_type(kv);
+    if (!kv_type) return fail("bench", kv_type.message());
+    so.kv_type = *kv_type;
+    Expected<Device*> dev = pick_device(remotes, device_name);
+    if (!dev) return fail("bench", dev.message());
+    ModelOptions mo;
+    if (*dev) mo.devices.push_back(*dev);
     so.n_batch = static_cast<int32_t>(std::max<long long>(n_prompt, 1));
     so.n_ctx = static_cast<int32_t>(std::max<long long>(n_prompt, n_gen) + 16);
 
-    Expected<std::unique_ptr<LlamaModel>> model = LlamaModel::load(*model_path, ModelOptions{});
+    Expected<std::unique_ptr<LlamaModel>> model = LlamaModel::load(*model_path, mo);
     if (!model) return fail("bench", model.message());
     Expected<std::unique_ptr<LlamaSession>> sess = LlamaSession::create(**model, so);
     if (!sess) return fail("bench", sess.message());
@@ -148,7 +152,7 @@ int cmd_bench(int argc, char** argv) {
     const std::string model_desc =
         strfmt("llama %s %s", human_params(static_cast<double>(m.n_params())).c_str(),
                m.type_desc().c_str());
-    const std::string dev = m.device()->name();
+    const std::string dev_name = m.device()->name();
     const size_t peak = peak_rss_bytes();
     if (fmt == "md") {
         std::printf("| model | size | params | device | threads | test | t/s |\n");
@@ -156,7 +160,7 @@ int cmd_bench(int argc, char** argv) {
         for (const Result& r : results) {
             std::printf("| %s | %s | %s | %s | %d | %s | %.2f ± %.2f |\n", model_desc.c_str(),
                         human_size(static_cast<double>(m.size_bytes())).c_str(),
-                        human_params(static_cast<double>(m.n_params())).c_str(), dev.c_str(), nth,
+                        human_params(static_cast<double>(m.n_params())).c_str(), dev_name.c_str(), nth,
                         r.test.c_str(), r.mean(), r.sd());
         }
         std::printf("\npeak memory (max RSS): %s\n", human_size(static_cast<double>(peak)).c_str());
@@ -169,7 +173,7 @@ int cmd_bench(int argc, char** argv) {
                 "\"device\": \"%s\", \"threads\": %d, \"test\": \"%s\", "
                 "\"avg_ts\": %.4f, \"stddev_ts\": %.4f, \"samples_ts\": [",
                 model_desc.c_str(), static_cast<unsigned long long>(m.size_bytes()),
-                static_cast<unsigned long long>(m.n_params()), dev.c_str(), nth, r.test.c_str(),
+                static_cast<unsigned long long>(m.n_params()), dev_name.c_str(), nth, r.test.c_str(),
                 r.mean(), r.sd());
             for (size_t j = 0; j < r.tps.size(); j++)
                 std::printf("%s%.4f", j ? ", " : "", r.tps[j]);

@@ -15,11 +15,6 @@
 
 namespace ferry::cli {
 
-// Shared with `ferry logits` (tools/cmd_logits.cpp).
-Expected<Device*> pick_device(const std::vector<std::string>& remotes,
-                              const std::optional<std::string>& device_name);
-Expected<Type> parse_kv_type(const std::optional<std::string>& s);
-
 namespace {
 
 constexpr const char* kDefaultPrompt = "Permission is hereby granted";
