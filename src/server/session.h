@@ -90,6 +90,7 @@ class Session {
     Status cmd_buffer_free(const uint8_t* p, size_t n);
     Status cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* out);
     Status cmd_supports_op(const uint8_t* p, size_t n, Reply* out);
+    Status run_cached(uint32_t dev, Reply* out);
     Status cmd_graph_compute(const uint8_t* p, size_t n, Reply* out);
     Status cmd_stats(Reply* out);
 

@@ -506,6 +506,75 @@ class RemoteBackend : public Backend {
     }
 
     Status compute(Graph& g) override {
+        // A decode step recomputes the graph it computed last time, unchanged: then the
+        // server still holds its table (the newest one sent) and only "same as before" goes
+        // out, without serializing and hashing the table again (measured: that work was a
+        // third of the client's time per tiny-llama token).
+        if (unchanged_since_last(g)) {
+            std::lock_guard<std::recursive_mutex> lock(conn_->mutex());
+            std::list<Connection::SentGraph>& sent = conn_->sent_graphs();
+            if (!sent.empty() && sent.front().hash == last_hash_) {
+                wire::Writer w;
+                w.u32(dev_->index());
+                w.u8(kGraphDelta);
+                w.u64(last_hash_);
+                w.u32(last_count_);
+                w.u32(0);
+                return conn_->send_async(Cmd::GRAPH_COMPUTE, w);
+            }
+        }
+        Status st = compute_full(g);
+        remember(g, st.is_ok());
+        return st;
+    }
+
+  private:
+    // Byte images of the last computed graph's tensors (leaves, then nodes) and their
+    // addresses: equal images mean an identical table (it is made from these fields alone).
+    bool unchanged_since_last(const Graph& g) const {
+        if (last_graph_ != &g || last_ptrs_.size() != g.leafs.size() + g.nodes.size()) {
+            return false;
+        }
+        size_t i = 0;
+        for (const std::vector<Tensor*>* list : {&g.leafs, &g.nodes}) {
+            for (const Tensor* t : *list) {
+                if (last_ptrs_[i] != t ||
+                    std::memcmp(last_bytes_.data() + i * sizeof(Tensor), t, sizeof(Tensor)) != 0) {
+                    return false;
+                }
+                i++;
+            }
+        }
+        return true;
+    }
+    void remember(const Graph& g, bool ok) {
+        last_graph_ = nullptr;
+        if (!ok) return;
+        const std::list<Connection::SentGraph>& sent = conn_->sent_graphs();
+        if (sent.empty()) return;
+        last_hash_ = sent.front().hash;
+        last_count_ = last_table_count_;
+        last_ptrs_.clear();
+        last_bytes_.resize((g.leafs.size() + g.nodes.size()) * sizeof(Tensor));
+        size_t i = 0;
+        for (const std::vector<Tensor*>* list : {&g.leafs, &g.nodes}) {
+            for (const Tensor* t : *list) {
+                last_ptrs_.push_back(t);
+                std::memcpy(last_bytes_.data() + i * sizeof(Tensor), t, sizeof(Tensor));
+                i++;
+            }
+        }
+        last_graph_ = &g;
+    }
+    const Graph* last_graph_ = nullptr;
+    std::vector<const Tensor*> last_ptrs_;
+    std::vector<uint8_t> last_bytes_;
+    uint64_t last_hash_ = 0;
+    uint32_t last_count_ = 0;        // table entries of the remembered graph
+    uint32_t last_table_count_ = 0;  // table entries compute_full() sent last
+
+  public:
+    Status compute_full(Graph& g) {
         TableBuilder tb(conn_.get(), true);
         const std::unordered_set<const Tensor*> nodes(g.nodes.begin(), g.nodes.end());
         tb.set_compute_set(&nodes);
@@ -513,6 +582,7 @@ class RemoteBackend : public Backend {
         for (const Tensor* t : g.nodes) FERRY_TRY(tb.add(t).status());
         std::vector<uint8_t>& table = tb.writer().buf();
         const uint32_t n = tb.count();
+        last_table_count_ = n;
         const uint64_t hash = wire::hash64(table.data(), table.size());
         std::lock_guard<std::recursive_mutex> lock(conn_->mutex());
         wire::Writer w;
