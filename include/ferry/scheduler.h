@@ -31,7 +31,11 @@ class Scheduler {
     // Copies split inputs across devices and runs every split in order. Output tensors
     // (kTensorOutput) can be read with tensor_get afterwards. Called again with the same
     // Graph object (same nodes), it reuses the plan: inputs keep their storage.
+    // With a single backend it may return before an asynchronous device (remote) finishes:
+    // reading an output or synchronize() waits, and reports the work's errors.
     Status compute(Graph& g);
+    // Waits for every backend's work; returns the first error.
+    Status synchronize();
 
     // After compute: which backend ran node i, and how many splits the last graph had.
     Backend* backend_of(const Tensor* node) const;

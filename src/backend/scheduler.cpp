@@ -313,7 +313,12 @@ Status Scheduler::compute(Graph& g) {
     m.apply();
     Status result;
     if (m.splits.size() == 1 && m.copies.empty()) {
+        // One backend, nothing to hand over: no wait here. Reading an output (tensor_get)
+        // waits for the work and reports its errors, so for a remote device the inputs, the
+        // compute and the read of the logits are one round trip.
         result = m.backends[static_cast<size_t>(m.splits[0].backend)]->compute(g);
+        m.restore();
+        return result;
     } else {
         size_t ci = 0;
         for (size_t si = 0; si < m.splits.size() && result; si++) {
@@ -342,6 +347,15 @@ Status Scheduler::compute(Graph& g) {
         if (result && !st) result = st;
     }
     m.restore();
+    return result;
+}
+
+Status Scheduler::synchronize() {
+    Status result;
+    for (Backend* b : impl_->backends) {
+        Status st = b->synchronize();
+        if (result && !st) result = st;
+    }
     return result;
 }
 
