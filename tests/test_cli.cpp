@@ -1,29 +1,19 @@
 // The command line as a user meets it: `ferry run` with no arguments, help, unknown commands.
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <string>
+
+#include "shell.h"
 
 namespace {
 
-struct Output {
-    int rc = -1;
-    std::string out;
-};
+using Output = ferry::testing::ShellResult;
 
-// Runs a shell command from /tmp (not the source tree: the demo model must come from the
-// binary itself) and returns its stdout and exit status.
+// Runs ferry from /tmp (not the source tree: the demo model must come from the binary
+// itself) and returns its stdout and exit status.
 Output run(const std::string& args) {
-    Output o;
-    const std::string cmd = "cd /tmp && " + std::string(FERRY_BIN) + " " + args + " 2>/dev/null";
-    FILE* p = popen(cmd.c_str(), "r");
-    if (!p) return o;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) o.out.append(buf, n);
-    const int st = pclose(p);
-    o.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    return o;
+    return ferry::testing::run_shell("cd /tmp && " + std::string(FERRY_BIN) + " " + args +
+                                     " 2>/dev/null");
 }
 
 }  // namespace

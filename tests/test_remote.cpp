@@ -12,6 +12,7 @@
 #include "backends/remote/remote.h"
 #include "ferry/backend.h"
 #include "ferry/graph.h"
+#include "shell.h"
 #include "test_remote_util.h"
 
 using namespace ferry;
@@ -244,13 +245,10 @@ TEST_P(Remote, DeviceListing) {
     int n = 0;
     for (Device* d : all_devices()) n += std::string(d->name()) == addr + "/CPU";
     EXPECT_EQ(n, 1);
-    const std::string cmd = std::string(FERRY_BIN) + " devices --remote " + addr;
-    FILE* p = popen(cmd.c_str(), "r");
-    ASSERT_NE(p, nullptr);
-    std::string text;
-    char line[512];
-    while (std::fgets(line, sizeof(line), p)) text += line;
-    EXPECT_EQ(pclose(p), 0);
+    const ferry::testing::ShellResult r =
+        ferry::testing::run_shell(std::string(FERRY_BIN) + " devices --remote " + addr);
+    const std::string& text = r.out;
+    EXPECT_EQ(r.rc, 0);
     EXPECT_NE(text.find(addr + "/CPU"), std::string::npos) << text;
     EXPECT_NE(text.find("REMOTE"), std::string::npos) << text;
 }
@@ -678,14 +676,10 @@ TEST(RemoteServer, TokenAndListenRules) {
     ASSERT_TRUE(good) << good.message();
     EXPECT_TRUE(remote_ping(good->get()).is_ok());
     // A non-loopback address without a token is refused at startup.
-    const std::string cmd =
-        std::string("env -u FERRY_TOKEN ") + FERRY_BIN + " serve --listen tcp:0.0.0.0:0 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    ASSERT_NE(p, nullptr);
-    std::string text;
-    char line[512];
-    while (std::fgets(line, sizeof(line), p)) text += line;
-    EXPECT_NE(pclose(p), 0);
+    const ferry::testing::ShellResult r = ferry::testing::run_shell(
+        std::string("env -u FERRY_TOKEN ") + FERRY_BIN + " serve --listen tcp:0.0.0.0:0 2>&1");
+    const std::string& text = r.out;
+    EXPECT_NE(r.rc, 0);
     EXPECT_NE(text.find("requires --token"), std::string::npos) << text;
 }
 

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "backends/remote/remote.h"
+#include "shell.h"
 #include "test_remote_util.h"
 
 using namespace ferry;
@@ -18,22 +19,11 @@ namespace {
 const std::string kTiny = std::string(FERRY_FIXTURES_DIR) + "/tiny-llama";
 const char* kEncodings[] = {"f32", "f16", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_1", "q4_0"};
 
-struct Proc {
-    int rc = -1;
-    std::string out;
-};
+using Proc = ferry::testing::ShellResult;
 
 // Runs a shell command, capturing stdout (and stderr when merged by the caller).
 Proc sh(const std::string& cmd) {
-    Proc p;
-    FILE* f = popen(cmd.c_str(), "r");
-    if (!f) return p;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), f)) > 0) p.out.append(buf, n);
-    const int st = pclose(f);
-    p.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    return p;
+    return ferry::testing::run_shell(cmd);
 }
 
 std::string slurp(const std::string& path) {

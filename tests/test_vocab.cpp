@@ -11,6 +11,7 @@
 #include "core/json.h"
 #include "ferry/gguf.h"
 #include "model/vocab.h"
+#include "shell.h"
 
 namespace ferry {
 namespace {
@@ -395,16 +396,9 @@ struct RunResult {
 };
 
 RunResult run(const std::string& args) {
-    RunResult r;
-    const std::string cmd = std::string("'") + FERRY_BIN + "' tokenize " + args + " 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    if (p == nullptr) return r;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-    const int st = pclose(p);
-    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    return r;
+    const ferry::testing::ShellResult r =
+        ferry::testing::run_shell(std::string("'") + FERRY_BIN + "' tokenize " + args + " 2>&1");
+    return {r.rc, r.out};
 }
 
 TEST(TokenizeCli, PrintsIds) {
