@@ -69,18 +69,7 @@ Scratch carve(void* base, int64_t d, int64_t dv) {
 void rows_to_f32(Type t, const uint8_t* src, size_t nb, int64_t n, int64_t ne, float* dst) {
     for (int64_t j = 0; j < n; j++) {
         const uint8_t* r = src + static_cast<size_t>(j) * nb;
-        float* o = dst + j * ne;
-        switch (t) {
-            case Type::F16:
-                kern::f16_to_f32_row(reinterpret_cast<const fp16_t*>(r), o, ne);
-                break;
-            case Type::BF16:
-                kern::bf16_to_f32_row(reinterpret_cast<const bf16_t*>(r), o, ne);
-                break;
-            default:
-                std::memcpy(o, r, static_cast<size_t>(ne) * sizeof(float));
-                break;
-        }
+        kern::row_to_f32(t, r, dst + j * ne, ne);
     }
 }
 

@@ -37,32 +37,12 @@ void convert_row(Type st, const void* s, Type dt, void* d, int64_t n, float* tmp
         return;
     }
     if (st == Type::F32) {
-        const float* sf = static_cast<const float*>(s);
-        switch (dt) {
-            case Type::F16:
-                kern::f32_to_f16_row(sf, static_cast<fp16_t*>(d), n);
-                return;
-            case Type::BF16:
-                kern::f32_to_bf16_row(sf, static_cast<bf16_t*>(d), n);
-                return;
-            default:
-                type_traits(dt).from_float(sf, d, n);
-                return;
-        }
+        kern::row_from_f32(dt, static_cast<const float*>(s), d, n);
+        return;
     }
     float* df = dt == Type::F32 ? static_cast<float*>(d) : tmp;
-    switch (st) {
-        case Type::F16:
-            kern::f16_to_f32_row(static_cast<const fp16_t*>(s), df, n);
-            break;
-        case Type::BF16:
-            kern::bf16_to_f32_row(static_cast<const bf16_t*>(s), df, n);
-            break;
-        default:
-            type_traits(st).to_float(s, df, n);
-            break;
-    }
-    if (dt != Type::F32) convert_row(Type::F32, df, dt, d, n, nullptr);
+    kern::row_to_f32(st, s, df, n);
+    if (dt != Type::F32) kern::row_from_f32(dt, df, d, n);
 }
 
 // Element loads/stores for the strided path (plain types).

@@ -10,6 +10,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__AVX512F__) || defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -172,6 +173,42 @@ inline void bf16_to_f32_row(const bf16_t* src, float* dst, int64_t n) {
 
 inline void f32_to_bf16_row(const float* src, bf16_t* dst, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] = f32_to_bf16(src[i]);
+}
+
+// One contiguous row of n elements of any type with a float conversion into F32, and back;
+// F16/BF16 take the vectorized paths above, block formats their traits' conversions.
+inline void row_to_f32(Type t, const void* src, float* dst, int64_t n) {
+    switch (t) {
+        case Type::F32:
+            std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+            return;
+        case Type::F16:
+            f16_to_f32_row(static_cast<const fp16_t*>(src), dst, n);
+            return;
+        case Type::BF16:
+            bf16_to_f32_row(static_cast<const bf16_t*>(src), dst, n);
+            return;
+        default:
+            type_traits(t).to_float(src, dst, n);
+            return;
+    }
+}
+
+inline void row_from_f32(Type t, const float* src, void* dst, int64_t n) {
+    switch (t) {
+        case Type::F32:
+            std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+            return;
+        case Type::F16:
+            f32_to_f16_row(src, static_cast<fp16_t*>(dst), n);
+            return;
+        case Type::BF16:
+            f32_to_bf16_row(src, static_cast<bf16_t*>(dst), n);
+            return;
+        default:
+            type_traits(t).from_float(src, dst, n);
+            return;
+    }
 }
 
 // --- attention helpers: dot products and acc += w * v for F32/F16/BF16 rows ---

@@ -19,42 +19,6 @@ int32_t load_index(const Tensor* idx, int64_t i0, int64_t i1, int64_t i2) {
     return v;
 }
 
-// One row of any type with to_float into a contiguous F32 row.
-void row_to_f32(Type t, const void* src, float* dst, int64_t n) {
-    switch (t) {
-        case Type::F32:
-            std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
-            return;
-        case Type::F16:
-            kern::f16_to_f32_row(static_cast<const fp16_t*>(src), dst, n);
-            return;
-        case Type::BF16:
-            kern::bf16_to_f32_row(static_cast<const bf16_t*>(src), dst, n);
-            return;
-        default:
-            type_traits(t).to_float(src, dst, n);
-            return;
-    }
-}
-
-// One contiguous F32 row into a row of any type with from_float.
-void row_from_f32(Type t, const float* src, void* dst, int64_t n) {
-    switch (t) {
-        case Type::F32:
-            std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
-            return;
-        case Type::F16:
-            kern::f32_to_f16_row(src, static_cast<fp16_t*>(dst), n);
-            return;
-        case Type::BF16:
-            kern::f32_to_bf16_row(src, static_cast<bf16_t*>(dst), n);
-            return;
-        default:
-            type_traits(t).from_float(src, dst, n);
-            return;
-    }
-}
-
 }  // namespace
 
 // out [a.ne0, idx.ne0, idx.ne1, idx.ne2] row (i, j, k) = a row idx[i, j, k] of matrix (j, k).
@@ -81,7 +45,8 @@ void op_get_rows(const ComputeParams& p, Tensor* dst) {
         if (a->type == Type::I32) {  // index tables gather as they are
             std::memcpy(row(dst, i, j, k), row(a, v, j, k), static_cast<size_t>(ne0) * 4);
         } else {
-            row_to_f32(a->type, row(a, v, j, k), reinterpret_cast<float*>(row(dst, i, j, k)), ne0);
+            kern::row_to_f32(a->type, row(a, v, j, k), reinterpret_cast<float*>(row(dst, i, j, k)),
+                             ne0);
         }
     }
 }
@@ -119,8 +84,8 @@ void op_set_rows(const ComputeParams& p, Tensor* dst) {
                 }
                 const int64_t r = base + v;
                 if (r < r0 || r >= r1) continue;
-                row_from_f32(dst->type, reinterpret_cast<const float*>(row(src, i, i2, i3)),
-                             row(dst, v, i2, i3), ne0);
+                kern::row_from_f32(dst->type, reinterpret_cast<const float*>(row(src, i, i2, i3)),
+                                   row(dst, v, i2, i3), ne0);
             }
         }
     }
