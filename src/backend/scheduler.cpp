@@ -91,7 +91,8 @@ void Scheduler::Impl::apply() {
 
 void Scheduler::Impl::restore() {
     if (!patched) return;
-    for (auto it = patches.rbegin(); it != patches.rend(); ++it) it->node->src[it->slot] = it->original;
+    for (auto it = patches.rbegin(); it != patches.rend(); ++it)
+        it->node->src[it->slot] = it->original;
     patched = false;
 }
 
@@ -319,33 +320,30 @@ Status Scheduler::compute(Graph& g) {
         result = m.backends[static_cast<size_t>(m.splits[0].backend)]->compute(g);
         m.restore();
         return result;
-    } else {
-        size_t ci = 0;
-        for (size_t si = 0; si < m.splits.size() && result; si++) {
-            Split& sp = m.splits[si];
-            Backend* be = m.backends[static_cast<size_t>(sp.backend)];
-            // Wait for producers on other devices, then bring inputs over.
-            bool waited = false;
-            for (; ci < m.copies.size() && m.copies[ci].split == static_cast<int>(si); ci++) {
-                if (!waited) {
-                    for (Backend* other : m.backends) {
-                        if (other != be) FERRY_TRY(other->synchronize());
-                    }
-                    waited = true;
+    }
+    size_t ci = 0;
+    for (size_t si = 0; si < m.splits.size() && result; si++) {
+        Split& sp = m.splits[si];
+        Backend* be = m.backends[static_cast<size_t>(sp.backend)];
+        // Wait for producers on other devices, then bring inputs over.
+        bool waited = false;
+        for (; ci < m.copies.size() && m.copies[ci].split == static_cast<int>(si); ci++) {
+            if (!waited) {
+                for (Backend* other : m.backends) {
+                    if (other != be && result) result = other->synchronize();
                 }
-                result = copy_across(be, m.copies[ci].from, m.copies[ci].to);
-                if (!result) break;
+                waited = true;
             }
+            if (result) result = copy_across(be, m.copies[ci].from, m.copies[ci].to);
             if (!result) break;
-            Graph sub;
-            sub.nodes = sp.nodes;
-            result = be->compute(sub);
         }
+        if (!result) break;
+        Graph sub;
+        sub.nodes = sp.nodes;
+        result = be->compute(sub);
     }
-    for (Backend* b : m.backends) {
-        Status st = b->synchronize();
-        if (result && !st) result = st;
-    }
+    Status st = synchronize();
+    if (result && !st) result = st;
     m.restore();
     return result;
 }

@@ -586,8 +586,6 @@ Status Session::cmd_graph_compute(const uint8_t* p, size_t n, Reply* out) {
     std::vector<uint8_t> bytes;
     uint32_t count = 0;
     bool delta = false;
-    bool unchanged = false;
-    uint64_t delta_base = 0;
     if (mode == remote::kGraphFull) {
         count = r.u32();
         if (!r.ok() || count > remote::kMaxTableEntries) {
@@ -614,9 +612,7 @@ Status Session::cmd_graph_compute(const uint8_t* p, size_t n, Reply* out) {
                                   count, it->bytes.size() / remote::kEntrySize);
         }
         if (changed > count) return Status::errorf("%u changed entries of %u", changed, count);
-        delta_base = base;
-        unchanged = changed == 0;
-        if (unchanged && it->dev == dev) {
+        if (changed == 0 && it->dev == dev) {
             // Nothing to patch: run the cached graph as it is.
             if (!r.done()) return Status::error("trailing bytes after the changed entries");
             cache_hits_++;
@@ -637,11 +633,9 @@ Status Session::cmd_graph_compute(const uint8_t* p, size_t n, Reply* out) {
     } else {
         return Status::errorf("unknown graph mode %u", mode);
     }
-    // "Same as the base" (a repeated decode step) needs no hashing: it is the base.
-    const uint64_t hash =
-        delta && unchanged ? delta_base : wire::hash64(bytes.data(), bytes.size());
+    const uint64_t hash = wire::hash64(bytes.data(), bytes.size());
     auto it = std::find_if(cache_.begin(), cache_.end(), [&](const CachedGraph& g) {
-        return g.hash == hash && g.dev == dev && (delta && unchanged ? true : g.bytes == bytes);
+        return g.hash == hash && g.dev == dev && g.bytes == bytes;
     });
     if (it != cache_.end()) {
         cache_hits_++;
