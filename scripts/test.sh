@@ -16,7 +16,7 @@ echo "install check: ferry run from the installed binary works"
 
 # Decoders of outside bytes under the sanitizers: the remote tests spawn the sanitized
 # `ferry serve`.
-bash scripts/setup.sh asan ferry test_gguf test_json test_remote test_remote_hostile
+bash scripts/setup.sh asan ferry test_gguf test_json test_remote test_remote_hostile test_remote_limits
 ctest --preset asan -j "$(nproc)" --timeout 900 -R '^(Gguf|Json|Remote|Hostile|Transports|TinyLlama)'
 
 ctest --preset release -j "$(nproc)" --timeout 900

@@ -217,3 +217,81 @@ TEST(Core, ValidateRejectsMisalignedViews) {
     w.nb[1] = 18;
     EXPECT_FALSE(validate_node(&w).is_ok());
 }
+
+namespace {
+
+// A device of another kind, only so that its events can be handed to a CPU backend.
+class OtherDevice : public Device {
+  public:
+    const char* name() const override { return "OTHER"; }
+    std::string description() const override { return "test device"; }
+    DeviceType type() const override { return DeviceType::ACCEL; }
+    DeviceMemory memory() const override { return {}; }
+    DeviceCaps caps() const override { return {}; }
+    BufferType* buffer_type() override { return cpu::host_buffer_type(); }
+    bool supports_op(const Tensor*) override { return false; }
+    bool supports_buffer_type(const BufferType*) override { return false; }
+    Expected<std::unique_ptr<Backend>> make_backend() override {
+        return Status::error("no backends");
+    }
+};
+
+class OtherEvent : public Event {
+  public:
+    explicit OtherEvent(Device* d) : d_(d) {}
+    Device* device() const override { return d_; }
+    Status synchronize() override { return Status::ok(); }
+
+  private:
+    Device* d_;
+};
+
+}  // namespace
+
+TEST(Core, CpuEventsAreImmediateAndOnlyTakeCpuEvents) {
+    Device* cpu = cpu_device();
+    ASSERT_TRUE(cpu->caps().events);
+    Expected<std::unique_ptr<Event>> ev = cpu->make_event();
+    ASSERT_TRUE(ev.has_value()) << ev.message();
+    EXPECT_EQ((*ev)->device(), cpu);
+
+    // Stream 1 computes a + b and records; stream 2 waits and computes (a + b) * b.
+    Context ctx;
+    Tensor* a = ctx.new_tensor(Type::F32, {37, 3});
+    Tensor* b = ctx.new_tensor(Type::F32, {37, 3});
+    Tensor* sum = ctx.add(a, b);
+    Tensor* prod = ctx.mul(sum, b);
+    Expected<std::unique_ptr<Buffer>> buf = allocate_context_tensors(ctx, cpu::host_buffer_type());
+    ASSERT_TRUE(buf.has_value()) << buf.message();
+    const std::vector<float> va = random_floats(37 * 3, 21), vb = random_floats(37 * 3, 22);
+    ASSERT_TRUE(tensor_set(a, va.data(), va.size() * 4).is_ok());
+    ASSERT_TRUE(tensor_set(b, vb.data(), vb.size() * 4).is_ok());
+    std::unique_ptr<Backend> s1 = cpu::make_cpu_backend(2);
+    std::unique_ptr<Backend> s2 = cpu::make_cpu_backend(1);
+    Graph g1;
+    g1.build_forward(sum);
+    ASSERT_TRUE(s1->compute(g1).is_ok());
+    Status st = s1->record_event(ev->get());
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    ASSERT_TRUE((*ev)->synchronize().is_ok());
+    std::vector<float> got(37 * 3);
+    ASSERT_TRUE(tensor_get(sum, got.data(), got.size() * 4).is_ok());
+    for (size_t i = 0; i < got.size(); i++) ASSERT_EQ(got[i], va[i] + vb[i]) << i;
+    st = s2->wait_event(ev->get());
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    Graph g2;
+    g2.nodes = {prod};
+    ASSERT_TRUE(s2->compute(g2).is_ok());
+    ASSERT_TRUE(tensor_get(prod, got.data(), got.size() * 4).is_ok());
+    for (size_t i = 0; i < got.size(); i++) ASSERT_EQ(got[i], (va[i] + vb[i]) * vb[i]) << i;
+
+    // An event of another device is refused by both calls, naming both devices.
+    OtherDevice other;
+    OtherEvent foreign(&other);
+    for (Status bad : {s1->record_event(&foreign), s1->wait_event(&foreign)}) {
+        ASSERT_FALSE(bad.is_ok());
+        EXPECT_NE(bad.message().find("OTHER"), std::string::npos) << bad.message();
+        EXPECT_NE(bad.message().find("CPU"), std::string::npos) << bad.message();
+    }
+    EXPECT_FALSE(s1->record_event(nullptr).is_ok());
+}

@@ -503,6 +503,119 @@ TEST_P(Remote, AsyncErrorSurfacesAtTheNextWait) {
     }
 }
 
+TEST_P(Remote, EventsOrderWorkAcrossBackendsOfTheDevice) {
+    // The server's CPU device has (trivial) events, so the remote device reports them.
+    ASSERT_TRUE(dev_->caps().events);
+    Context ctx;
+    Tensor* x = ctx.new_tensor(Type::F32, {64, 4});
+    Tensor* y = ctx.new_tensor(Type::F32, {64, 4});
+    Tensor* sum = ctx.add(x, y);
+    Tensor* prod = ctx.mul(sum, y);
+    if (!cpu_device()->supports_op(sum) || !cpu_device()->supports_op(prod)) GTEST_SKIP();
+    auto buf = allocate_context_tensors(ctx, dev_->buffer_type());
+    ASSERT_TRUE(buf) << buf.message();
+    auto be1 = dev_->make_backend();
+    auto be2 = dev_->make_backend();
+    ASSERT_TRUE(be1 && be2);
+    auto s0 = remote_stats(reg_.get());
+    ASSERT_TRUE(s0);
+    auto ev = dev_->make_event();
+    ASSERT_TRUE(ev) << ev.message();
+    EXPECT_EQ((*ev)->device(), dev_);
+
+    Graph first;
+    first.build_forward(sum);
+    Graph second;
+    second.nodes = {prod};  // reads sum, computed by the first backend
+    auto xs = random_floats(256, 31), ys = random_floats(256, 32);
+    // Backend 1 computes and records; the client waits for the event, then reads.
+    ASSERT_TRUE((*be1)->set_tensor_async(x, xs.data(), 0, 1024).is_ok());
+    ASSERT_TRUE((*be1)->set_tensor_async(y, ys.data(), 0, 1024).is_ok());
+    ASSERT_TRUE((*be1)->compute(first).is_ok());
+    Status st = (*be1)->record_event(ev->get());
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    st = (*ev)->synchronize();
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    std::vector<float> got(256);
+    ASSERT_TRUE(tensor_get(sum, got.data(), 1024).is_ok());
+    for (int i = 0; i < 256; i++) ASSERT_EQ(got[i], xs[i] + ys[i]) << i;
+    // Backend 2 waits on the event (on the server) and computes from the first result.
+    st = (*be2)->wait_event(ev->get());
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    ASSERT_TRUE((*be2)->compute(second).is_ok());
+    ASSERT_TRUE((*be2)->get_tensor_async(prod, got.data(), 0, 1024).is_ok());
+    ASSERT_TRUE((*be2)->synchronize().is_ok());
+    for (int i = 0; i < 256; i++) ASSERT_EQ(got[i], (xs[i] + ys[i]) * ys[i]) << i;
+
+    // Fully pipelined: new inputs, compute, record, wait, dependent compute, read; one wait.
+    xs = random_floats(256, 33);
+    ASSERT_TRUE((*be1)->set_tensor_async(x, xs.data(), 0, 1024).is_ok());
+    ASSERT_TRUE((*be1)->compute(first).is_ok());
+    ASSERT_TRUE((*be1)->record_event(ev->get()).is_ok());
+    ASSERT_TRUE((*be2)->wait_event(ev->get()).is_ok());
+    ASSERT_TRUE((*be2)->compute(second).is_ok());
+    ASSERT_TRUE((*be2)->get_tensor_async(prod, got.data(), 0, 1024).is_ok());
+    ASSERT_TRUE((*be2)->synchronize().is_ok());
+    for (int i = 0; i < 256; i++) ASSERT_EQ(got[i], (xs[i] + ys[i]) * ys[i]) << i;
+    ASSERT_TRUE((*ev)->synchronize().is_ok());
+
+    // Every event request was accepted by the server.
+    auto s1 = remote_stats(reg_.get());
+    ASSERT_TRUE(s1);
+    EXPECT_EQ(s1->errors, s0->errors);
+}
+
+TEST_P(Remote, ForeignEventsAreRefusedOrWaitedOnTheHost) {
+    auto be = dev_->make_backend();
+    ASSERT_TRUE(be);
+    // A local CPU event cannot be recorded on a remote stream.
+    auto local = cpu_device()->make_event();
+    ASSERT_TRUE(local) << local.message();
+    Status st = (*be)->record_event(local->get());
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_NE(st.message().find(dev_->name()), std::string::npos) << st.message();
+    EXPECT_FALSE((*be)->record_event(nullptr).is_ok());
+    // Waiting on it is a host wait (a CPU event has always passed).
+    st = (*be)->wait_event(local->get());
+    EXPECT_TRUE(st.is_ok()) << st.message();
+    // An event of the same server's device through another session: not this device.
+    auto reg2 = remote_open(addr_of(GetParam()));
+    ASSERT_TRUE(reg2) << reg2.message();
+    auto ev2 = (*reg2)->devices()[0]->make_event();
+    ASSERT_TRUE(ev2) << ev2.message();
+    EXPECT_FALSE((*be)->record_event(ev2->get()).is_ok());
+    st = (*be)->wait_event(ev2->get());  // host wait through the other session
+    EXPECT_TRUE(st.is_ok()) << st.message();
+    // Nothing of that reached the server as an error.
+    ASSERT_TRUE((*be)->synchronize().is_ok());
+}
+
+TEST_P(Remote, EventsAreFreedOnTheServer) {
+    // The server keeps at most 4096 live events per session: 5000 made and dropped in turn
+    // only work if the client's EVENT_FREE reaches the server.
+    auto s0 = remote_stats(reg_.get());
+    ASSERT_TRUE(s0);
+    for (int i = 0; i < 5000; i++) {
+        auto ev = dev_->make_event();
+        ASSERT_TRUE(ev) << i << ": " << ev.message();
+    }
+    // Several alive at once, each usable.
+    std::vector<std::unique_ptr<Event>> live;
+    auto be = dev_->make_backend();
+    ASSERT_TRUE(be);
+    for (int i = 0; i < 16; i++) {
+        auto ev = dev_->make_event();
+        ASSERT_TRUE(ev) << ev.message();
+        ASSERT_TRUE((*be)->record_event(ev->get()).is_ok());
+        live.push_back(std::move(*ev));
+    }
+    for (auto& ev : live) ASSERT_TRUE(ev->synchronize().is_ok());
+    live.clear();
+    auto s1 = remote_stats(reg_.get());
+    ASSERT_TRUE(s1);
+    EXPECT_EQ(s1->errors, s0->errors);
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, Remote, ::testing::Values("unix", "tcp"));
 
 // Four clients at once get bit-identical results; afterwards the server's memory is back.

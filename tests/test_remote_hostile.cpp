@@ -330,6 +330,121 @@ TEST_P(Hostile, EveryBadRequestGetsAnErrorAndNobodyElseNotices) {
                  }),
                  "unknown buffer handle", "copy into foreign");
 
+    // --- events: bad devices, malformed payloads, unknown / stale / foreign handles ---
+    auto ev_req = [](uint64_t handle) { return payload([=](wire::Writer& w) { w.u64(handle); }); };
+    auto record_req = [](uint64_t handle, uint32_t dev) {
+        return payload([=](wire::Writer& w) {
+            w.u64(handle);
+            w.u32(dev);
+        });
+    };
+    auto wait_req = [](uint32_t dev, uint64_t handle) {
+        return payload([=](wire::Writer& w) {
+            w.u32(dev);
+            w.u64(handle);
+        });
+    };
+    auto new_event = [&](RawClient& cl) -> uint64_t {
+        auto r = cl.request(Cmd::EVENT_NEW, payload([](wire::Writer& w) { w.u32(0); }));
+        EXPECT_TRUE(r.ok && !r.is_error()) << r.message();
+        EXPECT_EQ(r.payload.size(), 8u);
+        return r.ok && !r.is_error() && r.payload.size() == 8 ? u64_of(r.payload) : 0;
+    };
+    auto expect_ok = [](RawClient& cl, Cmd cmd, const std::vector<uint8_t>& p, const char* what) {
+        auto r = cl.request(cmd, p);
+        EXPECT_TRUE(r.ok && !r.is_error()) << what << ": " << r.message();
+    };
+    const uint64_t ev = new_event(c);
+    ASSERT_NE(ev, 0u);
+    // The well-formed requests are accepted.
+    expect_ok(c, Cmd::EVENT_RECORD, record_req(ev, 0), "record");
+    expect_ok(c, Cmd::EVENT_WAIT, wait_req(0, ev), "wait");
+    expect_ok(c, Cmd::EVENT_SYNCHRONIZE, ev_req(ev), "event synchronize");
+    const uint64_t dead_ev = new_event(c);
+    ASSERT_NE(dead_ev, 0u);
+    expect_ok(c, Cmd::EVENT_FREE, ev_req(dead_ev), "event free");
+    const uint64_t foreign_ev = new_event(other);
+    ASSERT_NE(foreign_ev, 0u);
+    expect_ok(other, Cmd::EVENT_RECORD, record_req(foreign_ev, 0), "foreign record");
+    expect_error(c, Cmd::EVENT_NEW, payload([](wire::Writer& w) { w.u32(99); }),
+                 "device index 99 out of range", "event on device 99");
+    expect_error(c, Cmd::EVENT_NEW, {}, "malformed", "event new empty");
+    expect_error(c, Cmd::EVENT_NEW, {0, 0}, "malformed", "event new truncated");
+    expect_error(c, Cmd::EVENT_NEW, {0, 0, 0, 0, 0}, "malformed", "event new extra bytes");
+    expect_error(c, Cmd::EVENT_RECORD, record_req(ev, 7), "device index 7 out of range",
+                 "record on device 7");
+    expect_error(c, Cmd::EVENT_WAIT, wait_req(7, ev), "device index 7 out of range",
+                 "wait on device 7");
+    expect_error(c, Cmd::EVENT_RECORD, ev_req(ev), "malformed", "record without device");
+    expect_error(c, Cmd::EVENT_WAIT, {0, 0, 0, 0, 1}, "malformed", "wait truncated");
+    {
+        std::vector<uint8_t> extra = wait_req(0, ev);
+        extra.push_back(0);
+        expect_error(c, Cmd::EVENT_WAIT, extra, "malformed", "wait extra byte");
+        extra = record_req(ev, 0);
+        extra.push_back(0);
+        expect_error(c, Cmd::EVENT_RECORD, extra, "malformed", "record extra byte");
+    }
+    expect_error(c, Cmd::EVENT_SYNCHRONIZE, {1, 2, 3}, "malformed", "event synchronize truncated");
+    expect_error(c, Cmd::EVENT_SYNCHRONIZE, payload([&](wire::Writer& w) {
+                     w.u64(ev);
+                     w.u8(0);
+                 }),
+                 "malformed", "event synchronize extra byte");
+    expect_error(c, Cmd::EVENT_FREE, {}, "malformed", "event free empty");
+    expect_error(c, Cmd::EVENT_FREE, payload([&](wire::Writer& w) {
+                     w.u64(ev);
+                     w.u32(0);
+                 }),
+                 "malformed", "event free extra bytes");
+    const std::pair<uint64_t, const char*> bad_events[] = {
+        {12345, "made-up"},
+        {(ev & ~0xFFFFFFFFull) | 0xFFFFFFu, "made-up with this session's prefix"},
+        {dead_ev, "stale"},
+        {foreign_ev, "foreign"},
+        {h, "buffer handle"},
+    };
+    for (const auto& [bad, kind] : bad_events) {
+        const std::string k = kind;
+        expect_error(c, Cmd::EVENT_RECORD, record_req(bad, 0), "unknown event handle",
+                     ("record " + k).c_str());
+        expect_error(c, Cmd::EVENT_WAIT, wait_req(0, bad), "unknown event handle",
+                     ("wait " + k).c_str());
+        expect_error(c, Cmd::EVENT_SYNCHRONIZE, ev_req(bad), "unknown event handle",
+                     ("synchronize " + k).c_str());
+        expect_error(c, Cmd::EVENT_FREE, ev_req(bad), "unknown event handle",
+                     ("free " + k).c_str());
+    }
+    // And an event handle is no buffer handle.
+    expect_error(c, Cmd::BUFFER_FREE, free_req(ev), "unknown buffer handle", "event as buffer");
+    expect_error(c, Cmd::TENSOR_GET, get_req(ev, 0, 8), "unknown buffer handle",
+                 "event as buffer (get)");
+    {
+        // At most 4096 live events per session; its session ends (and frees them) on close.
+        RawClient lim = connect_hello();
+        std::vector<uint64_t> evs;
+        for (int i = 0; i < 4096; i++) {
+            const uint64_t e = new_event(lim);
+            ASSERT_NE(e, 0u) << "event " << i;
+            evs.push_back(e);
+        }
+        expect_error(lim, Cmd::EVENT_NEW, payload([](wire::Writer& w) { w.u32(0); }),
+                     "too many live events", "event 4097");
+        expect_ok(lim, Cmd::EVENT_FREE, ev_req(evs.back()), "free one of 4096");
+        ASSERT_NE(new_event(lim), 0u);  // room for one again
+        expect_error(lim, Cmd::EVENT_NEW, payload([](wire::Writer& w) { w.u32(0); }),
+                     "too many live events", "event 4097 again");
+    }
+    {
+        // A client that did not offer events in HELLO cannot use them.
+        RawClient plain;
+        ASSERT_TRUE(plain.connect(srv_.addr()));
+        auto r = plain.hello("", remote::kProtocolVersion, remote::kCapGraphCache);
+        ASSERT_TRUE(r.ok && !r.is_error()) << r.message();
+        expect_error(plain, Cmd::EVENT_NEW, payload([](wire::Writer& w) { w.u32(0); }),
+                     "events not negotiated", "event without the capability");
+    }
+
     // --- graphs ---
     const Entry a = leaf(Type::F32, {16, 4}, h, 0);    // 256 bytes at 0
     const Entry b = leaf(Type::F32, {16, 4}, h, 256);  // 256 bytes at 256
@@ -646,6 +761,10 @@ TEST_P(Hostile, EveryBadRequestGetsAnErrorAndNobodyElseNotices) {
         ASSERT_TRUE(g.ok && !g.is_error());
         auto o = other.request(Cmd::TENSOR_GET, get_req(foreign, 0, 16));
         ASSERT_TRUE(o.ok && !o.is_error());
+        // Events of both sessions survived every hostile event request.
+        expect_ok(c, Cmd::EVENT_SYNCHRONIZE, ev_req(ev), "own event after the hostile ones");
+        expect_ok(other, Cmd::EVENT_WAIT, wait_req(0, foreign_ev), "other's event");
+        expect_ok(other, Cmd::EVENT_FREE, ev_req(foreign_ev), "other frees its event");
     }
     EXPECT_GE(n_, 50) << "hostile requests sent";
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -673,6 +792,52 @@ TEST(HostileTcp, WrongTokenIsRejected) {
     ASSERT_TRUE(ok.connect(srv.addr()));
     auto r = ok.hello("right");
     EXPECT_TRUE(r.ok && !r.is_error()) << r.message();
+}
+
+TEST(HostileEvents, EventOfAnotherDeviceIsRefused) {
+    // The CPU served twice: devices 0 and 1, each with its own backend in a session.
+    const std::string dir = ferry::test::make_temp_dir();
+    ServerProcess srv;
+    std::string err;
+    ASSERT_TRUE(srv.start("unix:" + dir + "/e", {"--device", "CPU", "--device", "CPU"}, &err))
+        << err;
+    RawClient c;
+    ASSERT_TRUE(c.connect(srv.addr()));
+    ASSERT_FALSE(c.hello().is_error());
+    auto r = c.request(Cmd::EVENT_NEW, payload([](wire::Writer& w) { w.u32(0); }));
+    ASSERT_TRUE(r.ok && !r.is_error()) << r.message();
+    const uint64_t ev = u64_of(r.payload);
+    for (Cmd cmd : {Cmd::EVENT_RECORD, Cmd::EVENT_WAIT}) {
+        auto bad = c.request(cmd, payload([&](wire::Writer& w) {
+                                 if (cmd == Cmd::EVENT_WAIT) w.u32(1);
+                                 w.u64(ev);
+                                 if (cmd == Cmd::EVENT_RECORD) w.u32(1);
+                             }));
+        ASSERT_TRUE(bad.is_error()) << remote::cmd_name(static_cast<uint16_t>(cmd));
+        EXPECT_NE(bad.message().find("belongs to device 0 (CPU), not to device 1 (CPU)"),
+                  std::string::npos)
+            << bad.message();
+    }
+    // Through the client: recording on another device's backend is refused before anything
+    // is sent; waiting on it is a host wait.
+    auto reg = remote_open(srv.addr());
+    ASSERT_TRUE(reg) << reg.message();
+    ASSERT_EQ((*reg)->devices().size(), 2u);
+    Device* d0 = (*reg)->devices()[0];
+    Device* d1 = (*reg)->devices()[1];
+    auto e0 = d0->make_event();
+    ASSERT_TRUE(e0) << e0.message();
+    auto b1 = d1->make_backend();
+    ASSERT_TRUE(b1);
+    Status st = (*b1)->record_event(e0->get());
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_NE(st.message().find(d0->name()), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find(d1->name()), std::string::npos) << st.message();
+    st = (*b1)->wait_event(e0->get());
+    EXPECT_TRUE(st.is_ok()) << st.message();
+    auto s = remote_stats(reg->get());
+    ASSERT_TRUE(s) << s.message();
+    EXPECT_EQ(s->errors, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, Hostile, ::testing::Values("unix", "tcp"));

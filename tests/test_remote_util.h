@@ -127,10 +127,11 @@ class RawClient {
         return true;
     }
     // Sends HELLO (caps 0: no shared memory, so no descriptors come back).
-    Reply hello(const std::string& token = "", uint32_t version = remote::kProtocolVersion) {
+    Reply hello(const std::string& token = "", uint32_t version = remote::kProtocolVersion,
+                uint64_t caps = remote::kCapGraphCache | remote::kCapEvents) {
         wire::Writer w;
         w.u32(version);
-        w.u64(remote::kCapGraphCache);
+        w.u64(caps);
         w.str(token);
         return request(remote::Cmd::HELLO, w.buf());
     }

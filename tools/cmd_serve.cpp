@@ -12,7 +12,8 @@ namespace {
 void serve_usage() {
     std::printf(
         "usage: ferry serve --listen ADDR [--device NAME ...] [--token T] [--max-memory BYTES]\n"
-        "                   [-t N] [--verbose]\n"
+        "                   [--max-sessions N] [--max-sessions-per-client N]\n"
+        "                   [--io-timeout SECONDS] [-t N] [--verbose]\n"
         "  Hosts local devices for `--remote ADDR` clients.\n"
         "  ADDR          unix:PATH (shared memory buffers, fd passing) or tcp:HOST:PORT\n"
         "                (data inline; port 0 picks a free port). A tcp address other than\n"
@@ -20,6 +21,11 @@ void serve_usage() {
         "  --device      a device to serve (repeatable; default: every local device)\n"
         "  --token       token clients must present in HELLO (default: $FERRY_TOKEN)\n"
         "  --max-memory  per-session limit on buffer bytes (default: physical memory)\n"
+        "  --max-sessions             sessions at once, all clients (default 64)\n"
+        "  --max-sessions-per-client  sessions at once per client: per uid on unix sockets,\n"
+        "                per IP address on tcp (default 16)\n"
+        "  --io-timeout  seconds a started frame, or a reply being sent, may stall before\n"
+        "                the session is closed (default 30; 0: never). Idle clients are kept.\n"
         "  -t, --threads CPU threads per client session (default: all cores)\n"
         "  Prints 'ferry serve: listening on ADDR' once ready.\n");
 }
@@ -35,6 +41,9 @@ int cmd_serve(int argc, char** argv) {
     std::optional<std::string> token = args.value({"--token"});
     std::optional<long long> max_mem = args.integer({"--max-memory"});
     std::optional<long long> threads = args.integer({"-t", "--threads"});
+    std::optional<long long> max_sessions = args.integer({"--max-sessions"});
+    std::optional<long long> per_client = args.integer({"--max-sessions-per-client"});
+    std::optional<long long> io_timeout = args.integer({"--io-timeout"});
     const bool verbose = args.flag({"--verbose", "-v"});
     if (Status st = args.finish(); !st) return fail("serve", st.message());
     if (!listen) return fail("serve", "--listen ADDR is required (unix:PATH or tcp:HOST:PORT)");
@@ -71,7 +80,26 @@ int cmd_serve(int argc, char** argv) {
             opts.devices.push_back(d);
         }
     }
-    server::Server srv(std::move(opts));
+    server::ConnectionLimits limits;
+    if (max_sessions) {
+        if (*max_sessions <= 0 || *max_sessions > 100000) {
+            return fail("serve", "--max-sessions must be 1..100000");
+        }
+        limits.max_sessions = static_cast<int>(*max_sessions);
+    }
+    if (per_client) {
+        if (*per_client <= 0 || *per_client > 100000) {
+            return fail("serve", "--max-sessions-per-client must be 1..100000");
+        }
+        limits.max_sessions_per_client = static_cast<int>(*per_client);
+    }
+    if (io_timeout) {
+        if (*io_timeout < 0 || *io_timeout > 86400) {
+            return fail("serve", "--io-timeout must be 0..86400 seconds");
+        }
+        limits.io_timeout_ms = static_cast<int>(*io_timeout * 1000);
+    }
+    server::Server srv(std::move(opts), limits);
     std::string bound;
     if (Status st = srv.listen(*listen, &bound); !st) return fail("serve", st.message());
     std::printf("ferry serve: listening on %s\n", bound.c_str());

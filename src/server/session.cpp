@@ -74,7 +74,8 @@ Session::Session(const ServerOptions& opts, ServerCounters* counters, bool share
 }
 
 Session::~Session() {
-    cache_.clear();  // holds pointers to buffers
+    events_.clear();  // before the backends and buffers they may refer to
+    cache_.clear();   // holds pointers to buffers
     for (auto& [h, b] : buffers_) free_buffer(b);
     buffers_.clear();
     counters_->sessions.fetch_sub(1);
@@ -169,6 +170,12 @@ Status Session::dispatch(uint16_t cmd, const uint8_t* p, size_t n, Reply* out) {
         case Cmd::PING:
             if (n != 0) return Status::error("unexpected payload");
             return Status::ok();
+        case Cmd::EVENT_NEW:
+        case Cmd::EVENT_FREE:
+        case Cmd::EVENT_RECORD:
+        case Cmd::EVENT_WAIT:
+        case Cmd::EVENT_SYNCHRONIZE:
+            return cmd_event(cmd, p, n, out);
     }
     return Status::errorf("unknown command %u", cmd);
 }
@@ -207,7 +214,7 @@ Status Session::cmd_hello(const uint8_t* p, size_t n, Reply* out) {
         out->close = true;
         return Status::error("authentication failed: wrong or missing token");
     }
-    uint64_t offered = remote::kCapGraphCache;
+    uint64_t offered = remote::kCapGraphCache | remote::kCapEvents;
     if (shared_memory_) offered |= remote::kCapSharedMemory;
     caps_ = offered & caps;
     hello_ = true;
@@ -229,7 +236,9 @@ Status Session::cmd_list_devices(Reply* out) {
         const DeviceCaps c = d->caps();
         const bool host_shm = shared_memory_ && (caps_ & remote::kCapSharedMemory) &&
                               d->buffer_type()->is_host() && c.buffer_from_host_ptr;
-        w.u8(static_cast<uint8_t>((c.async ? 1 : 0) | (c.events ? 2 : 0) | (host_shm ? 4 : 0)));
+        w.u8(static_cast<uint8_t>((c.async ? remote::kDeviceCapAsync : 0) |
+                                  (c.events ? remote::kDeviceCapEvents : 0) |
+                                  (host_shm ? remote::kDeviceCapSharedMemory : 0)));
         const DeviceMemory m = d->memory();
         w.u64(m.free);
         w.u64(m.total);
@@ -268,6 +277,79 @@ Expected<Session::SrvBuffer*> Session::lookup(uint64_t handle) {
                               static_cast<unsigned long long>(handle));
     }
     return &it->second;
+}
+
+Expected<Session::SrvEvent*> Session::lookup_event(uint64_t handle) {
+    auto it = events_.find(handle);
+    if (it == events_.end()) {
+        return Status::errorf("unknown event handle 0x%llx (freed, or not this session's)",
+                              static_cast<unsigned long long>(handle));
+    }
+    return &it->second;
+}
+
+// EVENT_NEW / EVENT_FREE / EVENT_RECORD / EVENT_WAIT / EVENT_SYNCHRONIZE. The session's
+// requests run in order on its one thread, so "record" marks the point after every request
+// of this session before it on that device's backend (stream).
+Status Session::cmd_event(uint16_t cmd, const uint8_t* p, size_t n, Reply* out) {
+    if (!(caps_ & remote::kCapEvents)) return Status::error("events not negotiated in HELLO");
+    Reader r(p, n);
+    const Cmd c = static_cast<Cmd>(cmd);
+    if (c == Cmd::EVENT_NEW) {
+        const uint32_t dev = r.u32();
+        if (!r.done()) return Status::error("malformed request");
+        Expected<Device*> d = device(dev);
+        if (!d) return d.status();
+        if (!(*d)->caps().events) return Status::errorf("device %s has no events", (*d)->name());
+        if (events_.size() >= remote::kMaxSessionEvents) {
+            return Status::errorf("too many live events (limit %zu per session)",
+                                  remote::kMaxSessionEvents);
+        }
+        Expected<std::unique_ptr<Event>> e = (*d)->make_event();
+        if (!e) return e.status();
+        const uint64_t handle = next_handle_++;
+        SrvEvent se;
+        se.ev = std::move(*e);
+        se.dev = dev;
+        events_.emplace(handle, std::move(se));
+        Writer w(&out->payload);
+        w.u64(handle);
+        return Status::ok();
+    }
+    uint64_t h = 0;
+    uint32_t dev = 0;
+    if (c == Cmd::EVENT_WAIT) {
+        dev = r.u32();
+        h = r.u64();
+    } else {
+        h = r.u64();
+        if (c == Cmd::EVENT_RECORD) dev = r.u32();
+    }
+    if (!r.done()) return Status::error("malformed request");
+    Expected<SrvEvent*> e = lookup_event(h);
+    if (!e) return e.status();
+    switch (c) {
+        case Cmd::EVENT_FREE:
+            events_.erase(h);
+            return Status::ok();
+        case Cmd::EVENT_SYNCHRONIZE:
+            return (*e)->ev->synchronize();
+        default:
+            break;
+    }
+    // EVENT_RECORD / EVENT_WAIT: on the session's backend of device dev, which must be the
+    // event's device.
+    Expected<Device*> d = device(dev);
+    if (!d) return d.status();
+    if ((*e)->dev != dev) {
+        return Status::errorf("event 0x%llx belongs to device %u (%s), not to device %u (%s)",
+                              static_cast<unsigned long long>(h), (*e)->dev,
+                              opts_.devices[(*e)->dev]->name(), dev, (*d)->name());
+    }
+    Expected<Backend*> b = backend(dev);
+    if (!b) return b.status();
+    return c == Cmd::EVENT_RECORD ? (*b)->record_event((*e)->ev.get())
+                                  : (*b)->wait_event((*e)->ev.get());
 }
 
 Status Session::cmd_buffer_alloc(const uint8_t* p, size_t n, Reply* out) {

@@ -1,5 +1,7 @@
 // One client's session on `ferry serve`: its buffer handle table, backends, graph cache and
 // the request decoder + validator. Independent of sockets so the fuzzer can drive it directly.
+// Events (EVENT_*) live in a per-session table like buffers, with handles from the same
+// counter, and are destroyed with the session.
 //
 // Every byte a client sends is hostile: handles are looked up in this session's own table
 // (another session's handles, stale handles and made-up ones are all just unknown), every
@@ -52,7 +54,7 @@ class Session {
     // shared_memory: the transport can pass descriptors (Unix sockets), so host buffers are
     // allocated as memfd shared memory that the client maps.
     Session(const ServerOptions& opts, ServerCounters* counters, bool shared_memory);
-    ~Session();  // frees every buffer of the session
+    ~Session();  // destroys every event, then frees every buffer of the session
     Session(const Session&) = delete;
     Session& operator=(const Session&) = delete;
 
@@ -75,6 +77,10 @@ class Session {
         void* map = nullptr;  // memfd mapping (shared memory buffers)
         size_t map_len = 0;
     };
+    struct SrvEvent {
+        std::unique_ptr<Event> ev;
+        uint32_t dev = 0;  // the device index it was made on
+    };
     struct CachedGraph {
         uint64_t hash = 0;
         uint32_t dev = 0;
@@ -93,8 +99,10 @@ class Session {
     Status run_cached(uint32_t dev, Reply* out);
     Status cmd_graph_compute(const uint8_t* p, size_t n, Reply* out);
     Status cmd_stats(Reply* out);
+    Status cmd_event(uint16_t cmd, const uint8_t* p, size_t n, Reply* out);
 
     Expected<SrvBuffer*> lookup(uint64_t handle);
+    Expected<SrvEvent*> lookup_event(uint64_t handle);
     Expected<Device*> device(uint32_t dev);
     Expected<Backend*> backend(uint32_t dev);
     // Deserializes and validates a table of n entries. With storage, every tensor gets its
@@ -110,9 +118,12 @@ class Session {
     bool hello_ = false;
     uint64_t caps_ = 0;
     std::map<uint64_t, SrvBuffer> buffers_;
-    uint64_t next_handle_;
+    uint64_t next_handle_;  // buffer and event handles (one counter: never equal)
     uint64_t bytes_ = 0;
     std::vector<std::unique_ptr<Backend>> backends_;
+    // Declared after backends_ so that it is destroyed first even without the destructor's
+    // explicit clear: an event may refer to its device's streams.
+    std::map<uint64_t, SrvEvent> events_;
     std::list<CachedGraph> cache_;  // most recently used first
     uint64_t requests_ = 0, errors_ = 0, cache_hits_ = 0, cache_misses_ = 0, delta_hits_ = 0;
 };

@@ -175,6 +175,29 @@ int default_threads() {
     return n == 0 ? 1 : static_cast<int>(n);
 }
 
+// CPU events are trivial, and that is correct, not a shortcut: CpuBackend::compute() (and
+// every buffer call) returns only after the work is done, so by the time a caller records an
+// event every earlier piece of work of that stream has already completed. A recorded point has
+// therefore always passed: synchronize() has nothing to wait for, and a backend that waits on
+// a CPU event can go ahead at once.
+class CpuEvent : public Event {
+  public:
+    Device* device() const override { return cpu_device(); }
+    Status synchronize() override { return Status::ok(); }
+};
+
+// The event must belong to the CPU device: an event of another device records a point on that
+// device's streams, which a CPU stream can neither record nor wait for.
+Status check_cpu_event(const Event* e, const char* what) {
+    if (!e) return Status::errorf("CPU: %s: no event", what);
+    Device* d = e->device();
+    if (d != cpu_device() || !dynamic_cast<const CpuEvent*>(e)) {
+        return Status::errorf("CPU: %s: the event belongs to device %s, not to device %s", what,
+                              d ? d->name() : "?", cpu_device()->name());
+    }
+    return Status::ok();
+}
+
 class CpuBackend : public Backend {
   public:
     explicit CpuBackend(int n_threads) : pool_(std::make_unique<ThreadPool>(n_threads)) {}
@@ -228,6 +251,9 @@ class CpuBackend : public Backend {
         if (errors.failed()) return Status::error("CPU: " + errors.message());
         return Status::ok();
     }
+    // Immediate: compute() has finished all earlier work (see CpuEvent).
+    Status record_event(Event* e) override { return check_cpu_event(e, "record_event"); }
+    Status wait_event(Event* e) override { return check_cpu_event(e, "wait_event"); }
 
   private:
     struct Step {
@@ -271,6 +297,7 @@ class CpuDevice : public Device {
     DeviceCaps caps() const override {
         DeviceCaps c;
         c.buffer_from_host_ptr = true;
+        c.events = true;  // trivial events (see CpuEvent)
         return c;
     }
     BufferType* buffer_type() override { return host_buffer_type(); }
@@ -290,6 +317,9 @@ class CpuDevice : public Device {
     bool supports_buffer_type(const BufferType* type) override { return type->is_host(); }
     Expected<std::unique_ptr<Backend>> make_backend() override {
         return std::unique_ptr<Backend>(new CpuBackend(default_threads()));
+    }
+    Expected<std::unique_ptr<Event>> make_event() override {
+        return std::unique_ptr<Event>(new CpuEvent());
     }
 };
 

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -26,7 +27,7 @@ Expected<std::shared_ptr<Connection>> Connection::open(const std::string& addr,
     }
     wire::Writer w;
     w.u32(kProtocolVersion);
-    uint64_t caps = kCapGraphCache;
+    uint64_t caps = kCapGraphCache | kCapEvents;
     if (a->kind == Address::Kind::Unix) caps |= kCapSharedMemory;
     w.u64(caps);
     w.str(tok);
@@ -45,14 +46,19 @@ Expected<std::shared_ptr<Connection>> Connection::open(const std::string& addr,
 }
 
 Connection::~Connection() {
+    (void)flush();  // held requests (posted writes) still reach the server
     if (!std::getenv("FERRY_REMOTE_STATS")) return;
     std::string per_cmd;
     for (uint16_t c = 1; c <= kCmdMax; c++) {
         if (sent_[c])
             per_cmd += strfmt(" %s=%llu", cmd_name(c), static_cast<unsigned long long>(sent_[c]));
     }
-    std::fprintf(stderr, "ferry remote %s: %llu waits, %llu bytes out, %llu bytes in;%s\n",
+    std::fprintf(stderr,
+                 "ferry remote %s: %llu waits, %llu sends, %llu receives, %llu bytes out, %llu "
+                 "bytes in;%s\n",
                  addr_.c_str(), static_cast<unsigned long long>(waits_),
+                 static_cast<unsigned long long>(sends_),
+                 static_cast<unsigned long long>(in_.receives()),
                  static_cast<unsigned long long>(bytes_out_),
                  static_cast<unsigned long long>(bytes_in_), per_cmd.c_str());
 }
@@ -67,9 +73,36 @@ Status Connection::fail(const std::string& why) {
         dead_why_ = why;
         sock_.close();
         pending_.clear();
+        out_.clear();
+        in_.reset();
+        close_fds_in();
     }
     return error("connection lost: " + dead_why_);
 }
+
+namespace {
+
+// Requests whose sending may wait for the next one: the small data-path requests a step
+// posts before its compute (inputs, clears, posted reads). Anything that starts work (a
+// compute), changes what others can see (a free) or waits (a call) goes out at once, with
+// whatever is held.
+bool may_hold(Cmd cmd) {
+    switch (cmd) {
+        case Cmd::TENSOR_SET:
+        case Cmd::TENSOR_GET:
+        case Cmd::TENSOR_MEMSET:
+        case Cmd::TENSOR_COPY:
+        case Cmd::BUFFER_CLEAR:
+            return true;
+        default:
+            return false;
+    }
+}
+
+constexpr size_t kHoldMax = 64u << 10;     // larger requests are sent at once
+constexpr size_t kHoldFlush = 256u << 10;  // held bytes that force a send
+
+}  // namespace
 
 Status Connection::send_frame(Cmd cmd, uint64_t id, const wire::Writer& prefix, const void* data,
                               size_t size) {
@@ -87,40 +120,81 @@ Status Connection::send_frame(Cmd cmd, uint64_t id, const wire::Writer& prefix, 
     bytes_out_ += kHeaderSize + len;
     uint8_t hdr[kHeaderSize];
     write_header(hdr, h);
-    const uint8_t* parts[3] = {hdr, prefix.data(), static_cast<const uint8_t*>(data)};
-    size_t left[3] = {kHeaderSize, prefix.size(), size};
-    while (left[0] + left[1] + left[2] > 0) {
-        pollfd pfd{sock_.fd(), POLLOUT, 0};
-        if (!pending_.empty()) pfd.events |= POLLIN;
-        const int pr = ::poll(&pfd, 1, -1);
-        if (pr < 0) {
-            if (errno == EINTR) continue;
-            return fail(std::string("poll: ") + std::strerror(errno));
+    if (may_hold(cmd) && kHeaderSize + len <= kHoldMax) {
+        out_.insert(out_.end(), hdr, hdr + kHeaderSize);
+        out_.insert(out_.end(), prefix.data(), prefix.data() + prefix.size());
+        if (size) {
+            const uint8_t* d = static_cast<const uint8_t*>(data);
+            out_.insert(out_.end(), d, d + size);
         }
-        if ((pfd.revents & POLLIN) && !pending_.empty()) {
-            // Keep the pipeline moving: the server may be blocked sending us a reply.
-            FERRY_TRY(read_reply(nullptr, nullptr));
-            if (dead_) return error("connection lost: " + dead_why_);
-            continue;
+        return out_.size() >= kHoldFlush ? flush() : Status::ok();
+    }
+    const uint8_t* parts[4] = {out_.data(), hdr, prefix.data(), static_cast<const uint8_t*>(data)};
+    size_t left[4] = {out_.size(), kHeaderSize, prefix.size(), size};
+    Status st = write_parts(parts, left, 4);
+    out_.clear();
+    return st;
+}
+
+Status Connection::flush() {
+    if (out_.empty() || dead_) return Status::ok();
+    const uint8_t* parts[1] = {out_.data()};
+    size_t left[1] = {out_.size()};
+    Status st = write_parts(parts, left, 1);
+    out_.clear();
+    if (out_.capacity() > 2 * kHoldFlush) out_.shrink_to_fit();
+    return st;
+}
+
+Status Connection::write_parts(const uint8_t** parts, size_t* left, int n_parts) {
+    // Sends without waiting first (the bytes fit the socket buffer almost always: one
+    // syscall); only a full socket makes us poll, and then replies are read while we wait.
+    bool full = false;
+    auto remaining = [&] {
+        size_t n = 0;
+        for (int i = 0; i < n_parts; i++) n += left[i];
+        return n;
+    };
+    while (remaining() > 0) {
+        if (full) {
+            pollfd pfd{sock_.fd(), POLLOUT, 0};
+            if (!pending_.empty()) pfd.events |= POLLIN;
+            const int pr = ::poll(&pfd, 1, -1);
+            if (pr < 0) {
+                if (errno == EINTR) continue;
+                return fail(std::string("poll: ") + std::strerror(errno));
+            }
+            if ((pfd.revents & POLLIN) && !pending_.empty()) {
+                // Keep the pipeline moving: the server may be blocked sending us a reply.
+                FERRY_TRY(read_reply(nullptr, nullptr));
+                if (dead_) return error("connection lost: " + dead_why_);
+                continue;
+            }
+            if (pfd.revents & (POLLERR | POLLHUP | POLLNVAL) && !(pfd.revents & POLLOUT)) {
+                return fail("the server closed the connection");
+            }
         }
-        if (pfd.revents & (POLLERR | POLLHUP | POLLNVAL) && !(pfd.revents & POLLOUT)) {
-            return fail("the server closed the connection");
-        }
-        iovec iov[3];
+        iovec iov[4];
         int n = 0;
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < n_parts; i++) {
             if (left[i]) iov[n++] = {const_cast<uint8_t*>(parts[i]), left[i]};
         }
         msghdr msg{};
         msg.msg_iov = iov;
         msg.msg_iovlen = static_cast<size_t>(n);
+        sends_++;
         const ssize_t sent = ::sendmsg(sock_.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (sent < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) full = true;
             if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+            if (errno == EPIPE || errno == ECONNRESET) {
+                return fail("the server closed the connection");
+            }
             return fail(std::string("send: ") + std::strerror(errno));
         }
+        full = true;  // a partial send: the buffer is full now
         size_t s = static_cast<size_t>(sent);
-        for (int i = 0; i < 3 && s > 0; i++) {
+        for (int i = 0; i < n_parts && s > 0; i++) {
             const size_t take = s < left[i] ? s : left[i];
             parts[i] += take;
             left[i] -= take;
@@ -138,26 +212,35 @@ void Connection::run_local_actions() {
     }
 }
 
+Status Connection::read_in(void* dst, size_t n) {
+    return in_.read(dst, n, false, nullptr, &fds_in_);
+}
+
+void Connection::close_fds_in() {
+    for (int fd : fds_in_) ::close(fd);
+    fds_in_.clear();
+}
+
 Status Connection::read_reply(Result* sync_result, Status* sync_status) {
     if (dead_) return error("connection lost: " + dead_why_);
     uint8_t hdr[kHeaderSize];
-    std::vector<int> fds;
-    Status st = sock_.recv_exact(hdr, sizeof(hdr), &fds);
-    if (!st) {
-        for (int fd : fds) ::close(fd);
-        return fail(st.message());
-    }
+    Status st = read_in(hdr, sizeof(hdr));
+    if (!st) return fail(st.message());
     const Header h = read_header(hdr);
-    auto bad = [&](const std::string& why) {
-        for (int fd : fds) ::close(fd);
-        return fail("protocol error: " + why);
-    };
+    auto bad = [&](const std::string& why) { return fail("protocol error: " + why); };
     if (h.magic != kMagic) return bad("bad magic in reply");
     if (h.len > kMaxPayload) return bad("oversized reply");
-    if (pending_.empty() || pending_.front().cmd == 0) {
-        // An unsolicited error (e.g. "server busy") before the connection closes.
-        return bad("unexpected reply");
+    if (h.id == 0 && h.cmd == 0 && (h.flags & kFlagError) && h.len <= (1u << 16)) {
+        // A connection-level error (e.g. "server busy"), sent before the server closes.
+        std::vector<uint8_t> msg(static_cast<size_t>(h.len));
+        if (read_in(msg.data(), msg.size())) {
+            wire::Reader r(msg.data(), msg.size());
+            const std::string text = r.str(1u << 16);
+            if (r.ok()) return fail(text);
+        }
+        return bad("malformed connection error");
     }
+    if (pending_.empty() || pending_.front().cmd == 0) return bad("unexpected reply");
     Pending p = std::move(pending_.front());
     pending_.pop_front();
     if (!(h.flags & kFlagReply) || h.id != p.id || h.cmd != p.cmd) {
@@ -169,15 +252,12 @@ Status Connection::read_reply(Result* sync_result, Status* sync_status) {
     bytes_in_ += kHeaderSize + h.len;
     std::vector<uint8_t> payload;
     if (!is_error && p.dst && h.len == p.dst_size) {
-        st = sock_.recv_exact(p.dst, p.dst_size, &fds);
+        st = read_in(p.dst, p.dst_size);
     } else {
         payload.resize(h.len);
-        st = sock_.recv_exact(payload.data(), payload.size(), &fds);
+        st = read_in(payload.data(), payload.size());
     }
-    if (!st) {
-        for (int fd : fds) ::close(fd);
-        return fail(st.message());
-    }
+    if (!st) return fail(st.message());
     Status result;
     if (is_error) {
         wire::Reader r(payload.data(), payload.size());
@@ -189,12 +269,16 @@ Status Connection::read_reply(Result* sync_result, Status* sync_status) {
                               static_cast<unsigned long long>(h.len), p.dst_size));
     }
     if (p.sync && sync_result) {
+        // Descriptors come only with replies to synchronous calls (BUFFER_ALLOC), and one
+        // call waits at a time: whatever arrived while reading up to here is this reply's
+        // (a read may take in the start of the next reply with its descriptor, so they are
+        // gathered per call, not per read).
         sync_result->payload = std::move(payload);
-        sync_result->fds = std::move(fds);
+        sync_result->fds = std::move(fds_in_);
+        fds_in_.clear();
         *sync_status = result;
-    } else {
-        for (int fd : fds) ::close(fd);
-        if (!result && sticky_) sticky_ = result;
+    } else if (!result && sticky_) {
+        sticky_ = result;
     }
     run_local_actions();
     return Status::ok();
@@ -241,6 +325,7 @@ Expected<Connection::Result> Connection::call(Cmd cmd, const wire::Writer& prefi
     Result res;
     Status own;
     waits_++;
+    FERRY_TRY(flush());
     while (!pending_.empty()) {
         const bool mine = pending_.front().id == id && pending_.front().cmd != 0;
         FERRY_TRY(read_reply(mine ? &res : nullptr, &own));
@@ -263,6 +348,7 @@ Expected<Connection::Result> Connection::call(Cmd cmd, const wire::Writer& prefi
 Status Connection::drain() {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     if (!pending_.empty()) waits_++;
+    FERRY_TRY(flush());
     while (!pending_.empty()) {
         if (pending_.front().cmd == 0) {
             run_local_actions();
@@ -270,6 +356,7 @@ Status Connection::drain() {
         }
         FERRY_TRY(read_reply(nullptr, nullptr));
     }
+    close_fds_in();  // nothing is waiting for descriptors now
     if (dead_) return error("connection lost: " + dead_why_);
     Status s = sticky_;
     sticky_ = Status::ok();

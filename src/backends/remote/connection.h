@@ -2,7 +2,9 @@
 // flight. Thread-safe (one lock per connection).
 //
 // Requests are sent without waiting; their replies are matched to them by id, in order (the
-// server answers a connection's requests in the order they arrive). A wait (drain) reads
+// server answers a connection's requests in the order they arrive). Small data-path requests
+// (inputs, posted reads) are held and go out together with the next request that starts work
+// or waits, in one send. A wait (drain) reads
 // replies until nothing is in flight. While sending, replies that arrive are read as well, so
 // a long pipeline never deadlocks on full socket buffers. The first error of an asynchronous
 // request is kept and returned by the next wait.
@@ -77,11 +79,18 @@ class Connection {
     };
 
     Connection() = default;
+    // Sends a frame, or holds it (small data-path requests) to go out with the next one.
     Status send_frame(Cmd cmd, uint64_t id, const wire::Writer& prefix, const void* data,
                       size_t size);
+    Status flush();  // sends the held frames
+    Status write_parts(const uint8_t** parts, size_t* left, int n_parts);
     // Reads one reply and retires the request at the front of the pipeline.
     Status read_reply(Result* sync_result, Status* sync_status);
     Status fail(const std::string& why);  // marks the connection dead
+    // Reads n reply bytes through the receive buffer (one receive takes in every reply that
+    // has arrived); descriptors that come along are gathered in fds_in_.
+    Status read_in(void* dst, size_t n);
+    void close_fds_in();
     void run_local_actions();
 
     std::recursive_mutex mu_;
@@ -94,10 +103,13 @@ class Connection {
     std::string dead_why_;
     Status sticky_;
     std::deque<Pending> pending_;
+    std::vector<uint8_t> out_;  // held frames, sent before anything that waits or starts work
+    BufferedReader in_{sock_};
+    std::vector<int> fds_in_;  // descriptors received, not yet handed to a call
     std::list<SentGraph> sent_graphs_;
     // Client-side counters, printed at exit when FERRY_REMOTE_STATS is set.
     uint64_t sent_[kCmdMax + 1] = {};
-    uint64_t bytes_out_ = 0, bytes_in_ = 0, waits_ = 0;
+    uint64_t bytes_out_ = 0, bytes_in_ = 0, waits_ = 0, sends_ = 0;
 };
 
 }  // namespace ferry::remote

@@ -20,6 +20,11 @@ const char* cmd_name(uint16_t cmd) {
         "SYNCHRONIZE",
         "SESSION_STATS",
         "PING",
+        "EVENT_NEW",
+        "EVENT_FREE",
+        "EVENT_RECORD",
+        "EVENT_WAIT",
+        "EVENT_SYNCHRONIZE",
     };
     static_assert(sizeof(kNames) / sizeof(kNames[0]) == kCmdMax + 1);
     return cmd <= kCmdMax ? kNames[cmd] : "UNKNOWN";

@@ -43,15 +43,27 @@ enum class Cmd : uint16_t {
     SYNCHRONIZE = 13,    // u32 dev -> (empty)
     SESSION_STATS = 14,  // -> stats record
     PING = 15,           // -> (empty)
+    // Events (server-side): handles like buffer handles (session id in the high 32 bits).
+    EVENT_NEW = 16,          // u32 dev -> u64 event handle
+    EVENT_FREE = 17,         // u64 event -> (empty)
+    EVENT_RECORD = 18,       // u64 event, u32 dev -> (empty)
+    EVENT_WAIT = 19,         // u32 dev, u64 event -> (empty)
+    EVENT_SYNCHRONIZE = 20,  // u64 event -> (empty), once the recorded point has passed
 };
-constexpr uint16_t kCmdMax = 15;
+constexpr uint16_t kCmdMax = 20;
 const char* cmd_name(uint16_t cmd);
 
 // Capability bits (HELLO). The server answers with the intersection of what both offer.
 enum Caps : uint64_t {
     kCapSharedMemory = 1ull << 0,  // host buffers are memfd shared memory, fd in the alloc reply
     kCapGraphCache = 1ull << 1,    // GRAPH_COMPUTE mode 1 (delta against a cached table)
+    kCapEvents = 1ull << 2,        // EVENT_* commands (server-side events)
 };
+
+// Device record caps bits (LIST_DEVICES, u8).
+constexpr uint8_t kDeviceCapAsync = 1;         // the device's caps().async
+constexpr uint8_t kDeviceCapEvents = 2;        // caps().events: EVENT_* work on this device
+constexpr uint8_t kDeviceCapSharedMemory = 4;  // host buffers are shared memory (unix sockets)
 
 // BUFFER_ALLOC kinds.
 constexpr uint8_t kBufferDevice = 0;  // the device's buffer_type()
@@ -68,6 +80,8 @@ constexpr uint32_t kMaxTableEntries = 1u << 18;  // 262144 tensors
 // base they name is always still cached on the server.
 constexpr size_t kServerGraphCache = 16;
 constexpr size_t kClientGraphCache = 8;
+// Live events a session may hold (EVENT_NEW beyond it is an error).
+constexpr size_t kMaxSessionEvents = 4096;
 
 // One tensor-table entry, exactly kEntrySize bytes on the wire:
 //   u64 buffer handle (0: none; ignored for views), u64 offset in the buffer,

@@ -280,18 +280,35 @@ class TableBuilder {
     std::unordered_map<const Tensor*, int32_t> index_;
 };
 
+// A server-side event (EVENT_NEW). Recording and waiting are requests on the connection,
+// pipelined like compute; synchronize() waits for the server to report the recorded point
+// passed.
 class RemoteEvent : public Event {
   public:
-    RemoteEvent(Device* dev, std::shared_ptr<Connection> conn)
-        : dev_(dev), conn_(std::move(conn)) {}
+    RemoteEvent(Device* dev, std::shared_ptr<Connection> conn, uint64_t handle)
+        : dev_(dev), conn_(std::move(conn)), handle_(handle) {}
+    ~RemoteEvent() override {
+        // Posted, errors ignored: the connection may be dead (the server then freed the
+        // event with the session).
+        wire::Writer w;
+        w.u64(handle_);
+        (void)conn_->send_async(Cmd::EVENT_FREE, w);
+    }
     Device* device() const override { return dev_; }
-    // A connection's requests complete in order: waiting for everything sent so far covers
-    // the recorded point.
-    Status synchronize() override { return conn_->drain(); }
+    // Also returns the first error of an earlier asynchronous request, as every wait does.
+    Status synchronize() override {
+        wire::Writer w;
+        w.u64(handle_);
+        return conn_->call(Cmd::EVENT_SYNCHRONIZE, w).status();
+    }
+
+    uint64_t handle() const { return handle_; }
+    const std::shared_ptr<Connection>& conn() const { return conn_; }
 
   private:
     Device* dev_;
     std::shared_ptr<Connection> conn_;
+    uint64_t handle_;
 };
 
 class RemoteDevice : public Device {
@@ -335,7 +352,7 @@ class RemoteDevice : public Device {
     DeviceCaps caps() const override {
         DeviceCaps c;
         c.async = true;
-        c.events = true;
+        c.events = (caps_bits_ & kDeviceCapEvents) != 0 && (conn_->caps() & kCapEvents) != 0;
         return c;
     }
     BufferType* buffer_type() override { return buffer_type_.get(); }
@@ -346,7 +363,15 @@ class RemoteDevice : public Device {
     }
     Expected<std::unique_ptr<Backend>> make_backend() override;
     Expected<std::unique_ptr<Event>> make_event() override {
-        return std::unique_ptr<Event>(new RemoteEvent(this, conn_));
+        if (!(caps_bits_ & kDeviceCapEvents)) return Device::make_event();
+        wire::Writer w;
+        w.u32(index_);
+        Expected<Connection::Result> r = conn_->call(Cmd::EVENT_NEW, w);
+        if (!r) return r.status();
+        wire::Reader rd(r->payload.data(), r->payload.size());
+        const uint64_t handle = rd.u64();
+        if (!rd.done()) return conn_->error("EVENT_NEW: malformed reply");
+        return std::unique_ptr<Event>(new RemoteEvent(this, conn_, handle));
     }
 
     const std::shared_ptr<Connection>& conn() const { return conn_; }
@@ -632,11 +657,35 @@ class RemoteBackend : public Backend {
         return Status::ok();
     }
     Status synchronize() override { return conn_->drain(); }
+    // Posted (pipelined): the server records the event on this device's stream of the session,
+    // after every request sent before it.
     Status record_event(Event* e) override {
-        (void)e;
-        return Status::ok();
+        auto* re = dynamic_cast<RemoteEvent*>(e);
+        if (!re || re->device() != dev_) {
+            return conn_->error(
+                strfmt("record_event: an event of device %s cannot be recorded "
+                       "on device %s",
+                       e && e->device() ? e->device()->name() : "(none)", dev_->name()));
+        }
+        wire::Writer w;
+        w.u64(re->handle());
+        w.u32(dev_->index());
+        return conn_->send_async(Cmd::EVENT_RECORD, w);
     }
-    Status wait_event(Event* e) override { return e ? e->synchronize() : Status::ok(); }
+    // An event of this device (same connection): the server's stream waits for it, the client
+    // does not. Any other event (another device, session or server, or a local one): a host
+    // wait for its recorded point.
+    Status wait_event(Event* e) override {
+        if (!e) return Status::ok();
+        auto* re = dynamic_cast<RemoteEvent*>(e);
+        if (re && re->conn() == conn_ && re->device() == dev_) {
+            wire::Writer w;
+            w.u32(dev_->index());
+            w.u64(re->handle());
+            return conn_->send_async(Cmd::EVENT_WAIT, w);
+        }
+        return e->synchronize();
+    }
 
   private:
     RemoteDevice* dev_;

@@ -6,9 +6,11 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -68,6 +70,27 @@ Expected<Address> parse_address(const std::string& s) {
     return Status::errorf("address '%s': expected unix:PATH or tcp:HOST:PORT", s.c_str());
 }
 
+namespace {
+
+// Descriptors that came with a received message: appended to *fds, or closed.
+void take_fds(msghdr* msg, std::vector<int>* fds) {
+    for (cmsghdr* c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR(msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        const size_t nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < nfd; i++) {
+            int fd = -1;
+            std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+            if (fds) {
+                fds->push_back(fd);
+            } else {
+                ::close(fd);
+            }
+        }
+    }
+}
+
+}  // namespace
+
 Socket::~Socket() {
     close();
 }
@@ -91,18 +114,23 @@ void Socket::shutdown_both() {
 }
 
 Status Socket::send_all(const void* a, size_t na, const void* b, size_t nb, int pass_fd) {
-    const uint8_t* parts[2] = {static_cast<const uint8_t*>(a), static_cast<const uint8_t*>(b)};
-    size_t left[2] = {na, nb};
+    const iovec parts[2] = {{const_cast<void*>(a), na}, {const_cast<void*>(b), nb}};
+    return send_parts(parts, 2, pass_fd);
+}
+
+Status Socket::send_parts(const iovec* parts, int n_parts, int pass_fd) {
+    constexpr int kMaxParts = 8;
+    if (n_parts < 0 || n_parts > kMaxParts) return Status::errorf("send: %d pieces", n_parts);
+    iovec left[kMaxParts];
+    int first = 0, n = 0;
+    for (int i = 0; i < n_parts; i++) {
+        if (parts[i].iov_len) left[n++] = parts[i];
+    }
     bool fd_pending = pass_fd >= 0;
-    while (left[0] + left[1] > 0) {
-        iovec iov[2];
-        int n = 0;
-        for (int i = 0; i < 2; i++) {
-            if (left[i]) iov[n++] = {const_cast<uint8_t*>(parts[i]), left[i]};
-        }
+    while (first < n) {
         msghdr msg{};
-        msg.msg_iov = iov;
-        msg.msg_iovlen = static_cast<size_t>(n);
+        msg.msg_iov = left + first;
+        msg.msg_iovlen = static_cast<size_t>(n - first);
         alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))];
         if (fd_pending) {
             std::memset(ctrl, 0, sizeof(ctrl));
@@ -117,26 +145,28 @@ Status Socket::send_all(const void* a, size_t na, const void* b, size_t nb, int 
         const ssize_t sent = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
         if (sent < 0) {
             if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                return Status::error("send timed out: the peer stopped reading");
+            }
             return Status::errorf("send: %s", std::strerror(errno));
         }
         fd_pending = false;
         size_t s = static_cast<size_t>(sent);
-        for (int i = 0; i < 2 && s > 0; i++) {
-            const size_t take = s < left[i] ? s : left[i];
-            parts[i] += take;
-            left[i] -= take;
+        while (first < n && s > 0) {
+            const size_t take = std::min(s, left[first].iov_len);
+            left[first].iov_base = static_cast<uint8_t*>(left[first].iov_base) + take;
+            left[first].iov_len -= take;
             s -= take;
+            if (left[first].iov_len == 0) first++;
         }
     }
     return Status::ok();
 }
 
-Status Socket::recv_exact(void* p, size_t n, std::vector<int>* fds, bool* eof_at_start) {
-    uint8_t* out = static_cast<uint8_t*>(p);
-    size_t got = 0;
-    if (eof_at_start) *eof_at_start = false;
-    while (got < n) {
-        iovec iov{out + got, n - got};
+Status Socket::recv_some(void* p, size_t cap, size_t* got, bool idle_ok, std::vector<int>* fds) {
+    *got = 0;
+    for (;;) {
+        iovec iov{p, cap};
         msghdr msg{};
         msg.msg_iov = &iov;
         msg.msg_iovlen = 1;
@@ -146,28 +176,107 @@ Status Socket::recv_exact(void* p, size_t n, std::vector<int>* fds, bool* eof_at
         const ssize_t r = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
         if (r < 0) {
             if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                if (idle_ok) continue;
+                return Status::error("timed out");
+            }
             return Status::errorf("receive: %s", std::strerror(errno));
         }
-        for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-            const size_t nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-            for (size_t i = 0; i < nfd; i++) {
-                int fd = -1;
-                std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-                if (fds) {
-                    fds->push_back(fd);
-                } else {
-                    ::close(fd);
-                }
-            }
-        }
-        if (r == 0) {
+        take_fds(&msg, fds);
+        *got = static_cast<size_t>(r);
+        return Status::ok();
+    }
+}
+
+Status Socket::recv_exact(void* p, size_t n, std::vector<int>* fds, bool* eof_at_start,
+                          bool idle_ok, size_t* received) {
+    uint8_t* out = static_cast<uint8_t*>(p);
+    size_t got = 0;
+    if (received) *received = 0;
+    if (eof_at_start) *eof_at_start = false;
+    while (got < n) {
+        size_t part = 0;
+        FERRY_TRY(recv_some(out + got, n - got, &part, idle_ok && got == 0, fds));
+        if (part == 0) {
             if (got == 0 && eof_at_start) *eof_at_start = true;
-            return Status::errorf("connection closed (%zu of %zu bytes received)", got, n);
+            return Status::error("connection closed");
         }
-        got += static_cast<size_t>(r);
+        got += part;
+        if (received) *received = got;
     }
     return Status::ok();
+}
+
+Status BufferedReader::read(void* dst, size_t n, bool idle_ok, size_t* received,
+                            std::vector<int>* fds, const std::function<Status()>& before_block) {
+    uint8_t* out = static_cast<uint8_t*>(dst);
+    size_t got = 0;
+    Status st;
+    while (got < n) {
+        if (r_ < w_) {
+            const size_t take = std::min(n - got, w_ - r_);
+            std::memcpy(out + got, buf_.get() + r_, take);
+            r_ += take;
+            got += take;
+            continue;
+        }
+        r_ = w_ = 0;
+        if (before_block) {
+            if (st = before_block(); !st) break;
+        }
+        receives_++;
+        if (n - got >= kCap / 2) {
+            size_t part = 0;
+            st = sock_.recv_exact(out + got, n - got, fds, nullptr, idle_ok && got == 0, &part);
+            got += part;
+            break;
+        }
+        if (!buf_) buf_.reset(new uint8_t[kCap]);
+        size_t part = 0;
+        if (st = sock_.recv_some(buf_.get(), kCap, &part, idle_ok && got == 0, fds); !st) break;
+        if (part == 0) {
+            st = Status::error("connection closed");
+            break;
+        }
+        w_ = part;
+    }
+    if (received) *received = got;
+    return st;
+}
+
+Status Socket::set_io_timeout(int ms) {
+    timeval tv{};
+    tv.tv_sec = ms / 1000;
+    tv.tv_usec = (ms % 1000) * 1000;
+    if (setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
+        setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0) {
+        return Status::errorf("setting the I/O timeout: %s", std::strerror(errno));
+    }
+    return Status::ok();
+}
+
+std::string Socket::peer_identity() const {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof(ss);
+    if (getpeername(fd_, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
+        char host[INET6_ADDRSTRLEN] = {};
+        if (ss.ss_family == AF_INET &&
+            inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, host,
+                      sizeof(host))) {
+            return host;
+        }
+        if (ss.ss_family == AF_INET6 &&
+            inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, host,
+                      sizeof(host))) {
+            return host;
+        }
+    }
+    ucred cred{};
+    socklen_t clen = sizeof(cred);
+    if (getsockopt(fd_, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0) {
+        return "uid " + std::to_string(cred.uid);
+    }
+    return "unknown peer";
 }
 
 namespace {

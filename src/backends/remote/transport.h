@@ -4,8 +4,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
+
+struct iovec;
 
 #include "ferry/status.h"
 
@@ -45,12 +49,52 @@ class Socket {
     // Blocking send of two pieces (e.g. header + payload); when pass_fd >= 0 it travels with
     // the first byte (SCM_RIGHTS, Unix sockets only). Never raises SIGPIPE.
     Status send_all(const void* a, size_t na, const void* b, size_t nb, int pass_fd = -1);
+    // The same for n pieces (empty ones allowed), in one system call when they fit.
+    Status send_parts(const iovec* parts, int n, int pass_fd = -1);
+    // Blocking receive of at most cap bytes; *got gets the count, 0 at the end of the stream.
+    // Timeouts and idle_ok as in recv_exact (idle_ok: a timeout just keeps waiting).
+    // Received descriptors are appended to *fds (closed when fds is null).
+    Status recv_some(void* p, size_t cap, size_t* got, bool idle_ok,
+                     std::vector<int>* fds = nullptr);
     // Blocking receive of exactly n bytes. Received descriptors are appended to *fds (closed
     // when fds is null). *eof_at_start is set when the peer closed before the first byte.
-    Status recv_exact(void* p, size_t n, std::vector<int>* fds, bool* eof_at_start = nullptr);
+    // With an I/O timeout set, a wait that sees no byte for that long fails ("timed out"),
+    // except, with idle_ok, the wait for the first byte (a connection may idle between frames).
+    // Errors say "connection closed" or "timed out"; *received (if given) gets the bytes that
+    // did arrive.
+    Status recv_exact(void* p, size_t n, std::vector<int>* fds, bool* eof_at_start = nullptr,
+                      bool idle_ok = false, size_t* received = nullptr);
+    // Makes every blocking receive and send give up after ms milliseconds without progress
+    // (0: wait forever).
+    Status set_io_timeout(int ms);
+    // Who is on the other end, for per-client limits: "uid N" on unix sockets, the IP address
+    // on tcp.
+    std::string peer_identity() const;
 
   private:
     int fd_ = -1;
+};
+
+// Reads a socket through a buffer: one receive takes in every frame that has arrived (a
+// pipeline's requests or replies come together); large reads bypass the buffer.
+class BufferedReader {
+  public:
+    explicit BufferedReader(Socket& sock) : sock_(sock) {}
+    // Reads exactly n bytes. idle_ok: the first byte may take any time. *received: bytes that
+    // arrived before an error. Descriptors that come along go to *fds (closed when null).
+    // before_block runs whenever the reader is about to wait for the socket.
+    Status read(void* dst, size_t n, bool idle_ok, size_t* received, std::vector<int>* fds,
+                const std::function<Status()>& before_block = nullptr);
+    bool buffered() const { return r_ < w_; }  // bytes already here, not yet read
+    void reset() { r_ = w_ = 0; }
+    uint64_t receives() const { return receives_; }
+
+  private:
+    static constexpr size_t kCap = 64u << 10;
+    Socket& sock_;
+    std::unique_ptr<uint8_t[]> buf_;
+    size_t r_ = 0, w_ = 0;
+    uint64_t receives_ = 0;
 };
 
 // Connects (TCP_NODELAY on tcp).
