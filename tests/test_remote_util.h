@@ -122,9 +122,11 @@ class RawClient {
         auto s = remote::connect_to(*a);
         if (!s) return false;
         sock_ = std::move(*s);
+        // Replies that never come fail the test after 10 s instead of hanging it (raw recv()
+        // calls below see the same limit).
         timeval tv{10, 0};
         setsockopt(sock_.fd(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-        return true;
+        return sock_.set_io_timeout(10000).is_ok();
     }
     // Sends HELLO (caps 0: no shared memory, so no descriptors come back).
     Reply hello(const std::string& token = "", uint32_t version = remote::kProtocolVersion,
