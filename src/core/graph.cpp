@@ -179,8 +179,15 @@ Status GraphAllocator::allocate(Graph& g) {
     }
     planned_ = planner.peak();
     if (planned_ > 0 && (!buffer_ || buffer_->size() < planned_)) {
+        // Growing: a quarter more than asked, so that plans which creep up step by step (a
+        // decode graph rebuilt as the KV length grows) keep one buffer instead of paying a
+        // fresh allocation, its first-touch page faults and, on a remote device, a
+        // free / alloc round trip at every rebuild.
+        size_t want = planned_;
+        if (buffer_) want = std::max(planned_, planned_ + planned_ / 4);
         buffer_.reset();
-        Expected<std::unique_ptr<Buffer>> b = type_->allocate(planned_);
+        Expected<std::unique_ptr<Buffer>> b = type_->allocate(want);
+        if (!b && want > planned_) b = type_->allocate(planned_);
         if (!b) return b.status().context("graph allocator");
         buffer_ = std::move(*b);
         buffer_->set_usage(BufferUsage::Compute);

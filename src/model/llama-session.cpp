@@ -165,8 +165,10 @@ Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bo
     const int32_t n_out = all_logits ? n_tokens : 1;
     const bool need_mask = n_tokens > 1 || n_kv > n_end;
     // A graph is reused only when its inputs keep their storage (alloc was its last plan).
+    // A graph with a mask serves steps that need none (every position visible), so a decode
+    // step that fills its KV padding exactly does not rebuild twice.
     if (!g.valid || g.n_tokens != n_tokens || g.n_kv != n_kv || g.n_out != n_out ||
-        (g.mask != nullptr) != need_mask) {
+        (need_mask && g.mask == nullptr)) {
         FERRY_TRY(build(n_tokens, n_kv, n_out));
     }
     pos_host.resize(static_cast<size_t>(n_tokens));
