@@ -4,7 +4,6 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -100,7 +99,6 @@ Socket& Socket::operator=(Socket&& o) noexcept {
     if (this != &o) {
         close();
         fd_ = o.fd_;
-        timeout_ms_ = o.timeout_ms_;
         o.fd_ = -1;
     }
     return *this;
@@ -175,24 +173,19 @@ Status Socket::recv_some(void* p, size_t cap, size_t* got, bool idle_ok, std::ve
         alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * 4)];
         msg.msg_control = ctrl;
         msg.msg_controllen = sizeof(ctrl);
-        const ssize_t r = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+        const ssize_t r = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
         if (r >= 0) {
             take_fds(&msg, fds);
             *got = static_cast<size_t>(r);
             return Status::ok();
         }
         if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) {
-            return Status::errorf("receive: %s", std::strerror(errno));
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            // SO_RCVTIMEO expired (see set_io_timeout).
+            if (idle_ok) continue;
+            return Status::error("timed out");
         }
-        // Wait in poll(), not in a blocking recvmsg: a Unix socket wakes every thread blocked
-        // in recvmsg whenever the peer reads what we sent (room to write again), and that
-        // spurious wake-up cost a preemption and two context switches per request-reply pair
-        // (seen with `perf sched timehist`). poll() wakes only for data.
-        pollfd pfd{fd_, POLLIN, 0};
-        const int pr = ::poll(&pfd, 1, timeout_ms_ > 0 ? timeout_ms_ : -1);
-        if (pr < 0 && errno != EINTR) return Status::errorf("poll: %s", std::strerror(errno));
-        if (pr == 0 && !idle_ok) return Status::error("timed out");
+        return Status::errorf("receive: %s", std::strerror(errno));
     }
 }
 
@@ -256,10 +249,10 @@ Status Socket::set_io_timeout(int ms) {
     timeval tv{};
     tv.tv_sec = ms / 1000;
     tv.tv_usec = (ms % 1000) * 1000;
-    if (setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0) {
+    if (setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
+        setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0) {
         return Status::errorf("setting the I/O timeout: %s", std::strerror(errno));
     }
-    timeout_ms_ = ms;  // receives wait in poll() with this timeout
     return Status::ok();
 }
 

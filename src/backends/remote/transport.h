@@ -35,7 +35,7 @@ class Socket {
     Socket() = default;
     explicit Socket(int fd) : fd_(fd) {}
     ~Socket();
-    Socket(Socket&& o) noexcept : fd_(o.fd_), timeout_ms_(o.timeout_ms_) { o.fd_ = -1; }
+    Socket(Socket&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
     Socket& operator=(Socket&& o) noexcept;
     Socket(const Socket&) = delete;
     Socket& operator=(const Socket&) = delete;
@@ -73,7 +73,6 @@ class Socket {
 
   private:
     int fd_ = -1;
-    int timeout_ms_ = 0;  // I/O timeout (0: none)
 };
 
 // Reads a socket through a buffer: one receive takes in every frame that has arrived (a
