@@ -311,6 +311,35 @@ TEST_P(Remote, SetGetRoundTrips) {
     EXPECT_EQ(got, d2);
 }
 
+TEST_P(Remote, LongPipelineOfSmallRequests) {
+    // 6000 posted writes and reads of 1 KiB with no wait in between: the client holds small
+    // requests and flushes them in batches, the server batches its replies, and neither side
+    // may deadlock when both directions' socket buffers fill (the reads' replies alone are
+    // 6 MiB on tcp). Every read must see the write posted just before it.
+    constexpr size_t kChunk = 1024, kSlots = 2048, kOps = 6000;
+    auto buf = dev_->buffer_type()->allocate(kChunk * kSlots);
+    ASSERT_TRUE(buf) << buf.message();
+    auto be = dev_->make_backend();
+    ASSERT_TRUE(be);
+    std::vector<Tensor> slots(kSlots);
+    for (size_t i = 0; i < kSlots; i++) {
+        slots[i].type = Type::I32;
+        slots[i].ne[0] = kChunk / 4;
+        set_contiguous_strides(&slots[i]);
+        slots[i].buffer = buf->get();
+        slots[i].offs = i * kChunk;
+    }
+    std::vector<std::vector<uint8_t>> wrote(kOps), read(kOps, std::vector<uint8_t>(kChunk));
+    for (size_t k = 0; k < kOps; k++) {
+        wrote[k] = random_bytes(kChunk, static_cast<uint32_t>(1000 + k));
+        Tensor* t = &slots[(k * 7) % kSlots];
+        ASSERT_TRUE((*be)->set_tensor_async(t, wrote[k].data(), 0, kChunk).is_ok()) << k;
+        ASSERT_TRUE((*be)->get_tensor_async(t, read[k].data(), 0, kChunk).is_ok()) << k;
+    }
+    ASSERT_TRUE((*be)->synchronize().is_ok());
+    for (size_t k = 0; k < kOps; k++) ASSERT_EQ(read[k], wrote[k]) << "operation " << k;
+}
+
 TEST_P(Remote, LargeTransferIsChunked) {
     // 70 MiB crosses the 64 MiB chunk size of inline transfers.
     const size_t n = 70u << 20;
