@@ -91,12 +91,13 @@ int cmd_bench(int argc, char** argv) {
     if (args.flag({"-h", "--help"})) {
         std::printf(
             "usage: ferry bench -m MODEL [-p N] [-n N] [-r REPS] [-t THREADS] [-o md|json]\n"
-            "                   [--kv-type f16|f32] [--remote ADDR] [--device NAME]\n"
+            "                   [--kv-type f16|f32] [--remote ADDR] [--device NAME] [--mmap]\n"
             "  pp: one batch of N prompt tokens from an empty cache; tg: N tokens one at a time\n"
             "  from an empty cache (as llama-bench). Each test runs once to warm up, then REPS\n"
             "  times; prints mean ± sd tokens/s, and the process's peak resident memory.\n"
             "  -p 0 or -n 0 skips that test. Defaults: -p 512 -n 128 -r 5.\n"
-            "  --remote ADDR puts the weights (and the work) on a `ferry serve` device.\n");
+            "  --remote ADDR puts the weights (and the work) on a `ferry serve` device.\n"
+            "  --mmap: CPU weights stay in the memory-mapped file instead of huge-page memory.\n");
         return 0;
     }
     const std::optional<std::string> model_path = args.value({"-m", "--model"});
@@ -106,6 +107,7 @@ int cmd_bench(int argc, char** argv) {
     const long long threads = args.integer({"-t", "--threads"}).value_or(0);
     const std::string fmt = args.value({"-o", "--output"}).value_or("md");
     const std::optional<std::string> kv = args.value({"--kv-type"});
+    const bool use_mmap = args.flag({"--mmap"});
     const std::vector<std::string> remotes = args.values({"--remote"});
     const std::optional<std::string> device_name = args.value({"--device"});
     if (Status st = args.finish(); !st) return fail("bench", st.message());
@@ -122,6 +124,7 @@ int cmd_bench(int argc, char** argv) {
     if (!dev) return fail("bench", dev.message());
     ModelOptions mo;
     if (*dev) mo.devices.push_back(*dev);
+    mo.mmap = use_mmap;
     so.n_batch = static_cast<int32_t>(std::max<long long>(n_prompt, 1));
     so.n_ctx = static_cast<int32_t>(std::max<long long>(n_prompt, n_gen) + 16);
 
@@ -160,8 +163,8 @@ int cmd_bench(int argc, char** argv) {
         for (const Result& r : results) {
             std::printf("| %s | %s | %s | %s | %d | %s | %.2f ± %.2f |\n", model_desc.c_str(),
                         human_size(static_cast<double>(m.size_bytes())).c_str(),
-                        human_params(static_cast<double>(m.n_params())).c_str(), dev_name.c_str(), nth,
-                        r.test.c_str(), r.mean(), r.sd());
+                        human_params(static_cast<double>(m.n_params())).c_str(), dev_name.c_str(),
+                        nth, r.test.c_str(), r.mean(), r.sd());
         }
         std::printf("\npeak memory (max RSS): %s\n", human_size(static_cast<double>(peak)).c_str());
     } else {
@@ -173,8 +176,8 @@ int cmd_bench(int argc, char** argv) {
                 "\"device\": \"%s\", \"threads\": %d, \"test\": \"%s\", "
                 "\"avg_ts\": %.4f, \"stddev_ts\": %.4f, \"samples_ts\": [",
                 model_desc.c_str(), static_cast<unsigned long long>(m.size_bytes()),
-                static_cast<unsigned long long>(m.n_params()), dev_name.c_str(), nth, r.test.c_str(),
-                r.mean(), r.sd());
+                static_cast<unsigned long long>(m.n_params()), dev_name.c_str(), nth,
+                r.test.c_str(), r.mean(), r.sd());
             for (size_t j = 0; j < r.tps.size(); j++)
                 std::printf("%s%.4f", j ? ", " : "", r.tps[j]);
             std::printf("], \"peak_rss_bytes\": %zu}%s\n", peak, i + 1 < results.size() ? "," : "");

@@ -22,6 +22,7 @@ void usage() {
         "  --tokens LIST        comma-separated token ids\n"
         "  --out FILE           output file\n"
         "  --kv-type TYPE       KV cache type: f16 (default) or f32\n"
+        "  --mmap               CPU: compute from the memory-mapped file (no copy)\n"
         "  -t, --threads N      CPU threads (default: all cores)\n"
         "  -c, --ctx N          context size (default: the number of tokens)\n"
         "  --remote ADDR        connect to a `ferry serve` (unix:PATH or tcp:HOST:PORT) and put\n"
@@ -66,6 +67,7 @@ int cmd_logits(int argc, char** argv) {
     const std::optional<std::string> tokens_arg = args.value({"--tokens"});
     const std::optional<std::string> out_path = args.value({"--out", "-o"});
     const std::optional<std::string> kv = args.value({"--kv-type"});
+    const bool use_mmap = args.flag({"--mmap"});
     const std::optional<long long> threads = args.integer({"-t", "--threads"});
     const std::optional<long long> ctx = args.integer({"-c", "--ctx"});
     const std::vector<std::string> remotes = args.values({"--remote"});
@@ -84,6 +86,7 @@ int cmd_logits(int argc, char** argv) {
 
     ModelOptions mo;
     if (*dev) mo.devices.push_back(*dev);
+    mo.mmap = use_mmap;
     Expected<std::unique_ptr<LlamaModel>> model = LlamaModel::load(*model_path, mo);
     if (!model) return fail("logits", model.message());
     const int32_t n_vocab = (*model)->hparams().n_vocab;

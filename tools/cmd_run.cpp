@@ -49,6 +49,8 @@ void usage() {
         "  --repeat-penalty R      repetition penalty over the last 64 tokens (default 1: off)\n"
         "  --seed S                sampling seed\n"
         "  --kv-type TYPE          KV cache type: f16 (default) or f32\n"
+        "  --mmap                  CPU: compute from the memory-mapped file (no copy, faster\n"
+        "                          start); default: load into huge-page memory (faster decode)\n"
         "  --remote ADDR           put the weights on a `ferry serve` device (repeatable)\n"
         "  --device NAME           put the weights on this device\n",
         kDefaultPrompt);
@@ -76,6 +78,7 @@ int cmd_run(int argc, char** argv) {
     const std::optional<double> repeat_penalty = args.number({"--repeat-penalty"});
     const std::optional<long long> seed = args.integer({"--seed", "-s"});
     const std::optional<std::string> kv = args.value({"--kv-type"});
+    const bool use_mmap = args.flag({"--mmap"});
     const std::vector<std::string> remotes = args.values({"--remote"});
     const std::optional<std::string> device_name = args.value({"--device"});
     if (Status st = args.finish(); !st) return fail("run", st.message());
@@ -92,6 +95,7 @@ int cmd_run(int argc, char** argv) {
     const auto t_load = std::chrono::steady_clock::now();
     ModelOptions mo;
     if (*dev) mo.devices.push_back(*dev);
+    mo.mmap = use_mmap;
     if (isatty(STDERR_FILENO)) mo.progress = show_progress;
     Expected<std::unique_ptr<LlamaModel>> model = LlamaModel::load(path, mo);
     if (!model) return fail("run", model.message());

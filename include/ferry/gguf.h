@@ -101,6 +101,12 @@ class GgufFile {
     const uint8_t* tensor_data(const GgufTensorInfo& t) const {
         return base_ + data_offset_ + t.offset;
     }
+    // Whether the bytes are a mapping of the file (rather than a copy in memory).
+    bool is_mapped() const { return map_ != nullptr; }
+    // Drops the mapped pages that lie wholly inside [p, p + n) from this process (they stay in
+    // the page cache and come back on the next access): after tensors were copied elsewhere,
+    // so that they are not counted twice in the process's memory. No-op unless mapped.
+    void release_pages(const uint8_t* p, size_t n) const;
 
   private:
     GgufFile() = default;

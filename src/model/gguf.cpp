@@ -386,6 +386,15 @@ Expected<std::unique_ptr<GgufFile>> GgufFile::open(const std::string& path) {
     return f;
 }
 
+void GgufFile::release_pages(const uint8_t* p, size_t n) const {
+    if (!map_ || p < base_ || n > size_ || p - base_ > static_cast<ptrdiff_t>(size_ - n)) return;
+    // madvise works on whole pages: only those entirely inside the range.
+    const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const uintptr_t start = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
+    const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n) & ~(page - 1);
+    if (end > start) (void)::madvise(reinterpret_cast<void*>(start), end - start, MADV_DONTNEED);
+}
+
 Expected<std::unique_ptr<GgufFile>> GgufFile::from_memory(const void* data, size_t size,
                                                           const std::string& name) {
     std::unique_ptr<GgufFile> f(new GgufFile());

@@ -1,13 +1,12 @@
 // The llama architecture: hyperparameters, weight checks and placement.
 #include "model/llama.h"
 
-#include "model/embedded-model.h"
-
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <map>
 
+#include "model/embedded-model.h"
 #include "model/llama-impl.h"
 
 namespace ferry {
@@ -312,6 +311,9 @@ class Loader {
             Tensor* t = tensors_[i];
             FERRY_TRY(m_.buffer->set_tensor(t, f_.tensor_data(*infos_[i]), 0, t->nbytes())
                           .context(strfmt("uploading '%s' to %s", t->name, dev->name())));
+            // The copy is all we need now: the file's pages leave this process as we go, so
+            // they are never counted alongside the copy.
+            f_.release_pages(f_.tensor_data(*infos_[i]), t->nbytes());
             done += t->nbytes();
             if (progress) {
                 progress(
@@ -358,7 +360,9 @@ Status load_into(LlamaModel::Impl& m, const ModelOptions& opts) {
 
     m.device = opts.devices.empty() ? cpu_device() : opts.devices[0];
     if (!m.device) return Status::error("no device to place the weights on");
-    if (m.device->type() == DeviceType::CPU) return loader.place_mapped(m.device, opts.progress);
+    if (m.device->type() == DeviceType::CPU && (opts.mmap || !g.is_mapped())) {
+        return loader.place_mapped(m.device, opts.progress);
+    }
     return loader.place_uploaded(m.device, opts.progress);
 }
 

@@ -10,7 +10,10 @@ namespace ferry::cpu {
 // A host buffer: owns aligned memory, or wraps caller memory (buffer_from_host_ptr).
 class HostBuffer : public Buffer {
   public:
-    HostBuffer(BufferType* type, void* base, size_t size, bool owned);
+    // How the memory is released when the buffer goes: not at all (caller memory), free(),
+    // or munmap() of map_len bytes.
+    enum class Owner { None, Malloc, Mmap };
+    HostBuffer(BufferType* type, void* base, size_t size, Owner owner, size_t map_len = 0);
     ~HostBuffer() override;
     BufferType* type() const override { return type_; }
     size_t size() const override { return size_; }
@@ -26,7 +29,8 @@ class HostBuffer : public Buffer {
     BufferType* type_;
     void* base_;
     size_t size_;
-    bool owned_;
+    Owner owner_;
+    size_t map_len_;
 };
 
 // Host memory buffer type (64-byte aligned). Shared by every device that can read host memory.
