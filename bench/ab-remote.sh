@@ -36,7 +36,7 @@ rows = [[float(x) for x in l.split()] for l in sys.stdin if l.strip()]
 cols = list(zip(*rows))
 names = ["local (B)", "unix B", "unix A", "tcp B", "tcp A"]
 for name, c in zip(names, cols):
-    print(f"{name:10}", ", ".join(f"{v:.0f}" for v in c), f"(median {st.median(c):.0f})")
+    print(f"{name:10}", ", ".join(f"{v:.1f}" for v in c), f"(median {st.median(c):.1f})")
 loc = cols[0]
 for name, c in zip(names[1:], cols[1:]):
     print(f"{name} / local: median of per-repetition ratios {st.median([v / l for l, v in zip(loc, c)]):.3f}")

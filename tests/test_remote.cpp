@@ -311,6 +311,29 @@ TEST_P(Remote, SetGetRoundTrips) {
     EXPECT_EQ(got, d2);
 }
 
+TEST_P(Remote, WeightsStayInServerMemory) {
+    // Weights are allocated as server-private memory even where buffers are shared memory
+    // (unix): written once through TENSOR_SET, read by the device only.
+    auto buf = dev_->buffer_type()->allocate_for(3u << 20, BufferUsage::Weights);
+    ASSERT_TRUE(buf) << buf.message();
+    EXPECT_EQ((*buf)->base(), nullptr);
+    EXPECT_EQ((*buf)->usage(), BufferUsage::Weights);
+    Tensor t;
+    t.type = Type::F32;
+    t.ne[0] = (3 << 20) / 4;
+    set_contiguous_strides(&t);
+    t.buffer = buf->get();
+    const auto data = random_bytes(3u << 20, 77);
+    ASSERT_TRUE(tensor_set(&t, data.data(), data.size()).is_ok());
+    std::vector<uint8_t> back(data.size());
+    ASSERT_TRUE(tensor_get(&t, back.data(), back.size()).is_ok());
+    EXPECT_TRUE(back == data);
+    // Other buffers keep the transport's placement.
+    auto any = dev_->buffer_type()->allocate(1u << 20);
+    ASSERT_TRUE(any);
+    EXPECT_EQ((*any)->base() != nullptr, GetParam() == "unix");
+}
+
 TEST_P(Remote, LongPipelineOfSmallRequests) {
     // 6000 posted writes and reads of 1 KiB with no wait in between: the client holds small
     // requests and flushes them in batches, the server batches its replies, and neither side

@@ -29,7 +29,7 @@ class Event;
 enum class DeviceType { CPU, GPU, ACCEL, REMOTE };
 const char* device_type_name(DeviceType t);
 
-enum class BufferUsage { Any, Weights, Compute };
+enum class BufferUsage : int { Any, Weights, Compute };
 
 struct DeviceMemory {
     size_t free = 0;
@@ -55,6 +55,9 @@ class BufferType {
     // True when buffers of this type live in the caller's address space.
     virtual bool is_host() const = 0;
     virtual Expected<std::unique_ptr<Buffer>> allocate(size_t size) = 0;
+    // Allocation for a known use, which a device may place differently (a remote device keeps
+    // weights in server memory the client does not map). The buffer's usage() is set to it.
+    virtual Expected<std::unique_ptr<Buffer>> allocate_for(size_t size, BufferUsage usage);
 };
 
 class Buffer {
@@ -89,6 +92,12 @@ class Buffer {
   private:
     BufferUsage usage_ = BufferUsage::Any;
 };
+
+inline Expected<std::unique_ptr<Buffer>> BufferType::allocate_for(size_t size, BufferUsage usage) {
+    Expected<std::unique_ptr<Buffer>> b = allocate(size);
+    if (b) (*b)->set_usage(usage);
+    return b;
+}
 
 class Event {
   public:

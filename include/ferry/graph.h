@@ -13,6 +13,7 @@ namespace ferry {
 
 class Buffer;
 class BufferType;
+enum class BufferUsage : int;  // ferry/backend.h
 
 // Nodes in topological order (every source of a node is a leaf or an earlier node) and leaves
 // (tensors with op NONE that nodes read: weights, inputs). View nodes (RESHAPE, VIEW, PERMUTE,
@@ -67,6 +68,8 @@ class GraphAllocator {
 // Allocates one buffer holding every tensor of `ctx` that has no storage and is not a view
 // (e.g. weights or test inputs), and initializes all views. Returns the buffer (nullptr when
 // there was nothing to allocate).
-Expected<std::unique_ptr<Buffer>> allocate_context_tensors(Context& ctx, BufferType* type);
+// usage: BufferUsage{} is Any.
+Expected<std::unique_ptr<Buffer>> allocate_context_tensors(Context& ctx, BufferType* type,
+                                                           BufferUsage usage = BufferUsage{});
 
 }  // namespace ferry

@@ -208,14 +208,15 @@ Status GraphAllocator::allocate(Graph& g) {
     return Status::ok();
 }
 
-Expected<std::unique_ptr<Buffer>> allocate_context_tensors(Context& ctx, BufferType* type) {
+Expected<std::unique_ptr<Buffer>> allocate_context_tensors(Context& ctx, BufferType* type,
+                                                           BufferUsage usage) {
     const size_t align = type->alignment();
     size_t total = 0;
     for (Tensor& t : ctx) {
         if (!t.buffer && !t.view_src) total = align_up(total, align) + type->alloc_size(&t);
     }
     if (total == 0) return std::unique_ptr<Buffer>();
-    Expected<std::unique_ptr<Buffer>> b = type->allocate(total);
+    Expected<std::unique_ptr<Buffer>> b = type->allocate_for(total, usage);
     if (!b) return b.status();
     Buffer* buf = b->get();
     uint8_t* base = static_cast<uint8_t*>(buf->base());

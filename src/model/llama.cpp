@@ -301,7 +301,7 @@ class Loader {
     // Device memory: one buffer of the device's type, tensors uploaded one by one.
     Status place_uploaded(Device* dev, const std::function<void(float)>& progress) {
         Expected<std::unique_ptr<Buffer>> b =
-            allocate_context_tensors(m_.weights, dev->buffer_type());
+            allocate_context_tensors(m_.weights, dev->buffer_type(), BufferUsage::Weights);
         if (!b) return b.status().context(strfmt("allocating weights on %s", dev->name()));
         m_.buffer = std::move(*b);
         if (!m_.buffer) return Status::error("model has no weights");

@@ -361,7 +361,7 @@ Status Session::cmd_buffer_alloc(const uint8_t* p, size_t n, Reply* out) {
     Expected<Device*> d = device(dev);
     if (!d) return d.status();
     BufferType* bt = nullptr;
-    if (kind == remote::kBufferDevice) {
+    if (kind == remote::kBufferDevice || kind == remote::kBufferDevicePrivate) {
         bt = (*d)->buffer_type();
     } else if (kind == remote::kBufferHost) {
         bt = (*d)->host_buffer_type();
@@ -385,7 +385,8 @@ Status Session::cmd_buffer_alloc(const uint8_t* p, size_t n, Reply* out) {
     sb.size = size;
     sb.dev = dev;
     int fd = -1;
-    const bool shm = shared_memory_ && (caps_ & remote::kCapSharedMemory) && bt->is_host() &&
+    const bool shm = shared_memory_ && (caps_ & remote::kCapSharedMemory) &&
+                     kind != remote::kBufferDevicePrivate && bt->is_host() &&
                      (*d)->caps().buffer_from_host_ptr;
     if (shm) {
         const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));

@@ -68,6 +68,10 @@ constexpr uint8_t kDeviceCapSharedMemory = 4;  // host buffers are shared memory
 // BUFFER_ALLOC kinds.
 constexpr uint8_t kBufferDevice = 0;  // the device's buffer_type()
 constexpr uint8_t kBufferHost = 1;    // the device's host_buffer_type()
+// The device's buffer_type() in server memory the client does not map (weights: written
+// once through TENSOR_SET, then only read by the device; on the CPU that memory can use huge
+// pages, which shared memory here cannot).
+constexpr uint8_t kBufferDevicePrivate = 2;
 
 // GRAPH_COMPUTE modes.
 constexpr uint8_t kGraphFull = 0;  // u32 n, n entries

@@ -30,11 +30,23 @@ class RemoteBufferType : public BufferType {
     size_t alignment() const override { return align_; }
     size_t max_size() const override { return max_size_; }
     bool is_host() const override { return false; }
-    Expected<std::unique_ptr<Buffer>> allocate(size_t size) override;
+    Expected<std::unique_ptr<Buffer>> allocate(size_t size) override {
+        return allocate_kind(size, kind_);
+    }
+    // Weights stay in server memory the client does not map (see kBufferDevicePrivate).
+    Expected<std::unique_ptr<Buffer>> allocate_for(size_t size, BufferUsage usage) override {
+        Expected<std::unique_ptr<Buffer>> b = allocate_kind(
+            size,
+            usage == BufferUsage::Weights && kind_ == kBufferDevice ? kBufferDevicePrivate : kind_);
+        if (b) (*b)->set_usage(usage);
+        return b;
+    }
 
     RemoteDevice* remote_device() const { return dev_; }
 
   private:
+    Expected<std::unique_ptr<Buffer>> allocate_kind(size_t size, uint8_t kind);
+
     RemoteDevice* dev_;
     std::string name_;
     size_t align_;
@@ -393,11 +405,11 @@ Device* RemoteBufferType::device() const {
     return dev_;
 }
 
-Expected<std::unique_ptr<Buffer>> RemoteBufferType::allocate(size_t size) {
+Expected<std::unique_ptr<Buffer>> RemoteBufferType::allocate_kind(size_t size, uint8_t kind) {
     const std::shared_ptr<Connection>& conn = dev_->conn();
     wire::Writer w;
     w.u32(dev_->index());
-    w.u8(kind_);
+    w.u8(kind);
     w.u64(size);
     Expected<Connection::Result> r = conn->call(Cmd::BUFFER_ALLOC, w);
     if (!r) return r.status();
