@@ -101,6 +101,7 @@ class Stream {
     }
     // True when bytes of another frame have already arrived.
     bool more_input() const { return in_.buffered(); }
+    bool closed() const { return in_.closed(); }  // the client closed its end
 
     // Sends (or, while more requests are waiting, holds) the reply to `req`.
     Status reply(const Header& req, const Reply& r) {
@@ -168,7 +169,7 @@ void serve_connection(Socket sock, const ServerOptions& opts, ServerCounters* co
         Status st = io.read(hdr, sizeof(hdr), /*idle_ok=*/true, &hdr_got);
         if (!st) {
             // End of file between frames is the client leaving.
-            if (hdr_got > 0 || st.message() != "connection closed") {
+            if (hdr_got > 0 || !io.closed()) {
                 fatal(Header{}, "truncated frame header: " + st.message());
             }
             break;

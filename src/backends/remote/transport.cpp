@@ -236,6 +236,7 @@ Status BufferedReader::read(void* dst, size_t n, bool idle_ok, size_t* received,
         size_t part = 0;
         if (st = sock_.recv_some(buf_.get(), kCap, &part, idle_ok && got == 0, fds); !st) break;
         if (part == 0) {
+            closed_ = true;
             st = Status::error("connection closed");
             break;
         }

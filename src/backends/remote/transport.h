@@ -86,6 +86,7 @@ class BufferedReader {
     Status read(void* dst, size_t n, bool idle_ok, size_t* received, std::vector<int>* fds,
                 const std::function<Status()>& before_block = nullptr);
     bool buffered() const { return r_ < w_; }  // bytes already here, not yet read
+    bool closed() const { return closed_; }    // a read found the end of the stream
     void reset() { r_ = w_ = 0; }
     uint64_t receives() const { return receives_; }
 
@@ -95,6 +96,7 @@ class BufferedReader {
     std::unique_ptr<uint8_t[]> buf_;
     size_t r_ = 0, w_ = 0;
     uint64_t receives_ = 0;
+    bool closed_ = false;
 };
 
 // Connects (TCP_NODELAY on tcp).
