@@ -305,7 +305,6 @@ class Loader {
         if (!b) return b.status().context(strfmt("allocating weights on %s", dev->name()));
         m_.buffer = std::move(*b);
         if (!m_.buffer) return Status::error("model has no weights");
-        m_.buffer->set_usage(BufferUsage::Weights);
         uint64_t done = 0;
         for (size_t i = 0; i < tensors_.size(); i++) {
             Tensor* t = tensors_[i];

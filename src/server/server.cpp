@@ -114,13 +114,12 @@ class Stream {
             FERRY_TRY(flush());
             return sock_.send_all(hdr, sizeof(hdr), body, len, r.pass_fd);
         }
-        if (more_input() && len <= kHoldMax) {
-            out_.insert(out_.end(), hdr, hdr + sizeof(hdr));
-            out_.insert(out_.end(), body, body + len);
-            return out_.size() >= kOutFlush ? flush() : Status::ok();
+        if (more_input() && remote::HeldFrames::fits(sizeof(hdr) + len)) {
+            return out_.add({{hdr, sizeof(hdr)}, {body, len}}) ? flush() : Status::ok();
         }
-        const iovec parts[3] = {
-            {out_.data(), out_.size()}, {hdr, sizeof(hdr)}, {const_cast<uint8_t*>(body), len}};
+        const iovec parts[3] = {{const_cast<uint8_t*>(out_.data()), out_.size()},
+                                {hdr, sizeof(hdr)},
+                                {const_cast<uint8_t*>(body), len}};
         Status st = sock_.send_parts(parts, 3);
         out_.clear();
         return st;
@@ -129,17 +128,13 @@ class Stream {
         if (out_.empty()) return Status::ok();
         Status st = sock_.send_all(out_.data(), out_.size(), nullptr, 0);
         out_.clear();
-        if (out_.capacity() > kOutFlush * 2) out_.shrink_to_fit();
         return st;
     }
 
   private:
-    static constexpr size_t kHoldMax = 64u << 10;    // larger replies are sent at once
-    static constexpr size_t kOutFlush = 256u << 10;  // held bytes that force a send
-
     Socket& sock_;
     remote::BufferedReader in_;
-    std::vector<uint8_t> out_;
+    remote::HeldFrames out_;
 };
 
 }  // namespace

@@ -38,8 +38,9 @@ constexpr size_t kHostAlign = 64;
 // Buffers at least this large (weights, KV caches, big compute buffers) get their own mapping,
 // aligned to and in multiples of 2 MiB and marked for transparent huge pages: a decode step
 // streams every weight once, and with 4 KiB pages that is a TLB miss every 4 KiB.
-// Measured on llama-3.2-1b Q4_0 tg64 (2 threads): 33.8-36.0 t/s with weights in huge pages
-// against 32.1-33.9 from the 4 KiB-paged file mapping, three alternating runs.
+// Measured on llama-3.2-1b Q4_0 tg128 (2 threads, six alternating pairs, recorded in
+// bench/results/llama-cpu.md): 32.18 t/s median with weights in huge pages against 29.92 from
+// the 4 KiB-paged file mapping.
 constexpr size_t kHugePage = 2u << 20;
 
 // An anonymous mapping of at least `size` bytes at a 2 MiB boundary, advised for huge pages;

@@ -99,9 +99,6 @@ bool may_hold(Cmd cmd) {
     }
 }
 
-constexpr size_t kHoldMax = 64u << 10;     // larger requests are sent at once
-constexpr size_t kHoldFlush = 256u << 10;  // held bytes that force a send
-
 }  // namespace
 
 Status Connection::send_frame(Cmd cmd, uint64_t id, const wire::Writer& prefix, const void* data,
@@ -120,14 +117,10 @@ Status Connection::send_frame(Cmd cmd, uint64_t id, const wire::Writer& prefix, 
     bytes_out_ += kHeaderSize + len;
     uint8_t hdr[kHeaderSize];
     write_header(hdr, h);
-    if (may_hold(cmd) && kHeaderSize + len <= kHoldMax) {
-        out_.insert(out_.end(), hdr, hdr + kHeaderSize);
-        out_.insert(out_.end(), prefix.data(), prefix.data() + prefix.size());
-        if (size) {
-            const uint8_t* d = static_cast<const uint8_t*>(data);
-            out_.insert(out_.end(), d, d + size);
-        }
-        return out_.size() >= kHoldFlush ? flush() : Status::ok();
+    if (may_hold(cmd) && HeldFrames::fits(kHeaderSize + len)) {
+        const bool send_now =
+            out_.add({{hdr, kHeaderSize}, {prefix.data(), prefix.size()}, {data, size}});
+        return send_now ? flush() : Status::ok();
     }
     const uint8_t* parts[4] = {out_.data(), hdr, prefix.data(), static_cast<const uint8_t*>(data)};
     size_t left[4] = {out_.size(), kHeaderSize, prefix.size(), size};
@@ -142,7 +135,6 @@ Status Connection::flush() {
     size_t left[1] = {out_.size()};
     Status st = write_parts(parts, left, 1);
     out_.clear();
-    if (out_.capacity() > 2 * kHoldFlush) out_.shrink_to_fit();
     return st;
 }
 

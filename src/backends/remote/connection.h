@@ -103,7 +103,7 @@ class Connection {
     std::string dead_why_;
     Status sticky_;
     std::deque<Pending> pending_;
-    std::vector<uint8_t> out_;  // held frames, sent before anything that waits or starts work
+    HeldFrames out_;  // held frames, sent before anything that waits or starts work
     BufferedReader in_{sock_};
     std::vector<int> fds_in_;  // descriptors received, not yet handed to a call
     std::list<SentGraph> sent_graphs_;

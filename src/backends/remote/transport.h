@@ -5,8 +5,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 struct iovec;
@@ -97,6 +99,36 @@ class BufferedReader {
     size_t r_ = 0, w_ = 0;
     uint64_t receives_ = 0;
     bool closed_ = false;
+};
+
+// Small frames held back to go out together with the next send, in one system call (both
+// sides batch a pipelined step this way; see docs/remote-protocol.md).
+class HeldFrames {
+  public:
+    static constexpr size_t kMaxFrame = 64u << 10;  // larger frames are sent at once
+    static constexpr size_t kFlushAt = 256u << 10;  // held bytes that call for a send
+
+    // Whether a frame of this many bytes (header included) may be held.
+    static bool fits(size_t frame_bytes) { return frame_bytes <= kMaxFrame; }
+    // Appends the pieces of one frame; true when the held bytes now call for a send.
+    bool add(std::initializer_list<std::pair<const void*, size_t>> pieces) {
+        for (const auto& [p, n] : pieces) {
+            const uint8_t* b = static_cast<const uint8_t*>(p);
+            if (n) buf_.insert(buf_.end(), b, b + n);
+        }
+        return buf_.size() >= kFlushAt;
+    }
+    const uint8_t* data() const { return buf_.data(); }
+    size_t size() const { return buf_.size(); }
+    bool empty() const { return buf_.empty(); }
+    // After the bytes were sent (or dropped): empties, giving back what a burst grew.
+    void clear() {
+        buf_.clear();
+        if (buf_.capacity() > 2 * kFlushAt) buf_.shrink_to_fit();
+    }
+
+  private:
+    std::vector<uint8_t> buf_;
 };
 
 // Connects (TCP_NODELAY on tcp).
