@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu-backend.h"
+#include "ferry/allocator.h"
 #include "ferry/backend.h"
 #include "ferry/backends.h"
 #include "ferry/graph.h"

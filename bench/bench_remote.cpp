@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backends/remote/remote.h"
+#include "ferry/allocator.h"
 #include "ferry/backend.h"
 #include "ferry/backends.h"
 #include "ferry/graph.h"
