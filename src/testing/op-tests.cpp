@@ -1,4 +1,4 @@
-#include "testing/op-tests.h"
+#include "ferry/op-tests.h"
 
 #include <strings.h>
 
