@@ -231,7 +231,7 @@ class OtherDevice : public Device {
     BufferType* buffer_type() override { return cpu::host_buffer_type(); }
     bool supports_op(const Tensor*) override { return false; }
     bool supports_buffer_type(const BufferType*) override { return false; }
-    Expected<std::unique_ptr<Backend>> make_backend() override {
+    Expected<std::unique_ptr<Backend>> make_backend(const BackendOptions& = {}) override {
         return Status::error("no backends");
     }
 };

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "cli.h"
+#include "ferry/backends.h"
 
 namespace {
 
@@ -40,6 +41,7 @@ int cmd_version(int argc, char** argv) {
 FERRY_COMMAND(version, "version", "print the version (also `ferry --version`)", cmd_version);
 
 int main(int argc, char** argv) {
+    ferry::init_backends();
     if (argc < 2) {
         usage(stderr);
         return 1;

@@ -71,6 +71,11 @@ struct Tensor {
     uint32_t flags = 0;
     char name[kMaxName] = {};
 
+    // Private data of the device that holds the tensor (e.g. a repacked copy of a weight, a
+    // device-side descriptor), set by that device's buffer or prepare_weights and owned and
+    // freed by that buffer. Never part of a graph's structure, never sent over the wire.
+    void* extra = nullptr;
+
     // --- derived properties ---
     int64_t nelements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
     int64_t nrows() const { return ne[1] * ne[2] * ne[3]; }
