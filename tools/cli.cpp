@@ -27,6 +27,10 @@ bool is_short_name(const char* n) {
 bool is_long_name(const char* n) {
     return n[0] == '-' && n[1] == '-' && n[2] != '\0' && n[3] != '\0' && !std::strchr(n, '=');
 }
+// llama.cpp's single-dash names of several letters (-ngl, -ts): aliases of a long name.
+bool is_dash_alias(const char* n) {
+    return n[0] == '-' && n[1] != '\0' && n[1] != '-' && n[2] != '\0' && !std::strchr(n, '=');
+}
 
 // "-m, --model": how an option is named in messages and --help.
 std::string display_names(const OptionSpec& s) {
@@ -68,10 +72,57 @@ Args::Args(const char* command, const char* usage, std::vector<OptionSpec> optio
     int short_spec[256];
     for (int& x : short_spec) x = -1;
     std::vector<option> longopts;
+    // Single-dash aliases (-ngl) become their option's long name before getopt sees them,
+    // where they stand as an option (not as the value of the option before).
+    std::vector<std::pair<std::string, std::string>> aliases;  // "-ngl" -> "--n-gpu-layers"
+    for (const OptionSpec& s : specs_) {
+        const char* long_name = nullptr;
+        for (const char* n : s.names) {
+            if (is_long_name(n) && !long_name) long_name = n;
+        }
+        for (const char* n : s.names) {
+            if (!is_short_name(n) && !is_long_name(n) && is_dash_alias(n)) {
+                if (!long_name)
+                    bug_ = std::string("alias ") + n + " needs a --long name beside it";
+                else
+                    aliases.emplace_back(n, long_name);
+            }
+        }
+    }
+    std::vector<std::string> translated;
+    std::vector<char*> argv2;
+    if (!aliases.empty()) {
+        bool value_next = false;
+        for (int i = 0; i < argc; i++) {
+            std::string a = argv[i];
+            bool is_value = value_next;
+            value_next = false;
+            if (i > 0 && !is_value) {
+                for (const auto& [alias, long_name] : aliases) {
+                    if (a == alias)
+                        a = long_name;
+                    else if (a.rfind(alias + "=", 0) == 0)
+                        a = long_name + a.substr(alias.size());
+                }
+                // Does this option take the next argument as its value?
+                for (const OptionSpec& s : specs_) {
+                    if (!s.arg) continue;
+                    for (const char* n : s.names) {
+                        if (a == n) value_next = true;
+                    }
+                }
+            }
+            translated.push_back(a);
+        }
+        for (std::string& s : translated) argv2.push_back(s.data());
+        argv2.push_back(nullptr);
+        argv = argv2.data();
+    }
     for (size_t i = 0; i < specs_.size(); i++) {
         const OptionSpec& s = specs_[i];
         const int has_arg = s.arg ? required_argument : no_argument;
         for (const char* n : s.names) {
+            if (!is_short_name(n) && !is_long_name(n) && is_dash_alias(n)) continue;
             if (is_short_name(n)) {
                 const auto c = static_cast<unsigned char>(n[1]);
                 if (short_spec[c] >= 0 || c == ':' || c == '?' || c == '-') {

@@ -104,6 +104,23 @@ class Args {
 // nullptr (the CPU).
 Expected<Device*> pick_device(const std::vector<std::string>& remotes,
                               const std::optional<std::string>& device_name);
+// Where a model runs, for the commands that load one (run, bench, logits): --remote ADDR
+// (repeatable), -d/--device NAME[,NAME...], --n-gpu-layers/-ngl N, --tensor-split/-ts A,B...
+std::vector<OptionSpec> placement_options();
+// A command's own options followed by placement_options().
+std::vector<OptionSpec> with_placement(std::vector<OptionSpec> own);
+struct Placement {
+    std::vector<std::string> remotes;
+    std::optional<std::string> devices;
+    std::optional<long long> n_gpu_layers;
+    std::optional<std::string> tensor_split;
+};
+// Reads those options (before Args::finish()).
+Placement read_placement(Args& args);
+// Connects to each --remote and fills `mo`: the devices to offload to, the number of layers
+// and their split.
+Status apply_placement(const Placement& p, ModelOptions* mo);
+
 // --kv-type: f16 (default), f32 or bf16.
 Expected<Type> parse_kv_type(const std::optional<std::string>& s);
 

@@ -93,7 +93,7 @@ int cmd_bench(int argc, char** argv) {
         "  pp: one batch of N prompt tokens from an empty cache; tg: N tokens one at a\n"
         "  time from an empty cache (as llama-bench). Each test runs once to warm up, then\n"
         "  REPS times; prints mean ± sd tokens/s, and the process's peak resident memory.\n",
-        {
+        with_placement({
             {{"-m", "--model"}, "PATH", "GGUF model"},
             {{"-p", "--n-prompt"}, "N", "prompt tokens of the pp test (default 512; 0: skip)"},
             {{"-n", "--n-gen"}, "N", "generated tokens of the tg test (default 128; 0: skip)"},
@@ -105,12 +105,7 @@ int cmd_bench(int argc, char** argv) {
             {{"--mmap"},
              nullptr,
              "CPU: weights stay in the memory-mapped file instead of huge-page memory"},
-            {{"--remote"},
-             "ADDR",
-             "connect to a `ferry serve` (unix:PATH or tcp:HOST:PORT) and put\n"
-             "the weights (and the work) on its first device (repeatable)"},
-            {{"-d", "--device"}, "NAME", "put the weights on this device (see `ferry devices`)"},
-        },
+        }),
         argc, argv);
     if (args.help()) {
         args.print_help();
@@ -125,8 +120,7 @@ int cmd_bench(int argc, char** argv) {
     const std::string fmt = args.value({"--format"}).value_or("md");
     const std::optional<std::string> kv = args.value({"--kv-type"});
     const bool use_mmap = args.flag({"--mmap"});
-    const std::vector<std::string> remotes = args.values({"--remote"});
-    const std::optional<std::string> device_name = args.value({"-d", "--device"});
+    const Placement placement = read_placement(args);
     if (Status st = args.finish(); !st) return fail("bench", st.message());
     if (!model_path) return fail("bench", "-m MODEL is required");
     if (fmt != "md" && fmt != "json") {
@@ -148,10 +142,8 @@ int cmd_bench(int argc, char** argv) {
     Expected<Type> kv_type = parse_kv_type(kv);
     if (!kv_type) return fail("bench", kv_type.message());
     so.kv_type = *kv_type;
-    Expected<Device*> dev = pick_device(remotes, device_name);
-    if (!dev) return fail("bench", dev.message());
     ModelOptions mo;
-    if (*dev) mo.devices.push_back(*dev);
+    if (Status st = apply_placement(placement, &mo); !st) return fail("bench", st.message());
     mo.mmap = use_mmap;
     so.n_batch = static_cast<int32_t>(std::max<long long>(n_prompt, 1));
     so.n_ctx = static_cast<int32_t>(std::max<long long>(n_prompt, n_gen) + 16);

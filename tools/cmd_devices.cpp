@@ -1,9 +1,9 @@
 // ferry devices: lists every device with its type and memory.
 #include <cstdio>
 
-#include "ferry/remote.h"
 #include "cli.h"
 #include "ferry/backend.h"
+#include "ferry/remote.h"
 
 namespace ferry::cli {
 namespace {

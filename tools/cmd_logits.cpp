@@ -5,10 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "ferry/remote.h"
 #include "cli.h"
 #include "ferry/backend.h"
 #include "ferry/llama.h"
+#include "ferry/remote.h"
 
 namespace ferry::cli {
 namespace {
@@ -36,30 +36,22 @@ Expected<std::vector<int32_t>> parse_tokens(const std::string& s) {
 
 }  // namespace
 
-// Connects to each --remote address and returns the device the weights should go to:
-// `device_name` when given, else the first device of the first address (nullptr: the CPU).
 namespace {
 
 int cmd_logits(int argc, char** argv) {
-    Args args(
-        "logits",
-        "usage: ferry logits -m MODEL --tokens ID,ID,... -o FILE [options]\n"
-        "  Writes float32 little-endian logits [n_tokens, n_vocab], one row per position.\n",
-        {
-            {{"-m", "--model"}, "PATH", "GGUF model"},
-            {{"--tokens"}, "LIST", "comma-separated token ids"},
-            {{"-o", "--output", "--out"}, "FILE", "output file"},
-            {{"--kv-type"}, "TYPE", "KV cache type: f16 (default), f32 or bf16"},
-            {{"--mmap"}, nullptr, "CPU: compute from the memory-mapped file (no copy)"},
-            {{"-t", "--threads"}, "N", "CPU threads (default: all cores)"},
-            {{"-c", "--ctx"}, "N", "context size (default: the number of tokens)"},
-            {{"--remote"},
-             "ADDR",
-             "connect to a `ferry serve` (unix:PATH or tcp:HOST:PORT) and put\n"
-             "the weights on its first device (repeatable)"},
-            {{"-d", "--device"}, "NAME", "put the weights on this device (see `ferry devices`)"},
-        },
-        argc, argv);
+    Args args("logits",
+              "usage: ferry logits -m MODEL --tokens ID,ID,... -o FILE [options]\n"
+              "  Writes float32 little-endian logits [n_tokens, n_vocab], one row per position.\n",
+              with_placement({
+                  {{"-m", "--model"}, "PATH", "GGUF model"},
+                  {{"--tokens"}, "LIST", "comma-separated token ids"},
+                  {{"-o", "--output", "--out"}, "FILE", "output file"},
+                  {{"--kv-type"}, "TYPE", "KV cache type: f16 (default), f32 or bf16"},
+                  {{"--mmap"}, nullptr, "CPU: compute from the memory-mapped file (no copy)"},
+                  {{"-t", "--threads"}, "N", "CPU threads (default: all cores)"},
+                  {{"-c", "--ctx"}, "N", "context size (default: the number of tokens)"},
+              }),
+              argc, argv);
     if (args.help()) {
         args.print_help();
         return 0;
@@ -71,8 +63,7 @@ int cmd_logits(int argc, char** argv) {
     const bool use_mmap = args.flag({"--mmap"});
     const std::optional<long long> threads = args.integer({"-t", "--threads"});
     const std::optional<long long> ctx = args.integer({"-c", "--ctx"});
-    const std::vector<std::string> remotes = args.values({"--remote"});
-    const std::optional<std::string> device_name = args.value({"-d", "--device"});
+    const Placement placement = read_placement(args);
     if (Status st = args.finish(); !st) return fail("logits", st.message());
     if (!model_path) return fail("logits", "-m MODEL is required");
     if (!tokens_arg) return fail("logits", "--tokens LIST is required");
@@ -82,11 +73,9 @@ int cmd_logits(int argc, char** argv) {
     if (!tokens) return fail("logits", tokens.message());
     Expected<Type> kv_type = parse_kv_type(kv);
     if (!kv_type) return fail("logits", kv_type.message());
-    Expected<Device*> dev = pick_device(remotes, device_name);
-    if (!dev) return fail("logits", dev.message());
 
     ModelOptions mo;
-    if (*dev) mo.devices.push_back(*dev);
+    if (Status st = apply_placement(placement, &mo); !st) return fail("logits", st.message());
     mo.mmap = use_mmap;
     Expected<std::unique_ptr<LlamaModel>> model = load_model(*model_path, mo);
     if (!model) return fail("logits", model.message());

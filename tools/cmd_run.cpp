@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "cli.h"
-#include "ferry/backend.h"
 #include "embedded-model.h"
+#include "ferry/backend.h"
 #include "ferry/llama.h"
 #include "ferry/sampler.h"
 
@@ -37,7 +37,7 @@ const char* const kUsage =
     "  Streams the completion of PROMPT to stdout; timings go to stderr.\n";
 
 std::vector<OptionSpec> options() {
-    return {
+    return with_placement({
         {{"-m", "--model"},
          "PATH",
          "GGUF model (default: the embedded demo model, tiny-llama Q8_0)"},
@@ -59,12 +59,7 @@ std::vector<OptionSpec> options() {
          nullptr,
          "CPU: compute from the memory-mapped file (no copy, faster start);\n"
          "default: load into huge-page memory (faster decode)"},
-        {{"--remote"},
-         "ADDR",
-         "connect to a `ferry serve` (unix:PATH or tcp:HOST:PORT) and put\n"
-         "the weights on its first device (repeatable)"},
-        {{"-d", "--device"}, "NAME", "put the weights on this device (see `ferry devices`)"},
-    };
+    });
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -90,8 +85,7 @@ int cmd_run(int argc, char** argv) {
     const std::optional<long long> seed = args.integer({"-s", "--seed"});
     const std::optional<std::string> kv = args.value({"--kv-type"});
     const bool use_mmap = args.flag({"--mmap"});
-    const std::vector<std::string> remotes = args.values({"--remote"});
-    const std::optional<std::string> device_name = args.value({"-d", "--device"});
+    const Placement placement = read_placement(args);
     if (Status st = args.finish(); !st) return fail("run", st.message());
     const std::string path = model_path ? *model_path : embedded_demo_model().name;
     const std::string prompt_text = prompt ? *prompt : kDefaultPrompt;
@@ -101,12 +95,10 @@ int cmd_run(int argc, char** argv) {
     if (ctx && (*ctx <= 0 || *ctx > (1 << 24))) return fail("run", "-c must be positive");
     Expected<Type> kv_type = parse_kv_type(kv);
     if (!kv_type) return fail("run", kv_type.message());
-    Expected<Device*> dev = pick_device(remotes, device_name);
-    if (!dev) return fail("run", dev.message());
 
     const auto t_load = std::chrono::steady_clock::now();
     ModelOptions mo;
-    if (*dev) mo.devices.push_back(*dev);
+    if (Status st = apply_placement(placement, &mo); !st) return fail("run", st.message());
     mo.mmap = use_mmap;
     if (isatty(STDERR_FILENO)) mo.progress = show_progress;
     Expected<std::unique_ptr<LlamaModel>> model = load_model(path, mo);

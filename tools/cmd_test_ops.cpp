@@ -4,10 +4,10 @@
 #include <string>
 #include <vector>
 
-#include "ferry/remote.h"
 #include "cli.h"
 #include "ferry/backend.h"
 #include "ferry/op-tests.h"
+#include "ferry/remote.h"
 
 namespace ferry::cli {
 namespace {
