@@ -33,10 +33,11 @@ constexpr size_t align64(size_t n) {
 }
 
 struct Cfg {
-    int block;     // scale block of the packed layout
-    int offset;    // subtracted from the unsigned quants
-    bool has_min;  // per-block float min
-    bool q8k;      // activation partner Q8_K (else Q8_0)
+    int block;       // scale block of the packed layout
+    int offset;      // subtracted from the unsigned quants
+    bool has_min;    // per-block float min
+    bool q8k;        // activation partner Q8_K (else Q8_0)
+    int umax = 255;  // largest unsigned quant (the AVX2 GEMM's int16 sums depend on it)
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -458,70 +459,78 @@ void gemm_avx512(int64_t n, const void* g0, const void* g1, int nr, const void* 
 
 #if FERRY_PACKED_AVX2
 
-// One group (16 rows: two 256-bit halves of each 64-byte vector) x NC columns. vpmaddubsw
-// multiplies the unsigned weight quants by 4 broadcast activation quants; for offsets < 128
-// (u <= 63) two steps' pair sums still fit in int16 (2 * 2 * 63 * 127) and are added before
-// vpmaddwd. Q8_0 (u = q + 128) would saturate, so its quants are taken back to signed and
-// multiplied with the sign trick (|q| times y with q's sign); the offset term is then 0.
+// One group (16 rows: two 256-bit halves of each 64-byte vector) x NC columns, two columns at
+// a time so that the integer accumulators, weights and broadcast activations stay in the 16
+// registers. vpmaddubsw multiplies the unsigned weight quants by 4 broadcast activation
+// quants; while u <= umax, the int16 pair sums of kRun steps cannot saturate (kRun * 2 * umax
+// * 127 <= 32767) and are added before one vpmaddwd. Q8_0 (u = q + 128) would saturate even
+// alone, so its quants are taken back to signed and multiplied with the sign trick (|q| times
+// y with q's sign, at most 2 * 128 * 127); its offset term is then 0.
 template <const Cfg& C, int NC>
 void gemm_avx2_group(int64_t n, const GroupView& g, int rows, const ColView* y, float* out,
                      size_t ldo) {
     constexpr bool kSigned = C.offset == 128;
+    constexpr int kSteps = C.block / 4;
+    constexpr int kRun = kSigned ? 1 : C.umax <= 15 ? 8 : C.umax <= 31 ? 4 : 2;
+    static_assert(kSigned || C.umax <= 63);
+    static_assert(kSteps % kRun == 0);
     const int64_t nblk = n / C.block;
     const __m256i ones16 = _mm256_set1_epi16(1);
     const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
     __m256 acc[2][NC];
     for (int h = 0; h < 2; h++)
         for (int c = 0; c < NC; c++) acc[h][c] = _mm256_setzero_ps();
-    constexpr int kSteps = C.block / 4;
-    static_assert(kSteps % 2 == 0);
     for (int64_t b = 0; b < nblk; b++) {
-        __m256i ia[2][NC];
-        for (int c = 0; c < NC; c++) {
-            const __m256i init =
-                (C.offset && !kSigned) ? _mm256_set1_epi32(y[c].off[b]) : _mm256_setzero_si256();
-            ia[0][c] = init;
-            ia[1][c] = init;
-        }
         const uint8_t* wq = g.q + static_cast<size_t>(b) * C.block * kPackRows;
         const int64_t koff = b * C.block;
-        for (int j = 0; j < kSteps; j += 2) {
-            __m256i w[2][2];  // [step][half]
-            for (int s = 0; s < 2; s++)
-                for (int h = 0; h < 2; h++)
-                    w[s][h] = _mm256_loadu_si256(
-                        reinterpret_cast<const __m256i*>(wq + (j + s) * 64 + 32 * h));
-            if constexpr (kSigned) {
-                __m256i ws[2][2], wa[2][2];
-                for (int s = 0; s < 2; s++)
+        __m256i ia[2][NC];
+        for (int c0 = 0; c0 < NC; c0 += 2) {
+            constexpr int kPair = NC >= 2 ? 2 : 1;
+            const int np = std::min(kPair, NC - c0);
+            __m256i ip[2][kPair];
+            for (int c = 0; c < kPair; c++) {
+                const __m256i init = (C.offset && !kSigned && c < np)
+                                         ? _mm256_set1_epi32(y[c0 + c].off[b])
+                                         : _mm256_setzero_si256();
+                ip[0][c] = init;
+                ip[1][c] = init;
+            }
+            for (int j = 0; j < kSteps; j += kRun) {
+                __m256i p[2][kPair];
+                for (int s = 0; s < kRun; s++) {
+                    __m256i w[2];
                     for (int h = 0; h < 2; h++) {
-                        ws[s][h] = _mm256_xor_si256(w[s][h], flip);
-                        wa[s][h] = _mm256_abs_epi8(ws[s][h]);
+                        w[h] = _mm256_loadu_si256(
+                            reinterpret_cast<const __m256i*>(wq + (j + s) * 64 + 32 * h));
                     }
-                for (int c = 0; c < NC; c++) {
-                    for (int s = 0; s < 2; s++) {
+                    for (int c = 0; c < kPair; c++) {
+                        if (c >= np) break;
                         int32_t v;
-                        std::memcpy(&v, y[c].q + koff + 4 * (j + s), 4);
+                        std::memcpy(&v, y[c0 + c].q + koff + 4 * (j + s), 4);
                         const __m256i yb = _mm256_set1_epi32(v);
                         for (int h = 0; h < 2; h++) {
-                            const __m256i p =
-                                _mm256_maddubs_epi16(wa[s][h], _mm256_sign_epi8(yb, ws[s][h]));
-                            ia[h][c] = _mm256_add_epi32(ia[h][c], _mm256_madd_epi16(p, ones16));
+                            __m256i m;
+                            if constexpr (kSigned) {
+                                const __m256i ws = _mm256_xor_si256(w[h], flip);
+                                m = _mm256_maddubs_epi16(_mm256_abs_epi8(ws),
+                                                         _mm256_sign_epi8(yb, ws));
+                            } else {
+                                m = _mm256_maddubs_epi16(w[h], yb);
+                            }
+                            p[h][c] = s == 0 ? m : _mm256_add_epi16(p[h][c], m);
                         }
                     }
                 }
-            } else {
-                for (int c = 0; c < NC; c++) {
-                    int32_t v0, v1;
-                    std::memcpy(&v0, y[c].q + koff + 4 * j, 4);
-                    std::memcpy(&v1, y[c].q + koff + 4 * j + 4, 4);
-                    const __m256i y0 = _mm256_set1_epi32(v0), y1 = _mm256_set1_epi32(v1);
+                for (int c = 0; c < kPair; c++) {
+                    if (c >= np) break;
                     for (int h = 0; h < 2; h++) {
-                        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w[0][h], y0),
-                                                           _mm256_maddubs_epi16(w[1][h], y1));
-                        ia[h][c] = _mm256_add_epi32(ia[h][c], _mm256_madd_epi16(p, ones16));
+                        ip[h][c] = _mm256_add_epi32(ip[h][c], _mm256_madd_epi16(p[h][c], ones16));
                     }
                 }
+            }
+            for (int c = 0; c < np; c++) {
+                ia[0][c0 + c] = ip[0][c];
+                ia[1][c0 + c] = ip[1][c];
             }
         }
         for (int h = 0; h < 2; h++) {
@@ -568,21 +577,31 @@ void gemm_avx2(int64_t n, const void* g0, const void* g1, int nr, const void* co
     }
 }
 
+// A layout whose u may exceed 63 without being Q8_0's q + 128 has no AVX2 kernel.
+template <const Cfg& C>
+constexpr auto gemm_avx2_or_scalar() {
+    if constexpr (C.offset == 128 || C.umax <= 63) {
+        return gemm_avx2<C>;
+    } else {
+        return gemm_scalar<C>;
+    }
+}
+
 #endif  // FERRY_PACKED_AVX2
 
-constexpr Cfg kCfgQ4_0 = {32, 8, false, false};
-constexpr Cfg kCfgQ4_1 = {32, 0, true, false};
-constexpr Cfg kCfgQ8_0 = {32, 128, false, false};
-constexpr Cfg kCfgQ4_K = {32, 0, true, true};
-constexpr Cfg kCfgQ5_K = {32, 0, true, true};
-constexpr Cfg kCfgQ6_K = {16, 32, false, true};
+constexpr Cfg kCfgQ4_0 = {32, 8, false, false, 15};
+constexpr Cfg kCfgQ4_1 = {32, 0, true, false, 15};
+constexpr Cfg kCfgQ8_0 = {32, 128, false, false, 255};
+constexpr Cfg kCfgQ4_K = {32, 0, true, true, 15};
+constexpr Cfg kCfgQ5_K = {32, 0, true, true, 31};
+constexpr Cfg kCfgQ6_K = {16, 32, false, true, 63};
 
 template <Type T, const Cfg& C, bool PORTABLE>
 constexpr PackedKernels make_packed() {
 #if FERRY_PACKED_AVX512
     constexpr auto gemm = PORTABLE ? gemm_scalar<C> : gemm_avx512<C>;
 #elif FERRY_PACKED_AVX2
-    constexpr auto gemm = PORTABLE ? gemm_scalar<C> : gemm_avx2<C>;
+    constexpr auto gemm = PORTABLE ? gemm_scalar<C> : gemm_avx2_or_scalar<C>();
 #else
     constexpr auto gemm = gemm_scalar<C>;
 #endif
