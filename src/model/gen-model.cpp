@@ -156,7 +156,13 @@ uint32_t file_type_of(Type t) {
 
 }  // namespace
 
-Status generate_model(const ModelPreset& p, const GenModelOptions& opts, const std::string& path) {
+Status generate_model(const ModelPreset& preset, const GenModelOptions& opts,
+                      const std::string& path) {
+    ModelPreset p = preset;
+    for (const GgufKV& kv : opts.vocab_kv) {
+        if (kv.key == "tokenizer.ggml.tokens")
+            p.n_vocab = static_cast<int32_t>(kv.value.arr.size());
+    }
     const Type wt = opts.type;
     if (wt == Type::I32 || wt == Type::Q8_K) {
         return Status::errorf("gen-model: %s is not a weight type", type_name(wt));
@@ -184,7 +190,11 @@ Status generate_model(const ModelPreset& p, const GenModelOptions& opts, const s
     w.add_f32("llama.rope.freq_base", p.rope_base);
     w.add_f32("llama.attention.layer_norm_rms_epsilon", p.norm_eps);
     w.add_u32("llama.vocab_size", static_cast<uint32_t>(p.n_vocab));
-    add_vocab(w, p.n_vocab);
+    if (opts.vocab_kv.empty()) {
+        add_vocab(w, p.n_vocab);
+    } else {
+        for (const GgufKV& kv : opts.vocab_kv) w.add_kv(kv.key, kv.value);
+    }
 
     uint64_t seed = mix(opts.seed);
     auto next_seed = [&] { return seed = mix(seed); };

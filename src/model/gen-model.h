@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/gguf.h"
 #include "ferry/status.h"
 #include "ferry/types.h"
 
@@ -31,6 +32,10 @@ struct GenModelOptions {
     Type embd_type = Type::Q6_K;
     uint64_t seed = 1;
     int n_threads = 0;  // quantization threads (0: all cores)
+    // Tokenizer metadata to write instead of the generated SentencePiece vocabulary (e.g. from
+    // tokenizer_json_to_gguf_kv); the model then has as many tokens as its
+    // tokenizer.ggml.tokens. Empty: the generated vocabulary of preset.n_vocab tokens.
+    std::vector<GgufKV> vocab_kv;
 };
 
 // Writes a GGUF llama model with random weights (normal, std 0.02; norms 1) and a valid
