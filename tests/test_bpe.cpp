@@ -3,6 +3,7 @@
 // ../shared/fixtures/tokenizers/cases.json; round trips of random bytes; the Unicode classes;
 // the converter's metadata and errors; `ferry tokenize` on a vocab-only file.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -49,11 +50,22 @@ std::string tokenizer_json(const std::string& name) {
     return out;
 }
 
-// A vocab-only GGUF (metadata, no tensors) made from the fixture, once per name.
+// A vocab-only GGUF (metadata, no tensors) made from the fixture. ctest runs every test in a
+// process of its own and parsing tokenizer.json takes seconds, so the file is kept next to the
+// build (build/<preset>/test-cache), named after this test binary's modification time: a
+// rebuilt converter makes it anew.
 std::string vocab_gguf(const std::string& name) {
     static std::map<std::string, std::string> made;
     auto it = made.find(name);
     if (it != made.end()) return it->second;
+    struct stat exe {};
+    EXPECT_EQ(stat("/proc/self/exe", &exe), 0);
+    const std::string bin = FERRY_BIN;
+    const std::string cache_dir = bin.substr(0, bin.rfind('/')) + "/../test-cache";
+    std::system(("mkdir -p '" + cache_dir + "'").c_str());
+    const std::string cached = cache_dir + "/" + name + "-vocab-" +
+                               std::to_string(static_cast<long long>(exe.st_mtime)) + ".gguf";
+    if (access(cached.c_str(), R_OK) == 0) return made[name] = cached;
     Expected<std::vector<GgufKV>> kv = tokenizer_json_to_gguf_kv(
         tokenizer_json(name), kDir + "/" + name + "/tokenizer_config.json");
     EXPECT_TRUE(kv.has_value()) << kv.message();
@@ -65,6 +77,11 @@ std::string vocab_gguf(const std::string& name) {
     const std::string path = tmp_dir() + "/" + name + "-vocab.gguf";
     Status st = w.write(path);
     EXPECT_TRUE(st.is_ok()) << st.message();
+    // Published whole (rename is atomic), so parallel tests never read a partial file.
+    std::system(("rm -f '" + cache_dir + "/" + name + "'-vocab-*.gguf; cp '" + path + "' '" +
+                 cached + ".tmp." + std::to_string(getpid()) + "' && mv '" + cached + ".tmp." +
+                 std::to_string(getpid()) + "' '" + cached + "'")
+                    .c_str());
     made[name] = path;
     return path;
 }
