@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -16,7 +15,6 @@
 #include "core/json.h"
 #include "ferry/gguf.h"
 #include "model/chat-template.h"
-#include "model/tokenizer-json.h"
 #include "model/vocab.h"
 #include "shell.h"
 
@@ -54,27 +52,6 @@ std::string hf_dir(const std::string& name) {
         EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
     }
     return dir;
-}
-
-// The oracle-checked tokenizer (test_bpe) of a fixture vocabulary, from a vocab-only GGUF.
-const Vocab& vocab(const std::string& name) {
-    static std::map<std::string, Vocab> cache;
-    auto it = cache.find(name);
-    if (it != cache.end()) return it->second;
-    const std::string dir = hf_dir(name);
-    Expected<std::vector<GgufKV>> kv =
-        tokenizer_json_to_gguf_kv(dir + "/tokenizer.json", dir + "/tokenizer_config.json");
-    EXPECT_TRUE(kv.has_value()) << kv.message();
-    GgufWriter w;
-    if (kv) {
-        for (GgufKV& e : *kv) w.add_kv(e.key, std::move(e.value));
-    }
-    const std::vector<uint8_t> bytes = w.to_bytes();
-    Expected<std::unique_ptr<GgufFile>> f = GgufFile::from_memory(bytes.data(), bytes.size(), name);
-    EXPECT_TRUE(f.has_value()) << f.message();
-    Expected<Vocab> v = Vocab::from_gguf(**f);
-    EXPECT_TRUE(v.has_value()) << v.message();
-    return cache.emplace(name, v ? std::move(*v) : Vocab()).first->second;
 }
 
 TEST(ChatTemplate, RecognisesFamiliesAndRejectsOthers) {
@@ -178,6 +155,17 @@ std::string model_file(const std::string& name) {
     return path;
 }
 
+// The oracle-checked tokenizer (test_bpe) of a fixture vocabulary: the model file's metadata,
+// which tokenizer_json_to_gguf_kv wrote.
+Vocab vocab(const std::string& name) {
+    Expected<std::unique_ptr<GgufFile>> f = GgufFile::open(model_file(name));
+    EXPECT_TRUE(f.has_value()) << f.message();
+    if (!f) return Vocab();
+    Expected<Vocab> v = Vocab::from_gguf(**f);
+    EXPECT_TRUE(v.has_value()) << v.message();
+    return v ? std::move(*v) : Vocab();
+}
+
 // Rewrites output.weight (F16) so that greedy decoding always picks one of two tokens: their
 // rows are +1 and -1 (so one of the two logits is positive), all others 0.
 void force_tokens(const std::string& path, int32_t a, int32_t b) {
@@ -221,7 +209,7 @@ std::string ids(const std::vector<int32_t>& v) {
 
 TEST(ChatEndToEnd, Llama3) {
     const std::string model = model_file("llama3");
-    const Vocab& v = vocab("llama3");
+    const Vocab v = vocab("llama3");
     const std::string expected_text =
         "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
         "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
@@ -278,7 +266,7 @@ TEST(ChatEndToEnd, Llama3) {
 
 TEST(ChatEndToEnd, Qwen3) {
     const std::string model = model_file("qwen3");
-    const Vocab& v = vocab("qwen3");
+    const Vocab v = vocab("qwen3");
     const std::vector<int32_t> expected =
         v.encode("<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n", false, true);
     EXPECT_EQ(ids(expected), "151644,872,198,13048,1052,151645,198,151644,77091,198");
