@@ -15,10 +15,10 @@
 
 #include "core/json.h"
 #include "ferry/gguf.h"
+#include "ferry/vocab.h"
 #include "model/pretokenize.h"
 #include "model/tokenizer-json.h"
 #include "model/unicode.h"
-#include "model/vocab.h"
 #include "shell.h"
 
 namespace ferry {

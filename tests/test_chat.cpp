@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "core/json.h"
+#include "ferry/chat.h"
 #include "ferry/gguf.h"
-#include "model/chat-template.h"
-#include "model/vocab.h"
+#include "ferry/vocab.h"
 #include "shell.h"
 
 namespace ferry {

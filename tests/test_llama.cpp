@@ -14,7 +14,7 @@
 #include "backends/cpu/cpu-backend.h"
 #include "core/json.h"
 #include "ferry/gguf.h"
-#include "model/llama.h"
+#include "ferry/llama.h"
 
 namespace ferry {
 namespace {

@@ -7,7 +7,7 @@
 #include <sstream>
 #include <thread>
 
-#include "backends/remote/remote.h"
+#include "ferry/remote.h"
 #include "shell.h"
 #include "test_remote_util.h"
 
@@ -90,7 +90,7 @@ TEST_F(RemoteE2E, TestOpsThroughTheServerMatchLocal) {
 }
 
 TEST_F(RemoteE2E, LogitsBitIdenticalForAllEncodingsOverBothTransports) {
-    if (!have_fixtures()) GTEST_SKIP() << "no tiny-llama fixtures";
+    ASSERT_TRUE(have_fixtures()) << "missing " << kTiny << "/tiny-llama-q4_0.gguf";
     for (const char* enc : kEncodings) {
         SCOPED_TRACE(enc);
         const std::string model = kTiny + "/tiny-llama-" + enc + ".gguf";
@@ -113,7 +113,7 @@ TEST_F(RemoteE2E, LogitsBitIdenticalForAllEncodingsOverBothTransports) {
 }
 
 TEST_F(RemoteE2E, RunStreamsTheSameTextAsLocal) {
-    if (!have_fixtures()) GTEST_SKIP() << "no tiny-llama fixtures";
+    ASSERT_TRUE(have_fixtures()) << "missing " << kTiny << "/tiny-llama-q4_0.gguf";
     const std::string cmd = std::string(FERRY_BIN) + " run -m " + kTiny +
                             "/tiny-llama-q8_0.gguf -p 'The license' -n 48 --temp 0 2>/dev/null";
     Proc l = sh(cmd);
@@ -127,7 +127,7 @@ TEST_F(RemoteE2E, RunStreamsTheSameTextAsLocal) {
 }
 
 TEST_F(RemoteE2E, FourLogitsClientsAtOnceThenServerMemoryBackToBaseline) {
-    if (!have_fixtures()) GTEST_SKIP() << "no tiny-llama fixtures";
+    ASSERT_TRUE(have_fixtures()) << "missing " << kTiny << "/tiny-llama-q4_0.gguf";
     auto watcher = remote_open(unix_->addr());
     ASSERT_TRUE(watcher) << watcher.message();
     auto base = remote_stats(watcher->get());
@@ -167,7 +167,7 @@ TEST_F(RemoteE2E, FourLogitsClientsAtOnceThenServerMemoryBackToBaseline) {
 
 // SIGKILL of the server mid-generation: the client exits non-zero within 5 s, naming it.
 TEST(RemoteFaults, ServerKilledMidGeneration) {
-    if (!have_fixtures()) GTEST_SKIP() << "no tiny-llama fixtures";
+    ASSERT_TRUE(have_fixtures()) << "missing " << kTiny << "/tiny-llama-q4_0.gguf";
     for (const std::string transport : {"unix", "tcp"}) {
         SCOPED_TRACE(transport);
         const std::string dir = ferry::test::make_temp_dir();

@@ -19,7 +19,7 @@
 #include "ferry/backend.h"
 #include "ferry/graph.h"
 #include "ferry/scheduler.h"
-#include "model/llama.h"
+#include "ferry/llama.h"
 
 namespace ferry {
 namespace {

@@ -10,7 +10,7 @@
 
 #include "core/json.h"
 #include "ferry/gguf.h"
-#include "model/vocab.h"
+#include "ferry/vocab.h"
 #include "shell.h"
 
 namespace ferry {

@@ -73,7 +73,7 @@ Status ChatLoop::turn(const std::string& user, long long max_tokens, FILE* out,
 
     const auto t_gen = std::chrono::steady_clock::now();
     std::string reply;
-    while (st.n_generated < max_tokens) {
+    while (max_tokens < 0 || st.n_generated < max_tokens) {
         const int32_t next = sampler_.sample(s.logits(0), n_vocab);
         if (next < 0) break;
         if (vocab.is_eog(next)) {

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "ferry/chat.h"
+#include "ferry/llama.h"
+#include "ferry/sampler.h"
 #include "ferry/status.h"
-#include "model/chat-template.h"
-#include "model/llama.h"
-#include "model/sampler.h"
 
 namespace ferry::cli {
 
@@ -34,7 +34,8 @@ class ChatLoop {
     const ChatTemplate& chat_template() const { return tmpl_; }
 
     // One turn: the user's message in, the assistant's reply streamed to `out` (piece by piece,
-    // flushed) and kept in the history. max_tokens bounds the reply.
+    // flushed) and kept in the history. max_tokens bounds the reply (< 0: no bound
+    // but the context).
     Status turn(const std::string& user, long long max_tokens, FILE* out, ChatTurnStats* stats);
     // The token ids of the last turn's rendered conversation.
     const std::vector<int32_t>& last_prompt() const { return prompt_; }

@@ -10,38 +10,47 @@
 #include "chat-loop.h"
 #include "cli.h"
 #include "ferry/backend.h"
-#include "model/llama.h"
-#include "model/sampler.h"
+#include "ferry/llama.h"
+#include "ferry/sampler.h"
 
 namespace ferry::cli {
 
 namespace {
 
-void usage() {
-    std::printf(
-        "usage: ferry chat -m MODEL [options]\n"
-        "  Reads one user message per line from stdin and streams each reply to stdout, using\n"
-        "  the file's tokenizer.chat_template (llama3 and chatml families). \"/exit\" or the\n"
-        "  end of input ends the conversation.\n"
-        "options:\n"
-        "  -m, --model PATH        GGUF model with a chat template\n"
-        "  --system TEXT           system message\n"
-        "  -n, --n-predict N       most tokens per reply (default 1024; replies stop at the\n"
-        "                          end-of-turn token)\n"
-        "  -t, --threads N         CPU threads (default: all cores)\n"
-        "  -c, --ctx N             context size (default: the model's, at most 4096)\n"
-        "  --temp T, --top-k N, --top-p P, --min-p P, --repeat-penalty R, --seed S\n"
-        "                          sampling, as for `ferry run`\n"
-        "  --kv-type TYPE          KV cache type: f16 (default) or f32\n"
-        "  --mmap                  compute from the memory-mapped file\n"
-        "  --verbose-prompt        print each turn's prompt token ids to stderr\n"
-        "  --remote ADDR, --device NAME   where to put the weights, as for `ferry run`\n");
+const char* const kUsage =
+    "usage: ferry chat -m MODEL [options]\n"
+    "  Reads one user message per line from stdin and streams each reply to stdout, using\n"
+    "  the file's tokenizer.chat_template (llama3 and chatml families). \"/exit\" or the\n"
+    "  end of input ends the conversation.\n";
+
+std::vector<OptionSpec> options() {
+    return {
+        {{"-m", "--model"}, "PATH", "GGUF model with a chat template"},
+        {{"--system"}, "TEXT", "system message"},
+        {{"-n", "--n-predict"},
+         "N",
+         "most tokens per reply (default 1024; -1: no limit); replies stop\n"
+         "at the end-of-turn token"},
+        {{"-t", "--threads"}, "N", "CPU threads (default: all cores)"},
+        {{"-c", "--ctx"}, "N", "context size (default: the model's, at most 4096)"},
+        {{"--temp"}, "T", "temperature (default 0.8; 0: greedy)"},
+        {{"--top-k"}, "N", "top-k (default 40; 0: off)"},
+        {{"--top-p"}, "P", "top-p (default 0.95; 1: off)"},
+        {{"--min-p"}, "P", "min-p (default 0.05; 0: off)"},
+        {{"--repeat-penalty"}, "R", "repetition penalty over the last 64 tokens (default 1: off)"},
+        {{"-s", "--seed"}, "S", "sampling seed"},
+        {{"--kv-type"}, "TYPE", "KV cache type: f16 (default), f32 or bf16"},
+        {{"--mmap"}, nullptr, "CPU: compute from the memory-mapped file"},
+        {{"--verbose-prompt"}, nullptr, "print each turn's prompt token ids to stderr"},
+        {{"--remote"}, "ADDR", "put the weights on a `ferry serve` device (repeatable)"},
+        {{"-d", "--device"}, "NAME", "put the weights on this device (see `ferry devices`)"},
+    };
 }
 
 int cmd_chat(int argc, char** argv) {
-    Args args(argc, argv);
-    if (args.flag({"-h", "--help"})) {
-        usage();
+    Args args("chat", kUsage, options(), argc, argv);
+    if (args.help()) {
+        args.print_help();
         return 0;
     }
     const std::optional<std::string> model_path = args.value({"-m", "--model"});
@@ -54,16 +63,18 @@ int cmd_chat(int argc, char** argv) {
     const std::optional<double> top_p = args.number({"--top-p"});
     const std::optional<double> min_p = args.number({"--min-p"});
     const std::optional<double> repeat_penalty = args.number({"--repeat-penalty"});
-    const std::optional<long long> seed = args.integer({"--seed", "-s"});
+    const std::optional<long long> seed = args.integer({"-s", "--seed"});
     const std::optional<std::string> kv = args.value({"--kv-type"});
     const bool use_mmap = args.flag({"--mmap"});
     const bool verbose_prompt = args.flag({"--verbose-prompt"});
     const std::vector<std::string> remotes = args.values({"--remote"});
-    const std::optional<std::string> device_name = args.value({"--device"});
+    const std::optional<std::string> device_name = args.value({"-d", "--device"});
     if (Status st = args.finish(); !st) return fail("chat", st.message());
     if (!model_path) return fail("chat", "missing -m MODEL (a GGUF file with a chat template)");
     const long long n_gen = n_predict.value_or(1024);
-    if (n_gen < 0) return fail("chat", "-n must not be negative");
+    if (n_gen < -1) {
+        return fail("chat", strfmt("-n %lld: give a token count, or -1 for no limit", n_gen));
+    }
     if (ctx && (*ctx <= 0 || *ctx > (1 << 24))) return fail("chat", "-c must be positive");
     Expected<Type> kv_type = parse_kv_type(kv);
     if (!kv_type) return fail("chat", kv_type.message());
@@ -73,7 +84,7 @@ int cmd_chat(int argc, char** argv) {
     ModelOptions mo;
     if (*dev) mo.devices.push_back(*dev);
     mo.mmap = use_mmap;
-    Expected<std::unique_ptr<LlamaModel>> model = LlamaModel::load(*model_path, mo);
+    Expected<std::unique_ptr<LlamaModel>> model = load_model(*model_path, mo);
     if (!model) return fail("chat", model.message());
     SessionOptions so;
     so.kv_type = *kv_type;

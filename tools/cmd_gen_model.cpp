@@ -1,39 +1,46 @@
 // ferry gen-model: writes a random-weight GGUF with a real architecture's shapes.
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
 
 #include "cli.h"
-#include "model/gen-model.h"
-#include "model/tokenizer-json.h"
+#include "ferry/gen-model.h"
 
 namespace ferry::cli {
 namespace {
 
 int cmd_gen_model(int argc, char** argv) {
-    Args args(argc, argv);
-    if (args.flag({"-h", "--help"})) {
-        std::printf(
-            "usage: ferry gen-model --preset NAME --type TYPE -o FILE [--embd-type TYPE] "
-            "[--seed N] [-t N]\n"
-            "  Writes a llama GGUF with random weights and a valid vocabulary.\n"
-            "  presets:");
+    Args args("gen-model",
+              "usage: ferry gen-model --preset NAME --type TYPE -o FILE [options]\n"
+              "  Writes a llama GGUF with random weights and a valid vocabulary.\n",
+              {
+                  {{"--preset"}, "NAME", "the architecture's shapes (see the list below)"},
+                  {{"--type"}, "TYPE", "weight type: f32 f16 bf16 q4_0 q4_1 q8_0 q4_k q5_k q6_k"},
+                  {{"-o", "--output"}, "FILE", "the GGUF file to write"},
+                  {{"--embd-type"},
+                   "TYPE",
+                   "token embedding / output type (default q6_k for 4- and 5-bit\n"
+                   "types, as llama.cpp's quantizer makes them; the weight type otherwise)"},
+                  {{"-s", "--seed"}, "N", "random seed"},
+                  {{"-t", "--threads"}, "N", "threads (default: all cores)"},
+                  {{"--vocab"},
+                   "FILE",
+                   "a Hugging Face tokenizer.json (byte-level BPE) whose vocabulary,\n"
+                   "special tokens and chat template (tokenizer_config.json in the same\n"
+                   "folder) the model gets instead of the generated one"},
+              },
+              argc, argv);
+    if (args.help()) {
+        args.print_help();
+        std::printf("presets:");
         for (const ModelPreset& p : model_presets()) std::printf(" %s", p.name);
-        std::printf(
-            "\n  types: f32 f16 bf16 q4_0 q4_1 q8_0 q4_k q5_k q6_k\n"
-            "  --embd-type: token embedding / output type (default q6_k for 4- and 5-bit "
-            "types, as llama.cpp's quantizer makes them; the weight type otherwise)\n"
-            "  --vocab FILE: a Hugging Face tokenizer.json (byte-level BPE) whose vocabulary,\n"
-            "    special tokens and chat template (tokenizer_config.json in the same folder)\n"
-            "    the model gets instead of the generated one\n");
+        std::printf("\n");
         return 0;
     }
     const std::optional<std::string> preset = args.value({"--preset"});
     const std::optional<std::string> type = args.value({"--type"});
     const std::optional<std::string> out = args.value({"-o", "--output"});
     const std::optional<std::string> embd = args.value({"--embd-type"});
-    const std::optional<long long> seed = args.integer({"--seed"});
+    const std::optional<long long> seed = args.integer({"-s", "--seed"});
     const std::optional<long long> threads = args.integer({"-t", "--threads"});
     const std::optional<std::string> vocab = args.value({"--vocab"});
     if (Status st = args.finish(); !st) return fail("gen-model", st.message());
@@ -54,16 +61,7 @@ int cmd_gen_model(int argc, char** argv) {
     }
     if (seed) opts.seed = static_cast<uint64_t>(*seed);
     if (threads) opts.n_threads = static_cast<int>(*threads);
-    if (vocab) {
-        const size_t slash = vocab->rfind('/');
-        const std::string config =
-            (slash == std::string::npos ? std::string(".") : vocab->substr(0, slash)) +
-            "/tokenizer_config.json";
-        Expected<std::vector<GgufKV>> kv = tokenizer_json_to_gguf_kv(
-            *vocab, access(config.c_str(), R_OK) == 0 ? config : std::string());
-        if (!kv) return fail("gen-model", "--vocab: " + kv.message());
-        opts.vocab_kv = std::move(*kv);
-    }
+    if (vocab) opts.vocab_json = *vocab;
     const auto t0 = std::chrono::steady_clock::now();
     if (Status st = generate_model(*p, opts, *out); !st) return fail("gen-model", st.message());
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

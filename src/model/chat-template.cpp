@@ -1,7 +1,6 @@
-#include "model/chat-template.h"
-
 #include <ctime>
 
+#include "ferry/chat.h"
 #include "model/unicode.h"
 
 namespace ferry {

@@ -6,7 +6,7 @@
 #include "ferry/allocator.h"
 #include "ferry/scheduler.h"
 #include "model/llama-impl.h"
-#include "model/llama.h"
+#include "ferry/llama.h"
 
 namespace ferry {
 

@@ -1,5 +1,5 @@
 // The llama architecture: hyperparameters, weight checks and placement.
-#include "model/llama.h"
+#include "ferry/llama.h"
 
 #include <algorithm>
 #include <cctype>
@@ -7,7 +7,6 @@
 #include <map>
 
 #include "ferry/allocator.h"
-#include "model/embedded-model.h"
 #include "model/llama-impl.h"
 
 namespace ferry {
@@ -335,12 +334,11 @@ class Loader {
 };
 
 Status load_into(LlamaModel::Impl& m, const ModelOptions& opts) {
-    const EmbeddedModel demo = embedded_demo_model();
-    Expected<std::unique_ptr<GgufFile>> f =
-        m.path == demo.name ? GgufFile::from_memory(demo.data, demo.size, demo.name)
-                            : GgufFile::open(m.path);
-    if (!f) return f.status();
-    m.gguf = std::move(*f);
+    if (!m.gguf) {
+        Expected<std::unique_ptr<GgufFile>> f = GgufFile::open(m.path);
+        if (!f) return f.status();
+        m.gguf = std::move(*f);
+    }
     const GgufFile& g = *m.gguf;
     Expected<std::string> arch = g.get_string("general.architecture");
     if (!arch) return arch.status();
@@ -374,6 +372,21 @@ Status load_into(LlamaModel::Impl& m, const ModelOptions& opts) {
 }
 
 }  // namespace
+
+Expected<std::unique_ptr<LlamaModel>> LlamaModel::load(std::unique_ptr<GgufFile> file,
+                                                       const ModelOptions& opts) {
+    std::unique_ptr<LlamaModel> model(new LlamaModel());
+    model->impl_ = std::make_unique<Impl>();
+    model->impl_->path = file->path();
+    model->impl_->gguf = std::move(file);
+    const std::string& path = model->impl_->path;
+    Status st = load_into(*model->impl_, opts);
+    if (!st) {
+        if (st.message().find(path) != std::string::npos) return st;
+        return st.context("loading " + path);
+    }
+    return model;
+}
 
 Expected<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string& path,
                                                        const ModelOptions& opts) {

@@ -4,7 +4,7 @@
 #include "model/pretokenize.h"
 #include "model/unicode.h"
 #include "model/vocab-impl.h"
-#include "model/vocab.h"
+#include "ferry/vocab.h"
 
 namespace ferry {
 

@@ -2,7 +2,7 @@
 #include <queue>
 
 #include "model/vocab-impl.h"
-#include "model/vocab.h"
+#include "ferry/vocab.h"
 
 namespace ferry {
 

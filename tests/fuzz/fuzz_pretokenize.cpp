@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "model/chat-template.h"
+#include "ferry/chat.h"
 #include "model/pretokenize.h"
 
 namespace {
