@@ -1,9 +1,13 @@
 // ferry serve: hosts local devices for remote clients (API remoting).
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <thread>
+#include <vector>
 
 #include "cli.h"
 #include "ferry/backend.h"
+#include "server/ivshmem-server.h"
 #include "server/server.h"
 
 namespace ferry::cli {
@@ -11,13 +15,18 @@ namespace {
 
 void serve_usage() {
     std::printf(
-        "usage: ferry serve --listen ADDR [--device NAME ...] [--token T] [--max-memory BYTES]\n"
+        "usage: ferry serve --listen ADDR [--listen ADDR ...] [--device NAME ...] [--token T]\n"
+        "                   [--max-memory BYTES]\n"
         "                   [--max-sessions N] [--max-sessions-per-client N]\n"
         "                   [--io-timeout SECONDS] [-t N] [--verbose]\n"
         "  Hosts local devices for `--remote ADDR` clients.\n"
         "  ADDR          unix:PATH (shared memory buffers, fd passing) or tcp:HOST:PORT\n"
         "                (data inline; port 0 picks a free port). A tcp address other than\n"
-        "                loopback requires a token.\n"
+        "                loopback requires a token; or ivshmem:PATH[,size=BYTES]: a shared-memory\n"
+        "                window (created if missing; default 64M) that a QEMU guest maps as an\n"
+        "                ivshmem device, or a host process as a file (docs/vm-guest.md).\n"
+        "                Repeatable: any number of ivshmem windows (one client each) and at\n"
+        "                most one socket address.\n"
         "  --device      a device to serve (repeatable; default: every local device)\n"
         "  --token       token clients must present in HELLO (default: $FERRY_TOKEN)\n"
         "  --max-memory  per-session limit on buffer bytes (default: physical memory)\n"
@@ -36,7 +45,7 @@ int cmd_serve(int argc, char** argv) {
         serve_usage();
         return 0;
     }
-    std::optional<std::string> listen = args.value({"--listen", "-l"});
+    std::vector<std::string> listens = args.values({"--listen", "-l"});
     std::vector<std::string> names = args.values({"--device", "-d"});
     std::optional<std::string> token = args.value({"--token"});
     std::optional<long long> max_mem = args.integer({"--max-memory"});
@@ -46,7 +55,22 @@ int cmd_serve(int argc, char** argv) {
     std::optional<long long> io_timeout = args.integer({"--io-timeout"});
     const bool verbose = args.flag({"--verbose", "-v"});
     if (Status st = args.finish(); !st) return fail("serve", st.message());
-    if (!listen) return fail("serve", "--listen ADDR is required (unix:PATH or tcp:HOST:PORT)");
+    if (listens.empty()) {
+        return fail("serve",
+                    "--listen ADDR is required (unix:PATH, tcp:HOST:PORT or ivshmem:PATH)");
+    }
+    std::optional<std::string> listen;
+    std::vector<std::string> windows;
+    for (const std::string& l : listens) {
+        if (l.rfind("ivshmem:", 0) == 0) {
+            windows.push_back(l.substr(8));
+        } else if (listen) {
+            return fail("serve", "at most one unix: or tcp: address per server ('" + *listen +
+                                     "' and '" + l + "')");
+        } else {
+            listen = l;
+        }
+    }
 
     server::ServerOptions opts;
     opts.verbose = verbose;
@@ -99,12 +123,30 @@ int cmd_serve(int argc, char** argv) {
         }
         limits.io_timeout_ms = static_cast<int>(*io_timeout * 1000);
     }
+    // Windows first (each on a thread of its own), then the socket, if any, on this thread.
     server::Server srv(std::move(opts), limits);
+    std::vector<std::unique_ptr<server::IvshmemServer>> served;
+    std::vector<std::thread> window_threads;
+    for (const std::string& w : windows) {
+        Expected<std::unique_ptr<server::IvshmemServer>> s =
+            server::IvshmemServer::open(w, srv.options(), srv.counters_ptr(), limits.io_timeout_ms);
+        if (!s) return fail("serve", s.message());
+        served.push_back(std::move(*s));
+    }
     std::string bound;
-    if (Status st = srv.listen(*listen, &bound); !st) return fail("serve", st.message());
-    std::printf("ferry serve: listening on %s\n", bound.c_str());
+    if (listen) {
+        if (Status st = srv.listen(*listen, &bound); !st) return fail("serve", st.message());
+    }
+    for (auto& s : served) {
+        std::printf("ferry serve: listening on %s\n", s->address().c_str());
+        window_threads.emplace_back([p = s.get()] { p->run(); });
+    }
+    if (listen) std::printf("ferry serve: listening on %s\n", bound.c_str());
     std::fflush(stdout);
-    if (Status st = srv.run(); !st) return fail("serve", st.message());
+    if (listen) {
+        if (Status st = srv.run(); !st) return fail("serve", st.message());
+    }
+    for (std::thread& t : window_threads) t.join();
     return 0;
 }
 
