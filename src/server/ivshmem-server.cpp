@@ -167,13 +167,7 @@ Expected<std::unique_ptr<IvshmemServer>> IvshmemServer::open(const std::string& 
     // Any client of an earlier server sees the magic vanish and its session end.
     win.word(kMagicWord).store(0, std::memory_order_release);
     std::memset(win.base() + 8, 0, kHeaderBytes - 8);
-    win.word(kVersionWord).store(uint64_t{kWindowVersion} | (kHeaderBytes << 32));
-    win.word(kSizeWord).store(win.size());
-    win.word(kReqOffWord).store(s->geo_.req_off);
-    win.word(kReqCapWord).store(s->geo_.req_cap);
-    win.word(kRepOffWord).store(s->geo_.rep_off);
-    win.word(kRepCapWord).store(s->geo_.rep_cap);
-    win.word(kMagicWord).store(kWindowMagic, std::memory_order_release);
+    s->publish_header();
     IvshmemServer* self = s.get();
     s->ticker_ = std::thread([self] {
         while (!self->stop_.load(std::memory_order_relaxed)) {
@@ -182,6 +176,16 @@ Expected<std::unique_ptr<IvshmemServer>> IvshmemServer::open(const std::string& 
         }
     });
     return s;
+}
+
+void IvshmemServer::publish_header() {
+    win_.word(kVersionWord).store(uint64_t{kWindowVersion} | (kHeaderBytes << 32));
+    win_.word(kSizeWord).store(win_.size());
+    win_.word(kReqOffWord).store(geo_.req_off);
+    win_.word(kReqCapWord).store(geo_.req_cap);
+    win_.word(kRepOffWord).store(geo_.rep_off);
+    win_.word(kRepCapWord).store(geo_.rep_cap);
+    win_.word(kMagicWord).store(kWindowMagic, std::memory_order_release);
 }
 
 IvshmemServer::~IvshmemServer() {
@@ -195,7 +199,7 @@ IvshmemServer::~IvshmemServer() {
 void IvshmemServer::run() {
     running_.store(true);
     uint32_t served = 0;  // the last epoch served: a session per epoch, never twice
-    Backoff bo;
+    Backoff bo(10000);    // an idle window: a guest's attach waits at most ~10 ms more
     while (!stop_.load(std::memory_order_relaxed)) {
         // The guest writes the epoch: anything but a fresh 32-bit value is ignored.
         const uint64_t e = win_.word(kClientEpoch).load(std::memory_order_acquire);
@@ -216,6 +220,7 @@ void IvshmemServer::serve_session(uint32_t epoch) {
     for (uint64_t w : {kReqHead, kReqTail, kRepHead, kRepTail}) {
         win_.word(w).store(0, std::memory_order_relaxed);
     }
+    publish_header();  // a guest that scribbled over it before gets a clean window
     win_.word(kServerAck).store((uint64_t{epoch} << 32) | kAckOpen, std::memory_order_release);
     Link io{win_, geo_, stop_, epoch, io_timeout_ms_};
     std::string why;
@@ -250,7 +255,7 @@ void IvshmemServer::serve_session(uint32_t epoch) {
                 if (io.left && hdr_got == 0) {
                     why = st.message();
                 } else {
-                    fatal(Header{}, "frame header: " + st.message());
+                    fatal(Header{}, "truncated frame header: " + st.message());
                 }
                 break;
             }

@@ -214,8 +214,6 @@ void ring_write(uint8_t* ring, uint64_t cap, uint64_t pos, const void* src, size
     if (first < n) std::memcpy(ring, static_cast<const uint8_t*>(src) + first, n - first);
 }
 
-Backoff::Backoff() = default;
-
 int64_t Backoff::waited_ms() const {
     if (!started_) return 0;
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
@@ -228,7 +226,7 @@ void Backoff::wait() {
     // microseconds; a decode step of a small model takes around a millisecond, so sleeps stay
     // short while a wait is young; a wait of more than 50 ms is a compute or an idle client).
     constexpr int64_t kSpinUs = 20, kYieldUs = 100, kLongUs = 50000;
-    constexpr uint32_t kShortSleepMaxUs = 100, kLongSleepUs = 1000;
+    constexpr uint32_t kShortSleepMaxUs = 100;
     if (!started_) {
         started_ = true;
         start_ = std::chrono::steady_clock::now();
@@ -251,7 +249,7 @@ void Backoff::wait() {
         return;
     }
     if (us >= kLongUs) {
-        sleep_us_ = kLongSleepUs;
+        sleep_us_ = long_sleep_us_;
     } else {
         sleep_us_ = std::min(kShortSleepMaxUs, std::max<uint32_t>(10, sleep_us_ * 2));
     }

@@ -110,7 +110,8 @@ void ring_write(uint8_t* ring, uint64_t cap, uint64_t pos, const void* src, size
 // idle window costs little CPU).
 class Backoff {
   public:
-    Backoff();
+    // long_sleep_us: the sleep once a wait is long (over 50 ms).
+    explicit Backoff(uint32_t long_sleep_us = 1000) : long_sleep_us_(long_sleep_us) {}
     void wait();
     void reset() { started_ = false; }
     // Milliseconds since the first wait() after the last reset.
@@ -121,6 +122,7 @@ class Backoff {
     std::chrono::steady_clock::time_point start_;
     uint32_t spins_ = 0;
     uint32_t sleep_us_ = 0;
+    uint32_t long_sleep_us_;
 };
 
 // Parses "PATH[,size=BYTES]" (BYTES may end in K, M or G) for `ferry serve --listen ivshmem:`.

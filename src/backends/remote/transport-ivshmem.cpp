@@ -82,11 +82,7 @@ Expected<std::unique_ptr<IvshmemChannel>> IvshmemChannel::attach(const std::stri
 IvshmemChannel::~IvshmemChannel() {
     stop_.store(true);
     if (ticker_.joinable()) ticker_.join();
-    if (win_.base()) {
-        // Detach, unless another client has taken the window over since.
-        uint64_t expected = epoch_;
-        win_.word(kClientEpoch).compare_exchange_strong(expected, 0, std::memory_order_release);
-    }
+    if (win_.base()) detach();  // unless another client has taken the window over since
 }
 
 Status IvshmemChannel::violation(const char* what) {
@@ -131,7 +127,12 @@ bool IvshmemChannel::readable() {
     return win_.word(kRepHead).load(std::memory_order_acquire) != rep_tail_;
 }
 
-Status IvshmemChannel::read(void* dst, size_t n) {
+void IvshmemChannel::detach() {
+    uint64_t expected = epoch_;
+    win_.word(kClientEpoch).compare_exchange_strong(expected, 0, std::memory_order_release);
+}
+
+Status IvshmemChannel::read(void* dst, size_t n, int timeout_ms) {
     uint8_t* out = static_cast<uint8_t*>(dst);
     size_t got = 0;
     Backoff bo;
@@ -147,6 +148,9 @@ Status IvshmemChannel::read(void* dst, size_t n) {
             if (Status st = check_alive(); !st) {
                 if (win_.word(kRepHead).load(std::memory_order_acquire) != rep_tail_) continue;
                 return st;
+            }
+            if (timeout_ms > 0 && bo.waited_ms() > timeout_ms) {
+                return violation("timed out waiting for a reply");
             }
             bo.wait();
             continue;

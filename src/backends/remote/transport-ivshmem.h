@@ -31,8 +31,12 @@ class IvshmemChannel {
     Expected<size_t> write_some(const void* p, size_t n);
     // Whether reply bytes are waiting.
     bool readable();
-    // Reads exactly n reply bytes, waiting (Backoff) as long as the host is alive.
-    Status read(void* dst, size_t n);
+    // Reads exactly n reply bytes, waiting (Backoff) as long as the host is alive, and at
+    // most timeout_ms without progress when that is not 0.
+    Status read(void* dst, size_t n, int timeout_ms = 0);
+    // Tells the host this client is done (it ends the session); replies already written can
+    // still be read.
+    void detach();
     // Fails when the host ended the session, another client took the window over, or the
     // host's heartbeat stopped.
     Status check_alive();
