@@ -32,6 +32,25 @@ Reply error_reply(const std::string& msg) {
     return r;
 }
 
+// Magic, version and geometry, from the host's private copies.
+void publish_header(const Window& win, const Geometry& geo) {
+    win.word(kVersionWord).store(uint64_t{kWindowVersion} | (kHeaderBytes << 32));
+    win.word(kSizeWord).store(win.size());
+    win.word(kReqOffWord).store(geo.req_off);
+    win.word(kReqCapWord).store(geo.req_cap);
+    win.word(kRepOffWord).store(geo.rep_off);
+    win.word(kRepCapWord).store(geo.rep_cap);
+    win.word(kMagicWord).store(kWindowMagic, std::memory_order_release);
+}
+
+// A guest that scribbled over the header gets it back, so that its next attach finds the
+// window (the host itself never reads the geometry from the window).
+void repair_header(const Window& win, const Geometry& geo) {
+    if (win.word(kMagicWord).load(std::memory_order_relaxed) != kWindowMagic) {
+        publish_header(win, geo);
+    }
+}
+
 }  // namespace
 
 // One session's view of the rings. Positions are private; the window's copies are only
@@ -51,6 +70,7 @@ struct IvshmemServer::Link {
     // Why waiting must stop now (empty: keep waiting).
     Status keep_waiting(const Backoff& bo, bool idle) {
         if (stop.load(std::memory_order_relaxed)) return Status::error("the server is stopping");
+        repair_header(win, geo);
         if (win.word(kClientEpoch).load(std::memory_order_acquire) != epoch) {
             left = true;
             return Status::error("the client detached");
@@ -167,7 +187,7 @@ Expected<std::unique_ptr<IvshmemServer>> IvshmemServer::open(const std::string& 
     // Any client of an earlier server sees the magic vanish and its session end.
     win.word(kMagicWord).store(0, std::memory_order_release);
     std::memset(win.base() + 8, 0, kHeaderBytes - 8);
-    s->publish_header();
+    publish_header(s->win_, s->geo_);
     IvshmemServer* self = s.get();
     s->ticker_ = std::thread([self] {
         while (!self->stop_.load(std::memory_order_relaxed)) {
@@ -176,16 +196,6 @@ Expected<std::unique_ptr<IvshmemServer>> IvshmemServer::open(const std::string& 
         }
     });
     return s;
-}
-
-void IvshmemServer::publish_header() {
-    win_.word(kVersionWord).store(uint64_t{kWindowVersion} | (kHeaderBytes << 32));
-    win_.word(kSizeWord).store(win_.size());
-    win_.word(kReqOffWord).store(geo_.req_off);
-    win_.word(kReqCapWord).store(geo_.req_cap);
-    win_.word(kRepOffWord).store(geo_.rep_off);
-    win_.word(kRepCapWord).store(geo_.rep_cap);
-    win_.word(kMagicWord).store(kWindowMagic, std::memory_order_release);
 }
 
 IvshmemServer::~IvshmemServer() {
@@ -209,6 +219,7 @@ void IvshmemServer::run() {
             bo.reset();
             continue;
         }
+        repair_header(win_, geo_);
         bo.wait();
     }
     running_.store(false);
@@ -220,7 +231,7 @@ void IvshmemServer::serve_session(uint32_t epoch) {
     for (uint64_t w : {kReqHead, kReqTail, kRepHead, kRepTail}) {
         win_.word(w).store(0, std::memory_order_relaxed);
     }
-    publish_header();  // a guest that scribbled over it before gets a clean window
+    publish_header(win_, geo_);  // a guest that scribbled over it before gets a clean window
     win_.word(kServerAck).store((uint64_t{epoch} << 32) | kAckOpen, std::memory_order_release);
     Link io{win_, geo_, stop_, epoch, io_timeout_ms_};
     std::string why;

@@ -41,7 +41,6 @@ class IvshmemServer {
         : opts_(opts), counters_(counters) {}
     struct Link;
     void serve_session(uint32_t epoch);
-    void publish_header();  // magic, version and geometry (from the private copies)
 
     const ServerOptions& opts_;
     ServerCounters* counters_;

@@ -13,6 +13,13 @@ Expected<std::unique_ptr<IvshmemChannel>> IvshmemChannel::attach(const std::stri
     std::unique_ptr<IvshmemChannel> c(new IvshmemChannel());
     c->win_ = std::move(*w);
     const Window& win = c->win_;
+    // The host may be setting the window up (or repairing a header a previous user
+    // scribbled over): give it a moment.
+    Backoff wait_magic;
+    while (win.word(kMagicWord).load(std::memory_order_acquire) != kWindowMagic &&
+           wait_magic.waited_ms() < kMagicWaitMs) {
+        wait_magic.wait();
+    }
     if (win.word(kMagicWord).load(std::memory_order_acquire) != kWindowMagic) {
         return Status::errorf(
             "ivshmem window %s: not set up by a ferry server (no FERRYWIN magic; is `ferry "
@@ -27,21 +34,6 @@ Expected<std::unique_ptr<IvshmemChannel>> IvshmemChannel::attach(const std::stri
             win.what().c_str(), static_cast<uint32_t>(ver),
             static_cast<unsigned long long>(ver >> 32), kWindowVersion);
     }
-    Geometry g;
-    g.req_off = win.word(kReqOffWord).load(std::memory_order_relaxed);
-    g.req_cap = win.word(kReqCapWord).load(std::memory_order_relaxed);
-    g.rep_off = win.word(kRepOffWord).load(std::memory_order_relaxed);
-    g.rep_cap = win.word(kRepCapWord).load(std::memory_order_relaxed);
-    const uint64_t size = win.size();
-    auto inside = [&](uint64_t off, uint64_t cap) {
-        return off >= kHeaderBytes && cap > 0 && off <= size && cap <= size - off;
-    };
-    if (!inside(g.req_off, g.req_cap) || !inside(g.rep_off, g.rep_cap) ||
-        (g.req_off < g.rep_off + g.rep_cap && g.rep_off < g.req_off + g.req_cap)) {
-        return Status::errorf("ivshmem window %s: ring geometry out of the %llu-byte window",
-                              win.what().c_str(), static_cast<unsigned long long>(size));
-    }
-    c->geo_ = g;
     const uint64_t ack = win.word(kServerAck).load(std::memory_order_acquire);
     const uint32_t mine = win.word(kClientEpoch).load(std::memory_order_relaxed);
     c->epoch_ = new_epoch(static_cast<uint32_t>(ack >> 32) ^ mine);
@@ -67,6 +59,24 @@ Expected<std::unique_ptr<IvshmemChannel>> IvshmemChannel::attach(const std::stri
         }
         bo.wait();
     }
+    // The geometry is read after the acknowledgement: the host publishes it again for every
+    // session (a previous user of the window may have scribbled over it).
+    Geometry g;
+    g.req_off = win.word(kReqOffWord).load(std::memory_order_relaxed);
+    g.req_cap = win.word(kReqCapWord).load(std::memory_order_relaxed);
+    g.rep_off = win.word(kRepOffWord).load(std::memory_order_relaxed);
+    g.rep_cap = win.word(kRepCapWord).load(std::memory_order_relaxed);
+    const uint64_t size = win.size();
+    auto inside = [&](uint64_t off, uint64_t cap) {
+        return off >= kHeaderBytes && cap > 0 && off <= size && cap <= size - off;
+    };
+    if (!inside(g.req_off, g.req_cap) || !inside(g.rep_off, g.rep_cap) ||
+        (g.req_off < g.rep_off + g.rep_cap && g.rep_off < g.req_off + g.req_cap)) {
+        c->detach();
+        return Status::errorf("ivshmem window %s: ring geometry out of the %llu-byte window",
+                              win.what().c_str(), static_cast<unsigned long long>(size));
+    }
+    c->geo_ = g;
     c->last_beat_ = win.word(kServerBeat).load(std::memory_order_relaxed);
     c->beat_seen_ = std::chrono::steady_clock::now();
     IvshmemChannel* self = c.get();
