@@ -59,11 +59,10 @@ enum AckState : uint32_t {
     kAckClosed = 2,  // the host ended that epoch's session (error, timeout, detach)
 };
 
-constexpr int kBeatMs = 100;         // heartbeat period, both sides
-constexpr int kServerGoneMs = 5000;  // a guest gives up on a host heartbeat this old
+constexpr int kBeatMs = 100;             // heartbeat period, both sides
+constexpr int kServerGoneMs = 5000;      // a guest gives up on a host heartbeat this old
 constexpr int kAttachTimeoutMs = 10000;  // a guest waits this long for the host's answer
 constexpr int kMagicWaitMs = 2000;       // and this long for a window to be set up
-                                    // this long for the host's answer
 
 // A mapped window. Move-only; unmaps on destruction.
 class Window {
