@@ -17,6 +17,7 @@
 
 #include "backends/remote/ivshmem-window.h"
 #include "backends/remote/remote.h"
+#include "ferry/allocator.h"
 #include "ferry/backend.h"
 #include "ferry/graph.h"
 #include "shell.h"
