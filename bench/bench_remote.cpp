@@ -19,11 +19,11 @@
 #include <string>
 #include <vector>
 
-#include "backends/remote/remote.h"
 #include "ferry/allocator.h"
 #include "ferry/backend.h"
 #include "ferry/backends.h"
 #include "ferry/graph.h"
+#include "ferry/remote.h"
 
 using namespace ferry;
 using Clock = std::chrono::steady_clock;

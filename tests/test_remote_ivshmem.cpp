@@ -15,11 +15,11 @@
 #include <sstream>
 #include <thread>
 
-#include "backends/remote/ivshmem-window.h"
-#include "backends/remote/remote.h"
 #include "ferry/allocator.h"
 #include "ferry/backend.h"
 #include "ferry/graph.h"
+#include "ferry/remote.h"
+#include "remote-proto/ivshmem-window.h"
 #include "shell.h"
 #include "test_remote_util.h"
 

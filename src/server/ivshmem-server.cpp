@@ -8,7 +8,7 @@
 #include <exception>
 #include <vector>
 
-#include "backends/remote/protocol.h"
+#include "remote-proto/protocol.h"
 
 namespace ferry::server {
 

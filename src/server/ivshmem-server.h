@@ -14,7 +14,7 @@
 #include <string>
 #include <thread>
 
-#include "backends/remote/ivshmem-window.h"
+#include "remote-proto/ivshmem-window.h"
 #include "server/session.h"
 
 namespace ferry::server {

@@ -17,10 +17,10 @@
 #include <memory>
 #include <thread>
 
-#include "backends/remote/ivshmem-window.h"
-#include "backends/remote/protocol.h"
-#include "backends/remote/wire.h"
 #include "ferry/backend.h"
+#include "remote-proto/ivshmem-window.h"
+#include "remote-proto/protocol.h"
+#include "remote-proto/wire.h"
 #include "server/ivshmem-server.h"
 
 using namespace ferry;

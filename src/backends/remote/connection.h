@@ -19,10 +19,10 @@
 #include <string>
 #include <vector>
 
-#include "backends/remote/protocol.h"
 #include "backends/remote/transport-ivshmem.h"
-#include "backends/remote/transport.h"
 #include "ferry/status.h"
+#include "remote-proto/protocol.h"
+#include "remote-proto/transport.h"
 
 namespace ferry::remote {
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <thread>
 
-#include "backends/remote/ivshmem-window.h"
 #include "ferry/status.h"
+#include "remote-proto/ivshmem-window.h"
 
 namespace ferry::remote {
 

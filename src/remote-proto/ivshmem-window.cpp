@@ -1,4 +1,4 @@
-#include "backends/remote/ivshmem-window.h"
+#include "remote-proto/ivshmem-window.h"
 
 #include <dirent.h>
 #include <fcntl.h>
