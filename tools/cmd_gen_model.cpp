@@ -3,40 +3,49 @@
 #include <cstdio>
 
 #include "cli.h"
-#include "model/gen-model.h"
+#include "ferry/gen-model.h"
 
 namespace ferry::cli {
 namespace {
 
 int cmd_gen_model(int argc, char** argv) {
-    Args args(argc, argv);
-    if (args.flag({"-h", "--help"})) {
-        std::printf(
-            "usage: ferry gen-model --preset NAME --type TYPE -o FILE [--embd-type TYPE] "
-            "[--seed N] [-t N]\n"
-            "  Writes a llama GGUF with random weights and a valid vocabulary.\n"
-            "  presets:");
+    Args args("gen-model",
+              "usage: ferry gen-model --preset NAME --type TYPE -o FILE [options]\n"
+              "  Writes a llama GGUF with random weights and a valid vocabulary.\n",
+              {
+                  {{"--preset"}, "NAME", "the architecture's shapes (see the list below)"},
+                  {{"--type"}, "TYPE", "weight type or mixture (see the lists below)"},
+                  {{"-o", "--output"}, "FILE", "the GGUF file to write"},
+                  {{"--embd-type"},
+                   "TYPE",
+                   "token embedding / output type (default q6_k for 4- and 5-bit\n"
+                   "types, as llama.cpp's quantizer makes them; the weight type otherwise)"},
+                  {{"-s", "--seed"}, "N", "random seed"},
+                  {{"-t", "--threads"}, "N", "threads (default: all cores)"},
+              },
+              argc, argv);
+    if (args.help()) {
+        args.print_help();
+        std::printf("presets:");
         for (const ModelPreset& p : model_presets()) std::printf(" %s", p.name);
-        std::printf("\n  types:");
+        std::printf("\ntypes:");
         int count = 0;
         const Type* ts = storage_types(&count);
         for (int i = 0; i < count; i++) {
             if (ts[i] != Type::I32) std::printf(" %s", type_name(ts[i]));
         }
         std::printf(
-            "\n  mixtures (as llama.cpp's presets): q4_k_m q5_k_m: q6_k output, q6_k attn_v and "
+            "\nmixtures (as llama.cpp's presets): q4_k_m q5_k_m: q6_k output, q6_k attn_v and "
             "ffn_down in about half the layers, q4_k / q5_k elsewhere\n"
-            "  rows a type's block does not divide fall back as in llama.cpp: q4_k -> q5_0, "
-            "q5_k -> q5_1, q6_k -> q8_0, q2_k / q3_k / iq4_xs -> iq4_nl\n"
-            "  --embd-type: token embedding / output type (default q6_k for types of 5 bits or "
-            "fewer, as llama.cpp's quantizer makes them; the weight type otherwise)\n");
+            "rows a type's block does not divide fall back as in llama.cpp: q4_k -> q5_0, "
+            "q5_k -> q5_1, q6_k -> q8_0, q2_k / q3_k / iq4_xs -> iq4_nl\n");
         return 0;
     }
     const std::optional<std::string> preset = args.value({"--preset"});
     const std::optional<std::string> type = args.value({"--type"});
     const std::optional<std::string> out = args.value({"-o", "--output"});
     const std::optional<std::string> embd = args.value({"--embd-type"});
-    const std::optional<long long> seed = args.integer({"--seed"});
+    const std::optional<long long> seed = args.integer({"-s", "--seed"});
     const std::optional<long long> threads = args.integer({"-t", "--threads"});
     if (Status st = args.finish(); !st) return fail("gen-model", st.message());
     if (!preset || !out) return fail("gen-model", "--preset and -o are required (see --help)");
