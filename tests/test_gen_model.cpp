@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "ferry/gen-model.h"
 #include "ferry/gguf.h"
-#include "model/gen-model.h"
-#include "model/llama.h"
+#include "ferry/llama.h"
 
 namespace ferry {
 namespace {
