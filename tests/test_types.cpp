@@ -314,12 +314,12 @@ TEST(TypeTraits, TablePointsAtTheReferenceFunctions) {
 }
 
 TEST(TypeTraits, Alignment) {
-    EXPECT_EQ(type_alignment(Type::F32), 4u);
-    EXPECT_EQ(type_alignment(Type::I32), 4u);
-    EXPECT_EQ(type_alignment(Type::Q8_K), 4u);
-    EXPECT_EQ(type_alignment(Type::F16), 2u);
-    EXPECT_EQ(type_alignment(Type::Q3_K), 2u);   // 110-byte blocks with an fp16 field
-    EXPECT_EQ(type_alignment(Type::MXFP4), 1u);  // 17-byte blocks of bytes
+    EXPECT_EQ(element_alignment(Type::F32), 4u);
+    EXPECT_EQ(element_alignment(Type::I32), 4u);
+    EXPECT_EQ(element_alignment(Type::Q8_K), 4u);
+    EXPECT_EQ(element_alignment(Type::F16), 2u);
+    EXPECT_EQ(element_alignment(Type::Q3_K), 2u);   // 110-byte blocks with an fp16 field
+    EXPECT_EQ(element_alignment(Type::MXFP4), 1u);  // 17-byte blocks of bytes
 }
 
 TEST(TypeTraits, TypeFromName) {

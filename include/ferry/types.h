@@ -202,10 +202,6 @@ inline size_t type_size(Type t) {
 inline bool is_quantized(Type t) {
     return type_traits(t).is_quantized;
 }
-// Alignment (bytes) every element or block address of type t must keep: kernels load the
-// floats, halves and block scales directly. 4 for F32 / I32 / Q8_K, 1 for MXFP4 (byte fields
-// only, 17-byte blocks), 2 for the other types (fp16 fields).
-size_t type_alignment(Type t);
 
 // Bytes of a row of ne0 elements; fails when ne0 is not a multiple of the block size or the
 // size overflows.
@@ -227,5 +223,12 @@ bf16_t fp32_to_bf16(float f);
 // Whole-row conversions that check the block size: dequantize / quantize n elements.
 Status to_float_row(Type t, const void* src, float* dst, int64_t n);
 Status from_float_row(Type t, const float* src, void* dst, int64_t n);
+
+// The alignment, in bytes, that every element (or block) address of type t must keep, in
+// views and in tensors received from outside: kernels load floats, halves and block scales
+// directly. The one rule: validation (validate_node) and the remote server both use it.
+// 4 for F32 / I32 / Q8_K, 1 for MXFP4 (byte fields only, 17-byte blocks), 2 for the other types
+// (fp16 fields).
+size_t element_alignment(Type t);
 
 }  // namespace ferry

@@ -179,7 +179,7 @@ Status validate_view_range(const Tensor* t) {
         return Status::errorf("view [offset %zu, %zu bytes] reaches past the %zu bytes of %s",
                               t->view_offs, span, src_span, describe(vs).c_str());
     }
-    const size_t align = type_alignment(t->type);
+    const size_t align = element_alignment(t->type);
     if (t->view_offs % align != 0) {
         return Status::errorf("view offset %zu is not a multiple of %zu (%s alignment)",
                               t->view_offs, align, type_name(t->type));

@@ -263,19 +263,6 @@ Expected<Type> type_from_name(const char* name) {
     return Status::errorf("unknown type '%s' (expected one of %s)", name, known.c_str());
 }
 
-size_t type_alignment(Type t) {
-    switch (t) {
-        case Type::F32:
-        case Type::I32:
-        case Type::Q8_K:
-            return 4;
-        case Type::MXFP4:
-            return 1;
-        default:
-            return 2;
-    }
-}
-
 Expected<size_t> row_size_checked(Type t, int64_t ne0) {
     const TypeTraits& tr = type_traits(t);
     if (ne0 < 0) return Status::errorf("negative row length %lld", static_cast<long long>(ne0));
@@ -320,6 +307,20 @@ Status from_float_row(Type t, const float* src, void* dst, int64_t n) {
     }
     tr.from_float(src, dst, n);
     return Status::ok();
+}
+
+// Block formats hold fp16 fields (2 bytes); Q8_K a float; MXFP4 only bytes.
+size_t element_alignment(Type t) {
+    switch (t) {
+        case Type::F32:
+        case Type::I32:
+        case Type::Q8_K:
+            return 4;
+        case Type::MXFP4:
+            return 1;
+        default:
+            return 2;
+    }
 }
 
 }  // namespace ferry
