@@ -99,8 +99,9 @@ Options parse(int argc, char** argv) {
         }
     }
     if (o.types.empty()) {
-        o.types = {Type::F32,  Type::F16,  Type::BF16, Type::Q4_0, Type::Q4_1,
-                   Type::Q8_0, Type::Q4_K, Type::Q5_K, Type::Q6_K};
+        o.types = {Type::F32,  Type::F16,    Type::BF16,   Type::Q4_0, Type::Q4_1, Type::Q5_0,
+                   Type::Q5_1, Type::Q8_0,   Type::Q2_K,   Type::Q3_K, Type::Q4_K, Type::Q5_K,
+                   Type::Q6_K, Type::IQ4_NL, Type::IQ4_XS, Type::MXFP4};
     }
     return o;
 }

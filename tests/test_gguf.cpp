@@ -617,12 +617,18 @@ TEST(GgufCorrupt, Names) {
 
 TEST(GgufCorrupt, Types) {
     RawFile f = base_file();
-    for (uint32_t t : {6u, 7u, 16u, 31u, 1000u}) {
+    // 4, 5: Q4_2 / Q4_3 (removed from GGUF); 9: Q8_1; 16: IQ2_XXS; 31: removed.
+    for (uint32_t t : {4u, 5u, 9u, 16u, 31u, 1000u}) {
         f.tensors[1].type = t;
         EXPECT_REJECTED(f.bytes(), "'b'", "unknown type id");
     }
     f.tensors[1].type = 15;
     EXPECT_REJECTED(f.bytes(), "'b'", "not a storage type");
+    // A newer block format with a row its block does not divide: half a Q3_K super-block.
+    f = base_file();
+    f.tensors[1] = {"b", 1, {128}, static_cast<uint32_t>(Type::Q3_K), 32};
+    f.data_size = 32 + 1024;
+    EXPECT_REJECTED(f.bytes(), "'b'", "not a multiple of the q3_K block size 256");
     // Every storage type is accepted at a compatible shape.
     int n = 0;
     const Type* ts = storage_types(&n);

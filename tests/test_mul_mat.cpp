@@ -33,8 +33,10 @@ namespace {
 constexpr double kExactNmse = 1e-10;
 constexpr double kQuantNmse = 6e-5;
 
-const Type kWeightTypes[] = {Type::F32,  Type::F16,  Type::BF16, Type::Q4_0, Type::Q4_1,
-                             Type::Q8_0, Type::Q4_K, Type::Q5_K, Type::Q6_K};
+const Type kWeightTypes[] = {Type::F32,  Type::F16,    Type::BF16,   Type::Q4_0,
+                             Type::Q4_1, Type::Q5_0,   Type::Q5_1,   Type::Q8_0,
+                             Type::Q2_K, Type::Q3_K,   Type::Q4_K,   Type::Q5_K,
+                             Type::Q6_K, Type::IQ4_NL, Type::IQ4_XS, Type::MXFP4};
 
 std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
     std::mt19937 rng(seed);

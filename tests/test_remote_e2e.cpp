@@ -112,6 +112,35 @@ TEST_F(RemoteE2E, LogitsBitIdenticalForAllEncodingsOverBothTransports) {
     }
 }
 
+// Files of the newer types, made by gen-model: Q4_K_M / Q5_K_M on rows of 320 / 864 elements
+// (their Q5_0, Q5_1 and Q8_0 fallbacks), MXFP4 (17-byte blocks, odd row strides) and Q3_K.
+TEST_F(RemoteE2E, LogitsBitIdenticalForGeneratedNewTypes) {
+    const std::pair<const char*, const char*> files[] = {
+        {"tiny-320", "q4_k_m"}, {"tiny-320", "q5_k_m"}, {"tiny-320", "mxfp4"}, {"tiny", "q3_k"}};
+    for (const auto& [preset, type] : files) {
+        SCOPED_TRACE(type);
+        const std::string model = dir_ + "/gen-" + type + ".gguf";
+        Proc g = sh(std::string(FERRY_BIN) + " gen-model --preset " + preset + " --type " + type +
+                    " -o " + model + " 2>&1");
+        ASSERT_EQ(g.rc, 0) << g.out;
+        const std::string base = dir_ + "/logits-gen-" + type;
+        auto run = [&](const std::string& extra, const std::string& out) {
+            return sh(std::string(FERRY_BIN) + " logits -m " + model +
+                      " --tokens 1,45,99,300,7,12,512,3 -o " + out + " " + extra + " 2>&1");
+        };
+        Proc l = run("", base + ".local");
+        ASSERT_EQ(l.rc, 0) << l.out;
+        Proc u = run("--remote " + unix_->addr(), base + ".unix");
+        ASSERT_EQ(u.rc, 0) << u.out;
+        Proc t = run("--remote " + tcp_->addr(), base + ".tcp");
+        ASSERT_EQ(t.rc, 0) << t.out;
+        const std::string a = slurp(base + ".local");
+        ASSERT_EQ(a.size(), 8u * 1024u * 4u);
+        EXPECT_TRUE(a == slurp(base + ".unix"));
+        EXPECT_TRUE(a == slurp(base + ".tcp"));
+    }
+}
+
 TEST_F(RemoteE2E, LayersSplitBetweenTheLocalCpuAndTwoServersGiveTheLocalLogits) {
     // llama.cpp's -ngl and --tensor-split: the first layer on the local CPU, the others split
     // between a unix and a tcp server; activations cross both connections every step.

@@ -602,6 +602,17 @@ TEST_P(Hostile, EveryBadRequestGetsAnErrorAndNobodyElseNotices) {
         Entry q = leaf(Type::Q4_0, {32, 2}, h, 0);
         q.ne[0] = 33;
         expect_error(c, Cmd::GRAPH_COMPUTE, graph({q}), "invalid", "partial quant block");
+        // The newer block formats: half a Q3_K super-block is no row; a Q5_0 block (fp16
+        // scale) at an odd offset is misaligned, while MXFP4's 17-byte blocks of bytes may sit
+        // at any offset and stride.
+        Entry q3 = leaf(Type::Q3_K, {256, 2}, h, 0);
+        q3.ne[0] = 128;
+        expect_error(c, Cmd::GRAPH_COMPUTE, graph({q3}), "invalid", "partial q3_K super-block");
+        expect_error(c, Cmd::GRAPH_COMPUTE, graph({leaf(Type::Q5_0, {32, 2}, h, 1)}), "not aligned",
+                     "q5_0 at an odd offset");
+        auto ok = c.request(Cmd::GRAPH_COMPUTE, graph({leaf(Type::MXFP4, {32, 3}, h, 1)}));
+        ASSERT_TRUE(ok.ok);
+        EXPECT_FALSE(ok.is_error()) << "mxfp4 at an odd offset: " << ok.message();
     }
     {
         Entry p = leaf(Type::F32, {16, 4}, 0, 0);

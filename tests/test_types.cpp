@@ -105,8 +105,9 @@ double nmse(const std::vector<float>& ref, const std::vector<float>& got) {
     return num / den;
 }
 
-const Type kQuantTypes[] = {Type::Q4_0, Type::Q4_1, Type::Q8_0, Type::Q4_K,
-                            Type::Q5_K, Type::Q6_K, Type::Q8_K};
+const Type kQuantTypes[] = {Type::Q4_0, Type::Q4_1,   Type::Q5_0,   Type::Q5_1, Type::Q8_0,
+                            Type::Q2_K, Type::Q3_K,   Type::Q4_K,   Type::Q5_K, Type::Q6_K,
+                            Type::Q8_K, Type::IQ4_NL, Type::IQ4_XS, Type::MXFP4};
 
 // The 6-bit scale / min of sub-block j as the GGUF K-quant layout defines it.
 void k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
@@ -248,6 +249,13 @@ TEST(TypeTraits, SizesMatchTheSpec) {
         {Type::Q5_K, "q5_k", 256, 176, 5.5, true, Type::Q8_K},
         {Type::Q6_K, "q6_k", 256, 210, 6.5625, true, Type::Q8_K},
         {Type::Q8_K, "q8_k", 256, 292, 9.125, false, Type::Q8_K},
+        {Type::Q5_0, "q5_0", 32, 22, 5.5, true, Type::Q8_0},
+        {Type::Q5_1, "q5_1", 32, 24, 6.0, true, Type::Q8_0},
+        {Type::Q2_K, "q2_k", 256, 84, 2.625, true, Type::Q8_K},
+        {Type::Q3_K, "q3_k", 256, 110, 3.4375, true, Type::Q8_K},
+        {Type::IQ4_NL, "iq4_nl", 32, 18, 4.5, true, Type::Q8_0},
+        {Type::IQ4_XS, "iq4_xs", 256, 136, 4.25, true, Type::Q8_K},
+        {Type::MXFP4, "mxfp4", 32, 17, 4.25, true, Type::Q8_0},
     };
     for (const Spec& s : specs) {
         const TypeTraits& tr = type_traits(s.t);
@@ -275,8 +283,16 @@ TEST(TypeTraits, SizesMatchTheSpec) {
     EXPECT_EQ(static_cast<uint32_t>(Type::Q4_K), 12u);
     EXPECT_EQ(static_cast<uint32_t>(Type::Q6_K), 14u);
     EXPECT_EQ(static_cast<uint32_t>(Type::BF16), 30u);
+    EXPECT_EQ(static_cast<uint32_t>(Type::Q5_0), 6u);
+    EXPECT_EQ(static_cast<uint32_t>(Type::Q5_1), 7u);
+    EXPECT_EQ(static_cast<uint32_t>(Type::Q2_K), 10u);
+    EXPECT_EQ(static_cast<uint32_t>(Type::Q3_K), 11u);
+    EXPECT_EQ(static_cast<uint32_t>(Type::IQ4_NL), 20u);
+    EXPECT_EQ(static_cast<uint32_t>(Type::IQ4_XS), 23u);
+    EXPECT_EQ(static_cast<uint32_t>(Type::MXFP4), 39u);
     EXPECT_EQ(type_traits_or_null(4), nullptr);   // Q4_2: removed from GGUF
-    EXPECT_EQ(type_traits_or_null(11), nullptr);  // Q3_K: not supported
+    EXPECT_EQ(type_traits_or_null(9), nullptr);   // Q8_1: not supported
+    EXPECT_EQ(type_traits_or_null(16), nullptr);  // IQ2_XXS: not supported
     EXPECT_EQ(type_traits_or_null(1000), nullptr);
 }
 
@@ -288,6 +304,22 @@ TEST(TypeTraits, TablePointsAtTheReferenceFunctions) {
     EXPECT_EQ(type_traits(Type::Q5_K).from_float, &quants::quantize_row_q5_k);
     EXPECT_EQ(type_traits(Type::Q6_K).vec_dot, &quants::vec_dot_q6_k);
     EXPECT_EQ(type_traits(Type::Q8_K).to_float, &quants::dequantize_row_q8_k);
+    EXPECT_EQ(type_traits(Type::Q5_0).to_float, &quants::dequantize_row_q5_0);
+    EXPECT_EQ(type_traits(Type::Q5_1).from_float, &quants::quantize_row_q5_1);
+    EXPECT_EQ(type_traits(Type::Q2_K).vec_dot, &quants::vec_dot_q2_k);
+    EXPECT_EQ(type_traits(Type::Q3_K).to_float, &quants::dequantize_row_q3_k);
+    EXPECT_EQ(type_traits(Type::IQ4_NL).from_float, &quants::quantize_row_iq4_nl);
+    EXPECT_EQ(type_traits(Type::IQ4_XS).vec_dot, &quants::vec_dot_iq4_xs);
+    EXPECT_EQ(type_traits(Type::MXFP4).to_float, &quants::dequantize_row_mxfp4);
+}
+
+TEST(TypeTraits, Alignment) {
+    EXPECT_EQ(element_alignment(Type::F32), 4u);
+    EXPECT_EQ(element_alignment(Type::I32), 4u);
+    EXPECT_EQ(element_alignment(Type::Q8_K), 4u);
+    EXPECT_EQ(element_alignment(Type::F16), 2u);
+    EXPECT_EQ(element_alignment(Type::Q3_K), 2u);   // 110-byte blocks with an fp16 field
+    EXPECT_EQ(element_alignment(Type::MXFP4), 1u);  // 17-byte blocks of bytes
 }
 
 TEST(TypeTraits, TypeFromName) {
@@ -295,23 +327,26 @@ TEST(TypeTraits, TypeFromName) {
         const char* name;
         Type t;
     };
-    const Case cases[] = {{"f32", Type::F32},   {"F16", Type::F16},   {"bf16", Type::BF16},
-                          {"BF16", Type::BF16}, {"i32", Type::I32},   {"q4_0", Type::Q4_0},
-                          {"Q4_1", Type::Q4_1}, {"q8_0", Type::Q8_0}, {"q4_K", Type::Q4_K},
-                          {"Q4_K", Type::Q4_K}, {"q5_k", Type::Q5_K}, {"Q6_K", Type::Q6_K}};
+    const Case cases[] = {{"f32", Type::F32},    {"F16", Type::F16},       {"bf16", Type::BF16},
+                          {"BF16", Type::BF16},  {"i32", Type::I32},       {"q4_0", Type::Q4_0},
+                          {"Q4_1", Type::Q4_1},  {"q8_0", Type::Q8_0},     {"q4_K", Type::Q4_K},
+                          {"Q4_K", Type::Q4_K},  {"q5_k", Type::Q5_K},     {"Q6_K", Type::Q6_K},
+                          {"q5_0", Type::Q5_0},  {"Q5_1", Type::Q5_1},     {"q2_k", Type::Q2_K},
+                          {"Q3_K", Type::Q3_K},  {"iq4_nl", Type::IQ4_NL}, {"IQ4_XS", Type::IQ4_XS},
+                          {"mxfp4", Type::MXFP4}};
     for (const Case& c : cases) {
         Expected<Type> t = type_from_name(c.name);
         ASSERT_TRUE(t.has_value()) << c.name << ": " << t.message();
         EXPECT_EQ(*t, c.t) << c.name;
     }
-    for (const char* bad : {"", "f64", "q3_k", "q4", "q8_k", "q4_0 ", "Q4_K_M"}) {
+    for (const char* bad : {"", "f64", "q8_1", "q4", "q8_k", "q4_0 ", "Q4_K_M", "iq2_xxs"}) {
         Expected<Type> t = type_from_name(bad);
         EXPECT_FALSE(t.has_value()) << "'" << bad << "'";
         EXPECT_FALSE(t.message().empty());
     }
     int count = 0;
     const Type* ts = storage_types(&count);
-    EXPECT_EQ(count, 10);
+    EXPECT_EQ(count, 17);
     for (int i = 0; i < count; i++) {
         Expected<Type> t = type_from_name(type_name(ts[i]));
         ASSERT_TRUE(t.has_value()) << type_name(ts[i]);
@@ -331,6 +366,17 @@ TEST(TypeTraits, RowSizeChecked) {
     EXPECT_EQ(row_size_checked(Type::Q6_K, 4096).value(), 3360u);
     EXPECT_EQ(row_size_checked(Type::Q4_0, 0).value(), 0u);
     EXPECT_EQ(row_size(Type::Q6_K, 512), 420u);
+    EXPECT_EQ(row_size_checked(Type::Q5_0, 64).value(), 44u);
+    EXPECT_EQ(row_size_checked(Type::Q5_1, 96).value(), 72u);
+    EXPECT_EQ(row_size_checked(Type::Q2_K, 512).value(), 168u);
+    EXPECT_EQ(row_size_checked(Type::Q3_K, 256).value(), 110u);
+    EXPECT_EQ(row_size_checked(Type::IQ4_NL, 64).value(), 36u);
+    EXPECT_EQ(row_size_checked(Type::IQ4_XS, 768).value(), 408u);
+    EXPECT_EQ(row_size_checked(Type::MXFP4, 96).value(), 51u);
+    EXPECT_FALSE(row_size_checked(Type::Q5_0, 48).has_value());
+    EXPECT_FALSE(row_size_checked(Type::Q3_K, 896).has_value());  // a Qwen2.5-0.5B row
+    EXPECT_FALSE(row_size_checked(Type::IQ4_XS, 128).has_value());
+    EXPECT_FALSE(row_size_checked(Type::MXFP4, 31).has_value());
 
     Expected<size_t> r = row_size_checked(Type::Q4_0, 33);
     ASSERT_FALSE(r.has_value());
@@ -571,14 +617,20 @@ struct QualityCase {
 
 TEST(Quantize, RoundTripNmse) {
     // Measured (seed 42): q8_0 2.9e-5 / 2.4e-5, q4_0 7.4e-3 / 6.1e-3, q4_1 6.1e-3 / 3.1e-3,
-    // q4_K 5.0e-3 / 2.5e-3, q5_K 1.2e-3 / 5.9e-4, q6_K 3.0e-4 / 2.6e-4, q8_K 4.8e-5 / 3.8e-5.
+    // q4_K 5.0e-3 / 2.5e-3, q5_K 1.2e-3 / 5.9e-4, q6_K 3.0e-4 / 2.6e-4, q8_K 4.8e-5 / 3.8e-5,
+    // q5_0 1.8e-3 / 1.5e-3, q5_1 1.4e-3 / 7.1e-4, q2_K 7.3e-2 / 3.6e-2, q3_K 2.1e-2 / 1.6e-2,
+    // iq4_nl 5.5e-3 / 4.8e-3, iq4_xs 5.6e-3 / 4.9e-3, mxfp4 1.2e-2 / 1.2e-2.
     // These sit close to the floor of each format on Gaussian data (step^2 / 12 for the block's
     // range); the bounds leave ~25% headroom, so a quantizer that skips its search or misplaces
     // a level fails them.
     const QualityCase cases[] = {
-        {Type::Q8_0, 3.6e-5, 3.0e-5}, {Type::Q4_0, 9.0e-3, 7.5e-3}, {Type::Q4_1, 7.5e-3, 3.8e-3},
-        {Type::Q4_K, 6.0e-3, 3.0e-3}, {Type::Q5_K, 1.5e-3, 7.5e-4}, {Type::Q6_K, 3.7e-4, 3.2e-4},
-        {Type::Q8_K, 6.0e-5, 4.8e-5},
+        {Type::Q8_0, 3.6e-5, 3.0e-5},   {Type::Q4_0, 9.0e-3, 7.5e-3},
+        {Type::Q4_1, 7.5e-3, 3.8e-3},   {Type::Q4_K, 6.0e-3, 3.0e-3},
+        {Type::Q5_K, 1.5e-3, 7.5e-4},   {Type::Q6_K, 3.7e-4, 3.2e-4},
+        {Type::Q8_K, 6.0e-5, 4.8e-5},   {Type::Q5_0, 2.3e-3, 1.9e-3},
+        {Type::Q5_1, 1.8e-3, 9.0e-4},   {Type::Q2_K, 9.0e-2, 4.5e-2},
+        {Type::Q3_K, 2.6e-2, 2.1e-2},   {Type::IQ4_NL, 6.9e-3, 6.0e-3},
+        {Type::IQ4_XS, 7.0e-3, 6.2e-3}, {Type::MXFP4, 1.55e-2, 1.5e-2},
     };
     std::mt19937 rng(42);
     const std::vector<float> g = gaussian(rng, 64 * 1024);
@@ -605,6 +657,13 @@ TEST(Quantize, MoreBitsAreBetter) {
     // Same bits per 32 elements, but the K formats search their scale and min: Q4_K must beat
     // the plain min/max Q4_1 despite its 6-bit scales.
     EXPECT_LT(err(Type::Q4_K), 0.9 * err(Type::Q4_1));
+    EXPECT_LT(err(Type::Q4_K), err(Type::Q3_K));
+    EXPECT_LT(err(Type::Q3_K), err(Type::Q2_K));
+    EXPECT_LT(err(Type::Q5_0), err(Type::Q4_0));
+    EXPECT_LT(err(Type::Q5_1), err(Type::Q4_1));
+    // The non-linear table beats Q4_0's uniform levels at the same 4.5 bits per weight.
+    EXPECT_LT(err(Type::IQ4_NL), 0.9 * err(Type::Q4_0));
+    EXPECT_LT(err(Type::IQ4_XS), 0.9 * err(Type::Q4_0));
 }
 
 TEST(Quantize, EdgeRows) {
@@ -735,6 +794,128 @@ TEST(VecDot, KnownBlocks) {
     for (int j = 0; j < 16; j++) a[4 + j] = 0x11;
     quants::vec_dot_q4_1(32, &out, a.data(), y.data());
     EXPECT_EQ(out, -8.0f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Against an independent implementation: the PyPI gguf package's gguf.quants (numpy), through
+// the committed outputs of tests/data/make-quant-refs.py.
+
+std::vector<uint8_t> read_file_bytes(const std::string& path) {
+    std::vector<uint8_t> out;
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) return out;
+    uint8_t buf[4096];
+    size_t got;
+    while ((got = std::fread(buf, 1, sizeof(buf), f)) > 0) out.insert(out.end(), buf, buf + got);
+    std::fclose(f);
+    return out;
+}
+
+std::vector<float> read_f32_file(const std::string& path) {
+    const std::vector<uint8_t> b = read_file_bytes(path);
+    std::vector<float> out(b.size() / 4);
+    for (size_t i = 0; i < out.size(); i++) {
+        const uint32_t u =
+            static_cast<uint32_t>(b[4 * i]) | static_cast<uint32_t>(b[4 * i + 1]) << 8 |
+            static_cast<uint32_t>(b[4 * i + 2]) << 16 | static_cast<uint32_t>(b[4 * i + 3]) << 24;
+        out[i] = bits_to_float(u);
+    }
+    return out;
+}
+
+struct RefCase {
+    Type t;
+    const char* file;
+};
+const RefCase kGgufRefs[] = {
+    {Type::Q5_0, "q5_0"},     {Type::Q5_1, "q5_1"},     {Type::Q2_K, "q2_k"},  {Type::Q3_K, "q3_k"},
+    {Type::IQ4_NL, "iq4_nl"}, {Type::IQ4_XS, "iq4_xs"}, {Type::MXFP4, "mxfp4"}};
+
+std::string ref_path(const char* file, const char* ext) {
+    return std::string(FERRY_TEST_DATA_DIR) + "/quants/" + file + ext;
+}
+
+// gguf.quants computes every value in float32 with the same operations and order as the format
+// defines (scale * sub-scale, times the quant, minus the min), and each product before the
+// last operation is exact in float32 (11-bit fp16 scale times at most 8-bit integers), so the
+// results must agree bit for bit: no tolerance. Infinity (MXFP4 with e = 255 and a large
+// quant) compares equal; no reference value is NaN.
+TEST(GgufQuants, DequantizeMatchesBitForBit) {
+    for (const RefCase& c : kGgufRefs) {
+        SCOPED_TRACE(c.file);
+        const std::vector<uint8_t> blocks = read_file_bytes(ref_path(c.file, ".blocks"));
+        const std::vector<float> want = read_f32_file(ref_path(c.file, ".expected.f32"));
+        ASSERT_FALSE(blocks.empty()) << "missing " << ref_path(c.file, ".blocks");
+        ASSERT_EQ(blocks.size() % type_size(c.t), 0u);
+        const int64_t n = static_cast<int64_t>(blocks.size() / type_size(c.t)) * block_size(c.t);
+        ASSERT_EQ(want.size(), static_cast<size_t>(n));
+        const std::vector<float> got = dequantize(c.t, blocks.data(), n);
+        int64_t bad = 0, nonzero = 0;
+        for (int64_t i = 0; i < n; i++) {
+            ASSERT_FALSE(std::isnan(want[i])) << i;
+            if (want[i] != 0.0f) nonzero++;
+            if (float_to_bits(got[i]) != float_to_bits(want[i])) {
+                if (bad++ < 5) {
+                    ADD_FAILURE() << "element " << i << " (block " << i / block_size(c.t)
+                                  << "): ferry " << got[i] << " gguf " << want[i];
+                }
+            }
+        }
+        EXPECT_EQ(bad, 0);
+        EXPECT_GT(nonzero, n / 2);  // the data exercise the format, not only zeros
+    }
+}
+
+// Where gguf.quants can quantize (Q5_0, Q5_1, MXFP4), ferry's quantizer must fit the same
+// inputs at least as well. Q5_0 / Q5_1 use the same min/max rules as gguf.quants, so the errors
+// agree up to rounding ties (x * (1 / d) from the stored fp16 d rather than the unrounded one);
+// MXFP4 tries two exponents where gguf.quants takes floor(log2(amax)) - 2 and clips the values
+// above 1.5 * 2^floor(log2(amax)), so ferry's error is lower (measured: ratio 0.905).
+TEST(GgufQuants, QuantizerErrorAtMostGguf) {
+    struct Case {
+        Type t;
+        const char* file;
+        double max_ratio;  // ferry NMSE / gguf NMSE
+    };
+    const Case cases[] = {
+        {Type::Q5_0, "q5_0", 1.02}, {Type::Q5_1, "q5_1", 1.02}, {Type::MXFP4, "mxfp4", 0.95}};
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.file);
+        const std::vector<float> x = read_f32_file(ref_path(c.file, ".input.f32"));
+        const std::vector<float> ref = read_f32_file(ref_path(c.file, ".expected.f32"));
+        ASSERT_FALSE(x.empty());
+        ASSERT_GE(ref.size(), x.size());
+        const std::vector<float> gguf_y(ref.begin(),
+                                        ref.begin() + static_cast<ptrdiff_t>(x.size()));
+        const std::vector<float> ours = dequantize(c.t, quantize(c.t, x).data(), x.size());
+        // Per-block NMSE averaged over blocks: the inputs' blocks span four decades of
+        // magnitude, and a plain NMSE would see only the largest blocks.
+        const size_t bs = static_cast<size_t>(block_size(c.t));
+        double e_gguf = 0, e_ours = 0;
+        int blocks = 0;
+        for (size_t b = 0; b < x.size(); b += bs) {
+            double den = 0, ng = 0, no = 0;
+            for (size_t i = b; i < b + bs; i++) {
+                den += static_cast<double>(x[i]) * x[i];
+                ng += (static_cast<double>(gguf_y[i]) - x[i]) *
+                      (static_cast<double>(gguf_y[i]) - x[i]);
+                no += (static_cast<double>(ours[i]) - x[i]) * (static_cast<double>(ours[i]) - x[i]);
+            }
+            if (den == 0) {
+                EXPECT_EQ(no, 0.0) << "block " << b / bs;
+                continue;
+            }
+            e_gguf += ng / den;
+            e_ours += no / den;
+            blocks++;
+        }
+        e_gguf /= blocks;
+        e_ours /= blocks;
+        std::printf("  %-6s mean block nmse: ferry %.4e  gguf.quants %.4e  (ratio %.3f)\n", c.file,
+                    e_ours, e_gguf, e_ours / e_gguf);
+        EXPECT_GT(e_gguf, 0.0);
+        EXPECT_LE(e_ours, c.max_ratio * e_gguf);
+    }
 }
 
 }  // namespace

@@ -14,7 +14,7 @@ int cmd_gen_model(int argc, char** argv) {
               "  Writes a llama GGUF with random weights and a valid vocabulary.\n",
               {
                   {{"--preset"}, "NAME", "the architecture's shapes (see the list below)"},
-                  {{"--type"}, "TYPE", "weight type: f32 f16 bf16 q4_0 q4_1 q8_0 q4_k q5_k q6_k"},
+                  {{"--type"}, "TYPE", "weight type or mixture (see the lists below)"},
                   {{"-o", "--output"}, "FILE", "the GGUF file to write"},
                   {{"--embd-type"},
                    "TYPE",
@@ -33,7 +33,17 @@ int cmd_gen_model(int argc, char** argv) {
         args.print_help();
         std::printf("presets:");
         for (const ModelPreset& p : model_presets()) std::printf(" %s", p.name);
-        std::printf("\n");
+        std::printf("\ntypes:");
+        int count = 0;
+        const Type* ts = storage_types(&count);
+        for (int i = 0; i < count; i++) {
+            if (ts[i] != Type::I32) std::printf(" %s", type_name(ts[i]));
+        }
+        std::printf(
+            "\nmixtures (as llama.cpp's presets): q4_k_m q5_k_m: q6_k output, q6_k attn_v and "
+            "ffn_down in about half the layers, q4_k / q5_k elsewhere\n"
+            "rows a type's block does not divide fall back as in llama.cpp: q4_k -> q5_0, "
+            "q5_k -> q5_1, q6_k -> q8_0, q2_k / q3_k / iq4_xs -> iq4_nl\n");
         return 0;
     }
     const std::optional<std::string> preset = args.value({"--preset"});
@@ -49,9 +59,9 @@ int cmd_gen_model(int argc, char** argv) {
     if (!p) return fail("gen-model", p.message());
     GenModelOptions opts;
     if (type) {
-        Expected<Type> t = type_from_name(type->c_str());
-        if (!t) return fail("gen-model", "--type: " + t.message());
-        opts.type = *t;
+        if (Status st = set_weight_type(opts, *type); !st) {
+            return fail("gen-model", "--type: " + st.message());
+        }
     }
     if (embd) {
         Expected<Type> t = type_from_name(embd->c_str());
@@ -66,7 +76,10 @@ int cmd_gen_model(int argc, char** argv) {
     if (Status st = generate_model(*p, opts, *out); !st) return fail("gen-model", st.message());
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "ferry gen-model: wrote %s (%s, %s) in %.1f s\n", out->c_str(), p->name,
-                 type_name(opts.type), s);
+                 opts.mixture == Mixture::Q4_K_M   ? "q4_k_m"
+                 : opts.mixture == Mixture::Q5_K_M ? "q5_k_m"
+                                                   : type_name(opts.type),
+                 s);
     return 0;
 }
 

@@ -24,8 +24,13 @@ struct ModelPreset {
 const std::vector<ModelPreset>& model_presets();
 Expected<ModelPreset> find_preset(const std::string& name);
 
+// llama.cpp-like mixtures of K formats, per its public preset descriptions (see
+// weight_type_for).
+enum class Mixture { None, Q4_K_M, Q5_K_M };
+
 struct GenModelOptions {
-    Type type = Type::Q4_0;  // 2-D weights
+    Type type = Type::Q4_0;  // 2-D weights (the base type of a mixture)
+    Mixture mixture = Mixture::None;
     // Token embedding (also the output matrix when tied). Default: Q6_K for 4- and 5-bit types
     // (the mixture llama.cpp's quantizer makes), the weight type otherwise.
     bool embd_type_set = false;
@@ -38,6 +43,37 @@ struct GenModelOptions {
     // the tokenizer. Empty: the generated vocabulary of preset.n_vocab tokens.
     std::string vocab_json;
 };
+
+// Sets opts.type / opts.mixture from a --type value: a storage type name ("q4_k", "mxfp4", ...)
+// or a mixture ("q4_k_m", "q5_k_m"; case-insensitive).
+Status set_weight_type(GenModelOptions& opts, const std::string& name);
+
+// The 2-D weight tensors of a llama model, for weight_type_for.
+enum class WeightRole {
+    TokenEmbd,
+    Output,
+    AttnQ,
+    AttnK,
+    AttnV,
+    AttnOutput,
+    FfnGate,
+    FfnUp,
+    FfnDown
+};
+
+// Storage type of one 2-D weight: role, layer (-1 for token_embd / output), row length ne0.
+//   Uniform types: every weight is opts.type; token_embd and output are opts.embd_type when
+//   set, else Q6_K for the types of 5 bits or fewer (as llama.cpp's quantizer makes them), else
+//   opts.type.
+//   Q4_K_M / Q5_K_M (base Q4_K / Q5_K): output.weight (token_embd.weight when the output is
+//   tied) is Q6_K; attn_v and ffn_down are Q6_K in the first and last eighth of the layers and
+//   every third layer in between (i < n/8, i >= 7n/8, or (i - n/8) % 3 == 2), "half of
+//   attn_v and ffn_down" in llama.cpp's description; every other weight is the base type.
+// Rows that the chosen type's block does not divide take llama.cpp's fallback: Q4_K -> Q5_0,
+// Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K / Q3_K / IQ4_XS -> IQ4_NL; a row that no 32-element block
+// divides is stored as F16.
+Type weight_type_for(const GenModelOptions& opts, WeightRole role, int layer, int n_layer,
+                     bool tied_output, int64_t ne0);
 
 // Writes a GGUF llama model with random weights (normal, std 0.02; norms 1) and a valid
 // SentencePiece-style vocabulary of preset.n_vocab tokens (control, 256 byte tokens, pieces).

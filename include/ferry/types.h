@@ -18,18 +18,29 @@ enum class Type : uint32_t {
     F16 = 1,
     Q4_0 = 2,
     Q4_1 = 3,
+    Q5_0 = 6,
+    Q5_1 = 7,
     Q8_0 = 8,
+    Q2_K = 10,
+    Q3_K = 11,
     Q4_K = 12,
     Q5_K = 13,
     Q6_K = 14,
     Q8_K = 15,  // internal dot-product partner for the K formats; not a storage type
+    IQ4_NL = 20,
+    IQ4_XS = 23,
     I32 = 26,
     BF16 = 30,
+    MXFP4 = 39,
 };
 
 constexpr int kQK4_0 = 32;
 constexpr int kQK4_1 = 32;
+constexpr int kQK5_0 = 32;
+constexpr int kQK5_1 = 32;
 constexpr int kQK8_0 = 32;
+constexpr int kQK4_NL = 32;
+constexpr int kQKMXFP4 = 32;
 constexpr int kQK_K = 256;
 constexpr int kKScaleSize = 12;
 
@@ -46,9 +57,39 @@ struct BlockQ4_1 {
     fp16_t m;  // min
     uint8_t qs[kQK4_1 / 2];
 };
+// Q5_0 / Q5_1: the fifth bit of element j is bit j of qh read as a little-endian uint32.
+struct BlockQ5_0 {
+    fp16_t d;                // x = d * (q - 16)
+    uint8_t qh[4];           // high bits
+    uint8_t qs[kQK5_0 / 2];  // low nibble = element j, high nibble = element j + 16
+};
+struct BlockQ5_1 {
+    fp16_t d;  // x = d * q + m
+    fp16_t m;
+    uint8_t qh[4];
+    uint8_t qs[kQK5_1 / 2];
+};
 struct BlockQ8_0 {
     fp16_t d;
     int8_t qs[kQK8_0];
+};
+// Q2_K: 16 groups of 16; x = d * (sc & 15) * q - dmin * (sc >> 4), q in [0, 3]. Element
+// 128h + 32s + l (l < 32) is bits 2s..2s+1 of qs[32h + l]; its group is (128h + 32s + l) / 16.
+struct BlockQ2_K {
+    uint8_t scales[kQK_K / 16];  // low nibble scale, high nibble min, per group
+    uint8_t qs[kQK_K / 4];       // 2-bit quants
+    fp16_t d;
+    fp16_t dmin;
+};
+// Q3_K: 16 groups of 16; x = d * (sc - 32) * (q - 4), q in [0, 7]. Element 128h + 32s + l:
+// low bits = bits 2s..2s+1 of qs[32h + l], high bit = bit 4h + s of hmask[l]. The 6-bit scale
+// of group g: low 4 bits from scales[g] (g < 8) or scales[g - 8] >> 4, high 2 bits are bits
+// 2(g / 4).. of scales[8 + g % 4].
+struct BlockQ3_K {
+    uint8_t hmask[kQK_K / 8];
+    uint8_t qs[kQK_K / 4];
+    uint8_t scales[12];
+    fp16_t d;
 };
 struct BlockQ4_K {
     fp16_t d;                     // super-block scale for the 6-bit scales
@@ -74,7 +115,47 @@ struct BlockQ8_K {
     int8_t qs[kQK_K];
     int16_t bsums[kQK_K / 16];  // sums of each group of 16 quants
 };
+// IQ4_NL: x = d * kIQ4NLValues[nibble]; nibbles as in Q4_0.
+struct BlockIQ4_NL {
+    fp16_t d;
+    uint8_t qs[kQK4_NL / 2];
+};
+// IQ4_XS: 8 sub-blocks of 32; x = d * (ls - 32) * kIQ4NLValues[nibble], ls 6 bits: low 4 bits
+// in scales_l[j / 2] >> 4 (j % 2), high 2 bits at bit 2j of scales_h. Sub-block j's nibbles are
+// qs[16j .. 16j + 15], laid out as in Q4_0.
+struct BlockIQ4_XS {
+    fp16_t d;
+    uint16_t scales_h;
+    uint8_t scales_l[kQK_K / 64];
+    uint8_t qs[kQK_K / 2];
+};
+// MXFP4 (OCP microscaling, E2M1 elements with a shared E8M0 exponent): x = 2^(e - 128) *
+// kMXFP4Values[nibble] (the table holds doubled E2M1 values, hence 2^(e - 128) rather than
+// 2^(e - 127)); nibbles as in Q4_0. No field wider than a byte: blocks need no alignment.
+struct BlockMXFP4 {
+    uint8_t e;
+    uint8_t qs[kQKMXFP4 / 2];
+};
+inline constexpr int8_t kIQ4NLValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
+inline constexpr int8_t kMXFP4Values[16] = {0, 1,  2,  3,  4,  6,  8,  12,
+                                            0, -1, -2, -3, -4, -6, -8, -12};
+// 2^(e - 128) as a float (subnormal for e < 2; e = 255 gives 2^127, not NaN, as GGUF files
+// expect).
+inline float e8m0_to_fp32_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
 static_assert(sizeof(BlockQ4_0) == 18);
+static_assert(sizeof(BlockQ5_0) == 22);
+static_assert(sizeof(BlockQ5_1) == 24);
+static_assert(sizeof(BlockQ2_K) == 84);
+static_assert(sizeof(BlockQ3_K) == 110);
+static_assert(sizeof(BlockIQ4_NL) == 18);
+static_assert(sizeof(BlockIQ4_XS) == 136);
+static_assert(sizeof(BlockMXFP4) == 17);
 static_assert(sizeof(BlockQ4_1) == 20);
 static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ4_K) == 144);
@@ -146,6 +227,8 @@ Status from_float_row(Type t, const float* src, void* dst, int64_t n);
 // The alignment, in bytes, that every element (or block) address of type t must keep, in
 // views and in tensors received from outside: kernels load floats, halves and block scales
 // directly. The one rule: validation (validate_node) and the remote server both use it.
+// 4 for F32 / I32 / Q8_K, 1 for MXFP4 (byte fields only, 17-byte blocks), 2 for the other types
+// (fp16 fields).
 size_t element_alignment(Type t);
 
 }  // namespace ferry

@@ -8,9 +8,9 @@
 
 namespace ferry::quants {
 
-#define FERRY_QUANT_FNS(T)                                                   \
-    void dequantize_row_##T(const void* src, float* dst, int64_t n);         \
-    void quantize_row_##T(const float* src, void* dst, int64_t n);           \
+#define FERRY_QUANT_FNS(T)                                           \
+    void dequantize_row_##T(const void* src, float* dst, int64_t n); \
+    void quantize_row_##T(const float* src, void* dst, int64_t n);   \
     void vec_dot_##T(int64_t n, float* out, const void* x, const void* y);
 
 FERRY_QUANT_FNS(q4_0)
@@ -20,6 +20,13 @@ FERRY_QUANT_FNS(q4_k)
 FERRY_QUANT_FNS(q5_k)
 FERRY_QUANT_FNS(q6_k)
 FERRY_QUANT_FNS(q8_k)
+FERRY_QUANT_FNS(q5_0)
+FERRY_QUANT_FNS(q5_1)
+FERRY_QUANT_FNS(q2_k)
+FERRY_QUANT_FNS(q3_k)
+FERRY_QUANT_FNS(iq4_nl)
+FERRY_QUANT_FNS(iq4_xs)
+FERRY_QUANT_FNS(mxfp4)
 #undef FERRY_QUANT_FNS
 
 }  // namespace ferry::quants

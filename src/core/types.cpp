@@ -142,12 +142,53 @@ const TypeTraits kQ5_K = {
 const TypeTraits kQ6_K = {
     "q6_K",     kQK_K,       sizeof(BlockQ6_K), true, true, dequantize_row_q6_k, quantize_row_q6_k,
     Type::Q8_K, vec_dot_q6_k};
+const TypeTraits kQ5_0 = {
+    "q5_0",     kQK5_0,      sizeof(BlockQ5_0), true, true, dequantize_row_q5_0, quantize_row_q5_0,
+    Type::Q8_0, vec_dot_q5_0};
+const TypeTraits kQ5_1 = {
+    "q5_1",     kQK5_1,      sizeof(BlockQ5_1), true, true, dequantize_row_q5_1, quantize_row_q5_1,
+    Type::Q8_0, vec_dot_q5_1};
+const TypeTraits kQ2_K = {
+    "q2_K",     kQK_K,       sizeof(BlockQ2_K), true, true, dequantize_row_q2_k, quantize_row_q2_k,
+    Type::Q8_K, vec_dot_q2_k};
+const TypeTraits kQ3_K = {
+    "q3_K",     kQK_K,       sizeof(BlockQ3_K), true, true, dequantize_row_q3_k, quantize_row_q3_k,
+    Type::Q8_K, vec_dot_q3_k};
+const TypeTraits kIQ4_NL = {"iq4_nl",
+                            kQK4_NL,
+                            sizeof(BlockIQ4_NL),
+                            true,
+                            true,
+                            dequantize_row_iq4_nl,
+                            quantize_row_iq4_nl,
+                            Type::Q8_0,
+                            vec_dot_iq4_nl};
+const TypeTraits kIQ4_XS = {"iq4_xs",
+                            kQK_K,
+                            sizeof(BlockIQ4_XS),
+                            true,
+                            true,
+                            dequantize_row_iq4_xs,
+                            quantize_row_iq4_xs,
+                            Type::Q8_K,
+                            vec_dot_iq4_xs};
+const TypeTraits kMXFP4 = {"mxfp4",
+                           kQKMXFP4,
+                           sizeof(BlockMXFP4),
+                           true,
+                           true,
+                           dequantize_row_mxfp4,
+                           quantize_row_mxfp4,
+                           Type::Q8_0,
+                           vec_dot_mxfp4};
 const TypeTraits kQ8_K = {
     "q8_K",     kQK_K,       sizeof(BlockQ8_K), true, false, dequantize_row_q8_k, quantize_row_q8_k,
     Type::Q8_K, vec_dot_q8_k};
 
-const Type kStorageTypes[] = {Type::F32,  Type::F16,  Type::BF16, Type::I32,  Type::Q4_0,
-                              Type::Q4_1, Type::Q8_0, Type::Q4_K, Type::Q5_K, Type::Q6_K};
+const Type kStorageTypes[] = {Type::F32,    Type::F16,  Type::BF16, Type::I32,  Type::Q4_0,
+                              Type::Q4_1,   Type::Q5_0, Type::Q5_1, Type::Q8_0, Type::Q2_K,
+                              Type::Q3_K,   Type::Q4_K, Type::Q5_K, Type::Q6_K, Type::IQ4_NL,
+                              Type::IQ4_XS, Type::MXFP4};
 
 }  // namespace
 
@@ -167,6 +208,20 @@ const TypeTraits* type_traits_or_null(uint32_t id) {
             return &kQ4_1;
         case Type::Q8_0:
             return &kQ8_0;
+        case Type::Q5_0:
+            return &kQ5_0;
+        case Type::Q5_1:
+            return &kQ5_1;
+        case Type::Q2_K:
+            return &kQ2_K;
+        case Type::Q3_K:
+            return &kQ3_K;
+        case Type::IQ4_NL:
+            return &kIQ4_NL;
+        case Type::IQ4_XS:
+            return &kIQ4_XS;
+        case Type::MXFP4:
+            return &kMXFP4;
         case Type::Q4_K:
             return &kQ4_K;
         case Type::Q5_K:
@@ -200,10 +255,12 @@ Expected<Type> type_from_name(const char* name) {
         for (const char* p = type_name(ts[i]); *p; p++) tn += static_cast<char>(std::tolower(*p));
         if (tn == n) return ts[i];
     }
-    return Status::errorf(
-        "unknown type '%s' (expected one of f32, f16, bf16, i32, q4_0, q4_1, "
-        "q8_0, q4_k, q5_k, q6_k)",
-        name);
+    std::string known;
+    for (int i = 0; i < count; i++) {
+        known += i ? ", " : "";
+        known += type_name(ts[i]);
+    }
+    return Status::errorf("unknown type '%s' (expected one of %s)", name, known.c_str());
 }
 
 Expected<size_t> row_size_checked(Type t, int64_t ne0) {
@@ -252,13 +309,15 @@ Status from_float_row(Type t, const float* src, void* dst, int64_t n) {
     return Status::ok();
 }
 
-// Block formats hold fp16 fields (2 bytes); Q8_K a float.
+// Block formats hold fp16 fields (2 bytes); Q8_K a float; MXFP4 only bytes.
 size_t element_alignment(Type t) {
     switch (t) {
         case Type::F32:
         case Type::I32:
         case Type::Q8_K:
             return 4;
+        case Type::MXFP4:
+            return 1;
         default:
             return 2;
     }

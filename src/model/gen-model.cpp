@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <thread>
 
@@ -19,6 +20,9 @@ const std::vector<ModelPreset>& model_presets() {
         {"llama-2-7b", 32000, 4096, 4096, 32, 32, 32, 11008, 10000.0f, 1e-5f, false},
         // The shapes of ../shared/fixtures/tiny-llama, for quick tests.
         {"tiny", 1024, 2048, 256, 4, 8, 4, 768, 10000.0f, 1e-5f, false},
+        // Rows of 320 and 864 elements (not multiples of 256): the K mixtures fall back to
+        // Q5_0 / Q5_1 / Q8_0, as in llama.cpp's files of such models (e.g. Qwen2.5-0.5B, 896).
+        {"tiny-320", 1024, 2048, 320, 4, 5, 1, 864, 10000.0f, 1e-5f, false},
     };
     return presets;
 }
@@ -132,7 +136,9 @@ void add_vocab(GgufWriter& w, int32_t n_vocab) {
 }
 
 // GGUF general.file_type values (the llama file-type enum) for the weight types.
-uint32_t file_type_of(Type t) {
+uint32_t file_type_of(Type t, Mixture mix) {
+    if (mix == Mixture::Q4_K_M) return 15;
+    if (mix == Mixture::Q5_K_M) return 17;
     switch (t) {
         case Type::F32:
             return 0;
@@ -144,12 +150,26 @@ uint32_t file_type_of(Type t) {
             return 3;
         case Type::Q8_0:
             return 7;
+        case Type::Q5_0:
+            return 8;
+        case Type::Q5_1:
+            return 9;
+        case Type::Q2_K:
+            return 10;
+        case Type::Q3_K:
+            return 11;  // Q3_K_S: all Q3_K
         case Type::Q4_K:
-            return 15;  // Q4_K_M
+            return 14;  // Q4_K_S: all Q4_K
         case Type::Q5_K:
-            return 17;  // Q5_K_M
+            return 16;  // Q5_K_S: all Q5_K
         case Type::Q6_K:
             return 18;
+        case Type::IQ4_NL:
+            return 25;
+        case Type::IQ4_XS:
+            return 30;
+        case Type::MXFP4:
+            return 38;
         case Type::BF16:
             return 32;
         default:
@@ -157,7 +177,88 @@ uint32_t file_type_of(Type t) {
     }
 }
 
+// llama.cpp's rule for the layers whose attn_v / ffn_down get more bits in the _M mixtures.
+bool use_more_bits(int i, int n) {
+    return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+}
+
+// The substitute llama.cpp's quantizer uses when t's block does not divide the row.
+Type fallback_for_row(Type t, int64_t ne0) {
+    if (ne0 % block_size(t) == 0) return t;
+    switch (t) {
+        case Type::Q4_K:
+            t = Type::Q5_0;
+            break;
+        case Type::Q5_K:
+            t = Type::Q5_1;
+            break;
+        case Type::Q6_K:
+            t = Type::Q8_0;
+            break;
+        case Type::Q2_K:
+        case Type::Q3_K:
+        case Type::IQ4_XS:
+            t = Type::IQ4_NL;
+            break;
+        default:
+            break;
+    }
+    return ne0 % block_size(t) == 0 ? t : Type::F16;
+}
+
+bool five_bits_or_fewer(Type t) {
+    switch (t) {
+        case Type::Q4_0:
+        case Type::Q4_1:
+        case Type::Q5_0:
+        case Type::Q5_1:
+        case Type::Q2_K:
+        case Type::Q3_K:
+        case Type::Q4_K:
+        case Type::Q5_K:
+        case Type::IQ4_NL:
+        case Type::IQ4_XS:
+        case Type::MXFP4:
+            return true;
+        default:
+            return false;
+    }
+}
+
 }  // namespace
+
+Status set_weight_type(GenModelOptions& opts, const std::string& name) {
+    std::string n;
+    for (char c : name) n += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (n == "q4_k_m" || n == "q5_k_m") {
+        opts.mixture = n == "q4_k_m" ? Mixture::Q4_K_M : Mixture::Q5_K_M;
+        opts.type = n == "q4_k_m" ? Type::Q4_K : Type::Q5_K;
+        return Status::ok();
+    }
+    Expected<Type> t = type_from_name(name.c_str());
+    if (!t) return Status::error(t.message() + ", or a mixture: q4_k_m, q5_k_m");
+    opts.type = *t;
+    opts.mixture = Mixture::None;
+    return Status::ok();
+}
+
+Type weight_type_for(const GenModelOptions& opts, WeightRole role, int layer, int n_layer,
+                     bool tied_output, int64_t ne0) {
+    const bool embd = role == WeightRole::TokenEmbd || role == WeightRole::Output;
+    Type t = opts.type;
+    if (opts.mixture == Mixture::None) {
+        if (embd) {
+            t = opts.embd_type_set ? opts.embd_type : five_bits_or_fewer(t) ? Type::Q6_K : t;
+        }
+    } else if (embd) {
+        const bool is_output = role == WeightRole::Output || tied_output;
+        t = opts.embd_type_set ? opts.embd_type : is_output ? Type::Q6_K : opts.type;
+    } else if ((role == WeightRole::AttnV || role == WeightRole::FfnDown) &&
+               use_more_bits(layer, n_layer)) {
+        t = Type::Q6_K;
+    }
+    return fallback_for_row(t, ne0);
+}
 
 Status generate_model(const ModelPreset& preset, const GenModelOptions& opts,
                       const std::string& path) {
@@ -178,22 +279,21 @@ Status generate_model(const ModelPreset& preset, const GenModelOptions& opts,
             p.n_vocab = static_cast<int32_t>(kv.value.arr.size());
     }
     const Type wt = opts.type;
-    if (wt == Type::I32 || wt == Type::Q8_K) {
-        return Status::errorf("gen-model: %s is not a weight type", type_name(wt));
+    if (wt == Type::I32 || wt == Type::Q8_K ||
+        (opts.embd_type_set && (opts.embd_type == Type::I32 || opts.embd_type == Type::Q8_K))) {
+        return Status::errorf("gen-model: %s is not a weight type",
+                              type_name(wt == Type::I32 || wt == Type::Q8_K ? wt : opts.embd_type));
     }
-    Type et = opts.embd_type;
-    if (!opts.embd_type_set) {
-        const bool low_bit =
-            wt == Type::Q4_0 || wt == Type::Q4_1 || wt == Type::Q4_K || wt == Type::Q5_K;
-        et = low_bit ? Type::Q6_K : wt;
-    }
+    auto type_of = [&](WeightRole role, int layer, int64_t ne0) {
+        return weight_type_for(opts, role, layer, p.n_layer, p.tied_output, ne0);
+    };
     const int nth =
         opts.n_threads > 0 ? opts.n_threads : std::max(1u, std::thread::hardware_concurrency());
     const int64_t hd = p.n_embd / p.n_head;
     GgufWriter w;
     w.add_string("general.architecture", "llama");
     w.add_string("general.name", std::string(p.name) + " (random weights, ferry gen-model)");
-    w.add_u32("general.file_type", file_type_of(wt));
+    w.add_u32("general.file_type", file_type_of(wt, opts.mixture));
     w.add_u32("llama.context_length", static_cast<uint32_t>(p.n_ctx));
     w.add_u32("llama.embedding_length", static_cast<uint32_t>(p.n_embd));
     w.add_u32("llama.block_count", static_cast<uint32_t>(p.n_layer));
@@ -212,29 +312,26 @@ Status generate_model(const ModelPreset& preset, const GenModelOptions& opts,
 
     uint64_t seed = mix(opts.seed);
     auto next_seed = [&] { return seed = mix(seed); };
-    FERRY_TRY(add_random_tensor(w, "token_embd.weight", et, p.n_embd, p.n_vocab, next_seed(), nth));
+    using R = WeightRole;
+    auto add = [&](const std::string& name, R role, int layer, int64_t ne0, int64_t ne1) {
+        return add_random_tensor(w, name, type_of(role, layer, ne0), ne0, ne1, next_seed(), nth);
+    };
+    FERRY_TRY(add("token_embd.weight", R::TokenEmbd, -1, p.n_embd, p.n_vocab));
     for (int l = 0; l < p.n_layer; l++) {
         const std::string b = "blk." + std::to_string(l) + ".";
         FERRY_TRY(add_ones(w, b + "attn_norm.weight", p.n_embd));
-        FERRY_TRY(add_random_tensor(w, b + "attn_q.weight", wt, p.n_embd, hd * p.n_head,
-                                    next_seed(), nth));
-        FERRY_TRY(add_random_tensor(w, b + "attn_k.weight", wt, p.n_embd, hd * p.n_head_kv,
-                                    next_seed(), nth));
-        FERRY_TRY(add_random_tensor(w, b + "attn_v.weight", wt, p.n_embd, hd * p.n_head_kv,
-                                    next_seed(), nth));
-        FERRY_TRY(add_random_tensor(w, b + "attn_output.weight", wt, hd * p.n_head, p.n_embd,
-                                    next_seed(), nth));
+        FERRY_TRY(add(b + "attn_q.weight", R::AttnQ, l, p.n_embd, hd * p.n_head));
+        FERRY_TRY(add(b + "attn_k.weight", R::AttnK, l, p.n_embd, hd * p.n_head_kv));
+        FERRY_TRY(add(b + "attn_v.weight", R::AttnV, l, p.n_embd, hd * p.n_head_kv));
+        FERRY_TRY(add(b + "attn_output.weight", R::AttnOutput, l, hd * p.n_head, p.n_embd));
         FERRY_TRY(add_ones(w, b + "ffn_norm.weight", p.n_embd));
-        FERRY_TRY(
-            add_random_tensor(w, b + "ffn_gate.weight", wt, p.n_embd, p.n_ff, next_seed(), nth));
-        FERRY_TRY(
-            add_random_tensor(w, b + "ffn_up.weight", wt, p.n_embd, p.n_ff, next_seed(), nth));
-        FERRY_TRY(
-            add_random_tensor(w, b + "ffn_down.weight", wt, p.n_ff, p.n_embd, next_seed(), nth));
+        FERRY_TRY(add(b + "ffn_gate.weight", R::FfnGate, l, p.n_embd, p.n_ff));
+        FERRY_TRY(add(b + "ffn_up.weight", R::FfnUp, l, p.n_embd, p.n_ff));
+        FERRY_TRY(add(b + "ffn_down.weight", R::FfnDown, l, p.n_ff, p.n_embd));
     }
     FERRY_TRY(add_ones(w, "output_norm.weight", p.n_embd));
     if (!p.tied_output) {
-        FERRY_TRY(add_random_tensor(w, "output.weight", et, p.n_embd, p.n_vocab, next_seed(), nth));
+        FERRY_TRY(add("output.weight", R::Output, -1, p.n_embd, p.n_vocab));
     }
     return w.write(path);
 }

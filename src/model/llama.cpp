@@ -165,6 +165,12 @@ const char* file_type_name(int64_t ft) {
             return "Q5_K_M";
         case 18:
             return "Q6_K";
+        case 25:
+            return "IQ4_NL";
+        case 30:
+            return "IQ4_XS";
+        case 38:
+            return "MXFP4_MOE";
         case 32:
             return "BF16";
         default:

@@ -50,7 +50,10 @@ constexpr double kMulMatBF16 = 5e-5;
 // and an unrounded b, while a backend quantizes b to Q8_0 / Q8_K (step = amax/127 per block of
 // 32 / 256). Rounding noise of variance step^2/12 on b against E[b^2] = 1/3 for uniform b
 // gives NMSE ≈ 3 / (127^2 * 12) ≈ 1.6e-5 independently of K and of the weight type; the scale
-// stored as f16 (Q8_0) adds ≈ (2^-11)^2/3 ≈ 8e-8. Bound 1e-4 (about 6x).
+// stored as f16 (Q8_0) adds ≈ (2^-11)^2/3 ≈ 8e-8. Bound 1e-4 (about 6x). The same bound holds
+// for every block format, the 2-bit Q2_K and the non-linear IQ4 / MXFP4 included: the
+// weights' own quantization error is not part of the comparison (measured on the CPU:
+// 0.8e-5 .. 2.1e-5 for all of them).
 constexpr double kMulMatQ = 1e-4;
 // FLASH_ATTN_EXT with F16 K/V: a backend may round q to f16 for q.k (score error ≈ 2^-11 |s|,
 // NMSE ≈ 1e-8) and accumulate p*v in f16 over n_kv steps (relative error ≈ sqrt(n_kv)
@@ -252,11 +255,14 @@ constexpr Type kF16 = Type::F16;
 constexpr Type kBF16 = Type::BF16;
 constexpr Type kI32 = Type::I32;
 
-const Type kWeightTypes[] = {Type::F32,  Type::F16,  Type::BF16, Type::Q4_0, Type::Q4_1,
-                             Type::Q8_0, Type::Q4_K, Type::Q5_K, Type::Q6_K};
+const Type kWeightTypes[] = {Type::F32,  Type::F16,    Type::BF16,   Type::Q4_0,
+                             Type::Q4_1, Type::Q5_0,   Type::Q5_1,   Type::Q8_0,
+                             Type::Q2_K, Type::Q3_K,   Type::Q4_K,   Type::Q5_K,
+                             Type::Q6_K, Type::IQ4_NL, Type::IQ4_XS, Type::MXFP4};
 
+// Super-block (256-element) formats: rows must be a multiple of 256.
 bool is_k_quant(Type t) {
-    return t == Type::Q4_K || t == Type::Q5_K || t == Type::Q6_K;
+    return block_size(t) == kQK_K;
 }
 std::string tn(Type t) {
     return type_name(t);
@@ -604,7 +610,14 @@ void add_mul_mat_cases(Table& T) {
             return b.g().mul_mat(b.in(t, {256, 65}), b.in(kF32, {256, 1}));
         });
     }
-    for (Type t : {kF32, kF16, Type::Q4_0, Type::Q4_K}) {
+    // Rows of 3 blocks (not a multiple of 256, as where llama.cpp's presets fall back to
+    // Q5_0 / Q5_1); MXFP4 rows are then 51 bytes, an odd stride.
+    for (Type t : {Type::Q5_0, Type::Q5_1, Type::IQ4_NL, Type::MXFP4}) {
+        T.add(Op::MUL_MAT, tn(t) + "_k96", kMulMatQ, kNoteMulMatQ, [t](CaseBuilder& b) {
+            return b.g().mul_mat(b.in(t, {96, 19}), b.in(kF32, {96, 6}));
+        });
+    }
+    for (Type t : {kF32, kF16, Type::Q4_0, Type::Q4_K, Type::Q5_0, Type::Q3_K, Type::MXFP4}) {
         T.add(Op::MUL_MAT, tn(t) + "_batch", mul_mat_bound(t), mul_mat_note(t),
               [t](CaseBuilder& b) {
                   return b.g().mul_mat(b.in(t, {256, 65}), b.in(kF32, {256, 33}));

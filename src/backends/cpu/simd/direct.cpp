@@ -767,7 +767,11 @@ MatKernels make(Type t, bool portable) {
 
 }  // namespace
 
+// The types of direct-more.cpp (Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4).
+const MatKernels* more_mat_kernels(Type t, bool portable);
+
 const MatKernels& mat_kernels(Type t, bool portable) {
+    if (const MatKernels* more = more_mat_kernels(t, portable)) return *more;
     static const struct Tables {
         MatKernels fast[9], port[9];
         Tables() {
