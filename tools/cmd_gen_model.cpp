@@ -13,14 +13,16 @@ int cmd_gen_model(int argc, char** argv) {
     if (args.flag({"-h", "--help"})) {
         std::printf(
             "usage: ferry gen-model --preset NAME --type TYPE -o FILE [--embd-type TYPE] "
-            "[--seed N] [-t N]\n"
-            "  Writes a llama GGUF with random weights and a valid vocabulary.\n"
+            "[--seed N] [-t N] [--tokenizer DIR]\n"
+            "  Writes a GGUF (llama, qwen2, qwen3) with random weights and a valid vocabulary.\n"
             "  presets:");
         for (const ModelPreset& p : model_presets()) std::printf(" %s", p.name);
         std::printf(
             "\n  types: f32 f16 bf16 q4_0 q4_1 q8_0 q4_k q5_k q6_k\n"
             "  --embd-type: token embedding / output type (default q6_k for 4- and 5-bit "
-            "types, as llama.cpp's quantizer makes them; the weight type otherwise)\n");
+            "types, as llama.cpp's quantizer makes them; the weight type otherwise)\n"
+            "  --tokenizer DIR: carry the vocabulary of a Hugging Face tokenizer folder\n"
+            "    (tokenizer.json, tokenizer_config.json) instead of a synthetic one\n");
         return 0;
     }
     const std::optional<std::string> preset = args.value({"--preset"});
@@ -29,6 +31,7 @@ int cmd_gen_model(int argc, char** argv) {
     const std::optional<std::string> embd = args.value({"--embd-type"});
     const std::optional<long long> seed = args.integer({"--seed"});
     const std::optional<long long> threads = args.integer({"-t", "--threads"});
+    const std::optional<std::string> tokenizer = args.value({"--tokenizer"});
     if (Status st = args.finish(); !st) return fail("gen-model", st.message());
     if (!preset || !out) return fail("gen-model", "--preset and -o are required (see --help)");
     Expected<ModelPreset> p = find_preset(*preset);
@@ -47,6 +50,7 @@ int cmd_gen_model(int argc, char** argv) {
     }
     if (seed) opts.seed = static_cast<uint64_t>(*seed);
     if (threads) opts.n_threads = static_cast<int>(*threads);
+    if (tokenizer) opts.tokenizer_dir = *tokenizer;
     const auto t0 = std::chrono::steady_clock::now();
     if (Status st = generate_model(*p, opts, *out); !st) return fail("gen-model", st.message());
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -5,14 +5,19 @@
 #include <thread>
 
 #include "ferry/gguf.h"
+#include "model/convert.h"
 
 namespace ferry {
 
 const std::vector<ModelPreset>& model_presets() {
     // Shapes from the models' published configurations.
     static const std::vector<ModelPreset> presets = {
-        {"llama-3.2-1b", 128256, 131072, 2048, 16, 32, 8, 8192, 500000.0f, 1e-5f, true},
-        {"llama-3.2-3b", 128256, 131072, 3072, 28, 24, 8, 8192, 500000.0f, 1e-5f, true},
+        {"llama-3.2-1b", 128256, 131072, 2048, 16, 32, 8, 8192, 500000.0f, 1e-5f, true, "llama", 0,
+         32.0f},
+        {"llama-3.2-3b", 128256, 131072, 3072, 28, 24, 8, 8192, 500000.0f, 1e-5f, true, "llama", 0,
+         32.0f},
+        {"qwen2.5-0.5b", 151936, 32768, 896, 24, 14, 2, 4864, 1000000.0f, 1e-6f, true, "qwen2"},
+        {"qwen3-0.6b", 151936, 40960, 1024, 28, 16, 8, 3072, 1000000.0f, 1e-6f, true, "qwen3", 128},
         {"llama-2-7b", 32000, 4096, 4096, 32, 32, 32, 11008, 10000.0f, 1e-5f, false},
         // The shapes of ../shared/fixtures/tiny-llama, for quick tests.
         {"tiny", 1024, 2048, 256, 4, 8, 4, 768, 10000.0f, 1e-5f, false},
@@ -79,8 +84,8 @@ Status add_random_tensor(GgufWriter& w, const std::string& name, Type type, int6
     return w.add_tensor(name, type, ne1 == 1 ? 1 : 2, ne, data.data(), data.size());
 }
 
-Status add_ones(GgufWriter& w, const std::string& name, int64_t n) {
-    std::vector<float> v(static_cast<size_t>(n), 1.0f);
+Status add_const(GgufWriter& w, const std::string& name, int64_t n, float value) {
+    std::vector<float> v(static_cast<size_t>(n), value);
     const int64_t ne[1] = {n};
     return w.add_tensor(name, Type::F32, 1, ne, v.data(), v.size() * 4);
 }
@@ -169,29 +174,48 @@ Status generate_model(const ModelPreset& p, const GenModelOptions& opts, const s
     }
     const int nth =
         opts.n_threads > 0 ? opts.n_threads : std::max(1u, std::thread::hardware_concurrency());
-    const int64_t hd = p.n_embd / p.n_head;
+    const int64_t hd = p.head_dim > 0 ? p.head_dim : p.n_embd / p.n_head;
+    const std::string a = p.arch;
     GgufWriter w;
-    w.add_string("general.architecture", "llama");
+    w.add_string("general.architecture", a);
     w.add_string("general.name", std::string(p.name) + " (random weights, ferry gen-model)");
     w.add_u32("general.file_type", file_type_of(wt));
-    w.add_u32("llama.context_length", static_cast<uint32_t>(p.n_ctx));
-    w.add_u32("llama.embedding_length", static_cast<uint32_t>(p.n_embd));
-    w.add_u32("llama.block_count", static_cast<uint32_t>(p.n_layer));
-    w.add_u32("llama.feed_forward_length", static_cast<uint32_t>(p.n_ff));
-    w.add_u32("llama.attention.head_count", static_cast<uint32_t>(p.n_head));
-    w.add_u32("llama.attention.head_count_kv", static_cast<uint32_t>(p.n_head_kv));
-    w.add_u32("llama.rope.dimension_count", static_cast<uint32_t>(hd));
-    w.add_f32("llama.rope.freq_base", p.rope_base);
-    w.add_f32("llama.attention.layer_norm_rms_epsilon", p.norm_eps);
-    w.add_u32("llama.vocab_size", static_cast<uint32_t>(p.n_vocab));
-    add_vocab(w, p.n_vocab);
+    w.add_u32(a + ".context_length", static_cast<uint32_t>(p.n_ctx));
+    w.add_u32(a + ".embedding_length", static_cast<uint32_t>(p.n_embd));
+    w.add_u32(a + ".block_count", static_cast<uint32_t>(p.n_layer));
+    w.add_u32(a + ".feed_forward_length", static_cast<uint32_t>(p.n_ff));
+    w.add_u32(a + ".attention.head_count", static_cast<uint32_t>(p.n_head));
+    w.add_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(p.n_head_kv));
+    if (p.head_dim > 0) {
+        w.add_u32(a + ".attention.key_length", static_cast<uint32_t>(hd));
+        w.add_u32(a + ".attention.value_length", static_cast<uint32_t>(hd));
+    }
+    w.add_f32(a + ".rope.freq_base", p.rope_base);
+    w.add_f32(a + ".attention.layer_norm_rms_epsilon", p.norm_eps);
+    if (a == "llama") {
+        w.add_u32(a + ".rope.dimension_count", static_cast<uint32_t>(hd));
+        w.add_u32(a + ".vocab_size", static_cast<uint32_t>(p.n_vocab));
+    }
+    if (opts.tokenizer_dir.empty()) {
+        add_vocab(w, p.n_vocab);
+    } else {
+        FERRY_TRY(convert_tokenizer(opts.tokenizer_dir, a == "llama" ? "llama-bpe" : "qwen2",
+                                    p.n_vocab, w));
+    }
+    if (p.llama3_rope_factor > 0.0f) {
+        // Llama 3.1/3.2's published rope scaling (low 1, high 4, original context 8192).
+        const std::vector<float> f =
+            llama3_rope_factors(hd, p.rope_base, p.llama3_rope_factor, 1.0, 4.0, 8192);
+        const int64_t ne[1] = {static_cast<int64_t>(f.size())};
+        FERRY_TRY(w.add_tensor("rope_freqs.weight", Type::F32, 1, ne, f.data(), f.size() * 4));
+    }
 
     uint64_t seed = mix(opts.seed);
     auto next_seed = [&] { return seed = mix(seed); };
     FERRY_TRY(add_random_tensor(w, "token_embd.weight", et, p.n_embd, p.n_vocab, next_seed(), nth));
     for (int l = 0; l < p.n_layer; l++) {
         const std::string b = "blk." + std::to_string(l) + ".";
-        FERRY_TRY(add_ones(w, b + "attn_norm.weight", p.n_embd));
+        FERRY_TRY(add_const(w, b + "attn_norm.weight", p.n_embd, 1.0f));
         FERRY_TRY(add_random_tensor(w, b + "attn_q.weight", wt, p.n_embd, hd * p.n_head,
                                     next_seed(), nth));
         FERRY_TRY(add_random_tensor(w, b + "attn_k.weight", wt, p.n_embd, hd * p.n_head_kv,
@@ -200,7 +224,16 @@ Status generate_model(const ModelPreset& p, const GenModelOptions& opts, const s
                                     next_seed(), nth));
         FERRY_TRY(add_random_tensor(w, b + "attn_output.weight", wt, hd * p.n_head, p.n_embd,
                                     next_seed(), nth));
-        FERRY_TRY(add_ones(w, b + "ffn_norm.weight", p.n_embd));
+        if (a == "qwen2") {
+            FERRY_TRY(add_const(w, b + "attn_q.bias", hd * p.n_head, 0.0f));
+            FERRY_TRY(add_const(w, b + "attn_k.bias", hd * p.n_head_kv, 0.0f));
+            FERRY_TRY(add_const(w, b + "attn_v.bias", hd * p.n_head_kv, 0.0f));
+        }
+        if (a == "qwen3") {
+            FERRY_TRY(add_const(w, b + "attn_q_norm.weight", hd, 1.0f));
+            FERRY_TRY(add_const(w, b + "attn_k_norm.weight", hd, 1.0f));
+        }
+        FERRY_TRY(add_const(w, b + "ffn_norm.weight", p.n_embd, 1.0f));
         FERRY_TRY(
             add_random_tensor(w, b + "ffn_gate.weight", wt, p.n_embd, p.n_ff, next_seed(), nth));
         FERRY_TRY(
@@ -208,7 +241,7 @@ Status generate_model(const ModelPreset& p, const GenModelOptions& opts, const s
         FERRY_TRY(
             add_random_tensor(w, b + "ffn_down.weight", wt, p.n_ff, p.n_embd, next_seed(), nth));
     }
-    FERRY_TRY(add_ones(w, "output_norm.weight", p.n_embd));
+    FERRY_TRY(add_const(w, "output_norm.weight", p.n_embd, 1.0f));
     if (!p.tied_output) {
         FERRY_TRY(add_random_tensor(w, "output.weight", et, p.n_embd, p.n_vocab, next_seed(), nth));
     }
