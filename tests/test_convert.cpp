@@ -565,3 +565,63 @@ TEST(Arch, RejectsNonPositiveRopeFactors) {
 }
 
 }  // namespace
+
+namespace {
+
+// The tokenizer step on the real Llama 3 and Qwen3 tokenizers (../shared/fixtures/tokenizers):
+// every id in place, the added tokens typed as control, padding up to the model's vocab_size.
+TEST(ConvertTokenizer, RealVocabularies) {
+    const std::string fx = std::string(FERRY_FIXTURES_DIR) + "/tokenizers";
+    struct C {
+        const char* family;
+        const char* pre;
+        int64_t n_vocab;
+        int64_t n_merges;
+        int64_t bos, eos;
+        int64_t special_id;
+        const char* special;
+    };
+    for (const C& c :
+         {C{"llama3", "llama-bpe", 128256, 280147, 128000, 128001, 128009, "<|eot_id|>"},
+          C{"qwen3", "qwen2", 151936, 151387, -1, 151645, 151644, "<|im_start|>"}}) {
+        const std::string d = tmp_dir() + "/tok-" + c.family;
+        auto r = sh("mkdir -p " + d + " && zcat " + fx + "/" + c.family + "/tokenizer.json.gz > " +
+                    d + "/tokenizer.json && cp " + fx + "/" + c.family + "/tokenizer_config.json " +
+                    d + "/");
+        ASSERT_EQ(r.rc, 0) << r.out;
+        GgufWriter w;
+        Status st = convert_tokenizer(d, c.pre, c.n_vocab, w);
+        ASSERT_TRUE(st.is_ok()) << st.message();
+        const std::vector<uint8_t> bytes = w.to_bytes();
+        Expected<std::unique_ptr<GgufFile>> g =
+            GgufFile::from_memory(bytes.data(), bytes.size(), "tok.gguf");
+        ASSERT_TRUE(g.has_value()) << g.message();
+        const GgufFile& f = **g;
+        EXPECT_EQ(kv_str(f, "tokenizer.ggml.model"), "gpt2");
+        EXPECT_EQ(kv_str(f, "tokenizer.ggml.pre"), c.pre);
+        const auto& toks = f.find_kv("tokenizer.ggml.tokens")->value.arr;
+        const auto& types = f.find_kv("tokenizer.ggml.token_type")->value.arr;
+        ASSERT_EQ(static_cast<int64_t>(toks.size()), c.n_vocab) << c.family;
+        EXPECT_EQ(static_cast<int64_t>(f.find_kv("tokenizer.ggml.merges")->value.arr.size()),
+                  c.n_merges);
+        EXPECT_EQ(toks[static_cast<size_t>(c.special_id)].s, c.special);
+        EXPECT_EQ(types[static_cast<size_t>(c.special_id)].i, 3);  // control
+        EXPECT_EQ(toks[0].s, "!");
+        EXPECT_EQ(types[0].i, 1);  // normal
+        EXPECT_EQ(kv_int(f, "tokenizer.ggml.bos_token_id"), c.bos);
+        EXPECT_EQ(kv_int(f, "tokenizer.ggml.eos_token_id"), c.eos);
+        EXPECT_NE(f.find_kv("tokenizer.chat_template"), nullptr);
+    }
+    // Qwen3 has fewer tokens than its vocab_size: the rest are unused padding.
+    GgufWriter w;
+    ASSERT_TRUE(convert_tokenizer(tmp_dir() + "/tok-qwen3", "qwen2", 151936, w).is_ok());
+    const std::vector<uint8_t> bytes = w.to_bytes();
+    Expected<std::unique_ptr<GgufFile>> g =
+        GgufFile::from_memory(bytes.data(), bytes.size(), "tok.gguf");
+    ASSERT_TRUE(g.has_value());
+    const auto& toks = (*g)->find_kv("tokenizer.ggml.tokens")->value.arr;
+    EXPECT_EQ(toks[151935].s, "[PAD151935]");
+    EXPECT_EQ((*g)->find_kv("tokenizer.ggml.token_type")->value.arr[151935].i, 5);  // unused
+}
+
+}  // namespace

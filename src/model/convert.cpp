@@ -3,10 +3,12 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
 #include <set>
+#include <thread>
 
 #include "core/json.h"
 #include "model/safetensors.h"
@@ -108,8 +110,8 @@ Expected<HfConfig> read_config(const std::string& dir) {
     // transformers 4 writes rope_theta and rope_scaling; transformers 5 writes both in
     // rope_parameters (rope_type "default": no scaling).
     const json::Value& rp = j["rope_parameters"];
-    FERRY_TRY(num_field(j.contains("rope_theta") ? j : rp, "rope_theta", 10000.0, &c.rope_theta,
-                        file));
+    FERRY_TRY(
+        num_field(j.contains("rope_theta") ? j : rp, "rope_theta", 10000.0, &c.rope_theta, file));
     FERRY_TRY(num_field(j, "rms_norm_eps", 1e-6, &c.norm_eps, file));
     c.tied = j["tie_word_embeddings"].as_bool();
     const json::Value& rs = j["rope_scaling"].is_object() ? j["rope_scaling"] : rp;
@@ -390,6 +392,9 @@ Status convert_hf_to_gguf(const ConvertOptions& o) {
     order.push_back("model.norm.weight");
     order.push_back("lm_head.weight");
 
+    const int n_threads = o.n_threads > 0
+                              ? o.n_threads
+                              : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     uint64_t done = 0;
     std::vector<float> f32, tmp;
     std::vector<uint8_t> bytes;
@@ -427,11 +432,25 @@ Status convert_hf_to_gguf(const ConvertOptions& o) {
         Expected<size_t> rs = row_size_checked(type, ne0);
         if (!rs) return rs.status().context(hf);
         bytes.resize(*rs * static_cast<size_t>(ne1));
-        for (int64_t r = 0; r < ne1; r++) {
-            FERRY_TRY(from_float_row(type, f32.data() + r * ne0,
-                                     bytes.data() + static_cast<size_t>(r) * *rs, ne0)
-                          .context(hf));
+        // Rows are independent: quantize them on every core (K-quants of a 1B model take
+        // minutes on one).
+        const int nth = static_cast<int>(std::min<int64_t>(n_threads, ne1));
+        std::vector<Status> results(static_cast<size_t>(nth));
+        std::vector<std::thread> threads;
+        for (int th = 0; th < nth; th++) {
+            threads.emplace_back([&, th] {
+                for (int64_t r = th; r < ne1; r += nth) {
+                    Status st = from_float_row(type, f32.data() + r * ne0,
+                                               bytes.data() + static_cast<size_t>(r) * *rs, ne0);
+                    if (!st) {
+                        results[static_cast<size_t>(th)] = st;
+                        return;
+                    }
+                }
+            });
         }
+        for (std::thread& th : threads) th.join();
+        for (const Status& st : results) FERRY_TRY(st.context(hf));
         const int64_t ne[2] = {ne0, ne1};
         FERRY_TRY(w.add_tensor(wt.gguf, type, static_cast<int>(t.shape.size()), ne, bytes.data(),
                                bytes.size()));

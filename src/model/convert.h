@@ -30,6 +30,7 @@ struct ConvertOptions {
     // type they do (see convert_fallback_type).
     Type type = Type::F16;
     bool force = false;  // overwrite an existing out_path
+    int n_threads = 0;   // quantization threads (0: all cores)
     // Called after each tensor: bytes of input done, bytes in all, the GGUF tensor name.
     std::function<void(uint64_t done, uint64_t total, const std::string& name)> progress;
 };

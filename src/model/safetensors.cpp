@@ -86,9 +86,9 @@ Expected<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::stri
         return bad("not a regular file");
     }
     const auto size = static_cast<uint64_t>(st.st_size);
-    if (size < 8) {
+    if (size == 0) {
         ::close(fd);
-        return bad("too short for a safetensors header (" + std::to_string(size) + " bytes)");
+        return bad("empty file");
     }
     void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
     ::close(fd);
@@ -97,8 +97,25 @@ Expected<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::stri
     f->path_ = path;
     f->map_ = map;
     f->size_ = size;
-    const auto* bytes = static_cast<const uint8_t*>(map);
+    FERRY_TRY(f->parse(static_cast<const uint8_t*>(map), size));
+    return f;
+}
 
+Expected<std::unique_ptr<SafetensorsFile>> SafetensorsFile::from_memory(const uint8_t* data,
+                                                                        size_t size,
+                                                                        const std::string& name) {
+    std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
+    f->path_ = name;
+    FERRY_TRY(f->parse(data, size));
+    return f;
+}
+
+Status SafetensorsFile::parse(const uint8_t* bytes, uint64_t size) {
+    const std::string& path = path_;
+    auto bad = [&](const std::string& what) { return Status::error(path + ": " + what); };
+    if (size < 8) {
+        return bad("too short for a safetensors header (" + std::to_string(size) + " bytes)");
+    }
     uint64_t n_header = 0;
     for (int i = 7; i >= 0; i--) n_header = (n_header << 8) | bytes[i];
     if (n_header > kMaxHeader || n_header > size - 8) {
@@ -107,7 +124,7 @@ Expected<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::stri
     }
     Expected<json::Value> hdr =
         json::parse(std::string_view(reinterpret_cast<const char*>(bytes + 8), n_header));
-    if (!hdr) return hdr.status().context(path + ": header");
+    if (!hdr) return Status::error(path + ": header: " + hdr.message());
     if (!hdr->is_object()) return bad("header is not a JSON object");
     const uint8_t* data = bytes + 8 + n_header;
     const uint64_t data_size = size - 8 - n_header;
@@ -165,18 +182,18 @@ Expected<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::stri
                        " elements of " + dt);
         }
         t.data = data + b;
-        ranges.push_back({b, e, f->tensors_.size()});
-        f->tensors_.push_back(std::move(t));
+        ranges.push_back({b, e, tensors_.size()});
+        tensors_.push_back(std::move(t));
     }
     std::sort(ranges.begin(), ranges.end(),
               [](const Range& a, const Range& b) { return a.begin < b.begin; });
     for (size_t i = 1; i < ranges.size(); i++) {
         if (ranges[i].begin < ranges[i - 1].end) {
-            return bad("tensors '" + f->tensors_[ranges[i - 1].idx].name + "' and '" +
-                       f->tensors_[ranges[i].idx].name + "' overlap");
+            return bad("tensors '" + tensors_[ranges[i - 1].idx].name + "' and '" +
+                       tensors_[ranges[i].idx].name + "' overlap");
         }
     }
-    return f;
+    return Status::ok();
 }
 
 }  // namespace ferry

@@ -34,6 +34,10 @@ class SafetensorsFile {
   public:
     // Maps and parses a file. Other dtypes (I64, F64, F8...) are an error naming the tensor.
     static Expected<std::unique_ptr<SafetensorsFile>> open(const std::string& path);
+    // Parses bytes the caller keeps alive for the object's lifetime; `name` names them in
+    // errors (for tests and fuzzing).
+    static Expected<std::unique_ptr<SafetensorsFile>> from_memory(const uint8_t* data, size_t size,
+                                                                  const std::string& name);
     ~SafetensorsFile();
     SafetensorsFile(const SafetensorsFile&) = delete;
     SafetensorsFile& operator=(const SafetensorsFile&) = delete;
@@ -47,6 +51,7 @@ class SafetensorsFile {
 
   private:
     SafetensorsFile() = default;
+    Status parse(const uint8_t* bytes, uint64_t size);
     std::string path_;
     void* map_ = nullptr;
     size_t size_ = 0;
