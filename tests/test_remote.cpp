@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "backends/remote/remote.h"
+#include "ferry/allocator.h"
 #include "ferry/backend.h"
 #include "ferry/graph.h"
 #include "shell.h"

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "backends/remote/remote.h"
+#include "ferry/allocator.h"
 #include "ferry/backend.h"
 #include "ferry/graph.h"
 #include "test_remote_util.h"

@@ -173,6 +173,10 @@ Tensor* build_attention(ForwardContext& f, const LlamaLayer& l, Tensor* cur) {
     Tensor* kv_k = c.view_3d(k_st, hd, f.n_kv, n_head_kv, kc->nb[1], head_bytes, 0);
     // [hd, n_kv, n_head_kv]
     Tensor* kv_v = c.view_3d(v_st, hd, f.n_kv, n_head_kv, vc->nb[1], head_bytes, 0);
+    // The attended length changes from step to step while the structure stays
+    // (graph_signature).
+    c.mark_dynamic(kv_k, 1, kDimKv);
+    c.mark_dynamic(kv_v, 1, kDimKv);
     // When only the last n_out tokens feed the logits (last layer), their queries alone attend.
     const int64_t n_q = f.n_out;
     const size_t skip = static_cast<size_t>(nt - n_q);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 
+#include "ferry/allocator.h"
 #include "model/arch.h"
 #include "model/embedded-model.h"
 #include "model/llama-impl.h"
@@ -276,6 +277,9 @@ class Loader {
     TensorLoader t_;
     std::vector<const GgufTensorInfo*> infos_;
     std::vector<Tensor*> tensors_;
+
+  public:
+    std::span<Tensor* const> tensors() const { return tensors_; }
 };
 
 Status load_into(LlamaModel::Impl& m, const ModelOptions& opts) {
@@ -309,9 +313,13 @@ Status load_into(LlamaModel::Impl& m, const ModelOptions& opts) {
     m.device = opts.devices.empty() ? cpu_device() : opts.devices[0];
     if (!m.device) return Status::error("no device to place the weights on");
     if (m.device->type() == DeviceType::CPU && (opts.mmap || !g.is_mapped())) {
-        return loader.place_mapped(m.device, opts.progress);
+        FERRY_TRY(loader.place_mapped(m.device, opts.progress));
+    } else {
+        FERRY_TRY(loader.place_uploaded(m.device, opts.progress));
     }
-    return loader.place_uploaded(m.device, opts.progress);
+    // Every weight is in: the device may convert or repack them once.
+    return m.device->prepare_weights(loader.tensors())
+        .context(strfmt("preparing weights on %s", m.device->name()));
 }
 
 }  // namespace
