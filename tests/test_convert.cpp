@@ -351,6 +351,12 @@ TEST(ConvertErrors, NameTheProblem) {
         cases.push_back({d, "down_proj.weight' has shape [64, 96]; config.json implies [64, 97]"});
     }
     {
+        const std::string d = copy_folder("qwen2", "sliding-window");
+        rewrite(d + "/config.json", "\"use_sliding_window\": false",
+                "\"use_sliding_window\": true");
+        cases.push_back({d, "use_sliding_window"});
+    }
+    {
         const std::string d = copy_folder("qwen2", "no-tokenizer");
         std::remove((d + "/tokenizer.json").c_str());
         cases.push_back({d, "tokenizer.json"});

@@ -83,6 +83,11 @@ Expected<HfConfig> read_config(const std::string& dir) {
             "Qwen3ForCausalLM)",
             file.c_str(), hf_arch.c_str());
     }
+    // Sliding-window attention (a Qwen option the released Qwen 2.5/3 models leave off) is not
+    // modelled: converting such a model would give wrong answers past the window.
+    if (j["use_sliding_window"].as_bool()) {
+        return Status::errorf("%s: use_sliding_window = true is not supported", file.c_str());
+    }
     constexpr int64_t kBig = int64_t{1} << 24;
     FERRY_TRY(int_field(j, "hidden_size", -1, 1, kBig, &c.n_embd, file));
     FERRY_TRY(int_field(j, "num_hidden_layers", -1, 1, 4096, &c.n_layer, file));
