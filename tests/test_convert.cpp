@@ -519,7 +519,8 @@ TEST(GenModel, EveryArchitectureLoadsAndRuns) {
         p.n_head_kv = 2;
         if (p.head_dim) p.head_dim = 64;
         GenModelOptions o;
-        o.type = Type::Q8_0;
+        // Rows of 128 (n_embd) take the fallback of Q4_K; ffn_down's rows of 256 keep it.
+        o.type = Type::Q4_K;
         o.n_threads = 2;
         const std::string path = tmp_dir() + "/gen-" + name + ".gguf";
         ASSERT_TRUE(generate_model(p, o, path).is_ok()) << name;
@@ -527,6 +528,10 @@ TEST(GenModel, EveryArchitectureLoadsAndRuns) {
         ASSERT_TRUE(m.has_value()) << name << ": " << m.message();
         EXPECT_EQ((*m)->hparams().arch, p.arch);
         const GgufFile& g = (*m)->gguf();
+        EXPECT_EQ(g.find_tensor("blk.0.ffn_down.weight")->type, Type::Q4_K);
+        EXPECT_EQ(g.find_tensor("blk.0.attn_q.weight")->type,
+                  convert_fallback_type(Type::Q4_K, 128));
+        EXPECT_EQ(g.find_tensor("token_embd.weight")->type, convert_fallback_type(Type::Q6_K, 128));
         EXPECT_EQ(g.find_tensor("rope_freqs.weight") != nullptr, p.llama3_rope_factor > 0) << name;
         EXPECT_EQ(g.find_tensor("blk.1.attn_v.bias") != nullptr, std::string(p.arch) == "qwen2");
         EXPECT_EQ(g.find_tensor("blk.1.attn_k_norm.weight") != nullptr,

@@ -56,8 +56,11 @@ void fill_row(float* dst, int64_t n, uint64_t seed, float stddev) {
     }
 }
 
-Status add_random_tensor(GgufWriter& w, const std::string& name, Type type, int64_t ne0,
+Status add_random_tensor(GgufWriter& w, const std::string& name, Type want, int64_t ne0,
                          int64_t ne1, uint64_t seed, int n_threads) {
+    // Rows the type's blocks do not divide (Qwen 2.5 0.5B's 896) take the fallback type, as
+    // quantizers do.
+    const Type type = convert_fallback_type(want, ne0);
     Expected<size_t> rs = row_size_checked(type, ne0);
     if (!rs) return rs.status().context(name);
     std::vector<uint8_t> data(*rs * static_cast<size_t>(ne1));
