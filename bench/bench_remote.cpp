@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/remote/remote.h"
+#include "ferry/remote.h"
 #include "ferry/allocator.h"
 #include "ferry/backend.h"
 #include "ferry/backends.h"

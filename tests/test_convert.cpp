@@ -14,9 +14,9 @@
 
 #include "core/json.h"
 #include "ferry/gguf.h"
+#include "ferry/llama.h"
 #include "model/convert.h"
 #include "model/gen-model.h"
-#include "model/llama.h"
 #include "model/safetensors.h"
 #include "model/vocab.h"
 #include "shell.h"

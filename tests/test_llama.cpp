@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "backends/cpu/cpu-backend.h"
-#include "core/json.h"
+#include "json.h"
 #include "ferry/gguf.h"
-#include "model/llama.h"
+#include "ferry/llama.h"
 
 namespace ferry {
 namespace {

@@ -11,8 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "backends/remote/protocol.h"
-#include "backends/remote/wire.h"
+#include "remote-proto/protocol.h"
+#include "remote-proto/wire.h"
 #include "ferry/backend.h"
 #include "ferry/backends.h"
 #include "server/session.h"

@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "backends/remote/protocol.h"
-#include "backends/remote/transport.h"
+#include "remote-proto/protocol.h"
+#include "remote-proto/transport.h"
 #include "ferry/status.h"
 
 namespace ferry::remote {

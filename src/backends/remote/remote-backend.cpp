@@ -11,8 +11,8 @@
 #include <unordered_set>
 
 #include "backends/remote/connection.h"
-#include "backends/remote/protocol.h"
-#include "backends/remote/remote.h"
+#include "remote-proto/protocol.h"
+#include "ferry/remote.h"
 
 namespace ferry {
 namespace remote {

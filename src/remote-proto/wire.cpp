@@ -1,4 +1,4 @@
-#include "backends/remote/wire.h"
+#include "remote-proto/wire.h"
 
 #include "ferry/graph.h"
 
