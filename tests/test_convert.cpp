@@ -13,12 +13,12 @@
 #include <sstream>
 
 #include "core/json.h"
+#include "ferry/convert.h"
+#include "ferry/gen-model.h"
 #include "ferry/gguf.h"
 #include "ferry/llama.h"
-#include "model/convert.h"
-#include "model/gen-model.h"
 #include "model/safetensors.h"
-#include "model/vocab.h"
+#include "ferry/vocab.h"
 #include "shell.h"
 #include "test_remote_util.h"
 

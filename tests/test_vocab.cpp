@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "json.h"
+#include "core/json.h"
 #include "ferry/gguf.h"
 #include "ferry/vocab.h"
 #include "shell.h"

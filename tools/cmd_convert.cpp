@@ -5,37 +5,46 @@
 #include <cstdio>
 
 #include "cli.h"
-#include "model/convert.h"
+#include "ferry/convert.h"
 
 namespace ferry::cli {
 namespace {
 
 int cmd_convert(int argc, char** argv) {
-    Args args(argc, argv);
-    if (args.flag({"-h", "--help"})) {
-        std::printf(
-            "usage: ferry convert HF_DIR -o FILE [--type TYPE] [--force]\n"
-            "  Converts a Hugging Face folder (config.json, *.safetensors in F32/F16/BF16,\n"
-            "  sharded or not, tokenizer.json, tokenizer_config.json) into a GGUF file with\n"
-            "  the public converter's keys, tensor names and layouts.\n"
-            "  architectures: LlamaForCausalLM (llama), Qwen2ForCausalLM (qwen2),\n"
-            "                 Qwen3ForCausalLM (qwen3)\n"
-            "  --type: type of the 2-D weights (default f16): f32 f16 bf16 q8_0 q4_0 q4_1\n"
-            "          q4_k q5_k q6_k; rows the type's blocks do not divide fall back to q8_0\n"
-            "          (or f16); norms and biases stay f32\n"
-            "  --force: overwrite FILE if it exists\n");
+    Args args("convert",
+              "usage: ferry convert HF_DIR -o FILE [--type TYPE] [--force]\n"
+              "  Converts a Hugging Face folder (config.json, *.safetensors in F32/F16/BF16,\n"
+              "  sharded or not, tokenizer.json, tokenizer_config.json) into a GGUF file with\n"
+              "  the public converter's keys, tensor names and layouts.\n"
+              "  Architectures: LlamaForCausalLM (llama), Qwen2ForCausalLM (qwen2),\n"
+              "  Qwen3ForCausalLM (qwen3).\n",
+              {
+                  {{"-o", "--output"}, "FILE", "the GGUF file to write"},
+                  {{"--type"},
+                   "TYPE",
+                   "type of the 2-D weights (default f16): f32 f16 bf16 q8_0 q4_0 q4_1\n"
+                   "q4_k q5_k q6_k; rows the type's blocks do not divide fall back to q8_0\n"
+                   "(or f16); norms and biases stay f32"},
+                  {{"--force"}, nullptr, "overwrite FILE if it exists"},
+                  {{"-t", "--threads"}, "N", "quantization threads (default: all cores)"},
+              },
+              argc, argv);
+    if (args.help()) {
+        args.print_help();
         return 0;
     }
     ConvertOptions o;
     const std::optional<std::string> out = args.value({"-o", "--output"});
     const std::optional<std::string> type = args.value({"--type"});
     o.force = args.flag({"--force"});
+    const std::optional<long long> threads = args.integer({"-t", "--threads"});
     const std::vector<std::string> pos = args.positional();
     if (Status st = args.finish(); !st) return fail("convert", st.message());
     if (pos.size() != 1 || !out)
         return fail("convert", "HF_DIR and -o FILE are required (see --help)");
     o.hf_dir = pos[0];
     o.out_path = *out;
+    if (threads) o.n_threads = static_cast<int>(*threads);
     if (type) {
         Expected<Type> t = type_from_name(type->c_str());
         if (!t) return fail("convert", "--type: " + t.message());

@@ -7,7 +7,7 @@
 #include <map>
 
 #include "core/json.h"
-#include "model/convert.h"
+#include "ferry/convert.h"
 
 namespace ferry {
 

@@ -1,5 +1,5 @@
 // Hugging Face folder -> GGUF (see convert.h for the conventions followed).
-#include "model/convert.h"
+#include "ferry/convert.h"
 
 #include <sys/stat.h>
 

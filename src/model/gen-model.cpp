@@ -5,7 +5,7 @@
 #include <thread>
 
 #include "ferry/gguf.h"
-#include "model/convert.h"
+#include "ferry/convert.h"
 
 namespace ferry {
 
