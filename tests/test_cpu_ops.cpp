@@ -717,6 +717,42 @@ TEST(CpuOps, Rope) {
     }
 }
 
+// Frequency factors divide each pair's angle; a second call with other factors must not reuse
+// the first call's cached angles.
+TEST(CpuOps, RopeFreqFactors) {
+    std::mt19937 rng(16);
+    for (int mode : {kRopeNormal, kRopeNeox}) {
+        for (float scale_ff : {1.0f, 3.0f}) {
+            Harness h;
+            const int64_t ne0 = 16, n_dims = 12, n_head = 3, n_tok = 3;
+            Tensor* a = h.ctx.new_tensor(Type::F32, {ne0, n_head, n_tok});
+            Tensor* pos = h.ctx.new_tensor(Type::I32, {n_tok});
+            Tensor* ff = h.ctx.new_tensor(Type::F32, {n_dims / 2});
+            Tensor* out = h.ctx.rope(a, pos, n_dims, mode, 500000.0f, 1.0f, ff);
+            h.build({out});
+            fill(a, rng);
+            const int32_t ps[n_tok] = {5, 0, 3000};
+            std::memcpy(pos->data, ps, sizeof(ps));
+            float* f = static_cast<float*>(ff->data);
+            for (int64_t i = 0; i < n_dims / 2; i++) f[i] = scale_ff * (1.0f + 0.5f * i);
+            ASSERT_TRUE(h.run(2).is_ok());
+            const int64_t half = n_dims / 2;
+            for (int64_t t = 0; t < n_tok; t++)
+                for (int64_t hd = 0; hd < n_head; hd++)
+                    for (int64_t i = 0; i < half; i++) {
+                        const double theta = ps[t] * std::pow(500000.0, -2.0 * i / n_dims) / f[i];
+                        const int64_t j0 = mode == kRopeNeox ? i : 2 * i;
+                        const int64_t j1 = mode == kRopeNeox ? i + half : 2 * i + 1;
+                        const double x0 = get(a, j0, hd, t), x1 = get(a, j1, hd, t);
+                        ASSERT_NEAR(get(out, j0, hd, t),
+                                    x0 * std::cos(theta) - x1 * std::sin(theta), 1e-6);
+                        ASSERT_NEAR(get(out, j1, hd, t),
+                                    x0 * std::sin(theta) + x1 * std::cos(theta), 1e-6);
+                    }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // FLASH_ATTN_EXT
 

@@ -96,6 +96,21 @@ TEST(Reference, RopeModes) {
     }
 }
 
+TEST(Reference, RopeFrequencyFactorsDivideAngles) {
+    // Pair 1's angle 3 * 100^(-2/4) = 0.3 is divided by its factor 4; pair 0 keeps factor 1.
+    Context ctx;
+    RefEval r;
+    Tensor* a = ctx.new_tensor(Type::F32, {4, 1, 1});
+    Tensor* pos = ctx.new_tensor(Type::I32, {1});
+    Tensor* ff = ctx.new_tensor(Type::F32, {2});
+    set_f32(r, a, {1, 0, 1, 0});
+    set_i32(r, pos, {3});
+    set_f32(r, ff, {1, 4});
+    const std::vector<double> v = run(r, ctx.rope(a, pos, 4, kRopeNormal, 100.0f, 1.0f, ff));
+    const double th = 0.3 / 4.0;
+    expect_near(v, {std::cos(3.0), std::sin(3.0), std::cos(th), std::sin(th)});
+}
+
 TEST(Reference, RopeSecondPairFrequency) {
     Context ctx;
     RefEval r;

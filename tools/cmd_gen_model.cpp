@@ -11,7 +11,7 @@ namespace {
 int cmd_gen_model(int argc, char** argv) {
     Args args("gen-model",
               "usage: ferry gen-model --preset NAME --type TYPE -o FILE [options]\n"
-              "  Writes a llama GGUF with random weights and a valid vocabulary.\n",
+              "  Writes a GGUF (llama, qwen2, qwen3) with random weights and a valid vocabulary.\n",
               {
                   {{"--preset"}, "NAME", "the architecture's shapes (see the list below)"},
                   {{"--type"}, "TYPE", "weight type or mixture (see the lists below)"},
@@ -27,6 +27,10 @@ int cmd_gen_model(int argc, char** argv) {
                    "a Hugging Face tokenizer.json (byte-level BPE) whose vocabulary,\n"
                    "special tokens and chat template (tokenizer_config.json in the same\n"
                    "folder) the model gets instead of the generated one"},
+                  {{"--tokenizer"},
+                   "DIR",
+                   "carry the vocabulary of a Hugging Face tokenizer folder\n"
+                   "(tokenizer.json, tokenizer_config.json) instead of a synthetic one"},
               },
               argc, argv);
     if (args.help()) {
@@ -53,6 +57,7 @@ int cmd_gen_model(int argc, char** argv) {
     const std::optional<long long> seed = args.integer({"-s", "--seed"});
     const std::optional<long long> threads = args.integer({"-t", "--threads"});
     const std::optional<std::string> vocab = args.value({"--vocab"});
+    const std::optional<std::string> tokenizer = args.value({"--tokenizer"});
     if (Status st = args.finish(); !st) return fail("gen-model", st.message());
     if (!preset || !out) return fail("gen-model", "--preset and -o are required (see --help)");
     Expected<ModelPreset> p = find_preset(*preset);
@@ -72,6 +77,7 @@ int cmd_gen_model(int argc, char** argv) {
     if (seed) opts.seed = static_cast<uint64_t>(*seed);
     if (threads) opts.n_threads = static_cast<int>(*threads);
     if (vocab) opts.vocab_json = *vocab;
+    if (tokenizer) opts.tokenizer_dir = *tokenizer;
     const auto t0 = std::chrono::steady_clock::now();
     if (Status st = generate_model(*p, opts, *out); !st) return fail("gen-model", st.message());
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

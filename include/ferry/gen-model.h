@@ -18,9 +18,12 @@ struct ModelPreset {
     int32_t n_vocab, n_ctx, n_embd, n_layer, n_head, n_head_kv, n_ff;
     float rope_base, norm_eps;
     bool tied_output;
+    const char* arch = "llama";       // llama, qwen2 (Q/K/V biases), qwen3 (Q/K norms)
+    int32_t head_dim = 0;             // 0: n_embd / n_head
+    float llama3_rope_factor = 0.0f;  // > 0: Llama 3.1 rope scaling (rope_freqs.weight)
 };
 
-// Known presets ("llama-3.2-1b", "tiny", ...).
+// Known presets ("llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b", "tiny", ...).
 const std::vector<ModelPreset>& model_presets();
 Expected<ModelPreset> find_preset(const std::string& name);
 
@@ -42,6 +45,10 @@ struct GenModelOptions {
     // tokenizer_config.json beside it (when present); the model then has as many tokens as
     // the tokenizer. Empty: the generated vocabulary of preset.n_vocab tokens.
     std::string vocab_json;
+    // A Hugging Face tokenizer folder (tokenizer.json + tokenizer_config.json) whose
+    // vocabulary the file carries instead of the synthetic one (its size must not exceed the
+    // preset's n_vocab); empty: the synthetic SentencePiece vocabulary.
+    std::string tokenizer_dir;
 };
 
 // Sets opts.type / opts.mixture from a --type value: a storage type name ("q4_k", "mxfp4", ...)
@@ -75,8 +82,9 @@ enum class WeightRole {
 Type weight_type_for(const GenModelOptions& opts, WeightRole role, int layer, int n_layer,
                      bool tied_output, int64_t ne0);
 
-// Writes a GGUF llama model with random weights (normal, std 0.02; norms 1) and a valid
-// SentencePiece-style vocabulary of preset.n_vocab tokens (control, 256 byte tokens, pieces).
+// Writes a GGUF model of the preset's architecture with random weights (uniform, std 0.02;
+// norms 1, biases 0) and a valid SentencePiece-style vocabulary of preset.n_vocab tokens
+// (control, 256 byte tokens, pieces), or the tokenizer of opts.tokenizer_dir.
 Status generate_model(const ModelPreset& preset, const GenModelOptions& opts,
                       const std::string& path);
 

@@ -1,4 +1,5 @@
-// The llama architecture: model loading and inference sessions with a KV cache.
+// Decoder-only LLMs (llama, qwen2, qwen3; src/model/arch*.{h,cpp}): model loading and inference
+// sessions with a KV cache.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,10 @@
 
 namespace ferry {
 
+// Hyperparameters of the decoder architectures ferry runs (llama, qwen2, qwen3), read from the
+// GGUF keys "<arch>.*".
 struct LlamaHParams {
+    std::string arch = "llama";  // general.architecture
     int32_t n_vocab = 0;
     int32_t n_ctx_train = 0;
     int32_t n_embd = 0;
@@ -26,7 +30,8 @@ struct LlamaHParams {
     int32_t n_ff = 0;
     int32_t n_rot = 0;  // rotated dims per head
     float rope_freq_base = 10000.0f;
-    float rope_freq_scale = 1.0f;
+    float rope_freq_scale = 1.0f;  // 1 / linear scaling factor
+    int rope_mode = 0;             // kRopeNormal (llama) or kRopeNeox (qwen)
     float norm_eps = 1e-5f;
     bool tied_output = false;
 };

@@ -167,7 +167,9 @@ class Context {
     Tensor* norm(Tensor* a, float eps);
     Tensor* mul_mat(Tensor* a, Tensor* b);
     Tensor* soft_max(Tensor* a, Tensor* mask, float scale);
-    Tensor* rope(Tensor* a, Tensor* pos, int n_dims, int mode, float freq_base, float freq_scale);
+    // freq_factors: optional F32 [n_dims / 2] divisors of the angles (see ops.def).
+    Tensor* rope(Tensor* a, Tensor* pos, int n_dims, int mode, float freq_base, float freq_scale,
+                 Tensor* freq_factors = nullptr);
     Tensor* flash_attn_ext(Tensor* q, Tensor* k, Tensor* v, Tensor* mask, float scale);
     Tensor* silu(Tensor* a);
     Tensor* gelu(Tensor* a);

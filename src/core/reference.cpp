@@ -431,6 +431,8 @@ Status RefEval::eval(const Tensor* t) {
             const int n_dims = t->op_params[0];
             const int mode = t->op_params[1];
             const double base = t->param_f(2), fscale = t->param_f(3);
+            const bool has_ff = t->src[2] != nullptr;
+            if (has_ff) FERRY_TRY(get(2, &c));
             out = a.v;
             const int half = n_dims / 2;
             for (int64_t i3 = 0; i3 < ne[3]; i3++) {
@@ -438,8 +440,10 @@ Status RefEval::eval(const Tensor* t) {
                     const double p = b(i2, 0, 0, 0);
                     for (int64_t i1 = 0; i1 < ne[1]; i1++) {
                         for (int i = 0; i < half; i++) {
+                            const double ff = has_ff ? c(i, 0, 0, 0) : 1.0;
                             const double theta =
-                                p * fscale * std::pow(base, -2.0 * i / static_cast<double>(n_dims));
+                                p * fscale *
+                                std::pow(base, -2.0 * i / static_cast<double>(n_dims)) / ff;
                             const int64_t j0 = mode == kRopeNeox ? i : 2 * i;
                             const int64_t j1 = mode == kRopeNeox ? i + half : 2 * i + 1;
                             const double x0 = a(j0, i1, i2, i3), x1 = a(j1, i1, i2, i3);

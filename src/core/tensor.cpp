@@ -405,6 +405,13 @@ Status validate_op(const Tensor* t) {
             if (!std::isfinite(base) || base <= 0.0f || !std::isfinite(scale) || scale <= 0.0f) {
                 return Status::errorf("ROPE freq_base %g / freq_scale %g invalid", base, scale);
             }
+            if (const Tensor* ff = s[2]) {
+                FERRY_TRY(need_type(ff, "ROPE frequency factors", {Type::F32}));
+                if (!ff->is_contiguous() || ff->ne[0] < n_dims / 2) {
+                    return Status::errorf("ROPE frequency factors %s: need %d contiguous values",
+                                          describe(ff).c_str(), n_dims / 2);
+                }
+            }
             FERRY_TRY(check_result(t, Type::F32, {}));
             return check_shape_like(t, a, "the operand");
         }
@@ -831,8 +838,9 @@ Tensor* Context::soft_max(Tensor* a, Tensor* mask, float scale) {
 }
 
 Tensor* Context::rope(Tensor* a, Tensor* pos, int n_dims, int mode, float freq_base,
-                      float freq_scale) {
-    Tensor* t = new_node(Op::ROPE, Type::F32, {a->ne[0], a->ne[1], a->ne[2], a->ne[3]}, {a, pos});
+                      float freq_scale, Tensor* freq_factors) {
+    Tensor* t = new_node(Op::ROPE, Type::F32, {a->ne[0], a->ne[1], a->ne[2], a->ne[3]},
+                         {a, pos, freq_factors});
     t->op_params[0] = n_dims;
     t->op_params[1] = mode;
     t->set_param_f(2, freq_base);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <thread>
 
+#include "ferry/convert.h"
 #include "ferry/gguf.h"
 #include "model/tokenizer-json.h"
 
@@ -15,8 +16,12 @@ namespace ferry {
 const std::vector<ModelPreset>& model_presets() {
     // Shapes from the models' published configurations.
     static const std::vector<ModelPreset> presets = {
-        {"llama-3.2-1b", 128256, 131072, 2048, 16, 32, 8, 8192, 500000.0f, 1e-5f, true},
-        {"llama-3.2-3b", 128256, 131072, 3072, 28, 24, 8, 8192, 500000.0f, 1e-5f, true},
+        {"llama-3.2-1b", 128256, 131072, 2048, 16, 32, 8, 8192, 500000.0f, 1e-5f, true, "llama", 0,
+         32.0f},
+        {"llama-3.2-3b", 128256, 131072, 3072, 28, 24, 8, 8192, 500000.0f, 1e-5f, true, "llama", 0,
+         32.0f},
+        {"qwen2.5-0.5b", 151936, 32768, 896, 24, 14, 2, 4864, 1000000.0f, 1e-6f, true, "qwen2"},
+        {"qwen3-0.6b", 151936, 40960, 1024, 28, 16, 8, 3072, 1000000.0f, 1e-6f, true, "qwen3", 128},
         {"llama-2-7b", 32000, 4096, 4096, 32, 32, 32, 11008, 10000.0f, 1e-5f, false},
         // The shapes of ../shared/fixtures/tiny-llama, for quick tests.
         {"tiny", 1024, 2048, 256, 4, 8, 4, 768, 10000.0f, 1e-5f, false},
@@ -58,8 +63,11 @@ void fill_row(float* dst, int64_t n, uint64_t seed, float stddev) {
     }
 }
 
-Status add_random_tensor(GgufWriter& w, const std::string& name, Type type, int64_t ne0,
+Status add_random_tensor(GgufWriter& w, const std::string& name, Type want, int64_t ne0,
                          int64_t ne1, uint64_t seed, int n_threads) {
+    // Rows the type's blocks do not divide (Qwen 2.5 0.5B's 896) take the fallback type, as
+    // quantizers do.
+    const Type type = convert_fallback_type(want, ne0);
     Expected<size_t> rs = row_size_checked(type, ne0);
     if (!rs) return rs.status().context(name);
     std::vector<uint8_t> data(*rs * static_cast<size_t>(ne1));
@@ -86,8 +94,8 @@ Status add_random_tensor(GgufWriter& w, const std::string& name, Type type, int6
     return w.add_tensor(name, type, ne1 == 1 ? 1 : 2, ne, data.data(), data.size());
 }
 
-Status add_ones(GgufWriter& w, const std::string& name, int64_t n) {
-    std::vector<float> v(static_cast<size_t>(n), 1.0f);
+Status add_const(GgufWriter& w, const std::string& name, int64_t n, float value) {
+    std::vector<float> v(static_cast<size_t>(n), value);
     const int64_t ne[1] = {n};
     return w.add_tensor(name, Type::F32, 1, ne, v.data(), v.size() * 4);
 }
@@ -184,26 +192,7 @@ bool use_more_bits(int i, int n) {
 
 // The substitute llama.cpp's quantizer uses when t's block does not divide the row.
 Type fallback_for_row(Type t, int64_t ne0) {
-    if (ne0 % block_size(t) == 0) return t;
-    switch (t) {
-        case Type::Q4_K:
-            t = Type::Q5_0;
-            break;
-        case Type::Q5_K:
-            t = Type::Q5_1;
-            break;
-        case Type::Q6_K:
-            t = Type::Q8_0;
-            break;
-        case Type::Q2_K:
-        case Type::Q3_K:
-        case Type::IQ4_XS:
-            t = Type::IQ4_NL;
-            break;
-        default:
-            break;
-    }
-    return ne0 % block_size(t) == 0 ? t : Type::F16;
+    return convert_fallback_type(t, ne0);
 }
 
 bool five_bits_or_fewer(Type t) {
@@ -289,25 +278,42 @@ Status generate_model(const ModelPreset& preset, const GenModelOptions& opts,
     };
     const int nth =
         opts.n_threads > 0 ? opts.n_threads : std::max(1u, std::thread::hardware_concurrency());
-    const int64_t hd = p.n_embd / p.n_head;
+    const int64_t hd = p.head_dim > 0 ? p.head_dim : p.n_embd / p.n_head;
+    const std::string a = p.arch;
     GgufWriter w;
-    w.add_string("general.architecture", "llama");
+    w.add_string("general.architecture", a);
     w.add_string("general.name", std::string(p.name) + " (random weights, ferry gen-model)");
     w.add_u32("general.file_type", file_type_of(wt, opts.mixture));
-    w.add_u32("llama.context_length", static_cast<uint32_t>(p.n_ctx));
-    w.add_u32("llama.embedding_length", static_cast<uint32_t>(p.n_embd));
-    w.add_u32("llama.block_count", static_cast<uint32_t>(p.n_layer));
-    w.add_u32("llama.feed_forward_length", static_cast<uint32_t>(p.n_ff));
-    w.add_u32("llama.attention.head_count", static_cast<uint32_t>(p.n_head));
-    w.add_u32("llama.attention.head_count_kv", static_cast<uint32_t>(p.n_head_kv));
-    w.add_u32("llama.rope.dimension_count", static_cast<uint32_t>(hd));
-    w.add_f32("llama.rope.freq_base", p.rope_base);
-    w.add_f32("llama.attention.layer_norm_rms_epsilon", p.norm_eps);
-    w.add_u32("llama.vocab_size", static_cast<uint32_t>(p.n_vocab));
-    if (vocab_kv.empty()) {
+    w.add_u32(a + ".context_length", static_cast<uint32_t>(p.n_ctx));
+    w.add_u32(a + ".embedding_length", static_cast<uint32_t>(p.n_embd));
+    w.add_u32(a + ".block_count", static_cast<uint32_t>(p.n_layer));
+    w.add_u32(a + ".feed_forward_length", static_cast<uint32_t>(p.n_ff));
+    w.add_u32(a + ".attention.head_count", static_cast<uint32_t>(p.n_head));
+    w.add_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(p.n_head_kv));
+    if (p.head_dim > 0) {
+        w.add_u32(a + ".attention.key_length", static_cast<uint32_t>(hd));
+        w.add_u32(a + ".attention.value_length", static_cast<uint32_t>(hd));
+    }
+    w.add_f32(a + ".rope.freq_base", p.rope_base);
+    w.add_f32(a + ".attention.layer_norm_rms_epsilon", p.norm_eps);
+    if (a == "llama") {
+        w.add_u32(a + ".rope.dimension_count", static_cast<uint32_t>(hd));
+        w.add_u32(a + ".vocab_size", static_cast<uint32_t>(p.n_vocab));
+    }
+    if (!vocab_kv.empty()) {
+        for (GgufKV& kv : vocab_kv) w.add_kv(kv.key, std::move(kv.value));
+    } else if (opts.tokenizer_dir.empty()) {
         add_vocab(w, p.n_vocab);
     } else {
-        for (GgufKV& kv : vocab_kv) w.add_kv(kv.key, std::move(kv.value));
+        FERRY_TRY(convert_tokenizer(opts.tokenizer_dir, a == "llama" ? "llama-bpe" : "qwen2",
+                                    p.n_vocab, w));
+    }
+    if (p.llama3_rope_factor > 0.0f) {
+        // Llama 3.1/3.2's published rope scaling (low 1, high 4, original context 8192).
+        const std::vector<float> f =
+            llama3_rope_factors(hd, p.rope_base, p.llama3_rope_factor, 1.0, 4.0, 8192);
+        const int64_t ne[1] = {static_cast<int64_t>(f.size())};
+        FERRY_TRY(w.add_tensor("rope_freqs.weight", Type::F32, 1, ne, f.data(), f.size() * 4));
     }
 
     uint64_t seed = mix(opts.seed);
@@ -319,17 +325,26 @@ Status generate_model(const ModelPreset& preset, const GenModelOptions& opts,
     FERRY_TRY(add("token_embd.weight", R::TokenEmbd, -1, p.n_embd, p.n_vocab));
     for (int l = 0; l < p.n_layer; l++) {
         const std::string b = "blk." + std::to_string(l) + ".";
-        FERRY_TRY(add_ones(w, b + "attn_norm.weight", p.n_embd));
+        FERRY_TRY(add_const(w, b + "attn_norm.weight", p.n_embd, 1.0f));
         FERRY_TRY(add(b + "attn_q.weight", R::AttnQ, l, p.n_embd, hd * p.n_head));
         FERRY_TRY(add(b + "attn_k.weight", R::AttnK, l, p.n_embd, hd * p.n_head_kv));
         FERRY_TRY(add(b + "attn_v.weight", R::AttnV, l, p.n_embd, hd * p.n_head_kv));
         FERRY_TRY(add(b + "attn_output.weight", R::AttnOutput, l, hd * p.n_head, p.n_embd));
-        FERRY_TRY(add_ones(w, b + "ffn_norm.weight", p.n_embd));
+        if (a == "qwen2") {
+            FERRY_TRY(add_const(w, b + "attn_q.bias", hd * p.n_head, 0.0f));
+            FERRY_TRY(add_const(w, b + "attn_k.bias", hd * p.n_head_kv, 0.0f));
+            FERRY_TRY(add_const(w, b + "attn_v.bias", hd * p.n_head_kv, 0.0f));
+        }
+        if (a == "qwen3") {
+            FERRY_TRY(add_const(w, b + "attn_q_norm.weight", hd, 1.0f));
+            FERRY_TRY(add_const(w, b + "attn_k_norm.weight", hd, 1.0f));
+        }
+        FERRY_TRY(add_const(w, b + "ffn_norm.weight", p.n_embd, 1.0f));
         FERRY_TRY(add(b + "ffn_gate.weight", R::FfnGate, l, p.n_embd, p.n_ff));
         FERRY_TRY(add(b + "ffn_up.weight", R::FfnUp, l, p.n_embd, p.n_ff));
         FERRY_TRY(add(b + "ffn_down.weight", R::FfnDown, l, p.n_ff, p.n_embd));
     }
-    FERRY_TRY(add_ones(w, "output_norm.weight", p.n_embd));
+    FERRY_TRY(add_const(w, "output_norm.weight", p.n_embd, 1.0f));
     if (!p.tied_output) {
         FERRY_TRY(add("output.weight", R::Output, -1, p.n_embd, p.n_vocab));
     }

@@ -14,12 +14,19 @@
 
 namespace ferry {
 
+struct Arch;
+
 struct LlamaLayer {
     Tensor* attn_norm = nullptr;  // [n_embd] f32
     Tensor* wq = nullptr;         // [n_embd, n_head * head_dim]
     Tensor* wk = nullptr;         // [n_embd, n_head_kv * head_dim]
     Tensor* wv = nullptr;         // [n_embd, n_head_kv * head_dim]
     Tensor* wo = nullptr;         // [n_head * head_dim, n_embd]
+    Tensor* bq = nullptr;         // [n_head * head_dim] f32 or nullptr (qwen2)
+    Tensor* bk = nullptr;         // [n_head_kv * head_dim] f32 or nullptr
+    Tensor* bv = nullptr;         // [n_head_kv * head_dim] f32 or nullptr
+    Tensor* q_norm = nullptr;     // [head_dim] f32 or nullptr (qwen3: per-head RMS norm)
+    Tensor* k_norm = nullptr;     // [head_dim] f32 or nullptr
     Tensor* ffn_norm = nullptr;   // [n_embd] f32
     Tensor* ffn_gate = nullptr;   // [n_embd, n_ff]
     Tensor* ffn_up = nullptr;     // [n_embd, n_ff]
@@ -34,12 +41,14 @@ struct LlamaModel::Impl {
     Device* device = nullptr;           // the main device (the output's)
     std::vector<Device*> layer_device;  // per layer: weights and KV cache
     Device* input_device = nullptr;     // the token embeddings'
+    const Arch* arch = nullptr;
 
     Context weights;  // metadata of every weight tensor (leaves flagged kTensorParam)
     std::vector<std::unique_ptr<Buffer>> buffers;  // one per device holding weights
     Tensor* tok_embd = nullptr;                    // [n_embd, n_vocab]
     Tensor* output_norm = nullptr;                 // [n_embd] f32
     Tensor* output = nullptr;                      // [n_embd, n_vocab] (tok_embd when tied)
+    Tensor* rope_freqs = nullptr;  // [n_rot / 2] f32 rope frequency divisors, or nullptr
     std::vector<LlamaLayer> layers;
 
     uint64_t n_params = 0;

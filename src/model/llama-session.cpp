@@ -7,6 +7,7 @@
 #include "ferry/allocator.h"
 #include "ferry/llama.h"
 #include "ferry/scheduler.h"
+#include "model/arch.h"
 #include "model/llama-impl.h"
 
 namespace ferry {
@@ -62,10 +63,7 @@ struct LlamaSession::Impl {
 // (including the new ones, padded), producing logits for the last n_out tokens.
 Status LlamaSession::Impl::build(int32_t n_tokens, int32_t n_kv, int32_t n_out) {
     const LlamaHParams& hp = m->hp;
-    const int64_t hd = hp.head_dim;
-    const int64_t n_head = hp.n_head, n_head_kv = hp.n_head_kv;
     const int64_t nt = n_tokens;
-    const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
     const bool need_mask = n_tokens > 1 || n_kv > n_past + n_tokens;
 
     g.valid = false;
@@ -95,57 +93,20 @@ Status LlamaSession::Impl::build(int32_t n_tokens, int32_t n_kv, int32_t n_out) 
 
     Tensor* x = c.get_rows(m->tok_embd, g.ids);  // [n_embd, n_tokens]
     for (int32_t il = 0; il < hp.n_layer; il++) {
-        const LlamaLayer& l = m->layers[static_cast<size_t>(il)];
-        const bool last = il == hp.n_layer - 1;
-
-        Tensor* cur = c.mul(c.rms_norm(x, hp.norm_eps), l.attn_norm);  // [n_embd, n_tokens]
-        Tensor* q = c.mul_mat(l.wq, cur);                              // [n_head*hd, n_tokens]
-        Tensor* k = c.mul_mat(l.wk, cur);                              // [n_head_kv*hd, n_tokens]
-        Tensor* v = c.mul_mat(l.wv, cur);                              // [n_head_kv*hd, n_tokens]
-        q = c.rope(c.reshape(q, {hd, n_head, nt}), g.pos, hp.n_rot, kRopeNormal, hp.rope_freq_base,
-                   hp.rope_freq_scale);  // [hd, n_head, n_tokens]
-        k = c.rope(c.reshape(k, {hd, n_head_kv, nt}), g.pos, hp.n_rot, kRopeNormal,
-                   hp.rope_freq_base, hp.rope_freq_scale);  // [hd, n_head_kv, n_tokens]
-
-        // Store the new positions, then attend over the cache as the stores left it (the
-        // views read the SET_ROWS results, which orders them after the stores).
-        Tensor* kc = k_cache[static_cast<size_t>(il)];
-        Tensor* vc = v_cache[static_cast<size_t>(il)];
-        Tensor* k_st =
-            c.set_rows(kc, c.reshape(k, {hd * n_head_kv, nt}), g.pos);  // [hd*n_head_kv, n_ctx]
-        Tensor* v_st = c.set_rows(vc, v, g.pos);                        // [hd*n_head_kv, n_ctx]
-        const size_t head_bytes = static_cast<size_t>(hd) * type_size(kv_type);
-        // [hd, n_kv, n_head_kv]
-        Tensor* kv_k = c.view_3d(k_st, hd, n_kv, n_head_kv, kc->nb[1], head_bytes, 0);
-        // [hd, n_kv, n_head_kv]
-        Tensor* kv_v = c.view_3d(v_st, hd, n_kv, n_head_kv, vc->nb[1], head_bytes, 0);
-        c.mark_dynamic(kv_k, 1, kDimKv);
-        c.mark_dynamic(kv_v, 1, kDimKv);
         // In the last layer only the last n_out tokens feed the logits: their queries alone
         // attend, and the other rows are dropped before the FFN. n_out == n_tokens elsewhere.
-        const int64_t n_q = last ? n_out : nt;
-        const size_t skip = static_cast<size_t>(nt - n_q);
-        Tensor* mask = g.mask;  // [n_kv, n_tokens] or nullptr
-        Tensor* res = x;        // [n_embd, n_tokens]
-        if (skip > 0) {
-            // [hd, n_head, n_out]
-            q = c.view_3d(q, hd, n_head, n_q, q->nb[1], q->nb[2], skip * q->nb[2]);
-            // [n_kv, n_out]
-            if (mask) mask = c.view_2d(mask, n_kv, n_q, mask->nb[1], skip * mask->nb[1]);
-            // [n_embd, n_out]
-            res = c.view_2d(x, x->ne[0], n_q, x->nb[1], skip * x->nb[1]);
-        }
-        Tensor* qp = c.permute(q, 0, 2, 1, 3);                           // [hd, n_out, n_head]
-        Tensor* att = c.flash_attn_ext(qp, kv_k, kv_v, mask, kq_scale);  // [hd, n_head, n_out]
-        att = c.reshape(att, {hd * n_head, n_q});                        // [n_head*hd, n_out]
-        cur = c.mul_mat(l.wo, att);                                      // [n_embd, n_out]
-        x = c.add(cur, res);                                             // [n_embd, n_out]
-
-        cur = c.mul(c.rms_norm(x, hp.norm_eps), l.ffn_norm);  // [n_embd, n_out]
-        Tensor* gate = c.mul_mat(l.ffn_gate, cur);            // [n_ff, n_out]
-        Tensor* up = c.mul_mat(l.ffn_up, cur);                // [n_ff, n_out]
-        cur = c.mul_mat(l.ffn_down, c.swiglu(gate, up));      // [n_embd, n_out]
-        x = c.add(cur, x);                                    // [n_embd, n_out]
+        const bool last = il == hp.n_layer - 1;
+        ForwardContext f{c,
+                         *m,
+                         g.pos,
+                         g.mask,
+                         k_cache[static_cast<size_t>(il)],
+                         v_cache[static_cast<size_t>(il)],
+                         nt,
+                         n_kv,
+                         last ? n_out : nt,
+                         kv_type};
+        x = m->arch->build_layer(f, m->layers[static_cast<size_t>(il)], x);  // [n_embd, n_out]
     }
     x = c.mul(c.rms_norm(x, hp.norm_eps), m->output_norm);  // [n_embd, n_out]
     g.out = c.mul_mat(m->output, x);                        // [n_vocab, n_out]

@@ -1,4 +1,4 @@
-// The llama architecture: hyperparameters, weight checks and placement.
+// Model loading for every architecture (arch*.cpp): hyperparameters, weight checks, placement.
 #include "ferry/llama.h"
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include <map>
 
 #include "ferry/allocator.h"
+#include "model/arch.h"
 #include "model/llama-impl.h"
 
 namespace ferry {
@@ -59,75 +60,70 @@ Status read_float(const GgufFile& f, const std::string& key, bool required, floa
 }
 
 Status read_hparams(const GgufFile& f, LlamaHParams* hp) {
+    const std::string a = hp->arch + ".";
     constexpr int64_t kBig = 1 << 24;
-    FERRY_TRY(read_int(f, "llama.context_length", -1, 1, kBig, &hp->n_ctx_train));
-    FERRY_TRY(read_int(f, "llama.embedding_length", -1, 1, kBig, &hp->n_embd));
-    FERRY_TRY(read_int(f, "llama.block_count", -1, 1, 4096, &hp->n_layer));
-    FERRY_TRY(read_int(f, "llama.feed_forward_length", -1, 1, kBig, &hp->n_ff));
-    FERRY_TRY(read_int(f, "llama.attention.head_count", -1, 1, 4096, &hp->n_head));
-    FERRY_TRY(read_int(f, "llama.attention.head_count_kv", hp->n_head, 1, 4096, &hp->n_head_kv));
+    FERRY_TRY(read_int(f, a + "context_length", -1, 1, kBig, &hp->n_ctx_train));
+    FERRY_TRY(read_int(f, a + "embedding_length", -1, 1, kBig, &hp->n_embd));
+    FERRY_TRY(read_int(f, a + "block_count", -1, 1, 4096, &hp->n_layer));
+    FERRY_TRY(read_int(f, a + "feed_forward_length", -1, 1, kBig, &hp->n_ff));
+    FERRY_TRY(read_int(f, a + "attention.head_count", -1, 1, 4096, &hp->n_head));
+    FERRY_TRY(read_int(f, a + "attention.head_count_kv", hp->n_head, 1, 4096, &hp->n_head_kv));
     if (hp->n_head % hp->n_head_kv != 0) {
-        return Status::errorf("llama.attention.head_count %d is not a multiple of head_count_kv %d",
-                              hp->n_head, hp->n_head_kv);
+        return Status::errorf("%sattention.head_count %d is not a multiple of head_count_kv %d",
+                              a.c_str(), hp->n_head, hp->n_head_kv);
     }
-    if (!f.find_kv("llama.attention.key_length") && hp->n_embd % hp->n_head != 0) {
-        return Status::errorf("llama.embedding_length %d is not a multiple of head_count %d",
+    if (!f.find_kv(a + "attention.key_length") && hp->n_embd % hp->n_head != 0) {
+        return Status::errorf("%sembedding_length %d is not a multiple of head_count %d", a.c_str(),
                               hp->n_embd, hp->n_head);
     }
-    FERRY_TRY(read_int(f, "llama.attention.key_length", hp->n_embd / hp->n_head, 2, 65536,
-                       &hp->head_dim));
+    FERRY_TRY(
+        read_int(f, a + "attention.key_length", hp->n_embd / hp->n_head, 2, 65536, &hp->head_dim));
     if (hp->head_dim < 2) {
         return Status::errorf(
-            "head size %d (llama.embedding_length %d / head_count %d) is too "
+            "head size %d (%sembedding_length %d / head_count %d) is too "
             "small",
-            hp->head_dim, hp->n_embd, hp->n_head);
+            hp->head_dim, a.c_str(), hp->n_embd, hp->n_head);
     }
     int32_t v_len = 0;
-    FERRY_TRY(read_int(f, "llama.attention.value_length", hp->head_dim, 1, 65536, &v_len));
+    FERRY_TRY(read_int(f, a + "attention.value_length", hp->head_dim, 1, 65536, &v_len));
     if (v_len != hp->head_dim) {
         return Status::errorf(
-            "llama.attention.value_length %d differs from key_length %d "
+            "%sattention.value_length %d differs from key_length %d "
             "(unsupported)",
-            v_len, hp->head_dim);
+            a.c_str(), v_len, hp->head_dim);
     }
-    FERRY_TRY(read_int(f, "llama.rope.dimension_count", hp->head_dim, 2, hp->head_dim, &hp->n_rot));
+    FERRY_TRY(read_int(f, a + "rope.dimension_count", hp->head_dim, 2, hp->head_dim, &hp->n_rot));
     if (hp->n_rot < 2 || hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0) {
-        return Status::errorf("llama.rope.dimension_count %d must be even and in [2, %d]",
+        return Status::errorf("%srope.dimension_count %d must be even and in [2, %d]", a.c_str(),
                               hp->n_rot, hp->head_dim);
     }
-    FERRY_TRY(read_float(f, "llama.rope.freq_base", false, 10000.0f, &hp->rope_freq_base));
+    FERRY_TRY(read_float(f, a + "rope.freq_base", false, 10000.0f, &hp->rope_freq_base));
     if (hp->rope_freq_base <= 0.0f) {
-        return Status::errorf("llama.rope.freq_base %g must be positive", hp->rope_freq_base);
+        return Status::errorf("%srope.freq_base %g must be positive", a.c_str(),
+                              hp->rope_freq_base);
     }
-    if (const GgufKV* kv = f.find_kv("llama.rope.scaling.type")) {
+    if (const GgufKV* kv = f.find_kv(a + "rope.scaling.type")) {
         Expected<std::string> t = f.get_string(kv->key);
         if (!t) return t.status();
-        if (*t != "none" && *t != "linear") {
-            return Status::errorf("llama.rope.scaling.type '%s' is not supported (none, linear)",
-                                  t->c_str());
+        // llama3 scaling lives in rope_freqs.weight (per-dimension factors), not in a scale.
+        if (*t != "none" && *t != "linear" && *t != "llama3") {
+            return Status::errorf(
+                "%srope.scaling.type '%s' is not supported (none, linear, llama3)", a.c_str(),
+                t->c_str());
         }
     }
     float factor = 1.0f;
-    FERRY_TRY(read_float(f, "llama.rope.scale_linear", false, 1.0f, &factor));
-    FERRY_TRY(read_float(f, "llama.rope.scaling.factor", false, factor, &factor));
+    FERRY_TRY(read_float(f, a + "rope.scale_linear", false, 1.0f, &factor));
+    FERRY_TRY(read_float(f, a + "rope.scaling.factor", false, factor, &factor));
     if (factor == 0.0f) factor = 1.0f;  // converters write 0 for "no scaling"
     if (factor < 0.0f) return Status::errorf("rope scaling factor %g must be positive", factor);
     hp->rope_freq_scale = 1.0f / factor;
-    FERRY_TRY(read_float(f, "llama.attention.layer_norm_rms_epsilon", true, 0.0f, &hp->norm_eps));
+    FERRY_TRY(read_float(f, a + "attention.layer_norm_rms_epsilon", true, 0.0f, &hp->norm_eps));
     if (hp->norm_eps < 0.0f) {
-        return Status::errorf("llama.attention.layer_norm_rms_epsilon %g is negative",
+        return Status::errorf("%sattention.layer_norm_rms_epsilon %g is negative", a.c_str(),
                               hp->norm_eps);
     }
     return Status::ok();
-}
-
-std::string shape_str(int n_dims, const int64_t* ne) {
-    std::string s = "[";
-    for (int i = 0; i < n_dims; i++) {
-        if (i) s += ", ";
-        s += std::to_string(ne[i]);
-    }
-    return s + "]";
 }
 
 // Name of llama.cpp's general.file_type values (a public enum of the GGUF ecosystem).
@@ -185,75 +181,26 @@ std::string upper(std::string s) {
 
 class Loader {
   public:
-    Loader(LlamaModel::Impl& m) : m_(m), f_(*m.gguf) {}
-
-    // Creates the metadata tensor for `name`, checking presence, shape and type.
-    Status take(const std::string& name, std::initializer_list<int64_t> shape, bool norm,
-                Tensor** out) {
-        int64_t want[kMaxDims] = {1, 1, 1, 1};
-        int n_want = 0;
-        for (int64_t v : shape) want[n_want++] = v;
-        const GgufTensorInfo* info = f_.find_tensor(name);
-        if (!info) {
-            return Status::errorf("missing tensor '%s' (expected shape %s)", name.c_str(),
-                                  shape_str(n_want, want).c_str());
-        }
-        bool ok = true;
-        for (int i = 0; i < kMaxDims; i++) ok = ok && info->ne[i] == want[i];
-        if (!ok) {
-            return Status::errorf("tensor '%s' has shape %s, expected %s", name.c_str(),
-                                  shape_str(std::max(info->n_dims, 1), info->ne).c_str(),
-                                  shape_str(n_want, want).c_str());
-        }
-        const TypeTraits* tr = type_traits_or_null(static_cast<uint32_t>(info->type));
-        if (!tr || !tr->is_storage || info->type == Type::I32) {
-            return Status::errorf("tensor '%s' has unsupported type id %u", name.c_str(),
-                                  static_cast<uint32_t>(info->type));
-        }
-        if (norm && info->type != Type::F32) {
-            return Status::errorf("tensor '%s' has type %s; norm weights must be f32", name.c_str(),
-                                  tr->name);
-        }
-        Tensor* t = m_.weights.new_tensor(info->type, kMaxDims, info->ne);
-        t->set_name(name);
-        t->flags |= kTensorParam;
-        if (t->nbytes() != info->nbytes) {
-            return Status::errorf("tensor '%s': %zu bytes in the file, %zu expected", name.c_str(),
-                                  info->nbytes, t->nbytes());
-        }
-        infos_.push_back(info);
-        tensors_.push_back(t);
-        *out = t;
-        return Status::ok();
-    }
+    Loader(LlamaModel::Impl& m) : m_(m), f_(*m.gguf), t_(m) {}
 
     Status take_all() {
         const LlamaHParams& hp = m_.hp;
-        const int64_t n_embd = hp.n_embd, n_vocab = hp.n_vocab, n_ff = hp.n_ff;
-        const int64_t n_q = int64_t{hp.n_head} * hp.head_dim;
-        const int64_t n_kv = int64_t{hp.n_head_kv} * hp.head_dim;
-        FERRY_TRY(take("token_embd.weight", {n_embd, n_vocab}, false, &m_.tok_embd));
-        FERRY_TRY(take("output_norm.weight", {n_embd}, true, &m_.output_norm));
+        const int64_t n_embd = hp.n_embd, n_vocab = hp.n_vocab;
+        FERRY_TRY(t_.take("token_embd.weight", {n_embd, n_vocab}, false, &m_.tok_embd));
+        FERRY_TRY(t_.take("output_norm.weight", {n_embd}, true, &m_.output_norm));
         if (f_.find_tensor("output.weight")) {
-            FERRY_TRY(take("output.weight", {n_embd, n_vocab}, false, &m_.output));
+            FERRY_TRY(t_.take("output.weight", {n_embd, n_vocab}, false, &m_.output));
         } else {
             m_.output = m_.tok_embd;
             m_.hp.tied_output = true;
         }
+        FERRY_TRY(t_.take_rope_freqs());
         m_.layers.resize(static_cast<size_t>(hp.n_layer));
         for (int il = 0; il < hp.n_layer; il++) {
-            LlamaLayer& l = m_.layers[static_cast<size_t>(il)];
-            const std::string p = "blk." + std::to_string(il) + ".";
-            FERRY_TRY(take(p + "attn_norm.weight", {n_embd}, true, &l.attn_norm));
-            FERRY_TRY(take(p + "attn_q.weight", {n_embd, n_q}, false, &l.wq));
-            FERRY_TRY(take(p + "attn_k.weight", {n_embd, n_kv}, false, &l.wk));
-            FERRY_TRY(take(p + "attn_v.weight", {n_embd, n_kv}, false, &l.wv));
-            FERRY_TRY(take(p + "attn_output.weight", {n_q, n_embd}, false, &l.wo));
-            FERRY_TRY(take(p + "ffn_norm.weight", {n_embd}, true, &l.ffn_norm));
-            FERRY_TRY(take(p + "ffn_gate.weight", {n_embd, n_ff}, false, &l.ffn_gate));
-            FERRY_TRY(take(p + "ffn_up.weight", {n_embd, n_ff}, false, &l.ffn_up));
-            FERRY_TRY(take(p + "ffn_down.weight", {n_ff, n_embd}, false, &l.ffn_down));
+            FERRY_TRY(m_.arch->take_layer(t_, il, m_.layers[static_cast<size_t>(il)]));
         }
+        tensors_ = t_.tensors();
+        infos_ = t_.infos();
         return Status::ok();
     }
 
@@ -380,6 +327,7 @@ class Loader {
   private:
     LlamaModel::Impl& m_;
     const GgufFile& f_;
+    TensorLoader t_;
     std::vector<const GgufTensorInfo*> infos_;
     std::vector<Tensor*> tensors_;
 
@@ -444,12 +392,13 @@ Status load_into(LlamaModel::Impl& m, const ModelOptions& opts) {
     const GgufFile& g = *m.gguf;
     Expected<std::string> arch = g.get_string("general.architecture");
     if (!arch) return arch.status();
-    if (*arch != "llama") {
-        return Status::errorf(
-            "unsupported architecture '%s' (general.architecture); ferry runs "
-            "'llama'",
-            arch->c_str());
+    m.arch = find_arch(*arch);
+    if (!m.arch) {
+        return Status::errorf("unsupported architecture '%s' (general.architecture); ferry runs %s",
+                              arch->c_str(), known_arch_names().c_str());
     }
+    m.hp.arch = m.arch->name;
+    m.hp.rope_mode = m.arch->rope_mode;
     FERRY_TRY(read_hparams(g, &m.hp));
     Expected<Vocab> vocab = Vocab::from_gguf(g);
     if (!vocab) return vocab.status();

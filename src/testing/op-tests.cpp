@@ -693,6 +693,11 @@ void add_attention_cases(Table& T) {
             Tensor* a = b.g().permute(b.in(kF32, {64, 5, 8}), 0, 2, 1, 3);  // [64, 8, 5]
             return b.g().rope(a, b.in(kI32, {5}, Fill::positions(64)), 64, mode, 10000.0f, 1.0f);
         });
+        // Llama 3 style frequency factors (divisors in [1, 8]).
+        T.add(Op::ROPE, m + "_freq_factors", kRope, kNoteRope, [mode](CaseBuilder& b) {
+            return b.g().rope(b.in(kF32, {64, 4, 6}), b.in(kI32, {6}, Fill::positions(64)), 48,
+                              mode, 500000.0f, 1.0f, b.in(kF32, {24}, Fill::uniform(1, 8)));
+        });
     }
 
     // FLASH_ATTN_EXT: q [D, n_q, n_head], k/v [D, n_kv, n_head_kv], out [Dv, n_head, n_q].

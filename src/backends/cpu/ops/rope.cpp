@@ -1,6 +1,7 @@
 // ROPE: rotary position embedding of the first n_dims elements of each row.
 //
-// theta_i = pos * freq_scale * freq_base^(-2i / n_dims), i in [0, n_dims / 2). The angles are
+// theta_i = pos * freq_scale * freq_base^(-2i / n_dims) / ff[i], i in [0, n_dims / 2), with
+// ff the optional frequency factors (src[2], Llama 3's rope_freqs; 1 without). The angles are
 // computed in double from the exact power (not by repeated multiplication, which drifts), and
 // cos/sin are cached per position (see AngleCache): rows of one token (all its heads), and the
 // ROPE nodes of every layer, share them. Normal mode
@@ -26,6 +27,7 @@ using kern::row;
 struct AngleCache {
     double base = 0.0, freq_scale = 0.0;
     int64_t n_dims = -1;
+    std::vector<float> factors;    // [half] frequency factors (empty: none)
     std::vector<double> inv_freq;  // [half]
     int64_t lo = 0;                // first cached position
     std::vector<float> cs;         // [positions][2 * half]: cos then sin
@@ -35,22 +37,35 @@ struct AngleCache {
     // restarts it there.
     static constexpr int64_t kMaxPositions = 4096;
 
-    void reset(double b, double fs, int64_t nd) {
+    void reset(double b, double fs, int64_t nd, const float* ff) {
         base = b;
         freq_scale = fs;
         n_dims = nd;
         const int64_t half = nd / 2;
+        if (ff) {
+            factors.assign(ff, ff + half);
+        } else {
+            factors.clear();
+        }
         inv_freq.resize(static_cast<size_t>(half));
         for (int64_t i = 0; i < half; i++) {
+            const double f = ff ? static_cast<double>(ff[i]) : 1.0;
             inv_freq[static_cast<size_t>(i)] =
-                fs * std::pow(b, -2.0 * static_cast<double>(i) / static_cast<double>(nd));
+                fs * std::pow(b, -2.0 * static_cast<double>(i) / static_cast<double>(nd)) / f;
         }
         valid.clear();
         cs.clear();
     }
-    bool matches(double b, double fs, int64_t nd) const {
-        return nd == n_dims && std::memcmp(&b, &base, sizeof b) == 0 &&
-               std::memcmp(&fs, &freq_scale, sizeof fs) == 0;
+    // The factors are compared by value: a cached table must never outlive the data it came
+    // from (another model, or a tensor rewritten in place).
+    bool matches(double b, double fs, int64_t nd, const float* ff) const {
+        if (nd != n_dims || std::memcmp(&b, &base, sizeof b) != 0 ||
+            std::memcmp(&fs, &freq_scale, sizeof fs) != 0) {
+            return false;
+        }
+        if (!ff) return factors.empty();
+        return factors.size() == static_cast<size_t>(nd / 2) &&
+               std::memcmp(ff, factors.data(), factors.size() * sizeof(float)) == 0;
     }
     void fill(int32_t position, float* out) const {
         const int64_t half = n_dims / 2;
@@ -102,8 +117,9 @@ void op_rope(const ComputeParams& p, Tensor* dst) {
     split_rows(a->nrows(), p.ith, p.nth, &r0, &r1);
     if (r0 >= r1) return;
 
+    const float* ff = dst->src[2] ? static_cast<const float*>(dst->src[2]->data) : nullptr;
     AngleCache& ac = t_angles;
-    if (!ac.matches(base, freq_scale, n_dims)) ac.reset(base, freq_scale, n_dims);
+    if (!ac.matches(base, freq_scale, n_dims, ff)) ac.reset(base, freq_scale, n_dims, ff);
 
     const int32_t* positions = static_cast<const int32_t*>(pos->data);
     int64_t cached_token = -1;
