@@ -13,19 +13,30 @@ void serve_usage() {
     std::printf(
         "usage: ferry serve --listen ADDR [--device NAME ...] [--token T] [--max-memory BYTES]\n"
         "                   [--max-sessions N] [--max-sessions-per-client N]\n"
-        "                   [--io-timeout SECONDS] [-t N] [--verbose]\n"
+        "                   [--io-timeout SECONDS] [--hello-timeout SECONDS]\n"
+        "                   [--max-work N] [--max-scratch BYTES] [-t N] [--verbose]\n"
         "  Hosts local devices for `--remote ADDR` clients.\n"
         "  ADDR          unix:PATH (shared memory buffers, fd passing) or tcp:HOST:PORT\n"
         "                (data inline; port 0 picks a free port). A tcp address other than\n"
         "                loopback requires a token.\n"
         "  --device      a device to serve (repeatable; default: every local device)\n"
         "  --token       token clients must present in HELLO (default: $FERRY_TOKEN)\n"
-        "  --max-memory  per-session limit on buffer bytes (default: physical memory)\n"
+        "  --max-memory  per-session limit on everything a session holds: buffers (whole\n"
+        "                pages), kernel scratch, cached graphs, events (default: physical\n"
+        "                memory)\n"
+        "  --max-scratch per-session limit on kernel scratch (default: --max-memory only)\n"
+        "  --max-work    estimated operations one graph compute may ask for; larger graphs\n"
+        "                are refused before they run (default 2^48; 0: no limit)\n"
         "  --max-sessions             sessions at once, all clients (default 64)\n"
         "  --max-sessions-per-client  sessions at once per client: per uid on unix sockets,\n"
-        "                per IP address on tcp (default 16)\n"
-        "  --io-timeout  seconds a started frame, or a reply being sent, may stall before\n"
-        "                the session is closed (default 30; 0: never). Idle clients are kept.\n"
+        "                per host on tcp: all of 127.0.0.0/8 is one client, an IPv6 client is\n"
+        "                its /64 (default 16)\n"
+        "  --io-timeout  seconds a started frame may take to arrive in full, or a reply to be\n"
+        "                taken by the client, before the session is closed (default 30;\n"
+        "                0: never). Idle clients are kept.\n"
+        "  --hello-timeout  seconds a new connection has to complete its HELLO (token\n"
+        "                checked) before it is closed; only then does it take a session\n"
+        "                slot (default 5)\n"
         "  -t, --threads CPU threads per client session (default: all cores)\n"
         "  Prints 'ferry serve: listening on ADDR' once ready.\n");
 }
@@ -44,6 +55,9 @@ int cmd_serve(int argc, char** argv) {
     std::optional<long long> max_sessions = args.integer({"--max-sessions"});
     std::optional<long long> per_client = args.integer({"--max-sessions-per-client"});
     std::optional<long long> io_timeout = args.integer({"--io-timeout"});
+    std::optional<long long> hello_timeout = args.integer({"--hello-timeout"});
+    std::optional<long long> max_work = args.integer({"--max-work"});
+    std::optional<long long> max_scratch = args.integer({"--max-scratch"});
     const bool verbose = args.flag({"--verbose", "-v"});
     if (Status st = args.finish(); !st) return fail("serve", st.message());
     if (!listen) return fail("serve", "--listen ADDR is required (unix:PATH or tcp:HOST:PORT)");
@@ -65,6 +79,15 @@ int cmd_serve(int argc, char** argv) {
     } else {
         const DeviceMemory m = cpu_device()->memory();
         opts.max_memory = m.total;
+    }
+    opts.max_work = 1ull << 48;
+    if (max_work) {
+        if (*max_work < 0) return fail("serve", "--max-work must be 0 (no limit) or positive");
+        opts.max_work = static_cast<uint64_t>(*max_work);
+    }
+    if (max_scratch) {
+        if (*max_scratch <= 0) return fail("serve", "--max-scratch must be positive");
+        opts.max_scratch = static_cast<uint64_t>(*max_scratch);
     }
     if (names.empty()) {
         for (Device* d : all_devices()) {
@@ -98,6 +121,12 @@ int cmd_serve(int argc, char** argv) {
             return fail("serve", "--io-timeout must be 0..86400 seconds");
         }
         limits.io_timeout_ms = static_cast<int>(*io_timeout * 1000);
+    }
+    if (hello_timeout) {
+        if (*hello_timeout <= 0 || *hello_timeout > 3600) {
+            return fail("serve", "--hello-timeout must be 1..3600 seconds");
+        }
+        limits.hello_timeout_ms = static_cast<int>(*hello_timeout * 1000);
     }
     server::Server srv(std::move(opts), limits);
     std::string bound;
