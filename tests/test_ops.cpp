@@ -6,7 +6,7 @@
 #include <set>
 
 #include "ferry/backend.h"
-#include "testing/op-tests.h"
+#include "ferry/op-tests.h"
 
 namespace ferry::testing {
 

@@ -7,7 +7,7 @@
 #include <sstream>
 #include <thread>
 
-#include "backends/remote/remote.h"
+#include "ferry/remote.h"
 #include "shell.h"
 #include "test_remote_util.h"
 

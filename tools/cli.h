@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/llama.h"
 #include "ferry/status.h"
 #include "ferry/types.h"
 
@@ -61,6 +62,10 @@ Expected<Device*> pick_device(const std::vector<std::string>& remotes,
                               const std::optional<std::string>& device_name);
 // --kv-type: f16 (default), f32 or bf16.
 Expected<Type> parse_kv_type(const std::optional<std::string>& s);
+
+// Loads a model: a GGUF file, or the demo model compiled into the binary when `path` is its
+// name (embedded_demo_model().name, the default of `ferry run`).
+Expected<std::unique_ptr<LlamaModel>> load_model(const std::string& path, const ModelOptions& opts);
 
 // Prints "ferry <cmd>: message" to stderr and returns 1.
 int fail(const char* cmd, const std::string& message);

@@ -12,7 +12,7 @@
 
 #include "cli.h"
 #include "ferry/backend.h"
-#include "model/llama.h"
+#include "ferry/llama.h"
 
 namespace ferry::cli {
 namespace {
@@ -128,7 +128,7 @@ int cmd_bench(int argc, char** argv) {
     so.n_batch = static_cast<int32_t>(std::max<long long>(n_prompt, 1));
     so.n_ctx = static_cast<int32_t>(std::max<long long>(n_prompt, n_gen) + 16);
 
-    Expected<std::unique_ptr<LlamaModel>> model = LlamaModel::load(*model_path, mo);
+    Expected<std::unique_ptr<LlamaModel>> model = load_model(*model_path, mo);
     if (!model) return fail("bench", model.message());
     Expected<std::unique_ptr<LlamaSession>> sess = LlamaSession::create(**model, so);
     if (!sess) return fail("bench", sess.message());

@@ -1,7 +1,7 @@
 // ferry devices: lists every device with its type and memory.
 #include <cstdio>
 
-#include "backends/remote/remote.h"
+#include "ferry/remote.h"
 #include "cli.h"
 #include "ferry/backend.h"
 

@@ -3,7 +3,7 @@
 #include <cstdio>
 
 #include "cli.h"
-#include "model/gen-model.h"
+#include "ferry/gen-model.h"
 
 namespace ferry::cli {
 namespace {

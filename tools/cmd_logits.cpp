@@ -5,10 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "backends/remote/remote.h"
+#include "ferry/remote.h"
 #include "cli.h"
 #include "ferry/backend.h"
-#include "model/llama.h"
+#include "ferry/llama.h"
 
 namespace ferry::cli {
 namespace {
@@ -87,7 +87,7 @@ int cmd_logits(int argc, char** argv) {
     ModelOptions mo;
     if (*dev) mo.devices.push_back(*dev);
     mo.mmap = use_mmap;
-    Expected<std::unique_ptr<LlamaModel>> model = LlamaModel::load(*model_path, mo);
+    Expected<std::unique_ptr<LlamaModel>> model = load_model(*model_path, mo);
     if (!model) return fail("logits", model.message());
     const int32_t n_vocab = (*model)->hparams().n_vocab;
     for (size_t i = 0; i < tokens->size(); i++) {

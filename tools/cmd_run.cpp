@@ -9,9 +9,9 @@
 
 #include "cli.h"
 #include "ferry/backend.h"
-#include "model/embedded-model.h"
-#include "model/llama.h"
-#include "model/sampler.h"
+#include "embedded-model.h"
+#include "ferry/llama.h"
+#include "ferry/sampler.h"
 
 namespace ferry::cli {
 
@@ -97,7 +97,7 @@ int cmd_run(int argc, char** argv) {
     if (*dev) mo.devices.push_back(*dev);
     mo.mmap = use_mmap;
     if (isatty(STDERR_FILENO)) mo.progress = show_progress;
-    Expected<std::unique_ptr<LlamaModel>> model = LlamaModel::load(path, mo);
+    Expected<std::unique_ptr<LlamaModel>> model = load_model(path, mo);
     if (!model) return fail("run", model.message());
     SessionOptions so;
     so.kv_type = *kv_type;

@@ -4,10 +4,10 @@
 #include <string>
 #include <vector>
 
-#include "backends/remote/remote.h"
+#include "ferry/remote.h"
 #include "cli.h"
 #include "ferry/backend.h"
-#include "testing/op-tests.h"
+#include "ferry/op-tests.h"
 
 namespace ferry::cli {
 namespace {

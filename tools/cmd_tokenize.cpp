@@ -4,7 +4,7 @@
 
 #include "cli.h"
 #include "ferry/gguf.h"
-#include "model/vocab.h"
+#include "ferry/vocab.h"
 
 namespace ferry::cli {
 namespace {

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "cli.h"
+#include "ferry/backends.h"
 
 namespace {
 
@@ -16,6 +17,7 @@ void usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
+    ferry::init_backends();
     if (argc < 2 || std::strcmp(argv[1], "help") == 0 || std::strcmp(argv[1], "--help") == 0 ||
         std::strcmp(argv[1], "-h") == 0) {
         usage();

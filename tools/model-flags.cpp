@@ -1,7 +1,9 @@
 // Flags shared by the commands that load a model: --remote, --device, --kv-type.
-#include "backends/remote/remote.h"
 #include "cli.h"
+#include "embedded-model.h"
 #include "ferry/backend.h"
+#include "ferry/gguf.h"
+#include "ferry/remote.h"
 
 namespace ferry::cli {
 
@@ -30,6 +32,15 @@ Expected<Type> parse_kv_type(const std::optional<std::string>& s) {
         return Status::errorf("--kv-type: '%s' is not one of f16, f32, bf16", s->c_str());
     }
     return t;
+}
+
+Expected<std::unique_ptr<LlamaModel>> load_model(const std::string& path,
+                                                 const ModelOptions& opts) {
+    const EmbeddedModel demo = embedded_demo_model();
+    if (path != demo.name) return LlamaModel::load(path, opts);
+    Expected<std::unique_ptr<GgufFile>> f = GgufFile::from_memory(demo.data, demo.size, demo.name);
+    if (!f) return f.status();
+    return LlamaModel::load(std::move(*f), opts);
 }
 
 }  // namespace ferry::cli

@@ -1,5 +1,6 @@
 #include "ferry/backend.h"
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 
@@ -39,23 +40,13 @@ std::vector<std::unique_ptr<Registry>>& regs() {
 
 }  // namespace
 
-std::unique_ptr<Registry> make_cpu_registry();  // src/backends/cpu/cpu-backend.cpp
-
-namespace {
-void ensure_cpu_locked() {
-    if (regs().empty()) regs().push_back(make_cpu_registry());
-}
-}  // namespace
-
 void register_registry(std::unique_ptr<Registry> reg) {
     std::lock_guard<std::mutex> lock(g_reg_mutex);
-    ensure_cpu_locked();
     regs().push_back(std::move(reg));
 }
 
 std::vector<Registry*> registries() {
     std::lock_guard<std::mutex> lock(g_reg_mutex);
-    ensure_cpu_locked();
     std::vector<Registry*> out;
     for (auto& r : regs()) out.push_back(r.get());
     return out;
@@ -77,9 +68,16 @@ Device* find_device(const std::string& name) {
 }
 
 Device* cpu_device() {
-    // The CPU registry is created first and never removed.
-    static Device* const cpu = registries()[0]->devices()[0];
-    return cpu;
+    // Registries are only ever added, so the first CPU device found stays the answer.
+    static std::atomic<Device*> cpu{nullptr};
+    if (Device* d = cpu.load(std::memory_order_acquire)) return d;
+    for (Device* d : all_devices()) {
+        if (d->type() == DeviceType::CPU) {
+            cpu.store(d, std::memory_order_release);
+            return d;
+        }
+    }
+    return nullptr;
 }
 
 Status tensor_set(Tensor* t, const void* src, size_t size) {

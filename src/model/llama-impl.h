@@ -9,8 +9,8 @@
 #include "ferry/backend.h"
 #include "ferry/gguf.h"
 #include "ferry/tensor.h"
-#include "model/llama.h"
-#include "model/vocab.h"
+#include "ferry/llama.h"
+#include "ferry/vocab.h"
 
 namespace ferry {
 

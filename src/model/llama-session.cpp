@@ -3,10 +3,10 @@
 #include <cmath>
 #include <cstring>
 
-#include "backends/cpu/cpu-backend.h"
+#include "ferry/allocator.h"
 #include "ferry/scheduler.h"
 #include "model/llama-impl.h"
-#include "model/llama.h"
+#include "ferry/llama.h"
 
 namespace ferry {
 
@@ -54,7 +54,6 @@ struct LlamaSession::Impl {
     std::vector<int32_t> pos_host;
 
     Status build(int32_t n_tokens, int32_t n_kv, int32_t n_out);
-    Status set_input(Tensor* t, const void* src, size_t size);
     Status run_chunk(const int32_t* tokens, int32_t n_tokens, bool all_logits, float* out_rows);
 };
 
@@ -73,17 +72,24 @@ Status LlamaSession::Impl::build(int32_t n_tokens, int32_t n_kv, int32_t n_out) 
     g.ctx = std::make_unique<Context>();
     Context& c = *g.ctx;
 
+    // The token count and the attended KV length change from step to step while the graph's
+    // structure stays: they are marked dynamic, so a compiling backend serves every step
+    // with one compilation (graph_signature).
     g.ids = c.new_tensor(Type::I32, {nt});  // [n_tokens]
     g.ids->set_name("inp_tokens");
     g.ids->flags |= kTensorInput;
+    c.mark_dynamic(g.ids, 0, kDimTokens);
     g.pos = c.new_tensor(Type::I32, {nt});  // [n_tokens]
     g.pos->set_name("inp_pos");
     g.pos->flags |= kTensorInput;
+    c.mark_dynamic(g.pos, 0, kDimTokens);
     g.mask = nullptr;
     if (need_mask) {
         g.mask = c.new_tensor(Type::F16, {n_kv, nt});  // [n_kv, n_tokens]
         g.mask->set_name("inp_mask");
         g.mask->flags |= kTensorInput;
+        c.mark_dynamic(g.mask, 0, kDimKv);
+        c.mark_dynamic(g.mask, 1, kDimTokens);
     }
 
     Tensor* x = c.get_rows(m->tok_embd, g.ids);  // [n_embd, n_tokens]
@@ -112,6 +118,8 @@ Status LlamaSession::Impl::build(int32_t n_tokens, int32_t n_kv, int32_t n_out) 
         Tensor* kv_k = c.view_3d(k_st, hd, n_kv, n_head_kv, kc->nb[1], head_bytes, 0);
         // [hd, n_kv, n_head_kv]
         Tensor* kv_v = c.view_3d(v_st, hd, n_kv, n_head_kv, vc->nb[1], head_bytes, 0);
+        c.mark_dynamic(kv_k, 1, kDimKv);
+        c.mark_dynamic(kv_v, 1, kDimKv);
         // In the last layer only the last n_out tokens feed the logits: their queries alone
         // attend, and the other rows are dropped before the FFN. n_out == n_tokens elsewhere.
         const int64_t n_q = last ? n_out : nt;
@@ -151,13 +159,6 @@ Status LlamaSession::Impl::build(int32_t n_tokens, int32_t n_kv, int32_t n_out) 
     return Status::ok();
 }
 
-// Writes an input through the stream of the backend that reads it, so that remote backends
-// pipeline the writes with the compute that follows (compute waits for every backend).
-Status LlamaSession::Impl::set_input(Tensor* t, const void* src, size_t size) {
-    if (Backend* be = sched->backend_of(t)) return be->set_tensor_async(t, src, 0, size);
-    return tensor_set(t, src, size);
-}
-
 Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bool all_logits,
                                      float* out_rows) {
     const int32_t n_end = n_past + n_tokens;
@@ -173,8 +174,8 @@ Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bo
     }
     pos_host.resize(static_cast<size_t>(n_tokens));
     for (int32_t i = 0; i < n_tokens; i++) pos_host[static_cast<size_t>(i)] = n_past + i;
-    FERRY_TRY(set_input(g.ids, tokens, sizeof(int32_t) * static_cast<size_t>(n_tokens)));
-    FERRY_TRY(set_input(g.pos, pos_host.data(), sizeof(int32_t) * pos_host.size()));
+    FERRY_TRY(sched->set_tensor(g.ids, tokens, sizeof(int32_t) * static_cast<size_t>(n_tokens)));
+    FERRY_TRY(sched->set_tensor(g.pos, pos_host.data(), sizeof(int32_t) * pos_host.size()));
     if (g.mask) {
         mask_host.resize(static_cast<size_t>(n_kv) * static_cast<size_t>(n_tokens));
         for (int32_t i = 0; i < n_tokens; i++) {
@@ -183,7 +184,7 @@ Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bo
             std::fill(row, row + visible, fp16_t{0});
             std::fill(row + visible, row + n_kv, kF16NegInf);
         }
-        FERRY_TRY(set_input(g.mask, mask_host.data(), sizeof(fp16_t) * mask_host.size()));
+        FERRY_TRY(sched->set_tensor(g.mask, mask_host.data(), sizeof(fp16_t) * mask_host.size()));
     }
     Status st = sched->compute(g.graph);
     if (!st) {
@@ -191,7 +192,8 @@ Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bo
         return st;
     }
     const size_t n_vocab = static_cast<size_t>(m->hp.n_vocab);
-    return tensor_get(g.out, out_rows, sizeof(float) * n_vocab * static_cast<size_t>(n_out));
+    // Read through the backend that wrote the logits: it waits for that device's work.
+    return sched->get_tensor(g.out, out_rows, sizeof(float) * n_vocab * static_cast<size_t>(n_out));
 }
 
 Expected<std::unique_ptr<LlamaSession>> LlamaSession::create(LlamaModel& model,
@@ -240,10 +242,16 @@ Expected<std::unique_ptr<LlamaSession>> LlamaSession::create(LlamaModel& model,
     // Padded attention reads positions nobody wrote yet (masked): they must hold finite values.
     FERRY_TRY(d.kv_buf->clear(0));
 
-    d.cpu_backend = cpu::make_cpu_backend(opts.n_threads);
+    BackendOptions bo;
+    bo.n_threads = opts.n_threads;
+    Device* cpu = cpu_device();
+    if (!cpu) return Status::error("session: no CPU device (ferry::init_backends was not called)");
+    Expected<std::unique_ptr<Backend>> cb = cpu->make_backend(bo);
+    if (!cb) return cb.status().context("session: CPU backend");
+    d.cpu_backend = std::move(*cb);
     std::vector<Backend*> backends;
     if (dev->type() != DeviceType::CPU) {
-        Expected<std::unique_ptr<Backend>> b = dev->make_backend();
+        Expected<std::unique_ptr<Backend>> b = dev->make_backend(bo);
         if (!b) return b.status().context(strfmt("session: backend for %s", dev->name()));
         d.dev_backend = std::move(*b);
         d.dev_backend->set_n_threads(opts.n_threads);

@@ -1,12 +1,12 @@
 // The llama architecture: hyperparameters, weight checks and placement.
-#include "model/llama.h"
+#include "ferry/llama.h"
 
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <map>
 
-#include "model/embedded-model.h"
+#include "ferry/allocator.h"
 #include "model/llama-impl.h"
 
 namespace ferry {
@@ -328,15 +328,17 @@ class Loader {
     const GgufFile& f_;
     std::vector<const GgufTensorInfo*> infos_;
     std::vector<Tensor*> tensors_;
+
+  public:
+    std::span<Tensor* const> tensors() const { return tensors_; }
 };
 
 Status load_into(LlamaModel::Impl& m, const ModelOptions& opts) {
-    const EmbeddedModel demo = embedded_demo_model();
-    Expected<std::unique_ptr<GgufFile>> f =
-        m.path == demo.name ? GgufFile::from_memory(demo.data, demo.size, demo.name)
-                            : GgufFile::open(m.path);
-    if (!f) return f.status();
-    m.gguf = std::move(*f);
+    if (!m.gguf) {
+        Expected<std::unique_ptr<GgufFile>> f = GgufFile::open(m.path);
+        if (!f) return f.status();
+        m.gguf = std::move(*f);
+    }
     const GgufFile& g = *m.gguf;
     Expected<std::string> arch = g.get_string("general.architecture");
     if (!arch) return arch.status();
@@ -360,12 +362,31 @@ Status load_into(LlamaModel::Impl& m, const ModelOptions& opts) {
     m.device = opts.devices.empty() ? cpu_device() : opts.devices[0];
     if (!m.device) return Status::error("no device to place the weights on");
     if (m.device->type() == DeviceType::CPU && (opts.mmap || !g.is_mapped())) {
-        return loader.place_mapped(m.device, opts.progress);
+        FERRY_TRY(loader.place_mapped(m.device, opts.progress));
+    } else {
+        FERRY_TRY(loader.place_uploaded(m.device, opts.progress));
     }
-    return loader.place_uploaded(m.device, opts.progress);
+    // Every weight is in: the device may convert or repack them once.
+    return m.device->prepare_weights(loader.tensors())
+        .context(strfmt("preparing weights on %s", m.device->name()));
 }
 
 }  // namespace
+
+Expected<std::unique_ptr<LlamaModel>> LlamaModel::load(std::unique_ptr<GgufFile> file,
+                                                       const ModelOptions& opts) {
+    std::unique_ptr<LlamaModel> model(new LlamaModel());
+    model->impl_ = std::make_unique<Impl>();
+    model->impl_->path = file->path();
+    model->impl_->gguf = std::move(file);
+    const std::string& path = model->impl_->path;
+    Status st = load_into(*model->impl_, opts);
+    if (!st) {
+        if (st.message().find(path) != std::string::npos) return st;
+        return st.context("loading " + path);
+    }
+    return model;
+}
 
 Expected<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string& path,
                                                        const ModelOptions& opts) {

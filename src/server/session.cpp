@@ -8,9 +8,9 @@
 #include <cerrno>
 #include <cstring>
 
-#include "backends/remote/protocol.h"
-#include "backends/remote/wire.h"
 #include "ferry/checked.h"
+#include "remote-proto/protocol.h"
+#include "remote-proto/wire.h"
 
 namespace ferry::server {
 

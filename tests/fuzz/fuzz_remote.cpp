@@ -21,9 +21,10 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "backends/remote/protocol.h"
-#include "backends/remote/wire.h"
+#include "remote-proto/protocol.h"
+#include "remote-proto/wire.h"
 #include "ferry/backend.h"
+#include "ferry/backends.h"
 #include "server/session.h"
 
 using namespace ferry;
@@ -82,6 +83,7 @@ bool compact_graph(wire::Reader& r, wire::Writer* out) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     static server::ServerOptions opts = [] {
         server::ServerOptions o;
+        init_backends();
         o.devices = {cpu_device()};
         o.max_memory = 16u << 20;
         o.max_work = 1u << 24;  // refuses what would run for long (the server's own defence)

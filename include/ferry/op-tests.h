@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/allocator.h"
 #include "ferry/backend.h"
 #include "ferry/tensor.h"
 

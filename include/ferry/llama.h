@@ -11,7 +11,7 @@
 #include "ferry/backend.h"
 #include "ferry/gguf.h"
 #include "ferry/status.h"
-#include "model/vocab.h"
+#include "ferry/vocab.h"
 
 namespace ferry {
 
@@ -46,9 +46,11 @@ struct ModelOptions {
 
 class LlamaModel {
   public:
-    // Loads a GGUF file; the path embedded_demo_model().name ("embedded:...") loads the demo
-    // model compiled into the binary.
+    // Loads a GGUF file.
     static Expected<std::unique_ptr<LlamaModel>> load(const std::string& path,
+                                                      const ModelOptions& opts);
+    // Loads an opened GGUF (e.g. one in memory: GgufFile::from_memory); path() is its name.
+    static Expected<std::unique_ptr<LlamaModel>> load(std::unique_ptr<GgufFile> file,
                                                       const ModelOptions& opts);
     ~LlamaModel();
 
