@@ -1176,7 +1176,7 @@ TEST_P(Hardening, ConnectionsMustAuthenticateQuicklyAndFramesHaveDeadlines) {
 }
 
 // Per-client limits cannot be sidestepped by another loopback source address (tcp).
-TEST(HardeningTcp, AllOfLoopbackIsOneClient) {
+TEST(HostileTcp, AllOfLoopbackIsOneClient) {
     ServerProcess srv;
     std::string err;
     ASSERT_TRUE(srv.start("tcp:127.0.0.1:0", {"--max-sessions-per-client", "2"}, &err)) << err;
