@@ -18,8 +18,8 @@
 #include "ferry/allocator.h"
 #include "ferry/backend.h"
 #include "ferry/graph.h"
-#include "ferry/scheduler.h"
 #include "ferry/llama.h"
+#include "ferry/scheduler.h"
 
 namespace ferry {
 namespace {
@@ -203,14 +203,12 @@ std::string fixture(const char* enc) {
 }
 
 // Logits of every position of `tokens` on a model whose weights live on `dev` (nullptr: CPU).
-std::vector<float> run_logits(const std::string& path, Device* dev,
-                              const std::vector<int32_t>& tokens, Device** used = nullptr) {
-    ModelOptions mo;
-    if (dev) mo.devices.push_back(dev);
+std::vector<float> run_logits(const std::string& path, const ModelOptions& mo,
+                              const std::vector<int32_t>& tokens,
+                              std::unique_ptr<LlamaModel>* keep = nullptr) {
     Expected<std::unique_ptr<LlamaModel>> m = LlamaModel::load(path, mo);
     EXPECT_TRUE(m) << m.message();
     if (!m) return {};
-    if (used) *used = (*m)->device();
     SessionOptions so;
     so.n_ctx = 64;
     so.n_threads = 2;
@@ -235,6 +233,18 @@ std::vector<float> run_logits(const std::string& path, Device* dev,
         const float* l = (*s)->logits(0);
         out.insert(out.end(), l, l + n_vocab);
     }
+    s->reset();  // the session goes before the model it reads
+    if (keep) *keep = std::move(*m);
+    return out;
+}
+
+std::vector<float> run_logits(const std::string& path, Device* dev,
+                              const std::vector<int32_t>& tokens, Device** used = nullptr) {
+    ModelOptions mo;
+    if (dev) mo.devices.push_back(dev);
+    std::unique_ptr<LlamaModel> m;
+    std::vector<float> out = run_logits(path, mo, tokens, &m);
+    if (used && m) *used = m->device();
     return out;
 }
 
@@ -262,6 +272,41 @@ TEST(Scheduler, AsyncDeviceSplitWithTheCpuCopiesBothWaysAndGivesTheCpuLogits) {
     const std::vector<float> got = run_logits(fixture("q4_0"), &far, kTokens);
     ASSERT_EQ(got.size(), cpu.size());
     for (size_t i = 0; i < got.size(); i++) ASSERT_EQ(got[i], cpu[i]) << i;
+}
+
+TEST(Scheduler, LayersPlacedOnTwoDevicesAndTheCpuGiveTheCpuLogits) {
+    const std::vector<float> cpu = run_logits(fixture("q8_0"), nullptr, kTokens);
+    ASSERT_FALSE(cpu.empty());
+    FarDevice a, b;
+    ModelOptions mo;
+    mo.devices = {&a, &b};
+    {
+        Expected<std::unique_ptr<LlamaModel>> m = LlamaModel::load(fixture("q8_0"), ModelOptions{});
+        ASSERT_TRUE(m);
+        mo.n_gpu_layers = (*m)->hparams().n_layer - 1;  // layer 0 stays on the CPU
+    }
+    mo.tensor_split = {1.0f, 2.0f};
+    std::unique_ptr<LlamaModel> m;
+    const std::vector<float> got = run_logits(fixture("q8_0"), mo, kTokens, &m);
+    ASSERT_TRUE(m);
+    const int32_t n_layer = m->hparams().n_layer;
+    ASSERT_GE(n_layer, 3);
+    EXPECT_EQ(m->layer_device(0), cpu_device());
+    EXPECT_EQ(m->layer_device(1), &a);
+    EXPECT_EQ(m->layer_device(n_layer - 1), &b);
+    EXPECT_EQ(m->device(), &b);
+    int on_a = 0, on_b = 0;
+    for (int32_t il = 1; il < n_layer; il++) (m->layer_device(il) == &a ? on_a : on_b)++;
+    EXPECT_LT(on_a, on_b);  // a third and two thirds
+    ASSERT_EQ(got.size(), cpu.size());
+    for (size_t i = 0; i < got.size(); i++) ASSERT_EQ(got[i], cpu[i]) << i;
+
+    // Bad splits are named.
+    mo.tensor_split = {1.0f};
+    Expected<std::unique_ptr<LlamaModel>> bad = LlamaModel::load(fixture("q8_0"), mo);
+    ASSERT_FALSE(bad);
+    EXPECT_EQ(bad.status().code(), ErrorCode::InvalidArgument);
+    EXPECT_NE(bad.message().find("1 shares for 2 devices"), std::string::npos) << bad.message();
 }
 
 // A small graph on FAR + CPU: x -> rms_norm (CPU) -> mul_mat with W (FAR) -> add (FAR).

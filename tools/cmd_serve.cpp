@@ -9,46 +9,56 @@
 namespace ferry::cli {
 namespace {
 
-void serve_usage() {
-    std::printf(
-        "usage: ferry serve --listen ADDR [--device NAME ...] [--token T] [--max-memory BYTES]\n"
-        "                   [--max-sessions N] [--max-sessions-per-client N]\n"
-        "                   [--io-timeout SECONDS] [--hello-timeout SECONDS]\n"
-        "                   [--max-work N] [--max-scratch BYTES] [-t N] [--verbose]\n"
-        "  Hosts local devices for `--remote ADDR` clients.\n"
-        "  ADDR          unix:PATH (shared memory buffers, fd passing) or tcp:HOST:PORT\n"
-        "                (data inline; port 0 picks a free port). A tcp address other than\n"
-        "                loopback requires a token.\n"
-        "  --device      a device to serve (repeatable; default: every local device)\n"
-        "  --token       token clients must present in HELLO (default: $FERRY_TOKEN)\n"
-        "  --max-memory  per-session limit on everything a session holds: buffers (whole\n"
-        "                pages), kernel scratch, cached graphs, events (default: physical\n"
-        "                memory)\n"
-        "  --max-scratch per-session limit on kernel scratch (default: --max-memory only)\n"
-        "  --max-work    estimated operations one graph compute may ask for; larger graphs\n"
-        "                are refused before they run (default 2^48; 0: no limit)\n"
-        "  --max-sessions             sessions at once, all clients (default 64)\n"
-        "  --max-sessions-per-client  sessions at once per client: per uid on unix sockets,\n"
-        "                per host on tcp: all of 127.0.0.0/8 is one client, an IPv6 client is\n"
-        "                its /64 (default 16)\n"
-        "  --io-timeout  seconds a started frame may take to arrive in full, or a reply to be\n"
-        "                taken by the client, before the session is closed (default 30;\n"
-        "                0: never). Idle clients are kept.\n"
-        "  --hello-timeout  seconds a new connection has to complete its HELLO (token\n"
-        "                checked) before it is closed; only then does it take a session\n"
-        "                slot (default 5)\n"
-        "  -t, --threads CPU threads per client session (default: all cores)\n"
-        "  Prints 'ferry serve: listening on ADDR' once ready.\n");
-}
-
 int cmd_serve(int argc, char** argv) {
-    Args args(argc, argv);
-    if (args.flag({"-h", "--help"})) {
-        serve_usage();
+    Args args("serve",
+              "usage: ferry serve --listen ADDR [options]\n"
+              "  Hosts local devices for `--remote ADDR` clients. Prints\n"
+              "  'ferry serve: listening on ADDR' once ready.\n",
+              {
+                  {{"-l", "--listen"},
+                   "ADDR",
+                   "unix:PATH (shared memory buffers, fd passing) or tcp:HOST:PORT\n"
+                   "(data inline; port 0 picks a free port). A tcp address other than\n"
+                   "loopback requires a token."},
+                  {{"-d", "--device"},
+                   "NAME",
+                   "a device to serve (repeatable; default: every local device)"},
+                  {{"--token"}, "T", "token clients must present in HELLO (default: $FERRY_TOKEN)"},
+                  {{"--max-memory"},
+                   "BYTES",
+                   "per-session limit on everything a session holds: buffers (whole\n"
+                   "pages), kernel scratch, cached graphs, events (default: physical memory)"},
+                  {{"--max-scratch"},
+                   "BYTES",
+                   "per-session limit on kernel scratch (default: --max-memory only)"},
+                  {{"--max-work"},
+                   "N",
+                   "estimated operations one graph compute may ask for; larger graphs are\n"
+                   "refused before they run (default 2^48; 0: no limit)"},
+                  {{"--max-sessions"}, "N", "sessions at once, all clients (default 64)"},
+                  {{"--max-sessions-per-client"},
+                   "N",
+                   "sessions at once per client: per uid on unix sockets, per host on\n"
+                   "tcp: all of 127.0.0.0/8 is one client, IPv6 by /64 (default 16)"},
+                  {{"--io-timeout"},
+                   "SECONDS",
+                   "seconds a started frame may take to arrive in full, or a reply to be\n"
+                   "taken by the client, before the session is closed (default 30;\n"
+                   "0: never). Idle clients are kept."},
+                  {{"--hello-timeout"},
+                   "SECONDS",
+                   "seconds a new connection has to complete its HELLO (token checked);\n"
+                   "only then does it take a session slot (default 5)"},
+                  {{"-t", "--threads"}, "N", "CPU threads per client session (default: all cores)"},
+                  {{"-v", "--verbose"}, nullptr, "log sessions and requests to stderr"},
+              },
+              argc, argv);
+    if (args.help()) {
+        args.print_help();
         return 0;
     }
-    std::optional<std::string> listen = args.value({"--listen", "-l"});
-    std::vector<std::string> names = args.values({"--device", "-d"});
+    std::optional<std::string> listen = args.value({"-l", "--listen"});
+    std::vector<std::string> names = args.values({"-d", "--device"});
     std::optional<std::string> token = args.value({"--token"});
     std::optional<long long> max_mem = args.integer({"--max-memory"});
     std::optional<long long> threads = args.integer({"-t", "--threads"});
@@ -58,7 +68,7 @@ int cmd_serve(int argc, char** argv) {
     std::optional<long long> hello_timeout = args.integer({"--hello-timeout"});
     std::optional<long long> max_work = args.integer({"--max-work"});
     std::optional<long long> max_scratch = args.integer({"--max-scratch"});
-    const bool verbose = args.flag({"--verbose", "-v"});
+    const bool verbose = args.flag({"-v", "--verbose"});
     if (Status st = args.finish(); !st) return fail("serve", st.message());
     if (!listen) return fail("serve", "--listen ADDR is required (unix:PATH or tcp:HOST:PORT)");
 

@@ -2,11 +2,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "ferry/allocator.h"
+#include "ferry/llama.h"
 #include "ferry/scheduler.h"
 #include "model/llama-impl.h"
-#include "ferry/llama.h"
 
 namespace ferry {
 
@@ -27,11 +28,11 @@ struct LlamaSession::Impl {
 
     // KV cache: per layer, K and V rows [head_dim * n_head_kv] for every position.
     Context kv_ctx;
-    std::vector<Tensor*> k_cache;  // [head_dim * n_head_kv, n_ctx] per layer
-    std::vector<Tensor*> v_cache;  // [head_dim * n_head_kv, n_ctx] per layer
-    std::unique_ptr<Buffer> kv_buf;
+    std::vector<Tensor*> k_cache;                  // [head_dim * n_head_kv, n_ctx] per layer
+    std::vector<Tensor*> v_cache;                  // [head_dim * n_head_kv, n_ctx] per layer
+    std::vector<std::unique_ptr<Buffer>> kv_bufs;  // one per device holding layers
 
-    std::unique_ptr<Backend> dev_backend;  // the weights' device, when not the CPU
+    std::vector<std::unique_ptr<Backend>> dev_backends;  // devices other than the CPU
     std::unique_ptr<Backend> cpu_backend;
     std::unique_ptr<Scheduler> sched;
 
@@ -224,24 +225,44 @@ Expected<std::unique_ptr<LlamaSession>> LlamaSession::create(LlamaModel& model,
             (kv == 0 ? d.k_cache : d.v_cache).push_back(c);
         }
     }
-    Device* dev = m->device;
-    size_t kv_total = 0;
-    for (size_t i = 0; i < d.k_cache.size(); i++) {
-        kv_total += d.k_cache[i]->nbytes() + d.v_cache[i]->nbytes();
+    // Each layer's cache lives with its weights: one buffer per device.
+    std::vector<Device*> kv_devices;
+    std::map<Device*, std::vector<Tensor*>> kv_of;
+    for (int32_t il = 0; il < hp.n_layer; il++) {
+        Device* dev = m->layer_device[static_cast<size_t>(il)];
+        if (!kv_of.count(dev)) kv_devices.push_back(dev);
+        kv_of[dev].push_back(d.k_cache[static_cast<size_t>(il)]);
+        kv_of[dev].push_back(d.v_cache[static_cast<size_t>(il)]);
     }
-    const DeviceMemory mem = dev->memory();
-    if (mem.total > 0 && kv_total > mem.total) {
-        return Status::errorf(
-            "session: KV cache of %d positions needs %.1f MiB, more than the "
-            "%.1f MiB of %s",
-            d.n_ctx, kv_total / 1048576.0, mem.total / 1048576.0, dev->name());
+    for (Device* dev : kv_devices) {
+        BufferType* bt = dev->buffer_type();
+        size_t total = 0;
+        for (const Tensor* t : kv_of[dev])
+            total = align_tensor_offset(total, bt) + bt->alloc_size(t);
+        const DeviceMemory mem = dev->memory();
+        if (mem.total > 0 && total > mem.total) {
+            return Status::errorf(ErrorCode::OutOfMemory,
+                                  "session: KV cache of %d positions needs %.1f MiB on %s, more "
+                                  "than its %.1f MiB",
+                                  d.n_ctx, static_cast<double>(total) / 1048576.0, dev->name(),
+                                  static_cast<double>(mem.total) / 1048576.0);
+        }
+        Expected<std::unique_ptr<Buffer>> kv = bt->allocate_for(total, BufferUsage::Any);
+        if (!kv) return kv.status().context(strfmt("session: KV cache on %s", dev->name()));
+        size_t off = 0;
+        for (Tensor* t : kv_of[dev]) {
+            off = align_tensor_offset(off, bt);
+            FERRY_TRY(place_tensor(t, kv->get(), off));
+            off += bt->alloc_size(t);
+        }
+        // Padded attention reads positions nobody wrote yet (masked): they must hold finite
+        // values.
+        FERRY_TRY((*kv)->clear(0));
+        d.kv_bufs.push_back(std::move(*kv));
     }
-    Expected<std::unique_ptr<Buffer>> kv = allocate_context_tensors(d.kv_ctx, dev->buffer_type());
-    if (!kv) return kv.status().context(strfmt("session: KV cache on %s", dev->name()));
-    d.kv_buf = std::move(*kv);
-    // Padded attention reads positions nobody wrote yet (masked): they must hold finite values.
-    FERRY_TRY(d.kv_buf->clear(0));
 
+    // A stream per device that holds weights (in the order of preference the model was given),
+    // the CPU last: the scheduler runs each layer where its weights are.
     BackendOptions bo;
     bo.n_threads = opts.n_threads;
     Device* cpu = cpu_device();
@@ -250,19 +271,29 @@ Expected<std::unique_ptr<LlamaSession>> LlamaSession::create(LlamaModel& model,
     if (!cb) return cb.status().context("session: CPU backend");
     d.cpu_backend = std::move(*cb);
     std::vector<Backend*> backends;
-    if (dev->type() != DeviceType::CPU) {
+    std::vector<Device*> used = m->layer_device;
+    used.push_back(m->input_device);
+    used.push_back(m->device);
+    for (Device* dev : used) {
+        if (dev->type() == DeviceType::CPU) continue;
+        bool have = false;
+        for (const auto& b : d.dev_backends) have |= b->device() == dev;
+        if (have) continue;
         Expected<std::unique_ptr<Backend>> b = dev->make_backend(bo);
         if (!b) return b.status().context(strfmt("session: backend for %s", dev->name()));
-        d.dev_backend = std::move(*b);
-        d.dev_backend->set_n_threads(opts.n_threads);
-        backends.push_back(d.dev_backend.get());
+        (*b)->set_n_threads(opts.n_threads);
+        backends.push_back(b->get());
+        d.dev_backends.push_back(std::move(*b));
     }
     backends.push_back(d.cpu_backend.get());
     d.sched = std::make_unique<Scheduler>(std::move(backends));
     return s;
 }
 
-LlamaSession::~LlamaSession() = default;
+LlamaSession::~LlamaSession() {
+    // Work still in flight on an asynchronous device reads the graph freed below.
+    if (impl_ && impl_->sched) (void)impl_->sched->synchronize();
+}
 
 Status LlamaSession::decode(std::span<const int32_t> tokens, bool all_logits) {
     Impl& d = *impl_;
@@ -324,7 +355,9 @@ void LlamaSession::reset() {
 }
 
 size_t LlamaSession::kv_bytes() const {
-    return impl_->kv_buf ? impl_->kv_buf->size() : 0;
+    size_t n = 0;
+    for (const auto& b : impl_->kv_bufs) n += b->size();
+    return n;
 }
 
 }  // namespace ferry

@@ -874,6 +874,7 @@ OpTestResult run_op_test(const OpTestCase& c, Backend* backend) {
     set_contiguous_strides(&shape);
     Expected<std::vector<double>> got = decode_tensor(&shape, got_bytes.data(), got_bytes.size());
     if (!got) return fail(got.message());
+    r.output = got_bytes;
 
     if (Status st = ref.run(g); !st) return fail(st.message());
     Expected<std::vector<double>> want = ref.values(read);
