@@ -19,11 +19,11 @@
 #include <string>
 #include <vector>
 
-#include "ferry/remote.h"
 #include "ferry/allocator.h"
 #include "ferry/backend.h"
 #include "ferry/backends.h"
 #include "ferry/graph.h"
+#include "ferry/remote.h"
 
 using namespace ferry;
 using Clock = std::chrono::steady_clock;
@@ -150,7 +150,10 @@ int run(int argc, char** argv) {
     if (!mkdtemp(dir)) return 2;
     Child us = spawn_server(ferry, std::string("unix:") + dir + "/s", threads);
     Child tc = spawn_server(ferry, "tcp:127.0.0.1:0", threads);
-    if (us.addr.empty() || tc.addr.empty()) {
+    // An ivshmem window, used from this host process as a guest would (the same rings).
+    Child iv =
+        spawn_server(ferry, std::string("ivshmem:/dev/shm/") + (dir + 5) + "-w,size=64M", threads);
+    if (us.addr.empty() || tc.addr.empty() || iv.addr.empty()) {
         std::fprintf(stderr, "bench_remote: could not start %s serve\n", ferry.c_str());
         return 1;
     }
@@ -166,7 +169,7 @@ int run(int argc, char** argv) {
         std::printf("| local CPU (no remoting) | - | - | - | - | %.1f |\n", local ? *local : -1.0);
     }
     int rc = 0;
-    for (const Child* c : {&us, &tc}) {
+    for (const Child* c : {&us, &tc, &iv}) {
         Expected<std::unique_ptr<Registry>> reg = remote_open(c->addr);
         if (!reg) {
             std::fprintf(stderr, "%s\n", reg.message().c_str());
@@ -207,15 +210,18 @@ int run(int argc, char** argv) {
         }
         Expected<double> step = step_median_us(dev, be->get(), steps);
         std::printf("| %s | %.1f | %.1f | %.2f | %.2f | %.1f |\n",
-                    c->addr.rfind("unix:", 0) == 0 ? "unix (shared memory)" : "tcp loopback",
+                    c->addr.rfind("unix:", 0) == 0      ? "unix (shared memory)"
+                    : c->addr.rfind("ivshmem:", 0) == 0 ? "ivshmem window (host process)"
+                                                        : "tcp loopback",
                     percentile(rtt, 0.5), percentile(rtt, 0.99),
                     static_cast<double>(n) / (set_best * 1e3),
                     static_cast<double>(n) / (get_best * 1e3), step ? *step : -1.0);
     }
-    kill(us.pid, SIGTERM);
-    kill(tc.pid, SIGTERM);
-    waitpid(us.pid, nullptr, 0);
-    waitpid(tc.pid, nullptr, 0);
+    for (const Child* c : {&us, &tc, &iv}) {
+        kill(c->pid, SIGTERM);
+        waitpid(c->pid, nullptr, 0);
+    }
+    unlink(iv.addr.substr(8).c_str());
     return rc;
 }
 

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "json.h"
+#include "core/json.h"
 #include "ferry/gguf.h"
 #include "ferry/types.h"
 

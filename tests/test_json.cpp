@@ -7,7 +7,7 @@
 #include <limits>
 #include <string>
 
-#include "json.h"
+#include "core/json.h"
 
 using ferry::json::dump;
 using ferry::json::Kind;

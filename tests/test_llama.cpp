@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu-backend.h"
-#include "json.h"
+#include "core/json.h"
 #include "ferry/gguf.h"
 #include "ferry/llama.h"
 

@@ -11,10 +11,10 @@
 #include <random>
 #include <thread>
 
-#include "ferry/remote.h"
 #include "ferry/allocator.h"
 #include "ferry/backend.h"
 #include "ferry/graph.h"
+#include "ferry/remote.h"
 #include "test_remote_util.h"
 
 using namespace ferry;
@@ -130,10 +130,20 @@ class Hostile : public ::testing::TestWithParam<std::string> {
   protected:
     void SetUp() override {
         dir_ = ferry::test::make_temp_dir();
-        const std::string listen =
+        std::vector<std::string> extra = {"--max-memory", std::to_string(64 << 20)};
+        std::string listen =
             GetParam() == "unix" ? "unix:" + dir_ + "/h" : std::string("tcp:127.0.0.1:0");
+        if (GetParam() == "ivshmem") {
+            // One window per client (a window is one client): w0 for the good client, a fresh
+            // one for every raw client. Small windows: large frames wrap around the rings.
+            listen = "ivshmem:" + dir_ + "/w0,size=1M";
+            for (int i = 1; i <= kWindows; i++) {
+                extra.push_back("--listen");
+                extra.push_back("ivshmem:" + dir_ + "/w" + std::to_string(i) + ",size=1M");
+            }
+        }
         std::string err;
-        ASSERT_TRUE(srv_.start(listen, {"--max-memory", std::to_string(64 << 20)}, &err)) << err;
+        ASSERT_TRUE(srv_.start(listen, extra, &err)) << err;
         good_ = std::make_unique<GoodClient>(srv_.addr());
         good_->start();
     }
@@ -141,9 +151,15 @@ class Hostile : public ::testing::TestWithParam<std::string> {
         if (good_) good_->stop();
     }
 
+    // Where the next raw client connects.
+    std::string next_addr() {
+        if (GetParam() != "ivshmem") return srv_.addr();
+        EXPECT_LT(next_window_, kWindows) << "more raw clients than windows";
+        return "ivshmem:" + dir_ + "/w" + std::to_string(++next_window_);
+    }
     RawClient connect_hello() {
         RawClient c;
-        EXPECT_TRUE(c.connect(srv_.addr()));
+        EXPECT_TRUE(c.connect(next_addr()));
         auto r = c.hello();
         EXPECT_TRUE(r.ok && !r.is_error()) << r.message();
         return c;
@@ -169,10 +185,12 @@ class Hostile : public ::testing::TestWithParam<std::string> {
         return r.ok && r.payload.size() >= 8 ? u64_of(r.payload) : 0;
     }
 
+    static constexpr int kWindows = 24;
     std::string dir_;
     ServerProcess srv_;
     std::unique_ptr<GoodClient> good_;
     int n_ = 0;
+    int next_window_ = 0;
 };
 
 TEST_P(Hostile, EveryBadRequestGetsAnErrorAndNobodyElseNotices) {
@@ -180,7 +198,7 @@ TEST_P(Hostile, EveryBadRequestGetsAnErrorAndNobodyElseNotices) {
     auto before_hello = [&](Cmd cmd, const std::vector<uint8_t>& p, const char* want,
                             const char* what) {
         RawClient c;
-        ASSERT_TRUE(c.connect(srv_.addr()));
+        ASSERT_TRUE(c.connect(next_addr()));
         expect_error(c, cmd, p, want, what);
         EXPECT_TRUE(c.closed_by_server()) << what;
     };
@@ -196,7 +214,7 @@ TEST_P(Hostile, EveryBadRequestGetsAnErrorAndNobodyElseNotices) {
                  "truncated hello");
     {
         RawClient c;
-        ASSERT_TRUE(c.connect(srv_.addr()));
+        ASSERT_TRUE(c.connect(next_addr()));
         auto r = c.hello("", 99);
         n_++;
         ASSERT_TRUE(r.is_error());
@@ -446,7 +464,7 @@ TEST_P(Hostile, EveryBadRequestGetsAnErrorAndNobodyElseNotices) {
     {
         // A client that did not offer events in HELLO cannot use them.
         RawClient plain;
-        ASSERT_TRUE(plain.connect(srv_.addr()));
+        ASSERT_TRUE(plain.connect(next_addr()));
         auto r = plain.hello("", remote::kProtocolVersion, remote::kCapGraphCache);
         ASSERT_TRUE(r.ok && !r.is_error()) << r.message();
         expect_error(plain, Cmd::EVENT_NEW, payload([](wire::Writer& w) { w.u32(0); }),
@@ -848,7 +866,7 @@ TEST(HostileEvents, EventOfAnotherDeviceIsRefused) {
     EXPECT_EQ(s->errors, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, Hostile, ::testing::Values("unix", "tcp"));
+INSTANTIATE_TEST_SUITE_P(Transports, Hostile, ::testing::Values("unix", "tcp", "ivshmem"));
 
 // ---------------------------------------------------------------------------------------------
 // Hardening, round two (issue 9): one test per class of finding, each over unix and tcp,

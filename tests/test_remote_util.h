@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/remote/transport-ivshmem.h"
 #include "remote-proto/protocol.h"
 #include "remote-proto/transport.h"
 #include "remote-proto/wire.h"
@@ -131,7 +132,14 @@ class RawClient {
         }
     };
 
+    // "ivshmem:PATH" attaches to a window instead (the same frames over its rings).
     bool connect(const std::string& addr) {
+        if (addr.rfind("ivshmem:", 0) == 0) {
+            auto c = remote::IvshmemChannel::attach(addr.substr(8));
+            if (!c) return false;
+            ring_ = std::move(*c);
+            return true;
+        }
         auto a = remote::parse_address(addr);
         if (!a) return false;
         auto s = remote::connect_to(*a);
@@ -161,7 +169,10 @@ class RawClient {
         w.str(token);
         return request(remote::Cmd::HELLO, w.buf());
     }
-    bool send_raw(const void* p, size_t n) { return sock_.send_all(p, n, nullptr, 0).is_ok(); }
+    bool send_raw(const void* p, size_t n) {
+        if (ring_) return ring_send(p, n);
+        return sock_.send_all(p, n, nullptr, 0).is_ok();
+    }
     bool send_frame(uint16_t cmd, const std::vector<uint8_t>& payload, uint16_t flags = 0,
                     uint64_t len_override = UINT64_MAX) {
         remote::Header h;
@@ -171,16 +182,21 @@ class RawClient {
         h.len = len_override == UINT64_MAX ? payload.size() : len_override;
         uint8_t hdr[remote::kHeaderSize];
         remote::write_header(hdr, h);
+        if (ring_) return ring_send(hdr, sizeof(hdr)) && ring_send(payload.data(), payload.size());
         return sock_.send_all(hdr, sizeof(hdr), payload.data(), payload.size()).is_ok();
     }
     Reply read_reply() {
         Reply r;
         uint8_t hdr[remote::kHeaderSize];
-        if (!sock_.recv_exact(hdr, sizeof(hdr), nullptr)) return r;
+        auto recv = [&](void* p, size_t n) {
+            if (ring_) return ring_->read(p, n, 10000).is_ok();
+            return sock_.recv_exact(p, n, nullptr).is_ok();
+        };
+        if (!recv(hdr, sizeof(hdr))) return r;
         r.h = remote::read_header(hdr);
         if (r.h.len > remote::kMaxPayload) return r;
         r.payload.resize(r.h.len);
-        if (!sock_.recv_exact(r.payload.data(), r.payload.size(), nullptr)) return r;
+        if (!recv(r.payload.data(), r.payload.size())) return r;
         r.ok = true;
         return r;
     }
@@ -188,7 +204,6 @@ class RawClient {
         if (!send_frame(static_cast<uint16_t>(cmd), payload)) return Reply{};
         return read_reply();
     }
-    void shutdown_write() { ::shutdown(sock_.fd(), SHUT_WR); }
     // SESSION_STATS field i (0-based, see docs/remote-protocol.md); UINT64_MAX on failure.
     uint64_t stat(int i) {
         Reply r = request(remote::Cmd::SESSION_STATS, {});
@@ -198,15 +213,51 @@ class RawClient {
         wire::Reader rd(r.payload.data() + static_cast<size_t>(i) * 8, 8);
         return rd.u64();
     }
-    // True when the server closed the connection (EOF within the receive timeout).
+    // On a window: detaches (what a half-closed socket says: no more requests).
+    void shutdown_write() {
+        if (ring_) {
+            ring_->detach();
+            return;
+        }
+        ::shutdown(sock_.fd(), SHUT_WR);
+    }
+    // True when the server closed the connection (EOF within the receive timeout; on a
+    // window: the session ended within 10 s).
     bool closed_by_server() {
+        if (ring_) {
+            const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+            while (std::chrono::steady_clock::now() < end) {
+                if (!ring_->check_alive()) return true;
+                usleep(1000);
+            }
+            return false;
+        }
         char c;
         const ssize_t n = recv(sock_.fd(), &c, 1, 0);
         return n == 0;
     }
 
+    remote::IvshmemChannel* ring() { return ring_.get(); }
+
   private:
+    bool ring_send(const void* p, size_t n) {
+        const uint8_t* b = static_cast<const uint8_t*>(p);
+        const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (n > 0) {
+            auto w = ring_->write_some(b, n);
+            if (!w) return false;
+            b += *w;
+            n -= *w;
+            if (!*w) {
+                if (!ring_->check_alive() || std::chrono::steady_clock::now() > end) return false;
+                usleep(100);
+            }
+        }
+        return true;
+    }
+
     remote::Socket sock_;
+    std::unique_ptr<remote::IvshmemChannel> ring_;
     uint64_t next_id_ = 1;
 };
 

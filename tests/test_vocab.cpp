@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "json.h"
+#include "core/json.h"
 #include "ferry/gguf.h"
 #include "ferry/vocab.h"
 #include "shell.h"
@@ -329,10 +329,16 @@ TEST(Vocab, ErrorsNameTheKey) {
         EXPECT_NE(v.message().find("tokenizer.ggml.model"), std::string::npos) << v.message();
     }
     {
-        Expected<Vocab> v = load(base_mini().writer("gpt2"));
+        Expected<Vocab> v = load(base_mini().writer("bert"));
         ASSERT_FALSE(v.has_value());
         EXPECT_NE(v.message().find("tokenizer.ggml.model"), std::string::npos) << v.message();
-        EXPECT_NE(v.message().find("gpt2"), std::string::npos) << v.message();
+        EXPECT_NE(v.message().find("bert"), std::string::npos) << v.message();
+    }
+    {
+        // A byte-level BPE vocabulary needs its pre-tokenizer named.
+        Expected<Vocab> v = load(base_mini().writer("gpt2"));
+        ASSERT_FALSE(v.has_value());
+        EXPECT_NE(v.message().find("tokenizer.ggml.pre"), std::string::npos) << v.message();
     }
     {
         GgufWriter w;

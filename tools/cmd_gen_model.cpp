@@ -22,6 +22,11 @@ int cmd_gen_model(int argc, char** argv) {
                    "types, as llama.cpp's quantizer makes them; the weight type otherwise)"},
                   {{"-s", "--seed"}, "N", "random seed"},
                   {{"-t", "--threads"}, "N", "threads (default: all cores)"},
+                  {{"--vocab"},
+                   "FILE",
+                   "a Hugging Face tokenizer.json (byte-level BPE) whose vocabulary,\n"
+                   "special tokens and chat template (tokenizer_config.json in the same\n"
+                   "folder) the model gets instead of the generated one"},
               },
               argc, argv);
     if (args.help()) {
@@ -37,6 +42,7 @@ int cmd_gen_model(int argc, char** argv) {
     const std::optional<std::string> embd = args.value({"--embd-type"});
     const std::optional<long long> seed = args.integer({"-s", "--seed"});
     const std::optional<long long> threads = args.integer({"-t", "--threads"});
+    const std::optional<std::string> vocab = args.value({"--vocab"});
     if (Status st = args.finish(); !st) return fail("gen-model", st.message());
     if (!preset || !out) return fail("gen-model", "--preset and -o are required (see --help)");
     Expected<ModelPreset> p = find_preset(*preset);
@@ -55,6 +61,7 @@ int cmd_gen_model(int argc, char** argv) {
     }
     if (seed) opts.seed = static_cast<uint64_t>(*seed);
     if (threads) opts.n_threads = static_cast<int>(*threads);
+    if (vocab) opts.vocab_json = *vocab;
     const auto t0 = std::chrono::steady_clock::now();
     if (Status st = generate_model(*p, opts, *out); !st) return fail("gen-model", st.message());
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

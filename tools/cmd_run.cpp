@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "chat-loop.h"
 #include "cli.h"
 #include "embedded-model.h"
 #include "ferry/backend.h"
@@ -59,6 +60,12 @@ std::vector<OptionSpec> options() {
          nullptr,
          "CPU: compute from the memory-mapped file (no copy, faster start);\n"
          "default: load into huge-page memory (faster decode)"},
+        {{"--chat"},
+         nullptr,
+         "one chat turn: PROMPT is the user's message, rendered with the\n"
+         "file's chat template; stops at the end-of-turn token"},
+        {{"--system"}, "TEXT", "with --chat: the system message"},
+        {{"--verbose-prompt"}, nullptr, "print the prompt's token ids to stderr"},
     });
 }
 
@@ -85,6 +92,9 @@ int cmd_run(int argc, char** argv) {
     const std::optional<long long> seed = args.integer({"-s", "--seed"});
     const std::optional<std::string> kv = args.value({"--kv-type"});
     const bool use_mmap = args.flag({"--mmap"});
+    const bool chat = args.flag({"--chat"});
+    const std::optional<std::string> system = args.value({"--system"});
+    const bool verbose_prompt = args.flag({"--verbose-prompt"});
     const Placement placement = read_placement(args);
     if (Status st = args.finish(); !st) return fail("run", st.message());
     const std::string path = model_path ? *model_path : embedded_demo_model().name;
@@ -92,6 +102,7 @@ int cmd_run(int argc, char** argv) {
     const long long n_gen = n_predict.value_or(128);
     if (n_gen < -1)
         return fail("run", strfmt("-n %lld: give a token count, or -1 for no limit", n_gen));
+    if (system && !chat) return fail("run", "--system needs --chat");
     if (ctx && (*ctx <= 0 || *ctx > (1 << 24))) return fail("run", "-c must be positive");
     Expected<Type> kv_type = parse_kv_type(kv);
     if (!kv_type) return fail("run", kv_type.message());
@@ -111,11 +122,6 @@ int cmd_run(int argc, char** argv) {
     if (!session) return fail("run", session.message());
     const double load_s = seconds_since(t_load);
 
-    const Vocab& vocab = (*model)->vocab();
-    const int32_t n_vocab = (*model)->hparams().n_vocab;
-    std::vector<int32_t> tokens = vocab.encode(prompt_text, true);
-    if (tokens.empty()) return fail("run", "the prompt gives no tokens");
-
     SamplerParams sp;
     if (temp) sp.temp = static_cast<float>(*temp);
     if (top_k) sp.top_k = static_cast<int32_t>(*top_k);
@@ -123,6 +129,34 @@ int cmd_run(int argc, char** argv) {
     if (min_p) sp.min_p = static_cast<float>(*min_p);
     if (repeat_penalty) sp.repeat_penalty = static_cast<float>(*repeat_penalty);
     if (seed) sp.seed = static_cast<uint64_t>(*seed);
+
+    if (chat) {
+        Expected<ChatLoop> loop = ChatLoop::create(**model, **session, sp);
+        if (!loop) return fail("run", loop.message());
+        if (system) loop->set_system(*system);
+        ChatTurnStats st;
+        if (Status s = loop->turn(prompt_text, n_gen, stdout, &st); !s) {
+            return fail("run", s.message());
+        }
+        std::printf("\n");
+        std::fflush(stdout);
+        if (verbose_prompt) {
+            std::fprintf(stderr, "prompt ids: %s\n", join_ids(loop->last_prompt()).c_str());
+        }
+        std::fprintf(stderr, "ferry run: load %.3f s (%s, %s on %s)\n", load_s,
+                     (*model)->type_desc().c_str(), path.c_str(), (*model)->device()->name());
+        std::fprintf(stderr, "ferry run: prompt %zu tokens in %.3f s (%s chat template)\n",
+                     st.n_prompt, st.prompt_s, loop->chat_template().family_name());
+        std::fprintf(stderr, "ferry run: generated %lld tokens in %.3f s%s\n", st.n_generated,
+                     st.gen_s, st.stopped_at_eog ? " (end of turn)" : "");
+        return 0;
+    }
+
+    const Vocab& vocab = (*model)->vocab();
+    const int32_t n_vocab = (*model)->hparams().n_vocab;
+    std::vector<int32_t> tokens = vocab.encode(prompt_text, true);
+    if (tokens.empty()) return fail("run", "the prompt gives no tokens");
+    if (verbose_prompt) std::fprintf(stderr, "prompt ids: %s\n", join_ids(tokens).c_str());
     Sampler sampler(sp);
     for (int32_t t : tokens) sampler.accept(t);
 

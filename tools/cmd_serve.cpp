@@ -1,9 +1,13 @@
 // ferry serve: hosts local devices for remote clients (API remoting).
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <thread>
+#include <vector>
 
 #include "cli.h"
 #include "ferry/backend.h"
+#include "server/ivshmem-server.h"
 #include "server/server.h"
 
 namespace ferry::cli {
@@ -19,7 +23,11 @@ int cmd_serve(int argc, char** argv) {
                    "ADDR",
                    "unix:PATH (shared memory buffers, fd passing) or tcp:HOST:PORT\n"
                    "(data inline; port 0 picks a free port). A tcp address other than\n"
-                   "loopback requires a token."},
+                   "loopback requires a token. Or ivshmem:PATH[,size=BYTES]: a shared-\n"
+                   "memory window (created if missing; default 64M) that a QEMU guest\n"
+                   "maps as an ivshmem device, or a host process as a file\n"
+                   "(docs/vm-guest.md). Repeatable: any number of ivshmem windows (one\n"
+                   "client each) and at most one unix: or tcp: address."},
                   {{"-d", "--device"},
                    "NAME",
                    "a device to serve (repeatable; default: every local device)"},
@@ -57,7 +65,7 @@ int cmd_serve(int argc, char** argv) {
         args.print_help();
         return 0;
     }
-    std::optional<std::string> listen = args.value({"-l", "--listen"});
+    std::vector<std::string> listens = args.values({"-l", "--listen"});
     std::vector<std::string> names = args.values({"-d", "--device"});
     std::optional<std::string> token = args.value({"--token"});
     std::optional<long long> max_mem = args.integer({"--max-memory"});
@@ -70,7 +78,22 @@ int cmd_serve(int argc, char** argv) {
     std::optional<long long> max_scratch = args.integer({"--max-scratch"});
     const bool verbose = args.flag({"-v", "--verbose"});
     if (Status st = args.finish(); !st) return fail("serve", st.message());
-    if (!listen) return fail("serve", "--listen ADDR is required (unix:PATH or tcp:HOST:PORT)");
+    if (listens.empty()) {
+        return fail("serve",
+                    "--listen ADDR is required (unix:PATH, tcp:HOST:PORT or ivshmem:PATH)");
+    }
+    std::optional<std::string> listen;
+    std::vector<std::string> windows;
+    for (const std::string& l : listens) {
+        if (l.rfind("ivshmem:", 0) == 0) {
+            windows.push_back(l.substr(8));
+        } else if (listen) {
+            return fail("serve", "at most one unix: or tcp: address per server ('" + *listen +
+                                     "' and '" + l + "')");
+        } else {
+            listen = l;
+        }
+    }
 
     server::ServerOptions opts;
     opts.verbose = verbose;
@@ -138,12 +161,30 @@ int cmd_serve(int argc, char** argv) {
         }
         limits.hello_timeout_ms = static_cast<int>(*hello_timeout * 1000);
     }
+    // Windows first (each on a thread of its own), then the socket, if any, on this thread.
     server::Server srv(std::move(opts), limits);
+    std::vector<std::unique_ptr<server::IvshmemServer>> served;
+    std::vector<std::thread> window_threads;
+    for (const std::string& w : windows) {
+        Expected<std::unique_ptr<server::IvshmemServer>> s =
+            server::IvshmemServer::open(w, srv.options(), srv.counters_ptr(), limits.io_timeout_ms);
+        if (!s) return fail("serve", s.message());
+        served.push_back(std::move(*s));
+    }
     std::string bound;
-    if (Status st = srv.listen(*listen, &bound); !st) return fail("serve", st.message());
-    std::printf("ferry serve: listening on %s\n", bound.c_str());
+    if (listen) {
+        if (Status st = srv.listen(*listen, &bound); !st) return fail("serve", st.message());
+    }
+    for (auto& s : served) {
+        std::printf("ferry serve: listening on %s\n", s->address().c_str());
+        window_threads.emplace_back([p = s.get()] { p->run(); });
+    }
+    if (listen) std::printf("ferry serve: listening on %s\n", bound.c_str());
     std::fflush(stdout);
-    if (Status st = srv.run(); !st) return fail("serve", st.message());
+    if (listen) {
+        if (Status st = srv.run(); !st) return fail("serve", st.message());
+    }
+    for (std::thread& t : window_threads) t.join();
     return 0;
 }
 

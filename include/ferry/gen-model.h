@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/gguf.h"
 #include "ferry/status.h"
 #include "ferry/types.h"
 
@@ -31,6 +32,11 @@ struct GenModelOptions {
     Type embd_type = Type::Q6_K;
     uint64_t seed = 1;
     int n_threads = 0;  // quantization threads (0: all cores)
+    // A Hugging Face tokenizer.json (byte-level BPE) whose vocabulary the model gets instead of
+    // the generated SentencePiece one, with special token ids and chat template from the
+    // tokenizer_config.json beside it (when present); the model then has as many tokens as
+    // the tokenizer. Empty: the generated vocabulary of preset.n_vocab tokens.
+    std::string vocab_json;
 };
 
 // Writes a GGUF llama model with random weights (normal, std 0.02; norms 1) and a valid

@@ -106,6 +106,9 @@ class LlamaSession {
     int32_t n_past() const;
     int32_t n_ctx() const;
     void reset();  // empties the KV cache
+    // Keeps the first n_past positions of the KV cache (no-op when n_past >= n_past()), so a
+    // chat can reuse the cached prefix of a conversation that was re-tokenized differently.
+    void truncate(int32_t n_past);
     size_t kv_bytes() const;
 
     struct Impl;

@@ -1,12 +1,18 @@
-// Tokenizer built from GGUF metadata (tokenizer.ggml.*).
+// Tokenizers built from GGUF metadata (tokenizer.ggml.*). Two models, one class:
 //
-// Supported: the SentencePiece-style "llama" vocabulary (scores, byte-fallback tokens <0xNN>,
-// spaces as U+2581, a leading space added before the text as SentencePiece does). Encoding
-// follows what llama.cpp produces for the same GGUF vocabulary (the fixture's ids_llama_cpp):
+// - "llama": SentencePiece-style (vocab-spm.cpp). Scores, byte-fallback tokens <0xNN>, spaces
+//   as U+2581, a leading space added before the text as SentencePiece does.
+// - "gpt2": byte-level BPE (vocab-bpe.cpp) with the pre-tokenizers "llama-bpe" (Llama 3) and
+//   "qwen2" (Qwen 2/2.5/3) of model/pretokenize.h, merges by rank (tokenizer.ggml.merges).
+//
+// Encoding, for both:
 //
 //   1. Special tokens are split out of the text first: user-defined tokens always, control
 //      tokens only when parse_special is set (longest token first). Each remaining run of text
 //      is tokenized on its own.
+//
+// SentencePiece ("llama") runs, following what llama.cpp produces for the same GGUF vocabulary:
+//
 //   2. A run that starts the text or follows a special token gets a leading space when
 //      tokenizer.ggml.add_space_prefix is true (the default). No other normalization: no NFKC,
 //      no whitespace folding ("  " stays two spaces; '\t' and '\n' stay as they are).
@@ -20,6 +26,20 @@
 // SentencePiece itself (the model's training tokenizer) also applies NFKC and folds runs of
 // whitespace, which GGUF does not record; texts with such characters tokenize differently
 // there.
+//
+// Byte-level BPE ("gpt2") runs, following Hugging Face tokenizers:
+//
+//   2. The pre-tokenizer splits the run into pieces (no prefix space, no normalization: the
+//      NFC normalizer of Qwen's tokenizer.json is not applied, so text that is not already in
+//      NFC may tokenize differently there).
+//   3. Each byte of a piece becomes its GPT-2 character (model/unicode.h). With "llama-bpe"
+//      (Hugging Face's ignore_merges) a piece that is itself a token gives that token. Else
+//      the adjacent pair with the lowest merge rank is merged, repeatedly (ties: leftmost).
+//   4. Each final symbol that is a token gives its id; any other gives one token per byte
+//      (the byte's character), or the unknown token where that is missing too.
+//
+// Decoding maps every token back to its bytes, so decode(encode(x)) == x for any bytes x that
+// hold no special-token text.
 #pragma once
 
 #include <cstdint>
@@ -46,13 +66,18 @@ enum class TokenType : int32_t {
 
 class Vocab {
   public:
-    // Reads tokenizer.ggml.model ("llama"), tokens, scores, token_type (optional: Normal),
-    // bos/eos/unknown/padding/eot ids (optional: llama defaults 1/2/0 where they exist),
-    // add_bos_token (optional: true) and add_space_prefix (optional: true). Fails with a message
+    // Reads tokenizer.ggml.model ("llama" or "gpt2"), tokens, scores ("llama": required;
+    // "gpt2": ignored), merges and pre ("gpt2" only: required), token_type (optional:
+    // Normal), bos/eos/unknown/padding/eot/eom ids (optional; "llama" defaults 1/2/0 where
+    // they exist, "gpt2" none), add_bos_token (optional: true for "llama" and "llama-bpe",
+    // else false) and add_space_prefix ("llama" only, optional: true). Fails with a message
     // naming the key on missing, mistyped or inconsistent metadata (array lengths that differ,
-    // ids out of range, unknown token types).
+    // ids out of range, unknown token types, an unknown model or pre-tokenizer, a merge that
+    // is not two tokens).
     static Expected<Vocab> from_gguf(const GgufFile& f);
 
+    enum class Model { Spm, Bpe };
+    Model model() const { return model_; }
     int32_t n_tokens() const { return static_cast<int32_t>(tokens_.size()); }
     int32_t bos() const { return bos_; }  // -1: none
     int32_t eos() const { return eos_; }  // -1: none
@@ -60,8 +85,11 @@ class Vocab {
     int32_t pad() const { return pad_; }  // -1: none
     bool add_bos() const { return add_bos_; }
     bool add_space_prefix() const { return add_space_prefix_; }
-    // End of generation (eos, eot, ...).
+    int32_t eot() const { return eot_; }  // -1: none
+    // End of generation: tokenizer.ggml.eos/eot/eom_token_id and every control token spelled
+    // <|eot_id|>, <|eom_id|>, <|end_of_text|>, <|im_end|>, <|endoftext|> or <end_of_turn>.
     bool is_eog(int32_t id) const;
+    const std::vector<int32_t>& eog_ids() const { return eog_; }
     bool valid(int32_t id) const { return id >= 0 && id < n_tokens(); }
 
     // Text (UTF-8) to ids. add_bos prepends BOS when the vocabulary uses one (add_bos_token and
@@ -69,7 +97,8 @@ class Vocab {
     // otherwise they are tokenized as plain text.
     std::vector<int32_t> encode(std::string_view text, bool add_bos,
                                 bool parse_special = false) const;
-    // The bytes of one token as they appear in output: U+2581 becomes a space, a byte token its
+    // The bytes of one token as they appear in output. "gpt2": a normal token's characters
+    // become the bytes they stand for. "llama": U+2581 becomes a space, a byte token its
     // single byte (so a multi-byte character may arrive over several tokens: a streaming printer
     // concatenates pieces), control and unused tokens nothing, the unknown token U+2585 "▅",
     // user-defined tokens their text. An invalid id gives nothing.
@@ -92,16 +121,29 @@ class Vocab {
         using is_transparent = void;
         size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
     };
-    void encode_run(std::string_view run, bool space_prefix, std::vector<int32_t>& out) const;
+    Status load_bpe(const GgufFile& f);  // vocab-bpe.cpp: merges, pre, byte tokens
+    // vocab-spm.cpp
+    void encode_spm_run(std::string_view run, bool space_prefix, std::vector<int32_t>& out) const;
+    // vocab-bpe.cpp
+    void encode_bpe_run(std::string_view run, std::vector<int32_t>& out) const;
+    void bpe_piece(std::string_view piece, std::vector<int32_t>& out) const;
+    std::string bpe_token_bytes(const std::string& text) const;
 
     std::vector<std::string> tokens_;
     std::vector<float> scores_;
     std::vector<TokenType> types_;
     std::unordered_map<std::string, int32_t, Hash, std::equal_to<>> index_;
-    int32_t byte_tokens_[256] = {};  // -1 where the vocabulary lacks <0xNN>
+    Model model_ = Model::Spm;
+    // Byte fallback: "llama": <0xNN>; "gpt2": the byte's GPT-2 character. -1 where missing.
+    int32_t byte_tokens_[256] = {};
+    // "gpt2": merge rank by "left right" text; the pre-tokenizer.
+    std::unordered_map<std::string, int32_t, Hash, std::equal_to<>> merge_rank_;
+    int pre_ = 0;                 // PreTokenizer
+    bool ignore_merges_ = false;  // a piece that is a token is taken whole (llama-bpe)
+    std::vector<int32_t> eog_;
     // Tokens split out of text before merging, longest first: user-defined and control tokens.
     std::vector<int32_t> special_;
-    int32_t bos_ = -1, eos_ = -1, unk_ = -1, pad_ = -1, eot_ = -1;
+    int32_t bos_ = -1, eos_ = -1, unk_ = -1, pad_ = -1, eot_ = -1, eom_ = -1;
     bool add_bos_ = true;
     bool add_space_prefix_ = true;
 };

@@ -1,10 +1,13 @@
 #include "ferry/gen-model.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <thread>
 
 #include "ferry/gguf.h"
+#include "model/tokenizer-json.h"
 
 namespace ferry {
 
@@ -156,7 +159,24 @@ uint32_t file_type_of(Type t) {
 
 }  // namespace
 
-Status generate_model(const ModelPreset& p, const GenModelOptions& opts, const std::string& path) {
+Status generate_model(const ModelPreset& preset, const GenModelOptions& opts,
+                      const std::string& path) {
+    ModelPreset p = preset;
+    std::vector<GgufKV> vocab_kv;
+    if (!opts.vocab_json.empty()) {
+        const size_t slash = opts.vocab_json.rfind('/');
+        const std::string config =
+            (slash == std::string::npos ? std::string(".") : opts.vocab_json.substr(0, slash)) +
+            "/tokenizer_config.json";
+        Expected<std::vector<GgufKV>> kv = tokenizer_json_to_gguf_kv(
+            opts.vocab_json, access(config.c_str(), R_OK) == 0 ? config : std::string());
+        if (!kv) return kv.status();
+        vocab_kv = std::move(*kv);
+    }
+    for (const GgufKV& kv : vocab_kv) {
+        if (kv.key == "tokenizer.ggml.tokens")
+            p.n_vocab = static_cast<int32_t>(kv.value.arr.size());
+    }
     const Type wt = opts.type;
     if (wt == Type::I32 || wt == Type::Q8_K) {
         return Status::errorf("gen-model: %s is not a weight type", type_name(wt));
@@ -184,7 +204,11 @@ Status generate_model(const ModelPreset& p, const GenModelOptions& opts, const s
     w.add_f32("llama.rope.freq_base", p.rope_base);
     w.add_f32("llama.attention.layer_norm_rms_epsilon", p.norm_eps);
     w.add_u32("llama.vocab_size", static_cast<uint32_t>(p.n_vocab));
-    add_vocab(w, p.n_vocab);
+    if (vocab_kv.empty()) {
+        add_vocab(w, p.n_vocab);
+    } else {
+        for (GgufKV& kv : vocab_kv) w.add_kv(kv.key, std::move(kv.value));
+    }
 
     uint64_t seed = mix(opts.seed);
     auto next_seed = [&] { return seed = mix(seed); };

@@ -353,6 +353,14 @@ void LlamaSession::reset() {
     impl_->n_past = 0;
     impl_->n_rows = 0;
 }
+void LlamaSession::truncate(int32_t n_past) {
+    // Later decodes overwrite the cache from n_past on and attend only to positions before
+    // their own, so dropping the tail is just moving the end back.
+    if (n_past >= 0 && n_past < impl_->n_past) {
+        impl_->n_past = n_past;
+        impl_->n_rows = 0;
+    }
+}
 
 size_t LlamaSession::kv_bytes() const {
     size_t n = 0;

@@ -3,17 +3,14 @@
 #include <algorithm>
 #include <cstdarg>
 #include <cstring>
-#include <queue>
+
+#include "model/pretokenize.h"
+#include "model/vocab-impl.h"
 
 namespace ferry {
 
-namespace {
+namespace vocab_detail {
 
-constexpr std::string_view kSpaceMark = "\xE2\x96\x81";    // U+2581 "▁"
-constexpr std::string_view kUnknownMark = "\xE2\x96\x85";  // U+2585 "▅"
-
-// An error about this file's metadata, prefixed with its path as GgufFile's own errors are.
-Status bad(const GgufFile& f, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 Status bad(const GgufFile& f, const char* fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -40,8 +37,6 @@ int64_t int_of(const GgufValue& v, GgufValueType t) {
     return v.u != 0 ? static_cast<int64_t>(v.u) : v.i;
 }
 
-// Byte length of the UTF-8 character starting at s[0] (s non-empty); 1 for a byte that does
-// not start a well-formed sequence, so invalid input still splits into single bytes.
 size_t utf8_char_len(std::string_view s) {
     const auto c = static_cast<unsigned char>(s[0]);
     size_t n = 1;
@@ -59,7 +54,6 @@ size_t utf8_char_len(std::string_view s) {
     return n;
 }
 
-// "<0xNN>" -> NN, or -1.
 int parse_byte_token(std::string_view t) {
     if (t.size() != 6 || t.substr(0, 3) != "<0x" || t[5] != '>') return -1;
     int v = 0;
@@ -75,7 +69,6 @@ int parse_byte_token(std::string_view t) {
     return v;
 }
 
-// Fetches an array-valued key whose elements satisfy `elem_ok`.
 Expected<const GgufValue*> typed_array(const GgufFile& f, const std::string& key,
                                        bool (*elem_ok)(GgufValueType), const char* what) {
     Expected<const GgufValue*> a = f.get_array(key);
@@ -86,6 +79,8 @@ Expected<const GgufValue*> typed_array(const GgufFile& f, const std::string& key
     }
     return a;
 }
+
+namespace {
 
 // Reads an optional token id key into *id; `fallback` applies when the key is absent and is
 // dropped (-1) when it does not name a token of this vocabulary.
@@ -118,6 +113,10 @@ Status read_bool(const GgufFile& f, const std::string& key, bool fallback, bool*
 
 }  // namespace
 
+}  // namespace vocab_detail
+
+using namespace vocab_detail;
+
 Expected<Vocab> Vocab::from_gguf(const GgufFile& f) {
     const std::string kModel = "tokenizer.ggml.model";
     const std::string kTokens = "tokenizer.ggml.tokens";
@@ -126,12 +125,18 @@ Expected<Vocab> Vocab::from_gguf(const GgufFile& f) {
 
     Expected<std::string> model = f.get_string(kModel);
     if (!model) return model.status();
-    if (*model != "llama") {
-        return bad(f, "%s is \"%s\": only \"llama\" (SentencePiece) vocabularies are supported",
+    Vocab v;
+    if (*model == "llama") {
+        v.model_ = Model::Spm;
+    } else if (*model == "gpt2") {
+        v.model_ = Model::Bpe;
+    } else {
+        return bad(f,
+                   "%s is \"%s\": supported are \"llama\" (SentencePiece) and \"gpt2\" "
+                   "(byte-level BPE)",
                    kModel.c_str(), model->c_str());
     }
-
-    Vocab v;
+    const bool spm = v.model_ == Model::Spm;
     Expected<const GgufValue*> tokens = typed_array(
         f, kTokens, [](GgufValueType t) { return t == GgufValueType::STRING; }, "strings");
     if (!tokens) return tokens.status();
@@ -142,10 +147,15 @@ Expected<Vocab> Vocab::from_gguf(const GgufFile& f) {
     }
     const auto n = static_cast<int32_t>(tok.size());
 
-    Expected<const GgufValue*> scores = typed_array(f, kScores, is_float, "floats");
-    if (!scores) return scores.status();
-    if ((*scores)->arr.size() != tok.size()) {
-        return bad(f, "%s has %zu entries but %s has %zu", kScores.c_str(), (*scores)->arr.size(),
+    // BPE ranks pairs by merges; its scores (when present) are unused.
+    const GgufValue* scores = nullptr;
+    if (spm) {
+        Expected<const GgufValue*> sc = typed_array(f, kScores, is_float, "floats");
+        if (!sc) return sc.status();
+        scores = *sc;
+    }
+    if (scores != nullptr && scores->arr.size() != tok.size()) {
+        return bad(f, "%s has %zu entries but %s has %zu", kScores.c_str(), scores->arr.size(),
                    kTokens.c_str(), tok.size());
     }
 
@@ -170,7 +180,7 @@ Expected<Vocab> Vocab::from_gguf(const GgufFile& f) {
     for (int32_t id = 0; id < n; id++) {
         const auto i = static_cast<size_t>(id);
         v.tokens_.push_back(tok[i].s);
-        v.scores_.push_back(static_cast<float>((*scores)->arr[i].f));
+        v.scores_.push_back(scores != nullptr ? static_cast<float>(scores->arr[i].f) : 0.0f);
         TokenType type = TokenType::Normal;
         if (types != nullptr) {
             const int64_t t = int_of(types->arr[i], types->elem_type);
@@ -187,7 +197,7 @@ Expected<Vocab> Vocab::from_gguf(const GgufFile& f) {
                        id, v.tokens_.back().c_str());
         }
         // Byte fallback looks tokens up by their text, as SentencePiece does.
-        if (byte >= 0) v.byte_tokens_[byte] = id;
+        if (byte >= 0 && spm) v.byte_tokens_[byte] = id;
         // A repeated text maps to its last id (as llama.cpp's table does).
         v.index_[v.tokens_.back()] = id;
         if ((type == TokenType::Control || type == TokenType::UserDefined ||
@@ -200,19 +210,42 @@ Expected<Vocab> Vocab::from_gguf(const GgufFile& f) {
         return v.token_text(a).size() > v.token_text(b).size();
     });
 
-    // Defaults are llama.cpp's for SentencePiece vocabularies.
-    FERRY_TRY(read_token_id(f, "tokenizer.ggml.bos_token_id", n, 1, &v.bos_));
-    FERRY_TRY(read_token_id(f, "tokenizer.ggml.eos_token_id", n, 2, &v.eos_));
-    FERRY_TRY(read_token_id(f, "tokenizer.ggml.unknown_token_id", n, 0, &v.unk_));
+    if (!spm) FERRY_TRY(v.load_bpe(f));
+
+    // Defaults are llama.cpp's for SentencePiece vocabularies; BPE files name their ids.
+    FERRY_TRY(read_token_id(f, "tokenizer.ggml.bos_token_id", n, spm ? 1 : -1, &v.bos_));
+    FERRY_TRY(read_token_id(f, "tokenizer.ggml.eos_token_id", n, spm ? 2 : -1, &v.eos_));
+    FERRY_TRY(read_token_id(f, "tokenizer.ggml.unknown_token_id", n, spm ? 0 : -1, &v.unk_));
     FERRY_TRY(read_token_id(f, "tokenizer.ggml.padding_token_id", n, -1, &v.pad_));
     FERRY_TRY(read_token_id(f, "tokenizer.ggml.eot_token_id", n, -1, &v.eot_));
-    FERRY_TRY(read_bool(f, "tokenizer.ggml.add_bos_token", true, &v.add_bos_));
-    FERRY_TRY(read_bool(f, "tokenizer.ggml.add_space_prefix", true, &v.add_space_prefix_));
+    FERRY_TRY(read_token_id(f, "tokenizer.ggml.eom_token_id", n, -1, &v.eom_));
+    // Llama 3 files often lack add_bos_token although the model expects BOS (its Hugging Face
+    // post-processor adds it).
+    const bool bos_default = spm || v.pre_ == static_cast<int>(PreTokenizer::Llama3);
+    FERRY_TRY(read_bool(f, "tokenizer.ggml.add_bos_token", bos_default, &v.add_bos_));
+    FERRY_TRY(read_bool(f, "tokenizer.ggml.add_space_prefix", spm, &v.add_space_prefix_));
+    if (!spm) v.add_space_prefix_ = false;  // byte-level BPE has no prefix space
+
+    // End of generation: the ids the file names, and the end-of-turn tokens of the chat
+    // formats by their spelling (files often name only one of them).
+    static const char* const kEogTexts[] = {"<|eot_id|>", "<|eom_id|>",    "<|end_of_text|>",
+                                            "<|im_end|>", "<|endoftext|>", "<end_of_turn>"};
+    for (int32_t id : {v.eos_, v.eot_, v.eom_}) {
+        if (id >= 0) v.eog_.push_back(id);
+    }
+    for (const char* t : kEogTexts) {
+        const int32_t id = v.find(t);
+        if (id >= 0 && v.types_[static_cast<size_t>(id)] == TokenType::Control) {
+            v.eog_.push_back(id);
+        }
+    }
+    std::sort(v.eog_.begin(), v.eog_.end());
+    v.eog_.erase(std::unique(v.eog_.begin(), v.eog_.end()), v.eog_.end());
     return v;
 }
 
 bool Vocab::is_eog(int32_t id) const {
-    return id >= 0 && (id == eos_ || id == eot_);
+    return id >= 0 && std::find(eog_.begin(), eog_.end(), id) != eog_.end();
 }
 
 int32_t Vocab::find(std::string_view text) const {
@@ -255,102 +288,21 @@ std::vector<int32_t> Vocab::encode(std::string_view text, bool add_bos, bool par
         frags.swap(next);
     }
 
-    // A raw run gets the prefix space when it starts the text or follows a special token.
+    // A raw run gets the prefix space ("llama") when it starts the text or follows a special
+    // token.
     bool prev_special = true;
     for (const Frag& fr : frags) {
         if (fr.token >= 0) {
             out.push_back(fr.token);
             prev_special = true;
+        } else if (model_ == Model::Bpe) {
+            encode_bpe_run(text.substr(fr.off, fr.len), out);
         } else {
-            encode_run(text.substr(fr.off, fr.len), add_space_prefix_ && prev_special, out);
+            encode_spm_run(text.substr(fr.off, fr.len), add_space_prefix_ && prev_special, out);
             prev_special = false;
         }
     }
     return out;
-}
-
-void Vocab::encode_run(std::string_view run, bool space_prefix, std::vector<int32_t>& out) const {
-    std::string s;
-    s.reserve(run.size() + 8);
-    if (space_prefix) s += kSpaceMark;
-    for (char c : run) {
-        if (c == ' ') {
-            s += kSpaceMark;
-        } else {
-            s += c;
-        }
-    }
-
-    // Symbols form a doubly linked list over s; a merged-away symbol has n == 0.
-    struct Sym {
-        int32_t prev, next;
-        size_t off, n;
-    };
-    std::vector<Sym> sym;
-    for (size_t off = 0; off < s.size();) {
-        const size_t n = utf8_char_len(std::string_view(s).substr(off));
-        const auto idx = static_cast<int32_t>(sym.size());
-        sym.push_back({idx - 1, idx + 1, off, n});
-        off += n;
-    }
-    if (sym.empty()) return;
-    sym.back().next = -1;
-
-    struct Bigram {
-        int32_t left, right;
-        float score;
-        size_t n;  // byte length of the merged text, to detect stale entries
-    };
-    // Highest score first; equal scores: the leftmost pair first.
-    auto lower = [](const Bigram& a, const Bigram& b) {
-        return a.score < b.score || (a.score == b.score && a.left > b.left);
-    };
-    std::priority_queue<Bigram, std::vector<Bigram>, decltype(lower)> queue(lower);
-    const std::string_view sv(s);
-    auto try_pair = [&](int32_t l, int32_t r) {
-        if (l < 0 || r < 0) return;
-        const Sym& a = sym[static_cast<size_t>(l)];
-        const Sym& b = sym[static_cast<size_t>(r)];
-        const int32_t id = find(sv.substr(a.off, a.n + b.n));
-        if (id < 0) return;
-        queue.push({l, r, scores_[static_cast<size_t>(id)], a.n + b.n});
-    };
-    for (size_t i = 0; i + 1 < sym.size(); i++) {
-        try_pair(static_cast<int32_t>(i), static_cast<int32_t>(i + 1));
-    }
-
-    while (!queue.empty()) {
-        const Bigram bg = queue.top();
-        queue.pop();
-        Sym& a = sym[static_cast<size_t>(bg.left)];
-        Sym& b = sym[static_cast<size_t>(bg.right)];
-        // Either side was merged into something else since this pair was queued.
-        if (a.n == 0 || b.n == 0 || a.n + b.n != bg.n || a.next != bg.right) continue;
-        a.n += b.n;
-        b.n = 0;
-        a.next = b.next;
-        if (b.next >= 0) sym[static_cast<size_t>(b.next)].prev = bg.left;
-        try_pair(a.prev, bg.left);
-        try_pair(bg.left, a.next);
-    }
-
-    for (int32_t i = 0; i >= 0; i = sym[static_cast<size_t>(i)].next) {
-        const Sym& y = sym[static_cast<size_t>(i)];
-        const std::string_view piece = sv.substr(y.off, y.n);
-        const int32_t id = find(piece);
-        if (id >= 0) {
-            out.push_back(id);
-            continue;
-        }
-        for (char c : piece) {
-            const int32_t b = byte_tokens_[static_cast<unsigned char>(c)];
-            if (b >= 0) {
-                out.push_back(b);
-            } else if (unk_ >= 0) {
-                out.push_back(unk_);
-            }
-        }
-    }
 }
 
 std::string Vocab::token_to_piece(int32_t id) const {
@@ -370,6 +322,7 @@ std::string Vocab::token_to_piece(int32_t id) const {
         case TokenType::Normal:
             break;
     }
+    if (model_ == Model::Bpe) return bpe_token_bytes(t);
     std::string out;
     out.reserve(t.size());
     for (size_t i = 0; i < t.size();) {

@@ -51,6 +51,9 @@ class Server {
     void stop();
 
     const ServerCounters& counters() const { return *counters_; }
+    // For other transports' sessions (ivshmem windows) served beside this server's.
+    const ServerOptions& options() const { return opts_; }
+    ServerCounters* counters_ptr() const { return counters_.get(); }
 
     struct Admission;
 

@@ -14,13 +14,21 @@ namespace ferry::remote {
 
 Expected<std::shared_ptr<Connection>> Connection::open(const std::string& addr,
                                                        const std::string& token) {
-    Expected<Address> a = parse_address(addr);
-    if (!a) return a.status();
     std::shared_ptr<Connection> c(new Connection());
     c->addr_ = addr;
-    Expected<Socket> s = connect_to(*a);
-    if (!s) return c->error(s.message());
-    c->sock_ = std::move(*s);
+    bool unix_socket = false;
+    if (addr.rfind("ivshmem:", 0) == 0) {
+        Expected<std::unique_ptr<IvshmemChannel>> ch = IvshmemChannel::attach(addr.substr(8));
+        if (!ch) return c->error(ch.message());
+        c->ring_ = std::move(*ch);
+    } else {
+        Expected<Address> a = parse_address(addr);
+        if (!a) return a.status();
+        Expected<Socket> s = connect_to(*a);
+        if (!s) return c->error(s.message());
+        c->sock_ = std::move(*s);
+        unix_socket = a->kind == Address::Kind::Unix;
+    }
     std::string tok = token;
     if (tok.empty()) {
         if (const char* env = std::getenv("FERRY_TOKEN")) tok = env;
@@ -28,7 +36,7 @@ Expected<std::shared_ptr<Connection>> Connection::open(const std::string& addr,
     wire::Writer w;
     w.u32(kProtocolVersion);
     uint64_t caps = kCapGraphCache | kCapEvents;
-    if (a->kind == Address::Kind::Unix) caps |= kCapSharedMemory;
+    if (unix_socket) caps |= kCapSharedMemory;
     w.u64(caps);
     w.str(tok);
     Expected<Result> r = c->call(Cmd::HELLO, w);
@@ -72,6 +80,7 @@ Status Connection::fail(const std::string& why) {
         dead_ = true;
         dead_why_ = why;
         sock_.close();
+        ring_.reset();
         pending_.clear();
         out_.clear();
         in_.reset();
@@ -139,6 +148,7 @@ Status Connection::flush() {
 }
 
 Status Connection::write_parts(const uint8_t** parts, size_t* left, int n_parts) {
+    if (ring_) return write_ring(parts, left, n_parts);
     // Sends without waiting first (the bytes fit the socket buffer almost always: one
     // syscall); only a full socket makes us poll, and then replies are read while we wait.
     bool full = false;
@@ -196,6 +206,35 @@ Status Connection::write_parts(const uint8_t** parts, size_t* left, int n_parts)
     return Status::ok();
 }
 
+Status Connection::write_ring(const uint8_t** parts, size_t* left, int n_parts) {
+    ivshmem::Backoff bo;
+    for (int i = 0; i < n_parts;) {
+        if (!left[i]) {
+            i++;
+            continue;
+        }
+        Expected<size_t> n = ring_->write_some(parts[i], left[i]);
+        if (!n) return fail(n.message());
+        if (*n) {
+            parts[i] += *n;
+            left[i] -= *n;
+            bo.reset();
+            continue;
+        }
+        sends_++;
+        // The ring is full: keep the pipeline moving (the server may be waiting for room in
+        // the reply ring), or wait for the server to take bytes.
+        if (!pending_.empty() && pending_.front().cmd != 0 && ring_->readable()) {
+            FERRY_TRY(read_reply(nullptr, nullptr));
+            if (dead_) return error("connection lost: " + dead_why_);
+            continue;
+        }
+        if (Status st = ring_->check_alive(); !st) return fail(st.message());
+        bo.wait();
+    }
+    return Status::ok();
+}
+
 void Connection::run_local_actions() {
     while (!pending_.empty() && pending_.front().cmd == 0) {
         std::function<void()> fn = std::move(pending_.front().action);
@@ -205,6 +244,7 @@ void Connection::run_local_actions() {
 }
 
 Status Connection::read_in(void* dst, size_t n) {
+    if (ring_) return ring_->read(dst, n);
     return in_.read(dst, n, false, nullptr, &fds_in_);
 }
 

@@ -19,9 +19,10 @@
 #include <string>
 #include <vector>
 
+#include "backends/remote/transport-ivshmem.h"
+#include "ferry/status.h"
 #include "remote-proto/protocol.h"
 #include "remote-proto/transport.h"
-#include "ferry/status.h"
 
 namespace ferry::remote {
 
@@ -93,9 +94,13 @@ class Connection {
     void close_fds_in();
     void run_local_actions();
 
+    // Sends over the ivshmem window's request ring; while it is full, replies are read.
+    Status write_ring(const uint8_t** parts, size_t* left, int n_parts);
+
     std::recursive_mutex mu_;
     std::string addr_;
     Socket sock_;
+    std::unique_ptr<IvshmemChannel> ring_;  // set for "ivshmem:" addresses instead of sock_
     uint64_t caps_ = 0;
     uint64_t session_ = 0;
     uint64_t next_id_ = 1;

@@ -1,0 +1,56 @@
+// `ferry serve --listen ivshmem:PATH[,size=BYTES]`: serves one shared-memory window (one QEMU
+// guest, or one host process that maps the file) with the same sessions as a socket. Each
+// window is its own client: one session at a time, on a thread of its own; a new epoch from
+// the guest (a reboot, a new process) ends the previous session and frees its memory.
+//
+// The guest is hostile: every request is copied out of the window before it is parsed (the
+// guest may rewrite the ring while the host reads), every counter it writes is range-checked,
+// and a guest that stalls mid-frame, stops reading replies or stops its heartbeat for the I/O
+// timeout loses its session. A guest reaches nothing outside its own window.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "remote-proto/ivshmem-window.h"
+#include "server/session.h"
+
+namespace ferry::server {
+
+class IvshmemServer {
+  public:
+    // spec: "PATH[,size=BYTES]" (the text after "ivshmem:"). Creates or opens the window file
+    // and sets up its header and rings (any client of a previous server is cut off).
+    // io_timeout_ms: see ConnectionLimits (0: never time out).
+    static Expected<std::unique_ptr<IvshmemServer>> open(const std::string& spec,
+                                                         const ServerOptions& opts,
+                                                         ServerCounters* counters,
+                                                         int io_timeout_ms);
+    ~IvshmemServer();  // stop(), then waits for run() to return
+
+    // "ivshmem:PATH": the address clients use on the host.
+    const std::string& address() const { return address_; }
+    // Serves sessions, one after another, until stop().
+    void run();
+    void stop() { stop_.store(true); }
+
+  private:
+    IvshmemServer(const ServerOptions& opts, ServerCounters* counters)
+        : opts_(opts), counters_(counters) {}
+    struct Link;
+    void serve_session(uint32_t epoch);
+
+    const ServerOptions& opts_;
+    ServerCounters* counters_;
+    int io_timeout_ms_ = 0;
+    std::string address_;
+    remote::ivshmem::Window win_;
+    remote::ivshmem::Geometry geo_;  // private copy: never read back from the window
+    std::atomic<bool> stop_{false};
+    std::atomic<bool> running_{false};
+    std::thread ticker_;
+};
+
+}  // namespace ferry::server
