@@ -12,6 +12,7 @@ import sys
 # Public headers -> the layer that implements them.
 PUBLIC = {
     "ferry/status.h": "core", "ferry/types.h": "core", "ferry/tensor.h": "core",
+    "ferry/checked.h": "core",
     "ferry/ops.def": "core", "ferry/graph.h": "core",
     "ferry/backend.h": "backend", "ferry/allocator.h": "backend", "ferry/scheduler.h": "backend",
     "ferry/backends.h": "backends",

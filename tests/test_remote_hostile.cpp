@@ -1,15 +1,20 @@
 // Hostile requests against a real `ferry serve`: raw frames over real sockets. Each must get an
 // error reply while the server stays up and a concurrent well-behaved client is unaffected.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 #include <atomic>
+#include <cstring>
 #include <random>
 #include <thread>
 
-#include "ferry/remote.h"
 #include "ferry/allocator.h"
 #include "ferry/backend.h"
 #include "ferry/graph.h"
+#include "ferry/remote.h"
 #include "test_remote_util.h"
 
 using namespace ferry;
@@ -189,22 +194,24 @@ class Hostile : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(Hostile, EveryBadRequestGetsAnErrorAndNobodyElseNotices) {
-    // --- before HELLO ---
-    {
+    // --- before HELLO: one error, then the connection is closed (no session was made) ---
+    auto before_hello = [&](Cmd cmd, const std::vector<uint8_t>& p, const char* want,
+                            const char* what) {
         RawClient c;
         ASSERT_TRUE(c.connect(next_addr()));
-        expect_error(c, Cmd::LIST_DEVICES, {}, "HELLO must be the first", "list before hello");
-        expect_error(c, Cmd::BUFFER_ALLOC, payload([](wire::Writer& w) {
-                         w.u32(0);
-                         w.u8(0);
-                         w.u64(64);
-                     }),
-                     "HELLO must be the first", "alloc before hello");
-        expect_error(c, Cmd::GRAPH_COMPUTE, graph({}), "HELLO must be the first",
-                     "compute before hello");
-        expect_error(c, Cmd::HELLO, payload([](wire::Writer& w) { w.u32(1); }), "malformed HELLO",
-                     "truncated hello");
-    }
+        expect_error(c, cmd, p, want, what);
+        EXPECT_TRUE(c.closed_by_server()) << what;
+    };
+    before_hello(Cmd::LIST_DEVICES, {}, "HELLO must be the first", "list before hello");
+    before_hello(Cmd::BUFFER_ALLOC, payload([](wire::Writer& w) {
+                     w.u32(0);
+                     w.u8(0);
+                     w.u64(64);
+                 }),
+                 "HELLO must be the first", "alloc before hello");
+    before_hello(Cmd::GRAPH_COMPUTE, graph({}), "HELLO must be the first", "compute before hello");
+    before_hello(Cmd::HELLO, payload([](wire::Writer& w) { w.u32(1); }), "malformed HELLO",
+                 "truncated hello");
     {
         RawClient c;
         ASSERT_TRUE(c.connect(next_addr()));
@@ -871,5 +878,412 @@ TEST(HostileEvents, EventOfAnotherDeviceIsRefused) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, Hostile, ::testing::Values("unix", "tcp", "ivshmem"));
+
+// ---------------------------------------------------------------------------------------------
+// Hardening, round two (issue 9): one test per class of finding, each over unix and tcp,
+// each ending with the server alive and a concurrent good client served correctly. The
+// server's resident memory is measured around each attack (VmHWM growth) and must stay within
+// --max-memory plus a fixed allowance.
+
+constexpr uint64_t kBudget = 1u << 20;  // --max-memory of these servers
+// Fixed allowance over --max-memory for the server's resident memory under one attacker: its
+// frame buffer (up to the budget's room + 1 MiB, kept up to 4 MiB), thread stacks, the good
+// client's session and allocator slack.
+constexpr long kAllowanceKiB = 48 * 1024;
+
+// SESSION_STATS fields (0-based).
+enum Stat {
+    kStatServerSessions = 8,
+    kStatCharged = 11,
+    kStatBufferCharge = 12,
+    kStatScratch = 13,
+    kStatCacheBytes = 14,
+    kStatCacheEntries = 15,
+    kStatMaxMemory = 17,
+};
+
+Entry with_strides(Entry e, std::initializer_list<uint64_t> nb) {
+    int i = 0;
+    for (uint64_t n : nb) e.nb[i++] = n;
+    return e;
+}
+
+class Hardening : public ::testing::TestWithParam<std::string> {
+  protected:
+    void start(std::vector<std::string> extra = {}) {
+        dir_ = ferry::test::make_temp_dir();
+        const std::string listen =
+            GetParam() == "unix" ? "unix:" + dir_ + "/h" : std::string("tcp:127.0.0.1:0");
+        std::vector<std::string> args = {"--max-memory",
+                                         std::to_string(kBudget),
+                                         "--max-work",
+                                         std::to_string(1ull << 38),
+                                         "--io-timeout",
+                                         "2",
+                                         "--hello-timeout",
+                                         "1",
+                                         "-t",
+                                         "2"};
+        for (auto& e : extra) args.push_back(e);
+        std::string err;
+        ASSERT_TRUE(srv_.start(listen, args, &err)) << err;
+        good_ = std::make_unique<GoodClient>(srv_.addr());
+        good_->start();
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));  // its session is up
+        rss0_ = srv_.status_kib("VmRSS");
+    }
+    void TearDown() override {
+        if (!good_) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        good_->stop();
+        EXPECT_EQ(good_->failures(), 0) << good_->first_error();
+        EXPECT_GT(good_->iterations(), 0);
+        EXPECT_TRUE(srv_.alive());
+        // A fresh client is served correctly after the attack.
+        RawClient c = hello();
+        EXPECT_EQ(c.stat(kStatMaxMemory), kBudget);
+        const long hwm = srv_.status_kib("VmHWM");
+        std::printf(
+            "[%s %s] server RSS %ld KiB before the attack, peak %ld KiB (+%ld KiB; "
+            "--max-memory %llu KiB); good client ran %d steps\n",
+            ::testing::UnitTest::GetInstance()->current_test_info()->name(), GetParam().c_str(),
+            rss0_, hwm, hwm - rss0_, static_cast<unsigned long long>(kBudget / 1024),
+            good_->iterations());
+#if !defined(__SANITIZE_ADDRESS__)
+#if defined(__has_feature)
+#if !__has_feature(address_sanitizer)
+        EXPECT_LE(hwm - rss0_, static_cast<long>(kBudget / 1024) + kAllowanceKiB);
+#endif
+#else
+        EXPECT_LE(hwm - rss0_, static_cast<long>(kBudget / 1024) + kAllowanceKiB);
+#endif
+#endif
+    }
+    RawClient hello() {
+        RawClient c;
+        EXPECT_TRUE(c.connect(srv_.addr()));
+        auto r = c.hello();
+        EXPECT_TRUE(r.ok && !r.is_error()) << r.message();
+        return c;
+    }
+    uint64_t alloc(RawClient& c, uint64_t size, RawClient::Reply* out = nullptr) {
+        auto r = c.request(Cmd::BUFFER_ALLOC, payload([&](wire::Writer& w) {
+                               w.u32(0);
+                               w.u8(remote::kBufferDevice);
+                               w.u64(size);
+                           }));
+        if (out) *out = r;
+        return r.ok && !r.is_error() && r.payload.size() >= 8 ? u64_of(r.payload) : 0;
+    }
+    void expect_error(RawClient& c, Cmd cmd, const std::vector<uint8_t>& p, const char* want,
+                      const char* what) {
+        auto r = c.request(cmd, p);
+        ASSERT_TRUE(r.ok) << what << ": no reply (server down?)";
+        ASSERT_TRUE(r.is_error()) << what << ": accepted";
+        EXPECT_NE(r.message().find(want), std::string::npos)
+            << what << ": message '" << r.message() << "' lacks '" << want << "'";
+    }
+
+    std::string dir_;
+    ServerProcess srv_;
+    std::unique_ptr<GoodClient> good_;
+    long rss0_ = 0;
+};
+
+// 1. Element counts that overflow int64: a stride-0 leaf whose shape product wraps to the
+// destination's element count must not pass validation (the copy kernel would walk the
+// declared rows far past the destination).
+TEST_P(Hardening, ShapeProductsThatOverflowAreRefused) {
+    start();
+    RawClient c = hello();
+    const uint64_t dst_h = alloc(c, 4096), src_h = alloc(c, 4096);
+    ASSERT_TRUE(dst_h && src_h);
+    // 1024 * 3 * 0x2AAAAAAAAAAAAB = 1024 * (2^55 + 1) = 1024 (mod 2^64).
+    const Entry dst = leaf(Type::F32, {1024}, dst_h, 0);
+    Entry src = with_strides(leaf(Type::F32, {1024}, src_h, 0), {4, 0, 0, 0});
+    src.ne[1] = 3;
+    src.ne[2] = 0x2AAAAAAAAAAAABll;
+    Entry cpy = dst;
+    cpy.handle = 0;
+    cpy.op = static_cast<uint32_t>(Op::CPY);
+    cpy.src[0] = 1;
+    cpy.src[1] = 0;
+    cpy.view_src = 0;
+    expect_error(c, Cmd::GRAPH_COMPUTE, graph({dst, src, cpy}), "overflow", "wrapped CPY");
+    // The same through SUPPORTS_OP (no storage) and as a view whose extents exceed its bytes.
+    {
+        wire::Writer w;
+        w.u32(0);
+        w.u32(3);
+        for (const Entry& e : {dst, src, cpy}) remote::write_entry(w, e);
+        expect_error(c, Cmd::SUPPORTS_OP, w.buf(), "overflow", "wrapped CPY query");
+    }
+    Entry big = with_strides(leaf(Type::F32, {1ll << 62, 4}, src_h, 0), {4, 0, 0, 0});
+    expect_error(c, Cmd::GRAPH_COMPUTE, graph({big}), "overflow", "2^64 elements");
+    Entry overlap = with_strides(leaf(Type::F32, {1024, 1024}, src_h, 0), {4, 4, 0, 0});
+    expect_error(c, Cmd::GRAPH_COMPUTE, graph({overlap}), "extents exceed", "overlapping rows");
+    // A broadcast on purpose (stride 0, sensible count) still works.
+    Entry bcast = with_strides(leaf(Type::F32, {1024, 4}, src_h, 0), {4, 0, 0, 0});
+    auto r = c.request(Cmd::GRAPH_COMPUTE, graph({bcast}));
+    EXPECT_TRUE(r.ok && !r.is_error()) << r.message();
+}
+
+// 2. Zero-size and tiny buffers: each is charged whole pages (at least one) and counted, so
+// a flood of them runs into the session's memory limit instead of the kernel's map count.
+TEST_P(Hardening, EveryBufferIsChargedItsPages) {
+    start();
+    RawClient c = hello();
+    ASSERT_NE(alloc(c, 1), 0u);
+    EXPECT_EQ(c.stat(kStatBufferCharge), 4096u) << "a 1-byte buffer is charged its page";
+    int n = 1;
+    RawClient::Reply r;
+    while (n < 10000 && alloc(c, 0, &r) != 0) n++;
+    ASSERT_TRUE(r.ok) << "server down?";
+    ASSERT_TRUE(r.is_error()) << "10000 zero-byte buffers accepted";
+    EXPECT_NE(r.message().find("session memory limit"), std::string::npos) << r.message();
+    EXPECT_EQ(static_cast<uint64_t>(n), kBudget / 4096) << "buffers that fit";
+    EXPECT_LE(c.stat(kStatCharged), kBudget);
+    EXPECT_EQ(c.stat(kStatBufferCharge), kBudget);
+}
+
+// 3. Unbounded compute: attention over a stride-0 KV of 2^40 positions is refused up front by
+// the work budget; one within the budget but long is stopped when its client disconnects.
+Entry attention_graph(std::vector<Entry>* es, uint64_t h, int64_t n_kv) {
+    const Entry q = leaf(Type::F32, {64, 1, 1, 1}, h, 0);
+    const Entry k = with_strides(leaf(Type::F32, {64, n_kv, 1, 1}, h, 256), {4, 0, 256, 256});
+    const Entry v = with_strides(leaf(Type::F32, {64, n_kv, 1, 1}, h, 512), {4, 0, 256, 256});
+    Entry out = leaf(Type::F32, {64, 1, 1, 1}, h, 1024);
+    out.op = static_cast<uint32_t>(Op::FLASH_ATTN_EXT);
+    out.src[0] = 0;
+    out.src[1] = 1;
+    out.src[2] = 2;
+    const float scale = 0.125f;
+    std::memcpy(&out.op_params[0], &scale, 4);
+    *es = {q, k, v, out};
+    return out;
+}
+
+TEST_P(Hardening, ComputeIsBoundedAndStopsWithItsClient) {
+    start();
+    RawClient c = hello();
+    const uint64_t h = alloc(c, 4096);
+    ASSERT_NE(h, 0u);
+    std::vector<Entry> es;
+    attention_graph(&es, h, 1ll << 40);
+    expect_error(c, Cmd::GRAPH_COMPUTE, graph(es), "--max-work", "attention over 2^40");
+    // 2^30 positions (about 1.4e11 operations, inside the budget): minutes of work, unless
+    // the server notices its client left.
+    attention_graph(&es, h, 1ll << 30);
+    RawClient watcher = hello();
+    const uint64_t sessions = watcher.stat(kStatServerSessions);
+    ASSERT_TRUE(c.send_frame(static_cast<uint16_t>(Cmd::GRAPH_COMPUTE), graph(es)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    pollfd p{c.fd(), POLLIN, 0};
+    ASSERT_EQ(poll(&p, 1, 0), 0) << "the compute already answered: it was not a long one";
+    c.close();
+    const auto t0 = std::chrono::steady_clock::now();
+    uint64_t now = sessions;
+    while (now >= sessions && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        now = watcher.stat(kStatServerSessions);
+    }
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(now, sessions) << "the session outlived its client";
+    EXPECT_LT(waited, 5.0) << "the compute went on after its client left";
+    std::printf("compute stopped %.3f s after its client disconnected\n", waited);
+}
+
+// 4. Kernel scratch: a product whose second operand declares many stride-0 columns would size
+// the CPU scratch from the declared shape (hundreds of MB against a 1 MiB budget); the scratch
+// is limited to what the budget has left and charged.
+TEST_P(Hardening, KernelScratchIsLimitedAndCharged) {
+    start();
+    RawClient c = hello();
+    const uint64_t w_h = alloc(c, 8192), b_h = alloc(c, 16384), o_h = alloc(c, 256 << 10);
+    ASSERT_TRUE(w_h && b_h && o_h);
+    Entry a = leaf(Type::Q8_0, {4096, 1}, w_h, 0);
+    Entry b = with_strides(leaf(Type::F32, {4096, 1 << 16}, b_h, 0), {4, 0, 0, 0});
+    Entry out = leaf(Type::F32, {1, 1 << 16}, o_h, 0);
+    out.op = static_cast<uint32_t>(Op::MUL_MAT);
+    out.src[0] = 0;
+    out.src[1] = 1;
+    expect_error(c, Cmd::GRAPH_COMPUTE, graph({a, b, out}), "scratch", "mul_mat scratch");
+    // Attention rows are bounded by real bytes; a small one runs, and its scratch is charged.
+    std::vector<Entry> es;
+    attention_graph(&es, w_h, 64);
+    auto r = c.request(Cmd::GRAPH_COMPUTE, graph(es));
+    ASSERT_TRUE(r.ok && !r.is_error()) << r.message();
+    const uint64_t scratch = c.stat(kStatScratch);
+    EXPECT_GT(scratch, 0u);
+    EXPECT_LE(c.stat(kStatCharged), kBudget);
+    EXPECT_EQ(c.stat(kStatCharged), c.stat(kStatBufferCharge) + scratch + c.stat(kStatCacheBytes));
+}
+
+// 5. The graph cache: cached tables are charged (bytes and deserialized tensors); older ones
+// make room, a table the budget cannot hold is refused, and a frame larger than the budget
+// has left is dropped unread-into-memory.
+TEST_P(Hardening, CachedGraphsAreCharged) {
+    start();
+    RawClient c = hello();
+    const uint64_t h = alloc(c, 4096);
+    ASSERT_NE(h, 0u);
+    for (int g = 0; g < 16; g++) {
+        std::vector<Entry> es(1000, leaf(Type::F32, {16}, h, static_cast<uint64_t>(g) * 64));
+        auto r = c.request(Cmd::GRAPH_COMPUTE, graph(es));
+        ASSERT_TRUE(r.ok && !r.is_error()) << r.message();
+        ASSERT_LE(c.stat(kStatCharged), kBudget) << "graph " << g;
+    }
+    EXPECT_LT(c.stat(kStatCacheEntries), 16u) << "older graphs made room";
+    EXPECT_GT(c.stat(kStatCacheBytes), 0u);
+    std::vector<Entry> es(3000, leaf(Type::F32, {16}, h, 0));
+    expect_error(c, Cmd::GRAPH_COMPUTE, graph(es), "session memory limit", "3000 entries");
+    es.assign(20000, leaf(Type::F32, {16}, h, 0));
+    expect_error(c, Cmd::GRAPH_COMPUTE, graph(es), "exceeds what the session memory limit",
+                 "a 3 MB frame");
+    auto r = c.request(Cmd::PING, {});
+    EXPECT_TRUE(r.ok && !r.is_error()) << "the session carries on";
+}
+
+// 6. Connections: HELLO within a deadline before a slot is taken; silent connections do not
+// lock out a client with the token; a per-frame deadline; small frames before HELLO.
+TEST_P(Hardening, ConnectionsMustAuthenticateQuicklyAndFramesHaveDeadlines) {
+    start({"--max-sessions", "4"});
+    // Forty connections that never send anything.
+    std::vector<std::unique_ptr<RawClient>> silent;
+    for (int i = 0; i < 40; i++) {
+        silent.push_back(std::make_unique<RawClient>());
+        ASSERT_TRUE(silent.back()->connect(srv_.addr()));
+    }
+    // The client that speaks is served at once (the good client holds one of the 4 slots).
+    for (int i = 0; i < 3; i++) {
+        RawClient c;
+        ASSERT_TRUE(c.connect(srv_.addr()));
+        auto r = c.hello();
+        EXPECT_TRUE(r.ok && !r.is_error()) << r.message();
+    }
+    // Silent connections are closed within the HELLO deadline (1 s).
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto& s : silent) EXPECT_TRUE(s->closed_by_server());
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 4.0);
+    // A huge frame before HELLO is refused without being read.
+    {
+        RawClient c;
+        ASSERT_TRUE(c.connect(srv_.addr()));
+        ASSERT_TRUE(c.send_frame(static_cast<uint16_t>(Cmd::HELLO), {}, 0, 256ull << 20));
+        auto r = c.read_reply();
+        ASSERT_TRUE(r.is_error());
+        EXPECT_NE(r.message().find("at most 4096 bytes"), std::string::npos) << r.message();
+        EXPECT_TRUE(c.closed_by_server());
+    }
+    // A frame trickled a byte at a time: the deadline covers the whole frame (io-timeout 2 s),
+    // not each gap.
+    {
+        RawClient c = hello();
+        remote::Header hd;
+        hd.cmd = static_cast<uint16_t>(Cmd::PING);
+        hd.len = 100;
+        uint8_t hdr[remote::kHeaderSize];
+        remote::write_header(hdr, hd);
+        ASSERT_TRUE(c.send_raw(hdr, sizeof(hdr)));
+        const auto t1 = std::chrono::steady_clock::now();
+        bool closed = false;
+        for (int i = 0; i < 100 && !closed; i++) {
+            const uint8_t byte = 0;
+            closed = !c.send_raw(&byte, 1);
+            if (!closed) std::this_thread::sleep_for(std::chrono::milliseconds(250));
+            pollfd p{c.fd(), POLLIN, 0};
+            if (poll(&p, 1, 0) > 0) break;  // the server answered (timed out) and closed
+        }
+        auto r = c.read_reply();
+        ASSERT_TRUE(r.is_error());
+        EXPECT_NE(r.message().find("timed out"), std::string::npos) << r.message();
+        const double took =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+        EXPECT_LT(took, 4.0) << "a trickle kept the frame open";
+    }
+}
+
+// Per-client limits cannot be sidestepped by another loopback source address (tcp).
+TEST(HostileTcp, AllOfLoopbackIsOneClient) {
+    ServerProcess srv;
+    std::string err;
+    ASSERT_TRUE(srv.start("tcp:127.0.0.1:0", {"--max-sessions-per-client", "2"}, &err)) << err;
+    const std::string addr = srv.addr();
+    const uint16_t port = static_cast<uint16_t>(std::stoi(addr.substr(addr.rfind(':') + 1)));
+    auto from = [&](const char* src) {
+        RawClient c;
+        const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        inet_pton(AF_INET, src, &a.sin_addr);
+        EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << src;
+        sockaddr_in to{};
+        to.sin_family = AF_INET;
+        to.sin_port = htons(port);
+        inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+        EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
+        c.adopt(remote::Socket(fd));
+        return c;
+    };
+    RawClient a = from("127.0.0.2"), b = from("127.0.0.3");
+    EXPECT_FALSE(a.hello().is_error());
+    EXPECT_FALSE(b.hello().is_error());
+    RawClient c = from("127.0.0.4");
+    auto r = c.hello();
+    ASSERT_TRUE(r.is_error());
+    EXPECT_NE(r.message().find("server busy: loopback has 2 sessions"), std::string::npos)
+        << r.message();
+    EXPECT_TRUE(srv.alive());
+}
+
+// Protocol version 2: ALLOC_SIZE and INIT_TENSOR are validated like any table entry, and a
+// version 1 client still gets the 11-field SESSION_STATS it expects.
+TEST_P(Hardening, AllocSizeAndInitTensorAreValidated) {
+    start();
+    RawClient c = hello();
+    const uint64_t h = alloc(c, 4096);
+    ASSERT_NE(h, 0u);
+    auto alloc_size = [&](const Entry& e) {
+        return c.request(Cmd::ALLOC_SIZE, payload([&](wire::Writer& w) {
+                             w.u32(0);
+                             w.u8(remote::kBufferDevice);
+                             remote::write_entry(w, e);
+                         }));
+    };
+    auto r = alloc_size(leaf(Type::Q8_0, {64, 2}, 0, 0));
+    ASSERT_TRUE(r.ok && !r.is_error()) << r.message();
+    EXPECT_EQ(u64_of(r.payload), 2u * 2 * 34);
+    Entry wrapped = with_strides(leaf(Type::F32, {1024}, 0, 0), {4, 0, 0, 0});
+    wrapped.ne[1] = 3;
+    wrapped.ne[2] = 0x2AAAAAAAAAAAABll;
+    r = alloc_size(wrapped);
+    ASSERT_TRUE(r.is_error());
+    EXPECT_NE(r.message().find("overflow"), std::string::npos) << r.message();
+    auto init = [&](uint64_t handle, const Entry& e) {
+        return c.request(Cmd::INIT_TENSOR, payload([&](wire::Writer& w) {
+                             w.u64(handle);
+                             remote::write_entry(w, e);
+                         }));
+    };
+    r = init(h, leaf(Type::F32, {1024}, h, 0));
+    EXPECT_TRUE(r.ok && !r.is_error()) << r.message();
+    r = init(h, leaf(Type::F32, {1024}, h, 4));
+    ASSERT_TRUE(r.is_error());
+    EXPECT_NE(r.message().find("reaches past its buffer"), std::string::npos) << r.message();
+    r = init(h + 1000, leaf(Type::F32, {16}, h + 1000, 0));
+    ASSERT_TRUE(r.is_error());
+    EXPECT_NE(r.message().find("unknown buffer handle"), std::string::npos) << r.message();
+    RawClient v1;
+    ASSERT_TRUE(v1.connect(srv_.addr()));
+    r = v1.hello("", 1);
+    ASSERT_TRUE(r.ok && !r.is_error()) << r.message();
+    EXPECT_EQ(u64_of(r.payload) & 0xffffffffu, 1u) << "answered as version 1";
+    r = v1.request(Cmd::SESSION_STATS, {});
+    ASSERT_TRUE(r.ok && !r.is_error());
+    EXPECT_EQ(r.payload.size(), 11u * 8);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, Hardening, ::testing::Values("unix", "tcp"));
 
 }  // namespace

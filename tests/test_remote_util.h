@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -97,6 +98,20 @@ class ServerProcess {
         out_fd_ = -1;
     }
 
+    // A line of /proc/PID/status in KiB ("VmRSS", "VmHWM"); -1 when unreadable.
+    long status_kib(const char* key) const {
+        FILE* f = fopen(("/proc/" + std::to_string(pid_) + "/status").c_str(), "r");
+        if (!f) return -1;
+        char line[256];
+        long v = -1;
+        const size_t n = strlen(key);
+        while (fgets(line, sizeof(line), f)) {
+            if (strncmp(line, key, n) == 0 && line[n] == ':') v = strtol(line + n + 1, nullptr, 10);
+        }
+        fclose(f);
+        return v;
+    }
+
   private:
     pid_t pid_ = -1;
     int out_fd_ = -1;
@@ -136,6 +151,15 @@ class RawClient {
         setsockopt(sock_.fd(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
         return sock_.set_io_timeout(10000).is_ok();
     }
+    // Takes an already connected socket (e.g. bound to a chosen source address).
+    bool adopt(remote::Socket s) {
+        sock_ = std::move(s);
+        timeval tv{10, 0};
+        setsockopt(sock_.fd(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        return sock_.set_io_timeout(10000).is_ok();
+    }
+    int fd() const { return sock_.fd(); }
+    void close() { sock_.close(); }
     // Sends HELLO (caps 0: no shared memory, so no descriptors come back).
     Reply hello(const std::string& token = "", uint32_t version = remote::kProtocolVersion,
                 uint64_t caps = remote::kCapGraphCache | remote::kCapEvents) {
@@ -179,6 +203,15 @@ class RawClient {
     Reply request(remote::Cmd cmd, const std::vector<uint8_t>& payload) {
         if (!send_frame(static_cast<uint16_t>(cmd), payload)) return Reply{};
         return read_reply();
+    }
+    // SESSION_STATS field i (0-based, see docs/remote-protocol.md); UINT64_MAX on failure.
+    uint64_t stat(int i) {
+        Reply r = request(remote::Cmd::SESSION_STATS, {});
+        if (!r.ok || r.is_error() || r.payload.size() < static_cast<size_t>(i + 1) * 8) {
+            return UINT64_MAX;
+        }
+        wire::Reader rd(r.payload.data() + static_cast<size_t>(i) * 8, 8);
+        return rd.u64();
     }
     // On a window: detaches (what a half-closed socket says: no more requests).
     void shutdown_write() {

@@ -34,16 +34,29 @@ int cmd_serve(int argc, char** argv) {
                   {{"--token"}, "T", "token clients must present in HELLO (default: $FERRY_TOKEN)"},
                   {{"--max-memory"},
                    "BYTES",
-                   "per-session limit on buffer bytes (default: physical memory)"},
+                   "per-session limit on everything a session holds: buffers (whole\n"
+                   "pages), kernel scratch, cached graphs, events (default: physical memory)"},
+                  {{"--max-scratch"},
+                   "BYTES",
+                   "per-session limit on kernel scratch (default: --max-memory only)"},
+                  {{"--max-work"},
+                   "N",
+                   "estimated operations one graph compute may ask for; larger graphs are\n"
+                   "refused before they run (default 2^48; 0: no limit)"},
                   {{"--max-sessions"}, "N", "sessions at once, all clients (default 64)"},
                   {{"--max-sessions-per-client"},
                    "N",
-                   "sessions at once per client: per uid on unix sockets, per IP\n"
-                   "address on tcp (default 16)"},
+                   "sessions at once per client: per uid on unix sockets, per host on\n"
+                   "tcp: all of 127.0.0.0/8 is one client, IPv6 by /64 (default 16)"},
                   {{"--io-timeout"},
                    "SECONDS",
-                   "seconds a started frame, or a reply being sent, may stall before\n"
-                   "the session is closed (default 30; 0: never). Idle clients are kept."},
+                   "seconds a started frame may take to arrive in full, or a reply to be\n"
+                   "taken by the client, before the session is closed (default 30;\n"
+                   "0: never). Idle clients are kept."},
+                  {{"--hello-timeout"},
+                   "SECONDS",
+                   "seconds a new connection has to complete its HELLO (token checked);\n"
+                   "only then does it take a session slot (default 5)"},
                   {{"-t", "--threads"}, "N", "CPU threads per client session (default: all cores)"},
                   {{"-v", "--verbose"}, nullptr, "log sessions and requests to stderr"},
               },
@@ -60,6 +73,9 @@ int cmd_serve(int argc, char** argv) {
     std::optional<long long> max_sessions = args.integer({"--max-sessions"});
     std::optional<long long> per_client = args.integer({"--max-sessions-per-client"});
     std::optional<long long> io_timeout = args.integer({"--io-timeout"});
+    std::optional<long long> hello_timeout = args.integer({"--hello-timeout"});
+    std::optional<long long> max_work = args.integer({"--max-work"});
+    std::optional<long long> max_scratch = args.integer({"--max-scratch"});
     const bool verbose = args.flag({"-v", "--verbose"});
     if (Status st = args.finish(); !st) return fail("serve", st.message());
     if (listens.empty()) {
@@ -97,6 +113,15 @@ int cmd_serve(int argc, char** argv) {
         const DeviceMemory m = cpu_device()->memory();
         opts.max_memory = m.total;
     }
+    opts.max_work = 1ull << 48;
+    if (max_work) {
+        if (*max_work < 0) return fail("serve", "--max-work must be 0 (no limit) or positive");
+        opts.max_work = static_cast<uint64_t>(*max_work);
+    }
+    if (max_scratch) {
+        if (*max_scratch <= 0) return fail("serve", "--max-scratch must be positive");
+        opts.max_scratch = static_cast<uint64_t>(*max_scratch);
+    }
     if (names.empty()) {
         for (Device* d : all_devices()) {
             if (d->type() != DeviceType::REMOTE) opts.devices.push_back(d);
@@ -129,6 +154,12 @@ int cmd_serve(int argc, char** argv) {
             return fail("serve", "--io-timeout must be 0..86400 seconds");
         }
         limits.io_timeout_ms = static_cast<int>(*io_timeout * 1000);
+    }
+    if (hello_timeout) {
+        if (*hello_timeout <= 0 || *hello_timeout > 3600) {
+            return fail("serve", "--hello-timeout must be 1..3600 seconds");
+        }
+        limits.hello_timeout_ms = static_cast<int>(*hello_timeout * 1000);
     }
     // Windows first (each on a thread of its own), then the socket, if any, on this thread.
     server::Server srv(std::move(opts), limits);

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -51,6 +52,21 @@ struct DeviceCaps {
     bool host_buffer = false;  // host_buffer_type() gives pinned/shared host memory
     bool buffer_from_host_ptr = false;
     bool events = false;
+    // What a remote client must forward for this device (each is one more round trip or
+    // request, so devices that need none, like the CPU, cost the remote protocol nothing):
+    bool padded_alloc = false;    // BufferType::alloc_size may exceed nbytes for some tensor
+    bool init_tensor = false;     // Buffer::init_tensor does something
+    bool size_dependent = false;  // supports_op may answer differently for other sizes
+};
+
+// Limits a host puts on one backend's compute (the remote server, for each session).
+struct ComputeLimits {
+    // Scratch bytes the backend may hold for kernels; a compute that needs more fails (its
+    // error names the node and both sizes) instead of allocating.
+    size_t max_scratch = SIZE_MAX;
+    // Polled by the backend between nodes and inside long kernels (one thread at a time;
+    // callers rate-limit it themselves). True stops the compute, which then fails.
+    std::function<bool()> should_abort;
 };
 
 class BufferType {
@@ -145,6 +161,11 @@ class Backend {
     }
     // Threads for CPU-side work (ignored by devices that have none).
     virtual void set_n_threads(int n) { (void)n; }
+    // Limits for the computes that follow (see ComputeLimits); ignored by backends that hold
+    // no scratch and cannot stop early.
+    virtual void set_compute_limits(ComputeLimits limits) { (void)limits; }
+    // Host memory the backend holds between computes for kernel scratch (charged by hosts).
+    virtual size_t scratch_bytes() const { return 0; }
 };
 
 class Device {

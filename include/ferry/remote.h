@@ -44,6 +44,15 @@ struct RemoteStats {
     uint64_t server_sessions = 0;
     uint64_t server_bytes = 0;
     uint64_t server_buffers = 0;
+    // Protocol version 2: the session's memory budget (--max-memory) and what is charged to it.
+    uint64_t charged = 0;        // everything below, together
+    uint64_t buffer_charge = 0;  // buffers in whole pages (at least one each)
+    uint64_t scratch_bytes = 0;  // kernel scratch held by the session's backends
+    uint64_t graph_cache_bytes = 0;
+    uint64_t graph_cache_entries = 0;
+    uint64_t events = 0;      // live events (each charged kEventCharge)
+    uint64_t max_memory = 0;  // the limit (0: none)
+    uint64_t max_work = 0;    // estimated operations per GRAPH_COMPUTE (0: no limit)
 };
 
 // Stats of the session behind `reg` (a registry from remote_open or remote_connect).

@@ -90,6 +90,8 @@ struct Tensor {
     void* extra = nullptr;
 
     // --- derived properties ---
+    // Unchecked products: valid for tensors that passed validate_node() or tensor_span(),
+    // which reject shapes whose element count overflows int64.
     int64_t nelements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
     int64_t nrows() const { return ne[1] * ne[2] * ne[3]; }
     // Bytes spanned by the tensor's elements under its strides (0 if empty).
@@ -105,6 +107,19 @@ struct Tensor {
     float param_f(int i) const;
     void set_param_f(int i, float v);
 };
+
+// The one overflow-checked measure of a tensor's storage: *out = bytes spanned under its
+// strides (one past the last byte any element reaches, so transposed and permuted layouts are
+// measured exactly; 0 when a dimension is empty). False for a malformed shape: a negative
+// size, ne[0] not a whole number of blocks, an element count or a dense byte size that
+// overflows (int64 / size_t), or a span that overflows. Every check of a tensor that came from
+// outside (validate_node, the remote server's buffer ranges) goes through it.
+bool tensor_span(const Tensor* t, size_t* out);
+// True when the tensor's extents fit in the bytes its strides reach: a tensor whose strides
+// are all non-zero (over dimensions longer than 1) spans at least its dense byte size. A zero
+// stride (broadcast) repeats elements on purpose and is exempt for that dimension. Requires
+// tensor_span() to succeed.
+bool extents_fit_span(const Tensor* t);
 
 bool same_shape(const Tensor* a, const Tensor* b);
 // Standard contiguous strides for a type and shape (requires ne[0] % block_size == 0).

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "ferry/checked.h"
+
 namespace ferry {
 
 namespace {
@@ -15,44 +17,6 @@ const OpInfo kOpInfo[] = {
 #undef X
 };
 static_assert(sizeof(kOpInfo) / sizeof(kOpInfo[0]) == static_cast<size_t>(Op::COUNT));
-
-bool mul_ok(size_t a, size_t b, size_t* out) {
-    return !__builtin_mul_overflow(a, b, out);
-}
-bool add_ok(size_t a, size_t b, size_t* out) {
-    return !__builtin_add_overflow(a, b, out);
-}
-
-// Bytes spanned by t under its strides, with overflow checks. False on overflow or a
-// malformed shape (negative sizes, ne0 not a multiple of the block size).
-bool checked_span(const Tensor* t, size_t* out) {
-    const TypeTraits* tr = type_traits_or_null(static_cast<uint32_t>(t->type));
-    if (!tr) return false;
-    for (int i = 0; i < kMaxDims; i++) {
-        if (t->ne[i] < 0) return false;
-    }
-    for (int i = 0; i < kMaxDims; i++) {
-        if (t->ne[i] == 0) {
-            *out = 0;
-            return true;
-        }
-    }
-    if (t->ne[0] % tr->block_size != 0) return false;
-    // Last byte reached + 1: the last block of dim 0 spans type_size bytes, not nb[0] (which
-    // differs for transposed views).
-    size_t total = 0;
-    if (!mul_ok(static_cast<size_t>(t->ne[0] / tr->block_size - 1), t->nb[0], &total) ||
-        !add_ok(total, tr->type_size, &total)) {
-        return false;
-    }
-    for (int i = 1; i < kMaxDims; i++) {
-        size_t extra = 0;
-        if (!mul_ok(static_cast<size_t>(t->ne[i] - 1), t->nb[i], &extra)) return false;
-        if (!add_ok(total, extra, &total)) return false;
-    }
-    *out = total;
-    return true;
-}
 
 }  // namespace
 
@@ -73,9 +37,67 @@ Expected<Op> op_from_name(const char* name) {
     return Status::errorf("unknown op '%s'", name);
 }
 
+bool tensor_span(const Tensor* t, size_t* out) {
+    const TypeTraits* tr = type_traits_or_null(static_cast<uint32_t>(t->type));
+    if (!tr) return false;
+    for (int i = 0; i < kMaxDims; i++) {
+        if (t->ne[i] < 0) return false;
+    }
+    if (t->ne[0] % tr->block_size != 0) return false;
+    // The element count and the dense byte size must be representable even when a dimension
+    // is empty or a stride is zero: kernels and validation compute them (nelements(), CPY and
+    // RESHAPE element checks, scratch sizes), and a wrapped product would match a small one.
+    int64_t elems = 1;
+    uint64_t dense = 0;
+    for (int i = 0; i < kMaxDims; i++) {
+        if (!checked_mul(elems, t->ne[i], &elems)) return false;
+    }
+    if (!checked_mul(static_cast<uint64_t>(t->ne[0] / tr->block_size), tr->type_size, &dense)) {
+        return false;
+    }
+    for (int i = 1; i < kMaxDims; i++) {
+        if (!checked_mul(dense, static_cast<uint64_t>(t->ne[i]), &dense)) return false;
+    }
+    for (int i = 0; i < kMaxDims; i++) {
+        if (t->ne[i] == 0) {
+            *out = 0;
+            return true;
+        }
+    }
+    // Last byte reached + 1: the last block of dim 0 spans type_size bytes, not nb[0] (which
+    // differs for transposed views).
+    uint64_t total = 0;
+    if (!checked_mul(static_cast<uint64_t>(t->ne[0] / tr->block_size - 1), t->nb[0], &total) ||
+        !checked_add(total, tr->type_size, &total)) {
+        return false;
+    }
+    for (int i = 1; i < kMaxDims; i++) {
+        uint64_t extra = 0;
+        if (!checked_mul(static_cast<uint64_t>(t->ne[i] - 1), t->nb[i], &extra)) return false;
+        if (!checked_add(total, extra, &total)) return false;
+    }
+    *out = total;
+    return true;
+}
+
+bool extents_fit_span(const Tensor* t) {
+    size_t span = 0;
+    if (!tensor_span(t, &span)) return false;
+    if (span == 0) return true;  // an empty tensor reaches nothing
+    const TypeTraits& tr = type_traits(t->type);
+    // Dense bytes of the dimensions that do not repeat: a zero stride over a dimension longer
+    // than 1 is a broadcast and adds no bytes.
+    uint64_t dense = tr.type_size;
+    if (t->nb[0] != 0) dense = static_cast<uint64_t>(t->ne[0] / tr.block_size) * tr.type_size;
+    for (int i = 1; i < kMaxDims; i++) {
+        if (t->nb[i] != 0) dense *= static_cast<uint64_t>(t->ne[i]);  // no overflow: see span
+    }
+    return dense <= span;
+}
+
 size_t Tensor::nbytes() const {
     size_t n = 0;
-    FERRY_ASSERT(checked_span(this, &n));
+    FERRY_ASSERT(tensor_span(this, &n));
     return n;
 }
 
@@ -85,10 +107,13 @@ size_t Tensor::row_bytes() const {
 
 bool Tensor::is_contiguous() const {
     const TypeTraits& tr = type_traits(type);
+    // Checked products: a stride that equals a wrapped product is not contiguous.
+    uint64_t want = 0;
     if (nb[0] != tr.type_size) return false;
-    if (nb[1] != nb[0] * static_cast<size_t>(ne[0] / tr.block_size)) return false;
-    if (nb[2] != nb[1] * static_cast<size_t>(ne[1])) return false;
-    if (nb[3] != nb[2] * static_cast<size_t>(ne[2])) return false;
+    if (!checked_mul(nb[0], static_cast<uint64_t>(ne[0] / tr.block_size), &want) || nb[1] != want)
+        return false;
+    if (!checked_mul(nb[1], static_cast<uint64_t>(ne[1]), &want) || nb[2] != want) return false;
+    if (!checked_mul(nb[2], static_cast<uint64_t>(ne[2]), &want) || nb[3] != want) return false;
     return true;
 }
 
@@ -173,9 +198,9 @@ Status validate_view_range(const Tensor* t) {
     const Tensor* vs = t->view_src;
     if (vs->view_src != nullptr) return Status::error("view of a view (view_src must own storage)");
     size_t span = 0, src_span = 0, end = 0;
-    if (!checked_span(t, &span)) return Status::error("view shape/strides overflow");
-    if (!checked_span(vs, &src_span)) return Status::error("viewed tensor is malformed");
-    if (!add_ok(t->view_offs, span, &end) || end > src_span) {
+    if (!tensor_span(t, &span)) return Status::error("view shape/strides overflow");
+    if (!tensor_span(vs, &src_span)) return Status::error("viewed tensor is malformed");
+    if (!checked_add(t->view_offs, span, &end) || end > src_span) {
         return Status::errorf("view [offset %zu, %zu bytes] reaches past the %zu bytes of %s",
                               t->view_offs, span, src_span, describe(vs).c_str());
     }
@@ -486,10 +511,16 @@ Status validate_node(const Tensor* t) {
         return fail(Status::errorf("unknown type id %u", static_cast<uint32_t>(t->type)));
     }
     size_t span = 0;
-    if (!checked_span(t, &span)) {
+    if (!tensor_span(t, &span)) {
         return fail(
-            Status::error("shape or strides invalid (negative, not whole blocks, or "
-                          "overflowing)"));
+            Status::error("shape or strides invalid (negative, not whole blocks, or an element "
+                          "count, byte size or span that overflows)"));
+    }
+    if (!extents_fit_span(t)) {
+        return fail(Status::errorf(
+            "extents exceed the %zu bytes its strides reach (overlapping strides; only a zero "
+            "stride may repeat elements)",
+            span));
     }
     int n_src = 0;
     for (int i = 0; i < kMaxSrc; i++) {
@@ -505,7 +536,7 @@ Status validate_node(const Tensor* t) {
         const Tensor* s = t->src[i];
         if (!s) continue;
         size_t sspan = 0;
-        if (!type_traits_or_null(static_cast<uint32_t>(s->type)) || !checked_span(s, &sspan)) {
+        if (!type_traits_or_null(static_cast<uint32_t>(s->type)) || !tensor_span(s, &sspan)) {
             return fail(Status::errorf("source %d is malformed", i));
         }
     }
@@ -570,13 +601,11 @@ Expected<Tensor*> Context::new_tensor_checked(Type type, int n_dims, const int64
     }
     Expected<size_t> rs = row_size_checked(type, t.ne[0]);
     if (!rs) return rs.status();
-    size_t total = *rs;
-    for (int i = 1; i < kMaxDims; i++) {
-        if (!mul_ok(total, static_cast<size_t>(t.ne[i]), &total)) {
-            return Status::error("tensor byte size overflows");
-        }
+    set_contiguous_strides(&t);  // unsigned products; checked just below
+    size_t span = 0;
+    if (!tensor_span(&t, &span)) {
+        return Status::error("tensor element count or byte size overflows");
     }
-    set_contiguous_strides(&t);
     tensors_.push_back(t);
     return &tensors_.back();
 }

@@ -25,6 +25,8 @@ const char* cmd_name(uint16_t cmd) {
         "EVENT_RECORD",
         "EVENT_WAIT",
         "EVENT_SYNCHRONIZE",
+        "ALLOC_SIZE",
+        "INIT_TENSOR",
     };
     static_assert(sizeof(kNames) / sizeof(kNames[0]) == kCmdMax + 1);
     return cmd <= kCmdMax ? kNames[cmd] : "UNKNOWN";

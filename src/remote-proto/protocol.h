@@ -12,7 +12,11 @@
 namespace ferry::remote {
 
 constexpr uint32_t kMagic = 0x31595246u;  // "FRY1" little-endian
-constexpr uint32_t kProtocolVersion = 1;
+// Version 2 added ALLOC_SIZE, INIT_TENSOR, the device caps bits 8/16/32 and the longer
+// SESSION_STATS record. A version 2 server still serves version 1 clients (answering their
+// SESSION_STATS with the 11 fields they expect).
+constexpr uint32_t kProtocolVersion = 2;
+constexpr uint32_t kMinProtocolVersion = 1;
 
 // Frame header (24 bytes, little-endian), followed by `len` payload bytes.
 //   u32 magic, u16 cmd, u16 flags, u64 id, u64 len
@@ -49,8 +53,11 @@ enum class Cmd : uint16_t {
     EVENT_RECORD = 18,       // u64 event, u32 dev -> (empty)
     EVENT_WAIT = 19,         // u32 dev, u64 event -> (empty)
     EVENT_SYNCHRONIZE = 20,  // u64 event -> (empty), once the recorded point has passed
+    // Version 2.
+    ALLOC_SIZE = 21,   // u32 dev, u8 kind, entry (a leaf) -> u64 bytes the tensor needs
+    INIT_TENSOR = 22,  // u64 handle, entry (a leaf at entry offset) -> (empty)
 };
-constexpr uint16_t kCmdMax = 20;
+constexpr uint16_t kCmdMax = 22;
 const char* cmd_name(uint16_t cmd);
 
 // Capability bits (HELLO). The server answers with the intersection of what both offer.
@@ -61,9 +68,12 @@ enum Caps : uint64_t {
 };
 
 // Device record caps bits (LIST_DEVICES, u8).
-constexpr uint8_t kDeviceCapAsync = 1;         // the device's caps().async
-constexpr uint8_t kDeviceCapEvents = 2;        // caps().events: EVENT_* work on this device
-constexpr uint8_t kDeviceCapSharedMemory = 4;  // host buffers are shared memory (unix sockets)
+constexpr uint8_t kDeviceCapAsync = 1;           // the device's caps().async
+constexpr uint8_t kDeviceCapEvents = 2;          // caps().events: EVENT_* work on this device
+constexpr uint8_t kDeviceCapSharedMemory = 4;    // host buffers are shared memory (unix sockets)
+constexpr uint8_t kDeviceCapPaddedAlloc = 8;     // caps().padded_alloc: ask ALLOC_SIZE
+constexpr uint8_t kDeviceCapInitTensor = 16;     // caps().init_tensor: send INIT_TENSOR
+constexpr uint8_t kDeviceCapSizeDependent = 32;  // caps().size_dependent: supports_op by size
 
 // BUFFER_ALLOC kinds.
 constexpr uint8_t kBufferDevice = 0;  // the device's buffer_type()
@@ -86,6 +96,19 @@ constexpr size_t kServerGraphCache = 16;
 constexpr size_t kClientGraphCache = 8;
 // Live events a session may hold (EVENT_NEW beyond it is an error).
 constexpr size_t kMaxSessionEvents = 4096;
+// Live buffers a session may hold (BUFFER_ALLOC beyond it is an error): each costs the server
+// a mapping or an allocation, whatever its size.
+constexpr size_t kMaxSessionBuffers = 4096;
+// What a session is charged against its memory limit (--max-memory) besides its buffers'
+// bytes: every buffer whole pages, at least one (a zero-byte buffer still costs a mapping);
+// each live event kEventCharge bytes; each cached graph its table bytes plus kTensorCharge
+// per entry (the deserialized tensors and graph lists); kernel scratch at its real size.
+constexpr uint64_t kPageCharge = 4096;
+constexpr uint64_t kEventCharge = 256;
+constexpr uint64_t kTensorCharge = 384;
+// SESSION_STATS fields: version 1 sessions get the first 11, version 2 all of them.
+constexpr int kStatsFieldsV1 = 11;
+constexpr int kStatsFields = 19;
 
 // One tensor-table entry, exactly kEntrySize bytes on the wire:
 //   u64 buffer handle (0: none; ignored for views), u64 offset in the buffer,

@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -12,9 +13,18 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 namespace ferry::remote {
+
+namespace {
+int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+}  // namespace
 
 bool Address::is_loopback() const {
     if (kind == Kind::Unix) return true;
@@ -127,6 +137,7 @@ Status Socket::send_parts(const iovec* parts, int n_parts, int pass_fd) {
         if (parts[i].iov_len) left[n++] = parts[i];
     }
     bool fd_pending = pass_fd >= 0;
+    int64_t send_deadline = 0;
     while (first < n) {
         msghdr msg{};
         msg.msg_iov = left + first;
@@ -142,10 +153,15 @@ Status Socket::send_parts(const iovec* parts, int n_parts, int pass_fd) {
             c->cmsg_len = CMSG_LEN(sizeof(int));
             std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
         }
-        const ssize_t sent = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
+        const ssize_t sent = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | (frame_ms_ ? MSG_DONTWAIT : 0));
         if (sent < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                if (frame_ms_) {
+                    // The whole send must finish within the frame timeout from here.
+                    if (!send_deadline) send_deadline = now_ns() + int64_t{frame_ms_} * 1000000;
+                    if (wait_until_deadline(POLLOUT, send_deadline)) continue;
+                }
                 return Status::error("send timed out: the peer stopped reading");
             }
             return Status::errorf("send: %s", std::strerror(errno));
@@ -163,8 +179,22 @@ Status Socket::send_parts(const iovec* parts, int n_parts, int pass_fd) {
     return Status::ok();
 }
 
+bool Socket::wait_until_deadline(short events, int64_t deadline_ns) {
+    for (;;) {
+        const int64_t left = deadline_ns - now_ns();
+        if (left <= 0) return false;
+        pollfd pfd{fd_, events, 0};
+        const int r =
+            ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left / 1000000 + 1, 1 << 30)));
+        if (r > 0) return true;  // ready, or an error the next call reports
+        if (r < 0 && errno != EINTR) return true;
+    }
+}
+
 Status Socket::recv_some(void* p, size_t cap, size_t* got, bool idle_ok, std::vector<int>* fds) {
     *got = 0;
+    const bool timed = frame_ms_ > 0 && !idle_ok;
+    if (timed && !deadline_ns_) deadline_ns_ = now_ns() + int64_t{frame_ms_} * 1000000;
     for (;;) {
         iovec iov{p, cap};
         msghdr msg{};
@@ -173,13 +203,17 @@ Status Socket::recv_some(void* p, size_t cap, size_t* got, bool idle_ok, std::ve
         alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * 4)];
         msg.msg_control = ctrl;
         msg.msg_controllen = sizeof(ctrl);
-        const ssize_t r = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
+        const ssize_t r = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC | (timed ? MSG_DONTWAIT : 0));
         if (r >= 0) {
             take_fds(&msg, fds);
             *got = static_cast<size_t>(r);
             return Status::ok();
         }
         if (errno == EINTR) continue;
+        if (timed && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if (wait_until_deadline(POLLIN, deadline_ns_)) continue;
+            return Status::errorf("timed out (a frame must arrive within %d ms)", frame_ms_);
+        }
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
             // SO_RCVTIMEO expired (see set_io_timeout).
             if (idle_ok) continue;
@@ -262,15 +296,23 @@ std::string Socket::peer_identity() const {
     socklen_t len = sizeof(ss);
     if (getpeername(fd_, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
         char host[INET6_ADDRSTRLEN] = {};
-        if (ss.ss_family == AF_INET &&
-            inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, host,
-                      sizeof(host))) {
+        auto v4 = [&](const uint8_t* a) -> std::string {
+            if (a[0] == 127) return "loopback";  // every 127.0.0.0/8 address is this host
+            inet_ntop(AF_INET, a, host, sizeof(host));
             return host;
+        };
+        if (ss.ss_family == AF_INET) {
+            return v4(reinterpret_cast<const uint8_t*>(
+                &reinterpret_cast<const sockaddr_in*>(&ss)->sin_addr));
         }
-        if (ss.ss_family == AF_INET6 &&
-            inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, host,
-                      sizeof(host))) {
-            return host;
+        if (ss.ss_family == AF_INET6) {
+            const in6_addr& a6 = reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_addr;
+            if (IN6_IS_ADDR_LOOPBACK(&a6)) return "loopback";
+            if (IN6_IS_ADDR_V4MAPPED(&a6)) return v4(a6.s6_addr + 12);
+            // A host is usually given a whole /64: key the client by it.
+            in6_addr prefix = a6;
+            std::memset(prefix.s6_addr + 8, 0, 8);
+            if (inet_ntop(AF_INET6, &prefix, host, sizeof(host))) return std::string(host) + "/64";
         }
     }
     ucred cred{};

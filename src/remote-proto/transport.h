@@ -69,12 +69,25 @@ class Socket {
     // Makes every blocking receive and send give up after ms milliseconds without progress
     // (0: wait forever).
     Status set_io_timeout(int ms);
-    // Who is on the other end, for per-client limits: "uid N" on unix sockets, the IP address
-    // on tcp.
+    // Per-frame deadline (the server's): once a receive that is not idle_ok starts, every
+    // receive until end_frame() must complete within ms milliseconds in total, and each send
+    // that has to wait must finish within ms of when it began waiting; a trickle of bytes does
+    // not extend either. Costs nothing while data is already there (a non-blocking attempt
+    // comes first; poll only when it would block). 0: off.
+    void set_frame_timeout(int ms) { frame_ms_ = ms; }
+    void end_frame() { deadline_ns_ = 0; }
+    // Who is on the other end, for per-client limits: "uid N" on unix sockets; on tcp one key
+    // per host that cannot be changed by picking another source address on it: "loopback"
+    // for all of 127.0.0.0/8 and ::1, the IPv4 address (IPv4-mapped IPv6 included) otherwise,
+    // and the /64 prefix for IPv6 ("2001:db8:1:2::/64").
     std::string peer_identity() const;
 
   private:
+    // Waits (poll) for `events` until the frame deadline; false when it has passed.
+    bool wait_until_deadline(short events, int64_t deadline_ns);
     int fd_ = -1;
+    int frame_ms_ = 0;
+    int64_t deadline_ns_ = 0;  // steady clock; 0: no frame in progress
 };
 
 // Reads a socket through a buffer: one receive takes in every frame that has arrived (a

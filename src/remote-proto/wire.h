@@ -2,7 +2,8 @@
 //
 // The reader never reads past its input: every get fails (and latches the failure) on
 // truncation, so a decoder can read a whole request and check ok() once. Lengths that come
-// from outside are checked with overflow-checked arithmetic before they size anything.
+// from outside are checked with overflow-checked arithmetic (ferry/checked.h) before they size
+// anything.
 #pragma once
 
 #include <cstddef>
@@ -12,20 +13,9 @@
 #include <string_view>
 #include <vector>
 
-namespace ferry::wire {
+#include "ferry/checked.h"
 
-// Overflow-checked size arithmetic.
-inline bool add_ok(uint64_t a, uint64_t b, uint64_t* out) {
-    return !__builtin_add_overflow(a, b, out);
-}
-inline bool mul_ok(uint64_t a, uint64_t b, uint64_t* out) {
-    return !__builtin_mul_overflow(a, b, out);
-}
-// True when [off, off + size) lies within [0, limit).
-inline bool range_ok(uint64_t off, uint64_t size, uint64_t limit) {
-    uint64_t end = 0;
-    return add_ok(off, size, &end) && end <= limit;
-}
+namespace ferry::wire {
 
 // 64-bit FNV-1a over bytes followed by a final avalanche (xorshift-multiply): the graph-table
 // hash both sides compute. Not cryptographic: the server compares bytes as well.

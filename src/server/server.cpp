@@ -1,12 +1,17 @@
 #include "server/server.h"
 
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <thread>
@@ -25,7 +30,10 @@ namespace {
 // announces a large frame costs nothing until the bytes are actually sent.
 constexpr size_t kReadStep = 4u << 20;
 // Frame buffer capacity a session keeps between requests.
-constexpr size_t kKeepBytes = 16u << 20;
+constexpr size_t kKeepBytes = 4u << 20;
+// A frame may exceed what the session's memory budget has left by this much (small requests
+// always pass; the frame buffer is part of the fixed per-session allowance).
+constexpr uint64_t kFrameSlack = 1u << 20;
 // TENSOR_SET data at least this large is received in place (see serve_connection).
 constexpr uint64_t kDirectMin = 256u << 10;
 
@@ -76,14 +84,6 @@ Reply error_reply(const std::string& msg) {
     wire::Writer w(&r.payload);
     w.str(msg);
     return r;
-}
-
-// A refused connection's answer: an error reply to its first request.
-void send_error(Socket& s, const Header& req, const std::string& msg) {
-    const Reply r = error_reply(msg);
-    uint8_t hdr[remote::kHeaderSize];
-    write_reply_header(hdr, req, r, r.payload.size());
-    (void)s.send_all(hdr, sizeof(hdr), r.payload.data(), r.payload.size());
 }
 
 // One connection's byte streams. Reads are buffered (BufferedReader: a decode step's
@@ -139,28 +139,101 @@ class Stream {
 
 }  // namespace
 
-void serve_connection(Socket sock, const ServerOptions& opts, ServerCounters* counters,
-                      bool shared_memory, int io_timeout_ms) {
-    if (io_timeout_ms > 0) {
-        if (Status st = sock.set_io_timeout(io_timeout_ms); !st) {
-            send_error(sock, Header{}, st.message());
-            return;
+// Sessions and handshakes open per client, shared with the connection threads (which leave
+// after the Server may be gone).
+struct Server::Admission {
+    std::mutex mu;
+    ConnectionLimits lim;
+    int total = 0;
+    std::map<std::string, int> per_client;
+
+    // Connections accepted and not yet through HELLO, oldest first. A new one that finds
+    // the table full (overall, or for its client) pushes out the oldest pending one (its
+    // socket is shut down, so its thread ends at once): a client that completes its HELLO
+    // in milliseconds is never locked out by connections that send nothing, and silent
+    // connections cost at most max_handshakes threads.
+    struct Pending {
+        uint64_t id;
+        std::string who;
+        int fd;
+    };
+    std::list<Pending> pending;
+    uint64_t next_pending = 1;
+
+    uint64_t begin_handshake(const std::string& who, int fd) {
+        std::lock_guard<std::mutex> lock(mu);
+        int mine = 0;
+        for (const Pending& p : pending) mine += p.who == who;
+        auto evict = [&](auto it) {
+            ::shutdown(it->fd, SHUT_RDWR);  // still open: removed from here before it closes
+            pending.erase(it);
+        };
+        if (mine >= lim.max_handshakes_per_client) {
+            evict(std::find_if(pending.begin(), pending.end(),
+                               [&](const Pending& p) { return p.who == who; }));
+        } else if (static_cast<int>(pending.size()) >= lim.max_handshakes) {
+            evict(pending.begin());
         }
+        pending.push_back({next_pending, who, fd});
+        return next_pending++;
     }
-    Session session(opts, counters, shared_memory);
-    if (opts.verbose)
-        std::fprintf(stderr, "ferry serve: session %llu opened\n",
-                     static_cast<unsigned long long>(session.id()));
-    Stream io(sock);
+    // Before the connection's socket closes (or once it is admitted).
+    void end_handshake(uint64_t id) {
+        std::lock_guard<std::mutex> lock(mu);
+        pending.remove_if([&](const Pending& p) { return p.id == id; });
+    }
+    // Admits one more session of `who` (after its HELLO), or says why not.
+    Status admit(const std::string& who) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (total >= lim.max_sessions) {
+            return Status::errorf("server busy: %d sessions open (--max-sessions)", total);
+        }
+        int& mine = per_client[who];
+        if (mine >= lim.max_sessions_per_client) {
+            return Status::errorf(
+                "server busy: %s has %d sessions open (--max-sessions-per-client)", who.c_str(),
+                mine);
+        }
+        mine++;
+        total++;
+        return Status::ok();
+    }
+    void leave(const std::string& who) {
+        std::lock_guard<std::mutex> lock(mu);
+        total--;
+        auto it = per_client.find(who);
+        if (it != per_client.end() && --it->second <= 0) per_client.erase(it);
+    }
+};
+
+namespace {
+
+// Polls the connection for its client going away while a compute runs (POLLRDHUP: the peer
+// closed or shut down its end), at most every 10 ms. Called from one compute thread.
+std::function<bool()> disconnect_check(int fd) {
+    auto last = std::make_shared<std::chrono::steady_clock::time_point>();
+    return [fd, last]() {
+        const auto now = std::chrono::steady_clock::now();
+        if (now - *last < std::chrono::milliseconds(10)) return false;
+        *last = now;
+        pollfd p{fd, POLLRDHUP, 0};
+        return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+    };
+}
+
+// The session part of a connection (after its HELLO was answered).
+void serve_session(Socket& sock, Stream& io, Session& session, const ServerOptions& opts) {
     // Answers with an error and ends the connection (the stream cannot be trusted further).
     auto fatal = [&](const Header& h, const std::string& msg) {
         (void)io.reply(h, error_reply(msg));
     };
+    session.set_abort_check(disconnect_check(sock.fd()));
     FrameBuffer payload;
     Reply reply;
     for (;;) {
         uint8_t hdr[remote::kHeaderSize];
         size_t hdr_got = 0;
+        sock.end_frame();
         Status st = io.read(hdr, sizeof(hdr), /*idle_ok=*/true, &hdr_got);
         if (!st) {
             // End of file between frames is the client leaving.
@@ -209,6 +282,32 @@ void serve_connection(Socket sock, const ServerOptions& opts, ServerCounters* co
                 continue;
             }
         }
+        // A frame the session's memory budget cannot hold (it is staged in server memory) is
+        // read and dropped in small pieces, and answered with an error.
+        const uint64_t charged = session.charged();
+        const uint64_t room = opts.max_memory > charged ? opts.max_memory - charged : 0;
+        if (opts.max_memory && h.len > room + kFrameSlack) {
+            uint8_t sink[16384];
+            while (got < h.len) {
+                const size_t step =
+                    static_cast<size_t>(std::min<uint64_t>(sizeof(sink), h.len - got));
+                if (rst = io.read(sink, step, false); !rst) break;
+                got += step;
+            }
+            if (!rst) {
+                fatal(h, "truncated frame: " + rst.message());
+                break;
+            }
+            if (!io.reply(h, error_reply(strfmt(
+                                 "%s: frame of %llu bytes exceeds what the session memory limit "
+                                 "has left (%llu of %llu bytes charged)",
+                                 remote::cmd_name(h.cmd), static_cast<unsigned long long>(h.len),
+                                 static_cast<unsigned long long>(charged),
+                                 static_cast<unsigned long long>(opts.max_memory))))) {
+                break;
+            }
+            continue;
+        }
         // The frame's buffer grows (geometrically, uninitialized) only as its bytes arrive.
         while (got < h.len) {
             const size_t step = static_cast<size_t>(std::min<uint64_t>(kReadStep, h.len - got));
@@ -224,6 +323,7 @@ void serve_connection(Socket sock, const ServerOptions& opts, ServerCounters* co
                             static_cast<unsigned long long>(h.len), rst.message().c_str()));
             break;
         }
+        sock.end_frame();
         if (h.flags != 0) {
             if (!io.reply(h, error_reply(strfmt("request with flags 0x%x (requests carry none)",
                                                 h.flags)))) {
@@ -249,48 +349,103 @@ void serve_connection(Socket sock, const ServerOptions& opts, ServerCounters* co
         payload.shrink(kKeepBytes);
     }
     (void)io.flush();
+}
+
+void serve_connection_impl(Socket& sock, const ServerOptions& opts, ServerCounters* counters,
+                           bool shared_memory, const ConnectionLimits& limits,
+                           Server::Admission* admission, const std::string& who,
+                           uint64_t pending_id, bool* admitted) {
+    // The HELLO: one small frame, all of it within the hello deadline.
+    if (limits.hello_timeout_ms > 0) {
+        if (Status st = sock.set_io_timeout(limits.hello_timeout_ms); !st) return;
+        sock.set_frame_timeout(limits.hello_timeout_ms);
+    }
+    Stream io(sock);
+    uint8_t hdr[remote::kHeaderSize];
+    if (!io.read(hdr, sizeof(hdr), /*idle_ok=*/false)) return;  // silent, late or gone
+    const Header h = remote::read_header(hdr);
+    if (h.magic != remote::kMagic) {
+        (void)io.reply(
+            h, error_reply(strfmt("bad frame magic 0x%08x (not a ferry client?)", h.magic)));
+        return;
+    }
+    uint8_t body[kMaxHelloFrame];
+    // A small frame is read in full before any answer (closing a socket with unread bytes
+    // resets it and the answer would be lost); a larger one is never read.
+    if (h.len <= kMaxHelloFrame) {
+        if (Status st = io.read(body, static_cast<size_t>(h.len), false); !st) {
+            (void)io.reply(h, error_reply("truncated HELLO: " + st.message()));
+            return;
+        }
+    }
+    if (h.cmd != static_cast<uint16_t>(remote::Cmd::HELLO) || h.flags != 0 ||
+        h.len > kMaxHelloFrame) {
+        (void)io.reply(h, error_reply(strfmt("%s: HELLO must be the first request of a connection, "
+                                             "at most %llu bytes (got %llu)",
+                                             remote::cmd_name(h.cmd),
+                                             static_cast<unsigned long long>(kMaxHelloFrame),
+                                             static_cast<unsigned long long>(h.len))));
+        return;
+    }
+    sock.end_frame();
+    Session session(opts, counters, shared_memory);
+    Reply reply;
+    session.handle(h.cmd, body, static_cast<size_t>(h.len), &reply);
+    if (reply.error) {
+        (void)io.reply(h, reply);
+        return;
+    }
+    // Authenticated: now (and only now) it takes a session slot.
+    if (admission) {
+        if (Status st = admission->admit(who); !st) {
+            if (opts.verbose) std::fprintf(stderr, "ferry serve: %s\n", st.message().c_str());
+            (void)io.reply(h, error_reply("HELLO: " + st.message()));
+            return;
+        }
+        *admitted = true;
+        admission->end_handshake(pending_id);
+    }
+    if (Status st = sock.set_io_timeout(limits.io_timeout_ms); !st) return;
+    sock.set_frame_timeout(limits.io_timeout_ms);
+    if (opts.verbose)
+        std::fprintf(stderr, "ferry serve: session %llu opened (%s)\n",
+                     static_cast<unsigned long long>(session.id()), who.c_str());
+    if (!io.reply(h, reply)) return;
+    serve_session(sock, io, session, opts);
     if (opts.verbose)
         std::fprintf(stderr, "ferry serve: session %llu closed\n",
                      static_cast<unsigned long long>(session.id()));
 }
 
-// Sessions open per client, shared with the connection threads (which leave after the Server
-// may be gone).
-struct Server::Admission {
-    std::mutex mu;
-    int total = 0;
-    std::map<std::string, int> per_client;
+}  // namespace
 
-    // Admits one more session of `who`, or says why not.
-    Status admit(const std::string& who, const ConnectionLimits& lim) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (total >= lim.max_sessions) {
-            return Status::errorf("server busy: %d sessions open (--max-sessions)", total);
-        }
-        int& mine = per_client[who];
-        if (mine >= lim.max_sessions_per_client) {
-            return Status::errorf(
-                "server busy: %s has %d sessions open (--max-sessions-per-client)", who.c_str(),
-                mine);
-        }
-        mine++;
-        total++;
-        return Status::ok();
+void serve_connection(Socket sock, const ServerOptions& opts, ServerCounters* counters,
+                      bool shared_memory, const ConnectionLimits& limits,
+                      Server::Admission* admission, const std::string& who, uint64_t pending_id) {
+    bool admitted = false;
+    try {
+        serve_connection_impl(sock, opts, counters, shared_memory, limits, admission, who,
+                              pending_id, &admitted);
+    } catch (const std::exception& e) {
+        // Out of memory (or threads) for this connection: it ends, the server carries on.
+        if (opts.verbose) std::fprintf(stderr, "ferry serve: connection ended: %s\n", e.what());
     }
-    void leave(const std::string& who) {
-        std::lock_guard<std::mutex> lock(mu);
-        total--;
-        auto it = per_client.find(who);
-        if (it != per_client.end() && --it->second <= 0) per_client.erase(it);
+    if (admission) {
+        if (admitted) {
+            admission->leave(who);
+        } else {
+            admission->end_handshake(pending_id);
+        }
     }
-};
+}
 
 Server::Server(ServerOptions opts, ConnectionLimits limits)
     : opts_(std::move(opts)),
       limits_(limits),
       counters_(std::make_shared<ServerCounters>()),
-      admission_(std::make_shared<Admission>()),
-      refusing_(std::make_shared<std::atomic<int>>(0)) {}
+      admission_(std::make_shared<Admission>()) {
+    admission_->lim = limits_;
+}
 
 Server::~Server() {
     stop();
@@ -314,54 +469,41 @@ Status Server::listen(const std::string& addr, std::string* bound) {
 
 Status Server::run() {
     auto opts = std::make_shared<const ServerOptions>(opts_);
+    int failures = 0;
     while (!stopping_.load()) {
         Expected<Socket> c = remote::accept_on(listener_, tcp_);
         if (!c) {
             if (stopping_.load()) break;
-            return c.status();
-        }
-        std::string who = c->peer_identity();
-        if (Status st = admission_->admit(who, limits_); !st) {
-            if (opts_.verbose) std::fprintf(stderr, "ferry serve: %s\n", st.message().c_str());
-            refuse(std::move(*c), st.message());
+            // Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS): wait and carry on;
+            // only a listener that keeps failing ends the server.
+            if (++failures > 1000) return c.status();
+            if (opts_.verbose) std::fprintf(stderr, "ferry serve: %s\n", c.message().c_str());
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
             continue;
         }
+        failures = 0;
+        std::string who = c->peer_identity();
+        const uint64_t pending_id = admission_->begin_handshake(who, c->fd());
         auto counters = counters_;
         auto admission = admission_;
         const bool shm = !tcp_;
-        const int timeout = limits_.io_timeout_ms;
-        std::thread([sock = std::move(*c), opts, counters, admission, who = std::move(who), shm,
-                     timeout]() mutable {
-            serve_connection(std::move(sock), *opts, counters.get(), shm, timeout);
-            admission->leave(who);
-        }).detach();
-    }
-    return Status::ok();
-}
-
-void Server::refuse(Socket sock, std::string why) {
-    // The refusal answers the client's first request (its HELLO), so that the client reads
-    // it as an ordinary error reply instead of finding the connection reset. Refusals run on
-    // a few threads of their own with a short timeout; beyond that, connections just close.
-    constexpr int kMaxRefusing = 8;
-    if (refusing_->fetch_add(1) >= kMaxRefusing) {
-        refusing_->fetch_sub(1);
-        return;
-    }
-    std::thread([sock = std::move(sock), why = std::move(why), n = refusing_]() mutable {
-        uint8_t hdr[remote::kHeaderSize];
-        Header h;
-        if (sock.set_io_timeout(2000) && sock.recv_exact(hdr, sizeof(hdr), nullptr)) {
-            h = remote::read_header(hdr);
-            std::vector<uint8_t> skip(static_cast<size_t>(std::min<uint64_t>(h.len, 1u << 16)));
-            if (h.magic != remote::kMagic || h.len > skip.size() ||
-                !sock.recv_exact(skip.data(), skip.size(), nullptr)) {
-                h = Header{};
+        const ConnectionLimits limits = limits_;
+        try {
+            std::thread([sock = std::move(*c), opts, counters, admission, who, shm, limits,
+                         pending_id]() mutable {
+                serve_connection(std::move(sock), *opts, counters.get(), shm, limits,
+                                 admission.get(), who, pending_id);
+            }).detach();
+        } catch (const std::exception& e) {
+            // No thread (std::system_error) or no memory: this connection closes (its socket
+            // went with the lambda), the server carries on.
+            admission_->end_handshake(pending_id);
+            if (opts_.verbose) {
+                std::fprintf(stderr, "ferry serve: cannot serve %s: %s\n", who.c_str(), e.what());
             }
         }
-        send_error(sock, h, why);
-        n->fetch_sub(1);
-    }).detach();
+    }
+    return Status::ok();
 }
 
 void Server::stop() {

@@ -16,14 +16,25 @@ namespace ferry::server {
 // Limits on connections, so that no client can hold the server's threads or sessions for
 // itself.
 struct ConnectionLimits {
-    // Once a frame has begun, each of its bytes, and each part of a reply the server sends,
-    // must move within this many milliseconds, or the session ends (a client that stops
-    // reading, or sends half a frame and stalls). Idle time between frames is unlimited.
-    // 0: no limit.
+    // Per-frame deadline: once a frame has begun, all of it must arrive within this many
+    // milliseconds (a trickle of bytes does not extend it), and a reply that has to wait for
+    // the client to read must be sent within it, or the session ends. Idle time between
+    // frames is unlimited. 0: no limit.
     int io_timeout_ms = 30000;
+    // A new connection must complete its HELLO (token checked) within this many
+    // milliseconds of being accepted, before it is given a session slot. 0: no limit.
+    int hello_timeout_ms = 5000;
     int max_sessions = 64;             // sessions at once, over all clients
-    int max_sessions_per_client = 16;  // per client: "uid N" (unix) or IP address (tcp)
+    int max_sessions_per_client = 16;  // per client (Socket::peer_identity: uid, host, /64)
+    // Connections accepted but not yet through HELLO (each holds a thread, never a session
+    // slot); a new one beyond these pushes out the oldest pending one (of its client, when
+    // the per-client number is reached).
+    int max_handshakes = 32;
+    int max_handshakes_per_client = 8;
 };
+
+// Largest frame accepted before HELLO succeeds (a HELLO is 4 + 8 + 4 + token bytes).
+constexpr uint64_t kMaxHelloFrame = 4096;
 
 class Server {
   public:
@@ -44,25 +55,27 @@ class Server {
     const ServerOptions& options() const { return opts_; }
     ServerCounters* counters_ptr() const { return counters_.get(); }
 
-  private:
     struct Admission;
 
+  private:
     ServerOptions opts_;
     ConnectionLimits limits_;
     std::shared_ptr<ServerCounters> counters_;
     std::shared_ptr<Admission> admission_;
-    std::shared_ptr<std::atomic<int>> refusing_;  // refusals being answered
 
-    void refuse(remote::Socket sock, std::string why);
     remote::Socket listener_;
     bool tcp_ = false;
     std::atomic<bool> stopping_{false};
 };
 
-// Serves one connection until it closes: reads frames, answers each (transport level framing
-// checks: magic, size limit, truncation).
-// io_timeout_ms: see ConnectionLimits.
+// Serves one connection until it closes: the HELLO (within limits.hello_timeout_ms, at most
+// kMaxHelloFrame bytes, token checked), then, once `admission` (if given) grants a session
+// slot for `who`, every later frame (transport level framing checks: magic, size limit,
+// per-frame deadline, truncation). Never throws: running out of memory or threads ends this
+// connection only.
 void serve_connection(remote::Socket sock, const ServerOptions& opts, ServerCounters* counters,
-                      bool shared_memory, int io_timeout_ms = 0);
+                      bool shared_memory, const ConnectionLimits& limits,
+                      Server::Admission* admission = nullptr, const std::string& who = "",
+                      uint64_t pending_id = 0);
 
 }  // namespace ferry::server

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "ferry/checked.h"
 #include "remote-proto/protocol.h"
 #include "remote-proto/wire.h"
 
@@ -28,38 +29,52 @@ bool tokens_equal(const std::string& a, const std::string& b) {
     return diff == 0;
 }
 
-// Bytes spanned by a tensor under its strides, overflow-checked. Requires a known type.
-bool span_of(const Tensor& t, uint64_t* out) {
-    const TypeTraits* tr = type_traits_or_null(static_cast<uint32_t>(t.type));
-    if (!tr) return false;
-    for (int i = 0; i < kMaxDims; i++) {
-        if (t.ne[i] < 0) return false;
-    }
-    for (int i = 0; i < kMaxDims; i++) {
-        if (t.ne[i] == 0) {
-            *out = 0;
-            return true;
-        }
-    }
-    if (t.ne[0] % tr->block_size != 0) return false;
-    // Exact: one past the last byte any element touches (last block of every dimension), so
-    // transposed and permuted layouts are measured by what they really reach.
-    uint64_t total = tr->type_size;
-    uint64_t extra0 = 0;
-    if (!wire::mul_ok(static_cast<uint64_t>(t.ne[0] / tr->block_size - 1), t.nb[0], &extra0) ||
-        !wire::add_ok(total, extra0, &total)) {
-        return false;
-    }
-    for (int i = 1; i < kMaxDims; i++) {
-        uint64_t extra = 0;
-        if (!wire::mul_ok(static_cast<uint64_t>(t.ne[i] - 1), t.nb[i], &extra)) return false;
-        if (!wire::add_ok(total, extra, &total)) return false;
-    }
-    *out = total;
-    return true;
+uint64_t elems(const Tensor* t) {
+    return t ? static_cast<uint64_t>(t->nelements()) : 0;
 }
 
 }  // namespace
+
+uint64_t estimate_work(const Graph& g) {
+    uint64_t total = 0;
+    for (const Tensor* n : g.nodes) {
+        uint64_t w = 1;
+        switch (n->op) {
+            case Op::NONE:
+            case Op::VIEW:
+            case Op::RESHAPE:
+            case Op::PERMUTE:
+            case Op::TRANSPOSE:
+                break;
+            case Op::MUL_MAT: {
+                // K x M multiply-adds for each of b's columns (rows of b, over every batch).
+                const Tensor* a = n->src[0];
+                const Tensor* b = n->src[1];
+                const uint64_t km = saturating_mul(static_cast<uint64_t>(a->ne[0]),
+                                                   static_cast<uint64_t>(a->ne[1]));
+                w = saturating_add(w, saturating_mul(km, static_cast<uint64_t>(b->nrows())));
+                break;
+            }
+            case Op::FLASH_ATTN_EXT: {
+                const Tensor* q = n->src[0];
+                const Tensor* k = n->src[1];
+                const Tensor* v = n->src[2];
+                const uint64_t per_pos = saturating_add(static_cast<uint64_t>(q->ne[0]),
+                                                        static_cast<uint64_t>(v->ne[0]));
+                const uint64_t rows_pos = saturating_mul(static_cast<uint64_t>(q->nrows()),
+                                                         static_cast<uint64_t>(k->ne[1]));
+                w = saturating_add(w, saturating_mul(rows_pos, per_pos));
+                break;
+            }
+            default:
+                w = saturating_add(w, elems(n));
+                for (int i = 0; i < kMaxSrc; i++) w = saturating_add(w, elems(n->src[i]));
+                break;
+        }
+        total = saturating_add(total, w);
+    }
+    return total;
+}
 
 Session::Session(const ServerOptions& opts, ServerCounters* counters, bool shared_memory)
     : opts_(opts),
@@ -76,6 +91,7 @@ Session::Session(const ServerOptions& opts, ServerCounters* counters, bool share
 Session::~Session() {
     events_.clear();  // before the backends and buffers they may refer to
     cache_.clear();   // holds pointers to buffers
+    cache_charge_ = 0;
     for (auto& [h, b] : buffers_) free_buffer(b);
     buffers_.clear();
     counters_->sessions.fetch_sub(1);
@@ -86,6 +102,7 @@ void Session::free_buffer(SrvBuffer& b) {
     if (b.map) munmap(b.map, b.map_len);
     b.map = nullptr;
     bytes_ -= b.size;
+    buffer_charge_ -= b.charge;
     counters_->bytes.fetch_sub(b.size);
     counters_->buffers.fetch_sub(1);
 }
@@ -111,6 +128,33 @@ void Session::handle(uint16_t cmd, const uint8_t* payload, size_t len, Reply* ou
         w.str(strfmt("%s: %s", remote::cmd_name(cmd), st.message().c_str()));
         out->error = true;
     }
+}
+
+uint64_t Session::scratch() const {
+    uint64_t n = 0;
+    for (const auto& b : backends_) {
+        if (b) n = saturating_add(n, b->scratch_bytes());
+    }
+    return n;
+}
+
+uint64_t Session::charged() const {
+    uint64_t n = saturating_add(buffer_charge_, cache_charge_);
+    n = saturating_add(n, events_.size() * remote::kEventCharge);
+    return saturating_add(n, scratch());
+}
+
+Status Session::charge_ok(uint64_t more, const char* what) const {
+    if (!opts_.max_memory) return Status::ok();
+    const uint64_t now = charged();
+    if (saturating_add(now, more) > opts_.max_memory) {
+        return Status::errorf(
+            "%s of %llu bytes would exceed the session memory limit (%llu of %llu bytes "
+            "charged: buffers, scratch, cached graphs, events)",
+            what, static_cast<unsigned long long>(more), static_cast<unsigned long long>(now),
+            static_cast<unsigned long long>(opts_.max_memory));
+    }
+    return Status::ok();
 }
 
 Status Session::dispatch(uint16_t cmd, const uint8_t* p, size_t n, Reply* out) {
@@ -176,6 +220,10 @@ Status Session::dispatch(uint16_t cmd, const uint8_t* p, size_t n, Reply* out) {
         case Cmd::EVENT_WAIT:
         case Cmd::EVENT_SYNCHRONIZE:
             return cmd_event(cmd, p, n, out);
+        case Cmd::ALLOC_SIZE:
+            return cmd_alloc_size(p, n, out);
+        case Cmd::INIT_TENSOR:
+            return cmd_init_tensor(p, n);
     }
     return Status::errorf("unknown command %u", cmd);
 }
@@ -188,7 +236,7 @@ uint8_t* Session::direct_set_target(const uint8_t* prefix, uint64_t frame_len) {
     const uint64_t size = r.u64();
     if (!r.done() || size != frame_len - 24) return nullptr;
     auto it = buffers_.find(h);
-    if (it == buffers_.end() || !wire::range_ok(off, size, it->second.size)) return nullptr;
+    if (it == buffers_.end() || !range_within(off, size, it->second.size)) return nullptr;
     uint8_t* base = static_cast<uint8_t*>(it->second.buf->base());
     if (!base) return nullptr;
     requests_++;
@@ -205,10 +253,10 @@ Status Session::cmd_hello(const uint8_t* p, size_t n, Reply* out) {
         out->close = true;
         return Status::error("malformed HELLO");
     }
-    if (version != remote::kProtocolVersion) {
+    if (version < remote::kMinProtocolVersion || version > remote::kProtocolVersion) {
         out->close = true;
-        return Status::errorf("protocol version %u is not supported (this server speaks %u)",
-                              version, remote::kProtocolVersion);
+        return Status::errorf("protocol version %u is not supported (this server speaks %u to %u)",
+                              version, remote::kMinProtocolVersion, remote::kProtocolVersion);
     }
     if (!opts_.token.empty() && !tokens_equal(opts_.token, token)) {
         out->close = true;
@@ -218,8 +266,9 @@ Status Session::cmd_hello(const uint8_t* p, size_t n, Reply* out) {
     if (shared_memory_) offered |= remote::kCapSharedMemory;
     caps_ = offered & caps;
     hello_ = true;
+    version_ = version;
     Writer w(&out->payload);
-    w.u32(remote::kProtocolVersion);
+    w.u32(version);
     w.u64(caps_);
     w.u64(id_);
     w.str("ferry serve");
@@ -236,9 +285,15 @@ Status Session::cmd_list_devices(Reply* out) {
         const DeviceCaps c = d->caps();
         const bool host_shm = shared_memory_ && (caps_ & remote::kCapSharedMemory) &&
                               d->buffer_type()->is_host() && c.buffer_from_host_ptr;
-        w.u8(static_cast<uint8_t>((c.async ? remote::kDeviceCapAsync : 0) |
-                                  (c.events ? remote::kDeviceCapEvents : 0) |
-                                  (host_shm ? remote::kDeviceCapSharedMemory : 0)));
+        uint8_t bits = static_cast<uint8_t>((c.async ? remote::kDeviceCapAsync : 0) |
+                                            (c.events ? remote::kDeviceCapEvents : 0) |
+                                            (host_shm ? remote::kDeviceCapSharedMemory : 0));
+        if (version_ >= 2) {
+            bits |= static_cast<uint8_t>((c.padded_alloc ? remote::kDeviceCapPaddedAlloc : 0) |
+                                         (c.init_tensor ? remote::kDeviceCapInitTensor : 0) |
+                                         (c.size_dependent ? remote::kDeviceCapSizeDependent : 0));
+        }
+        w.u8(bits);
         const DeviceMemory m = d->memory();
         w.u64(m.free);
         w.u64(m.total);
@@ -305,6 +360,7 @@ Status Session::cmd_event(uint16_t cmd, const uint8_t* p, size_t n, Reply* out) 
             return Status::errorf("too many live events (limit %zu per session)",
                                   remote::kMaxSessionEvents);
         }
+        FERRY_TRY(charge_ok(remote::kEventCharge, "an event"));
         Expected<std::unique_ptr<Event>> e = (*d)->make_event();
         if (!e) return e.status();
         const uint64_t handle = next_handle_++;
@@ -373,16 +429,26 @@ Status Session::cmd_buffer_alloc(const uint8_t* p, size_t n, Reply* out) {
         return Status::errorf("size %llu exceeds the buffer type's maximum %zu",
                               static_cast<unsigned long long>(size), bt->max_size());
     }
-    uint64_t total = 0;
-    if (!wire::add_ok(bytes_, size, &total) || (opts_.max_memory && total > opts_.max_memory)) {
-        return Status::errorf(
-            "allocating %llu bytes would exceed the session memory limit "
-            "(%llu of %llu bytes in use)",
-            static_cast<unsigned long long>(size), static_cast<unsigned long long>(bytes_),
-            static_cast<unsigned long long>(opts_.max_memory));
+    if (buffers_.size() >= remote::kMaxSessionBuffers) {
+        return Status::errorf("too many live buffers (limit %zu per session)",
+                              remote::kMaxSessionBuffers);
+    }
+    // Charged in whole pages, at least one: a zero-byte buffer still costs a mapping or an
+    // allocation, and a one-byte shared buffer hands the client a whole writable page.
+    uint64_t charge = 0;
+    if (!checked_add(std::max<uint64_t>(size, 1), remote::kPageCharge - 1, &charge)) {
+        return Status::errorf("size %llu overflows", static_cast<unsigned long long>(size));
+    }
+    charge = charge / remote::kPageCharge * remote::kPageCharge;
+    {
+        Status st = charge_ok(charge, "a buffer");
+        if (!st)
+            return Status::errorf("allocating %llu bytes: %s",
+                                  static_cast<unsigned long long>(size), st.message().c_str());
     }
     SrvBuffer sb;
     sb.size = size;
+    sb.charge = charge;
     sb.dev = dev;
     int fd = -1;
     const bool shm = shared_memory_ && (caps_ & remote::kCapSharedMemory) &&
@@ -391,7 +457,7 @@ Status Session::cmd_buffer_alloc(const uint8_t* p, size_t n, Reply* out) {
     if (shm) {
         const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
         uint64_t len = 0;
-        if (!wire::add_ok(std::max<uint64_t>(size, 1), page - 1, &len)) {
+        if (!checked_add(std::max<uint64_t>(size, 1), page - 1, &len)) {
             return Status::errorf("size %llu overflows", static_cast<unsigned long long>(size));
         }
         len = len / page * page;
@@ -432,6 +498,7 @@ Status Session::cmd_buffer_alloc(const uint8_t* p, size_t n, Reply* out) {
     }
     const uint64_t handle = next_handle_++;
     bytes_ += size;
+    buffer_charge_ += charge;
     counters_->bytes.fetch_add(size);
     counters_->buffers.fetch_add(1);
     buffers_.emplace(handle, std::move(sb));
@@ -450,6 +517,7 @@ Status Session::cmd_buffer_free(const uint8_t* p, size_t n) {
     FERRY_TRY(lookup(h).status());
     // Cached graphs point at buffers; the client forgets its cache on a free as well.
     cache_.clear();
+    cache_charge_ = 0;
     auto it = buffers_.find(h);
     free_buffer(it->second);
     buffers_.erase(it);
@@ -466,7 +534,7 @@ Status Session::cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* o
         if (!s) return s.status();
         Expected<SrvBuffer*> d = lookup(dh);
         if (!d) return d.status();
-        if (!wire::range_ok(so, size, (*s)->size) || !wire::range_ok(doff, size, (*d)->size)) {
+        if (!range_within(so, size, (*s)->size) || !range_within(doff, size, (*d)->size)) {
             return Status::errorf(
                 "copy of %llu bytes from offset %llu (buffer of %llu) to offset "
                 "%llu (buffer of %llu) is out of range",
@@ -506,7 +574,7 @@ Status Session::cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* o
     if (!r.done()) return Status::error("malformed request");
     Expected<SrvBuffer*> b = lookup(h);
     if (!b) return b.status();
-    if (!wire::range_ok(off, size, (*b)->size)) {
+    if (!range_within(off, size, (*b)->size)) {
         return Status::errorf("range [%llu, +%llu) is outside the buffer of %llu bytes",
                               static_cast<unsigned long long>(off),
                               static_cast<unsigned long long>(size),
@@ -549,7 +617,7 @@ Status Session::build_table(const uint8_t* bytes, uint32_t n, bool with_storage,
     ts.clear();
     ts.resize(n);  // never reallocated below: tensors point at each other
     uint64_t table_bytes = 0;
-    if (!wire::mul_ok(n, remote::kEntrySize, &table_bytes)) return Status::error("table too large");
+    if (!checked_mul(n, remote::kEntrySize, &table_bytes)) return Status::error("table too large");
     Reader r(bytes, table_bytes);
     for (uint32_t i = 0; i < n; i++) {
         const remote::Entry e = remote::read_entry(r);
@@ -596,12 +664,12 @@ Status Session::build_table(const uint8_t* bytes, uint32_t n, bool with_storage,
         t.flags = e.flags;
         FERRY_TRY(fail(validate_node(&t)));
         if (!with_storage) continue;
-        uint64_t span = 0;
-        if (!span_of(t, &span)) return fail(Status::error("shape or strides overflow"));
+        size_t span = 0;
+        if (!tensor_span(&t, &span)) return fail(Status::error("shape or strides overflow"));
         if (t.view_src) {
             const Tensor* vs = t.view_src;
             uint64_t offs = 0;
-            if (!vs->buffer || !wire::add_ok(vs->offs, t.view_offs, &offs)) {
+            if (!vs->buffer || !checked_add(vs->offs, t.view_offs, &offs)) {
                 return fail(Status::error("view source has no storage"));
             }
             t.buffer = vs->buffer;
@@ -612,7 +680,7 @@ Status Session::build_table(const uint8_t* bytes, uint32_t n, bool with_storage,
             t.buffer = (*b)->buf.get();
             t.offs = e.offs;
         }
-        if (!wire::range_ok(t.offs, span, t.buffer->size())) {
+        if (!range_within(t.offs, span, t.buffer->size())) {
             return fail(
                 Status::errorf("[offset %llu, %llu bytes] reaches past its buffer of %zu "
                                "bytes",
@@ -724,28 +792,72 @@ Status Session::cmd_graph_compute(const uint8_t* p, size_t n, Reply* out) {
         cache_hits_++;
         cache_.splice(cache_.begin(), cache_, it);
     } else {
+        // Charged before anything is built: its table bytes and its deserialized tensors.
+        // Older cached graphs make room first (least recently used); a graph that does not
+        // fit even then is refused.
+        const uint64_t charge =
+            saturating_add(bytes.size(), saturating_mul(count, remote::kTensorCharge));
+        auto drop_last = [&] {
+            cache_charge_ -= cache_.back().charge;
+            cache_.pop_back();
+        };
+        while (!cache_.empty() && opts_.max_memory &&
+               saturating_add(charged(), charge) > opts_.max_memory) {
+            drop_last();
+        }
+        FERRY_TRY(charge_ok(charge, strfmt("a graph of %u entries", count).c_str()));
         CachedGraph g;
         g.hash = hash;
         g.dev = dev;
+        g.charge = charge;
         FERRY_TRY(build_table(bytes.data(), count, true, dev, &g.tensors));
         for (Tensor& t : g.tensors) {
             (t.op == Op::NONE ? g.graph.leafs : g.graph.nodes).push_back(&t);
         }
+        g.work = estimate_work(g.graph);
         g.bytes = std::move(bytes);
         cache_misses_++;
         if (delta) delta_hits_++;
         // A stale entry with the same hash (other device) is replaced.
-        cache_.remove_if([&](const CachedGraph& c) { return c.hash == hash; });
+        for (auto c = cache_.begin(); c != cache_.end();) {
+            if (c->hash == hash) {
+                cache_charge_ -= c->charge;
+                c = cache_.erase(c);
+            } else {
+                ++c;
+            }
+        }
+        cache_charge_ += g.charge;
         cache_.push_front(std::move(g));
-        while (cache_.size() > remote::kServerGraphCache) cache_.pop_back();
+        while (cache_.size() > remote::kServerGraphCache) drop_last();
     }
     return run_cached(dev, out);
 }
 
 // Runs the most recently used cached graph (the front of the cache) on device `dev`.
 Status Session::run_cached(uint32_t dev, Reply* out) {
+    const CachedGraph& g = cache_.front();
+    if (opts_.max_work && g.work > opts_.max_work) {
+        return Status::errorf(
+            "graph of %zu nodes needs an estimated %llu operations, over the limit of %llu "
+            "per compute (--max-work)",
+            g.graph.nodes.size(), static_cast<unsigned long long>(g.work),
+            static_cast<unsigned long long>(opts_.max_work));
+    }
     Expected<Backend*> b = backend(dev);
     if (!b) return b.status();
+    // Scratch this compute may hold: what the session's budget has left (the backend's
+    // current scratch is already charged, so it counts as available to itself), capped by
+    // --max-scratch.
+    ComputeLimits lim;
+    lim.should_abort = abort_check_;
+    if (opts_.max_memory) {
+        const uint64_t mine = (*b)->scratch_bytes();
+        const uint64_t others = charged() - mine;
+        lim.max_scratch = others >= opts_.max_memory ? 0 : opts_.max_memory - others;
+    }
+    if (opts_.max_scratch) lim.max_scratch = std::min<uint64_t>(lim.max_scratch, opts_.max_scratch);
+    (*b)->set_compute_limits(std::move(lim));
     FERRY_TRY((*b)->compute(cache_.front().graph));
     FERRY_TRY((*b)->synchronize());
     Writer w(&out->payload);
@@ -766,7 +878,58 @@ Status Session::cmd_stats(Reply* out) {
     w.u64(counters_->sessions.load());
     w.u64(counters_->bytes.load());
     w.u64(counters_->buffers.load());
+    if (version_ < 2) return Status::ok();  // the 11 fields version 1 clients expect
+    w.u64(charged());
+    w.u64(buffer_charge_);
+    w.u64(scratch());
+    w.u64(cache_charge_);
+    w.u64(cache_.size());
+    w.u64(events_.size());
+    w.u64(opts_.max_memory);
+    w.u64(opts_.max_work);
     return Status::ok();
+}
+
+// ALLOC_SIZE: what the device's buffer type of `kind` needs for a tensor (a leaf: shape,
+// type and strides only; it may exceed the tensor's bytes, e.g. padded quantized rows).
+Status Session::cmd_alloc_size(const uint8_t* p, size_t n, Reply* out) {
+    Reader r(p, n);
+    const uint32_t dev = r.u32();
+    const uint8_t kind = r.u8();
+    const uint8_t* entry = r.bytes(remote::kEntrySize);
+    if (!entry || !r.done()) return Status::error("malformed request");
+    Expected<Device*> d = device(dev);
+    if (!d) return d.status();
+    BufferType* bt = kind == remote::kBufferHost ? (*d)->host_buffer_type()
+                     : kind == remote::kBufferDevice || kind == remote::kBufferDevicePrivate
+                         ? (*d)->buffer_type()
+                         : nullptr;
+    if (!bt) return Status::errorf("buffer kind %u unknown or absent on %s", kind, (*d)->name());
+    std::vector<Tensor> ts;
+    FERRY_TRY(build_table(entry, 1, false, dev, &ts));
+    if (ts[0].op != Op::NONE) return Status::error("the tensor must be a leaf (op NONE)");
+    Writer w(&out->payload);
+    w.u64(bt->alloc_size(&ts[0]));
+    return Status::ok();
+}
+
+// INIT_TENSOR: the device's Buffer::init_tensor for a tensor placed at the entry's offset in
+// buffer `handle` (range-checked like any table entry). The device gets a temporary Tensor:
+// it must not keep the pointer.
+Status Session::cmd_init_tensor(const uint8_t* p, size_t n) {
+    Reader r(p, n);
+    const uint64_t handle = r.u64();
+    const uint8_t* entry = r.bytes(remote::kEntrySize);
+    if (!entry || !r.done()) return Status::error("malformed request");
+    Expected<SrvBuffer*> b = lookup(handle);
+    if (!b) return b.status();
+    // The entry names its buffer itself; it must be this one (checked by build_table).
+    Reader er(entry, remote::kEntrySize);
+    if (er.u64() != handle) return Status::error("entry names another buffer");
+    std::vector<Tensor> ts;
+    FERRY_TRY(build_table(entry, 1, true, (*b)->dev, &ts));
+    if (ts[0].op != Op::NONE) return Status::error("the tensor must be a leaf (op NONE)");
+    return (*b)->buf->init_tensor(&ts[0]);
 }
 
 }  // namespace ferry::server

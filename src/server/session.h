@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -25,10 +26,22 @@ namespace ferry::server {
 struct ServerOptions {
     std::vector<Device*> devices;  // devices served, in the order clients see them
     std::string token;             // required in HELLO when non-empty
-    uint64_t max_memory = 0;       // per-session limit on live buffer bytes (0: unlimited)
-    int n_threads = 0;             // CPU threads per session backend (0: the device default)
+    // Per-session memory limit (0: unlimited) on everything the session makes: buffers at
+    // their charged size (whole pages), kernel scratch, cached graphs, events.
+    uint64_t max_memory = 0;
+    // Per-session cap on kernel scratch (0: only max_memory limits it).
+    uint64_t max_scratch = 0;
+    // Estimated work (multiply-adds and element operations, see estimate_work) one
+    // GRAPH_COMPUTE may ask for; larger graphs are refused before they run (0: unlimited).
+    uint64_t max_work = 0;
+    int n_threads = 0;  // CPU threads per session backend (0: the device default)
     bool verbose = false;
 };
+
+// Estimated work of computing a graph's nodes (saturating): MUL_MAT K x M x columns,
+// attention query rows x KV positions x (D + Dv), every other node its elements plus its
+// sources' elements, and 1 per node. Shapes must have passed validate_node().
+uint64_t estimate_work(const Graph& g);
 
 // Counters over all sessions of a server.
 struct ServerCounters {
@@ -62,6 +75,11 @@ class Session {
     void handle(uint16_t cmd, const uint8_t* payload, size_t len, Reply* out);
 
     uint64_t id() const { return id_; }
+    // Called (rate-limited by the caller) while a compute runs; true stops it (the client is
+    // gone). Set by the connection; the fuzzer leaves it unset.
+    void set_abort_check(std::function<bool()> fn) { abort_check_ = std::move(fn); }
+    // Bytes charged against max_memory now (buffers, scratch, graph cache, events).
+    uint64_t charged() const;
 
     // For a TENSOR_SET whose 24-byte prefix (handle, offset, size) is at `prefix` and whose
     // payload is frame_len bytes: where its data may be received directly (host-addressable
@@ -73,6 +91,7 @@ class Session {
     struct SrvBuffer {
         std::unique_ptr<Buffer> buf;
         uint64_t size = 0;
+        uint64_t charge = 0;  // bytes charged: size in whole pages, at least one
         uint32_t dev = 0;
         void* map = nullptr;  // memfd mapping (shared memory buffers)
         size_t map_len = 0;
@@ -87,6 +106,8 @@ class Session {
         std::vector<uint8_t> bytes;  // the serialized table
         std::vector<Tensor> tensors;
         Graph graph;
+        uint64_t charge = 0;  // bytes charged for it (see kTensorCharge)
+        uint64_t work = 0;    // estimated work of one compute (see estimate_work)
     };
 
     Status dispatch(uint16_t cmd, const uint8_t* payload, size_t len, Reply* out);
@@ -100,6 +121,11 @@ class Session {
     Status cmd_graph_compute(const uint8_t* p, size_t n, Reply* out);
     Status cmd_stats(Reply* out);
     Status cmd_event(uint16_t cmd, const uint8_t* p, size_t n, Reply* out);
+    Status cmd_alloc_size(const uint8_t* p, size_t n, Reply* out);
+    Status cmd_init_tensor(const uint8_t* p, size_t n);
+    // Fails, naming what and how much, when charging `more` bytes would pass max_memory.
+    Status charge_ok(uint64_t more, const char* what) const;
+    uint64_t scratch() const;
 
     Expected<SrvBuffer*> lookup(uint64_t handle);
     Expected<SrvEvent*> lookup_event(uint64_t handle);
@@ -116,6 +142,9 @@ class Session {
     const bool shared_memory_;
     const uint64_t id_;
     bool hello_ = false;
+    uint32_t version_ = 0;  // protocol version of the client (HELLO)
+    std::function<bool()> abort_check_;
+    uint64_t buffer_charge_ = 0, cache_charge_ = 0;
     uint64_t caps_ = 0;
     std::map<uint64_t, SrvBuffer> buffers_;
     uint64_t next_handle_;  // buffer and event handles (one counter: never equal)

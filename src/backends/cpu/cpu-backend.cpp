@@ -3,9 +3,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <new>
 #include <string>
 #include <thread>
 
@@ -268,12 +270,26 @@ class CpuBackend : public Backend {
                                           describe(n).c_str());
                 }
             }
-            wsize = std::max(wsize, work_size(n, nth));
+            const size_t ws = work_size(n, nth);
+            if (ws > limits_.max_scratch) {
+                return Status::errorf(
+                    "CPU: node %s needs %zu bytes of scratch, over the limit of %zu bytes",
+                    describe(n).c_str(), ws, limits_.max_scratch);
+            }
+            wsize = std::max(wsize, ws);
             steps_.push_back({fn, n});
         }
         if (steps_.empty()) return Status::ok();
-        if (wsize > work_.size()) work_.resize(wsize);
+        if (wsize > work_.size()) {
+            // Out of memory is an error for this compute, not for the process.
+            try {
+                work_.resize(wsize);
+            } catch (const std::bad_alloc&) {
+                return Status::errorf("CPU: cannot allocate %zu bytes of scratch", wsize);
+            }
+        }
         ErrorSink errors;
+        std::atomic<bool> stop{false};
         const Step* steps = steps_.data();
         const size_t n_steps = steps_.size();
         pool_->run([&](int ith, int n_threads) {
@@ -284,17 +300,27 @@ class CpuBackend : public Backend {
             p.wsize = work_.size();
             p.pool = pool_.get();
             p.errors = &errors;
+            if (limits_.should_abort) {
+                p.stop = &stop;
+                p.poll = &limits_.should_abort;
+            }
             for (size_t i = 0;; i++) {
                 steps[i].fn(p, steps[i].node);
                 // The end of run() waits for every thread: no barrier after the last node.
                 if (i + 1 == n_steps) break;
                 // Every thread gets the same answer, so all of them stop at the same node.
-                if (pool_->barrier_any(errors.failed())) break;
+                if (pool_->barrier_any(errors.failed() || p.aborted())) {
+                    stop.store(true, std::memory_order_relaxed);
+                    break;
+                }
             }
         });
         if (errors.failed()) return Status::error("CPU: " + errors.message());
+        if (stop.load()) return Status::error("CPU: compute aborted (its client went away)");
         return Status::ok();
     }
+    void set_compute_limits(ComputeLimits limits) override { limits_ = std::move(limits); }
+    size_t scratch_bytes() const override { return work_.capacity(); }
     // Immediate: compute() has finished all earlier work (see CpuEvent).
     Status record_event(Event* e) override { return check_cpu_event(e, "record_event"); }
     Status wait_event(Event* e) override { return check_cpu_event(e, "wait_event"); }
@@ -306,7 +332,8 @@ class CpuBackend : public Backend {
     };
     std::unique_ptr<ThreadPool> pool_;
     std::vector<uint8_t> work_;
-    std::vector<Step> steps_;  // the nodes to run, with their kernels (reused across calls)
+    std::vector<Step> steps_;
+    ComputeLimits limits_;  // the nodes to run, with their kernels (reused across calls)
 };
 
 size_t read_meminfo(const char* key) {

@@ -113,7 +113,7 @@ bool may_hold(Cmd cmd) {
 Status Connection::send_frame(Cmd cmd, uint64_t id, const wire::Writer& prefix, const void* data,
                               size_t size) {
     uint64_t len = 0;
-    if (!wire::add_ok(prefix.size(), size, &len) || len > kMaxPayload) {
+    if (!checked_add(prefix.size(), size, &len) || len > kMaxPayload) {
         return error(strfmt("%s: request of %llu bytes exceeds the frame limit",
                             cmd_name(static_cast<uint16_t>(cmd)),
                             static_cast<unsigned long long>(len)));

@@ -30,6 +30,9 @@ class RemoteBufferType : public BufferType {
     size_t alignment() const override { return align_; }
     size_t max_size() const override { return max_size_; }
     bool is_host() const override { return false; }
+    // ALLOC_SIZE when the server's device pads some tensors (device caps bit 8); otherwise
+    // nbytes, with no request. Answers are cached by type, shape and strides.
+    size_t alloc_size(const Tensor* t) const override;
     Expected<std::unique_ptr<Buffer>> allocate(size_t size) override {
         return allocate_kind(size, kind_);
     }
@@ -52,6 +55,8 @@ class RemoteBufferType : public BufferType {
     size_t align_;
     size_t max_size_;
     uint8_t kind_;
+    mutable std::mutex size_mu_;
+    mutable std::unordered_map<uint64_t, size_t> size_cache_;
 };
 
 class RemoteBuffer : public Buffer {
@@ -77,6 +82,9 @@ class RemoteBuffer : public Buffer {
     BufferType* type() const override { return type_; }
     size_t size() const override { return size_; }
     void* base() const override { return map_; }
+    // INIT_TENSOR (posted, like a write) when the server's device asks for it (device caps
+    // bit 16); nothing otherwise.
+    Status init_tensor(Tensor* t) override;
 
     // A posted write: the data is copied into the request (or written in place to shared
     // memory) before this returns, so the caller may reuse src at once; a server-side failure
@@ -185,7 +193,7 @@ class RemoteBuffer : public Buffer {
             return conn_->error(strfmt("tensor '%s' is not in this buffer", t->name));
         }
         uint64_t o = 0;
-        if (!wire::add_ok(t->offs, offset, &o) || !wire::range_ok(o, size, size_)) {
+        if (!checked_add(t->offs, offset, &o) || !range_within(o, size, size_)) {
             return conn_->error(
                 strfmt("tensor '%s': range [%zu, +%zu) past its buffer of %zu "
                        "bytes",
@@ -388,6 +396,7 @@ class RemoteDevice : public Device {
 
     const std::shared_ptr<Connection>& conn() const { return conn_; }
     uint32_t index() const { return index_; }
+    uint8_t caps_bits() const { return caps_bits_; }
 
   private:
     std::shared_ptr<Connection> conn_;
@@ -445,15 +454,72 @@ Expected<std::unique_ptr<Buffer>> RemoteBufferType::allocate_kind(size_t size, u
     return std::unique_ptr<Buffer>(new RemoteBuffer(this, conn, handle, size, map, map_len));
 }
 
+Entry shape_entry(const Tensor* t) {
+    Entry e;
+    e.type = static_cast<uint32_t>(t->type);
+    for (int i = 0; i < kMaxDims; i++) {
+        e.ne[i] = t->ne[i];
+        e.nb[i] = t->nb[i];
+    }
+    return e;
+}
+
+size_t RemoteBufferType::alloc_size(const Tensor* t) const {
+    if (!(dev_->caps_bits() & kDeviceCapPaddedAlloc)) return t->nbytes();
+    const Entry e = shape_entry(t);
+    wire::Writer key;
+    write_entry(key, e);
+    const uint64_t k = wire::hash64(key.data(), key.size());
+    {
+        std::lock_guard<std::mutex> lock(size_mu_);
+        auto it = size_cache_.find(k);
+        if (it != size_cache_.end()) return it->second;
+    }
+    wire::Writer w;
+    w.u32(dev_->index());
+    w.u8(kind_);
+    write_entry(w, e);
+    Expected<Connection::Result> r = dev_->conn()->call(Cmd::ALLOC_SIZE, w);
+    if (!r) return t->nbytes();  // the error surfaces again at the allocation or compute
+    wire::Reader rd(r->payload.data(), r->payload.size());
+    const uint64_t n = rd.u64();
+    if (!rd.done() || n < t->nbytes()) return t->nbytes();
+    std::lock_guard<std::mutex> lock(size_mu_);
+    if (size_cache_.size() > 65536) size_cache_.clear();  // bounded
+    size_cache_[k] = static_cast<size_t>(n);
+    return static_cast<size_t>(n);
+}
+
+Status RemoteBuffer::init_tensor(Tensor* t) {
+    auto* rt = static_cast<RemoteBufferType*>(type_);
+    if (!(rt->remote_device()->caps_bits() & kDeviceCapInitTensor)) return Status::ok();
+    if (t->view_src) return Status::ok();  // views share their owner's storage
+    Entry e = shape_entry(t);
+    e.handle = handle_;
+    e.offs = t->offs;
+    wire::Writer w;
+    w.u64(handle_);
+    write_entry(w, e);
+    return conn_->send_async(Cmd::INIT_TENSOR, w);
+}
+
 // Op signature for the supports_op cache: op, params, and per tensor its type and layout
 // class (contiguous rows, fully contiguous); not exact sizes, so a decode step with a longer
 // KV cache does not ask again. See docs/remote-protocol.md.
-uint64_t op_signature(const Tensor* node) {
+// With sizes (the device's supports_op may depend on them, device caps bit 32) every tensor's
+// shape and strides are part of it too.
+uint64_t op_signature(const Tensor* node, bool with_sizes) {
     wire::Writer w;
     auto add = [&](const Tensor* t) {
         w.u32(static_cast<uint32_t>(t->type));
         w.u8(static_cast<uint8_t>((t->nb[0] == type_size(t->type) ? 1 : 0) |
                                   (t->is_contiguous() ? 2 : 0) | (t->view_src ? 4 : 0)));
+        if (with_sizes) {
+            for (int i = 0; i < kMaxDims; i++) {
+                w.i64(t->ne[i]);
+                w.u64(t->nb[i]);
+            }
+        }
     };
     w.u32(static_cast<uint32_t>(node->op));
     w.bytes(node->op_params, sizeof(node->op_params));
@@ -470,7 +536,7 @@ uint64_t op_signature(const Tensor* node) {
 }
 
 bool RemoteDevice::supports_op(const Tensor* node) {
-    const uint64_t sig = op_signature(node);
+    const uint64_t sig = op_signature(node, (caps_bits_ & kDeviceCapSizeDependent) != 0);
     {
         std::lock_guard<std::mutex> lock(support_mu_);
         auto it = support_cache_.find(sig);
@@ -789,6 +855,14 @@ Expected<RemoteStats> remote_stats(Registry* reg) {
     s.server_sessions = rd.u64();
     s.server_bytes = rd.u64();
     s.server_buffers = rd.u64();
+    s.charged = rd.u64();
+    s.buffer_charge = rd.u64();
+    s.scratch_bytes = rd.u64();
+    s.graph_cache_bytes = rd.u64();
+    s.graph_cache_entries = rd.u64();
+    s.events = rd.u64();
+    s.max_memory = rd.u64();
+    s.max_work = rd.u64();
     if (!rd.done()) return rr->conn()->error("SESSION_STATS: malformed reply");
     return s;
 }

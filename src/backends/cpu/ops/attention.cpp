@@ -220,6 +220,7 @@ void op_flash_attn_ext(const ComputeParams& p, Tensor* dst) {
     float mtile[kTile];
 
     for (int64_t b = b0; b < b1; b++) {
+        if (p.aborted()) return;
         const int64_t seg = b / blocks_per_seg;
         const int64_t hk = seg % n_head_kv, i3 = seg / n_head_kv;
         const int64_t i3k = i3 / batch_group;
@@ -243,6 +244,7 @@ void op_flash_attn_ext(const ComputeParams& p, Tensor* dst) {
         const uint8_t* vbase = row(v, 0, hk, i3k);
 
         for (int64_t t0 = 0; t0 < n_kv; t0 += kTile) {
+            if (p.aborted()) return;
             const int64_t len = std::min(kTile, n_kv - t0);
             // The mask, transposed to [position][lane]; unused lanes hidden.
             for (int64_t i = 0; i < len * kLanes; i++) w.sc[i] = kNegInf;

@@ -155,7 +155,7 @@ void op_mul_mat(const ComputeParams& cp, Tensor* dst) {
     const size_t ldo = dst->nb[1] / sizeof(float);
     for (;;) {
         const int64_t t = claim();
-        if (t >= p.tasks) break;
+        if (t >= p.tasks || cp.aborted()) break;
         const int64_t cc = t % p.col_chunks;
         const int64_t rc = (t / p.col_chunks) % p.row_chunks;
         const int64_t bi = t / (p.col_chunks * p.row_chunks);
@@ -187,6 +187,7 @@ void op_mul_mat(const ComputeParams& cp, Tensor* dst) {
                 p.pk->pack(amat + gr0 * a->nb[1], a->nb[1], nr, p.K, scratch + g * p.group_bytes);
             }
             for (int64_t c = c0; c < c1; c += 4) {
+                if (cp.aborted()) return;
                 const int nc = static_cast<int>(std::min<int64_t>(4, c1 - c));
                 for (int g = 0; g < ngroups; g += 2) {
                     const int64_t gr0 = r0 + g * simd::kPackRows;
@@ -200,6 +201,7 @@ void op_mul_mat(const ComputeParams& cp, Tensor* dst) {
             }
         } else {
             for (int64_t r = r0; r < r1; r += simd::kDirectRows) {
+                if (cp.aborted()) return;
                 const int nr = static_cast<int>(std::min<int64_t>(simd::kDirectRows, r1 - r));
                 for (int64_t c = c0; c < c1; c += simd::kDirectCols) {
                     const int nc = static_cast<int>(std::min<int64_t>(simd::kDirectCols, c1 - c));

@@ -2,7 +2,9 @@
 // every thread of the pool with its index; kernels split their work by rows over ith/nth.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
+#include <functional>
 #include <string>
 
 #include "backends/cpu/thread-pool.h"
@@ -13,12 +15,12 @@ namespace ferry::cpu {
 // Collects the first error a kernel reports (data-dependent failures such as an out-of-range
 // GET_ROWS index). Thread-safe.
 class ErrorSink {
-public:
+  public:
     void fail(std::string msg);
     bool failed() const { return failed_.load(std::memory_order_acquire); }
     std::string message();
 
-private:
+  private:
     std::atomic<bool> failed_{false};
     std::mutex mu_;
     std::string msg_;
@@ -31,8 +33,20 @@ struct ComputeParams {
     size_t wsize = 0;
     ThreadPool* pool = nullptr;  // for barrier() between phases of one kernel
     ErrorSink* errors = nullptr;
+    // Cancellation: `stop` is shared by the threads of one compute; thread 0 also polls the
+    // host's callback (ComputeLimits::should_abort). Long kernels check aborted() between
+    // pieces of work (never between barriers they would then skip) and return early.
+    std::atomic<bool>* stop = nullptr;
+    const std::function<bool()>* poll = nullptr;
     void barrier() const {
         if (pool) pool->barrier();
+    }
+    bool aborted() const {
+        if (!stop) return false;
+        if (ith == 0 && poll && *poll && !stop->load(std::memory_order_relaxed) && (*poll)()) {
+            stop->store(true, std::memory_order_relaxed);
+        }
+        return stop->load(std::memory_order_relaxed);
     }
 };
 

@@ -11,6 +11,12 @@ size_t flash_attn_work_size(const Tensor* node, int n_threads);
 
 size_t work_size(const Tensor* node, int n_threads) {
     if (n_threads < 1) n_threads = 1;
+    // Sized from what will actually be computed: a node with no elements, or with an empty
+    // source, runs no kernel work and needs no scratch whatever its other extents declare.
+    if (node->nelements() == 0) return 0;
+    for (int i = 0; i < kMaxSrc; i++) {
+        if (node->src[i] && node->src[i]->nelements() == 0) return 0;
+    }
     switch (node->op) {
         case Op::CPY:
         case Op::CONT:
