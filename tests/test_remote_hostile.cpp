@@ -200,7 +200,12 @@ TEST_P(Hostile, EveryBadRequestGetsAnErrorAndNobodyElseNotices) {
         RawClient c;
         ASSERT_TRUE(c.connect(next_addr()));
         expect_error(c, cmd, p, want, what);
-        EXPECT_TRUE(c.closed_by_server()) << what;
+        // A socket is closed so that unauthenticated connections hold no slot. An ivshmem
+        // window is one the host made for one guest: there is nothing to close, and the
+        // window's session stays without state until a HELLO comes.
+        if (GetParam() != "ivshmem") {
+            EXPECT_TRUE(c.closed_by_server()) << what;
+        }
     };
     before_hello(Cmd::LIST_DEVICES, {}, "HELLO must be the first", "list before hello");
     before_hello(Cmd::BUFFER_ALLOC, payload([](wire::Writer& w) {
