@@ -40,10 +40,19 @@ std::vector<std::unique_ptr<Registry>>& regs() {
 }  // namespace
 
 std::unique_ptr<Registry> make_cpu_registry();  // src/backends/cpu/cpu-backend.cpp
+#ifdef FERRY_HAVE_CUDA
+std::unique_ptr<Registry> make_cuda_registry();  // src/backends/cuda/cuda-backend.cpp
+#endif
 
 namespace {
+// The built-in registries, in order: the CPU first (cpu_device() relies on it), then the
+// compiled-in accelerators. This is the one place where a local backend is listed.
 void ensure_cpu_locked() {
-    if (regs().empty()) regs().push_back(make_cpu_registry());
+    if (!regs().empty()) return;
+    regs().push_back(make_cpu_registry());
+#ifdef FERRY_HAVE_CUDA
+    regs().push_back(make_cuda_registry());  // lists no device when there is no GPU
+#endif
 }
 }  // namespace
 
