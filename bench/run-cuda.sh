@@ -73,14 +73,16 @@ if has bench; then
     echo "peak GPU memory used: $(peak "$OUT/mem.tmp") MiB" | tee -a "$OUT/summary.txt"
   done
   rm -f "$OUT/mem.tmp"
-  for v in "FERRY_CUDA_GRAPH=0" "FERRY_CUDA_FUSION=0"; do
-    log "bench q4_0 tg128 with $v"
-    env "$v" "$F" bench -m /tmp/llama-1b-q4_0.gguf --device CUDA0 -p 0 -n 128 -r 3 2>&1 | tee -a "$OUT/summary.txt"
+  for v in "FERRY_CUDA_GRAPH=0" "FERRY_CUDA_FUSION=0" "FERRY_CUDA_MV_OCC=0"; do
+    for m in /tmp/llama-1b-q4_0.gguf /tmp/llama-1b-f16.gguf; do
+      log "bench $m tg128 with $v"
+      env "$v" "$F" bench -m "$m" --device CUDA0 -p 0 -n 128 -r 3 2>&1 | grep tg128 | tee -a "$OUT/summary.txt"
+    done
   done
 fi
 
 if has profile; then
-  for m in /tmp/llama-1b-q4_0.gguf ../shared/fixtures/tiny-llama/tiny-llama-q8_0.gguf; do
+  for m in /tmp/llama-1b-q4_0.gguf; do
     log "kernel profile (FERRY_CUDA_PROFILE=1) tg32 $m"
     FERRY_CUDA_PROFILE=1 "$F" bench -m "$m" --device CUDA0 -p 0 -n 32 -r 1 2>&1 | head -40 | tee -a "$OUT/summary.txt"
   done

@@ -16,6 +16,8 @@
 // row kernel that reads elements one by one.
 #include <cublas_v2.h>
 
+#include <cstdlib>
+
 #include "backends/cuda/ops/common.cuh"
 #include "backends/cuda/ops/ops.h"
 
@@ -39,7 +41,7 @@ __device__ __forceinline__ float small_u2f(uint32_t v) {  // exact for v < 2^23
 struct Lane8 {
     float q[8];
     float d, m;
-    int64_t o0, o1;
+    int32_t o0, o1;  // element offsets in the row (rows are < 2^31 elements)
 };
 
 template <Type T>
@@ -323,9 +325,11 @@ constexpr int kMvWarps = 8;  // warps per block of the vector kernel
 // short matrix still puts enough loads in flight), kMvWarps / S rows per block. Chunks are
 // processed U at a time with every load issued before the first use. GLU: the row of a second
 // matrix (g.a2, the "up" weights) is multiplied too and the result is silu(a x) * (a2 x).
-template <Type T, int NC, bool x_aligned, int S, bool glu>
-__global__ void __launch_bounds__(32 * kMvWarps) k_mul_mat_vec(MvArgs g) {
-    constexpr int U = glu ? 2 : 4;
+// MINB > 1: the register cap that lets MINB blocks share an SM (more warps in flight, fewer
+// chunks in flight per warp); FERRY_CUDA_MV_OCC=0 picks MINB = 1 for decode, to compare.
+template <Type T, int NC, bool x_aligned, int S, bool glu, int MINB>
+__global__ void __launch_bounds__(32 * kMvWarps, MINB) k_mul_mat_vec(MvArgs g) {
+    constexpr int U = MINB > 1 ? (glu ? 1 : 2) : (glu ? 2 : 4);
     __shared__ float sh[kMvWarps][glu ? 2 * NC : NC];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int part = warp % S;
@@ -446,10 +450,24 @@ __global__ void k_mul_mat_generic(MvArgs g, Type t) {
 // Instantiated variants (compile time matters: CI builds every one): split-K (S > 1) and the
 // GLU pair for single-column products (decode), S = 1 for 2..8 columns; x rows 16-byte
 // aligned (the launcher sends other layouts to the generic kernel).
+bool occupancy_mode() {
+    static const bool on = [] {
+        const char* v = std::getenv("FERRY_CUDA_MV_OCC");
+        return !(v && v[0] == '0');
+    }();
+    return on;
+}
+
 template <Type T, int NC, int S, bool glu>
 void launch_vec_s(const MvArgs& g, dim3 grid, cudaStream_t st) {
     grid.x = n_blocks(g.M, kMvWarps / S);
-    k_mul_mat_vec<T, NC, true, S, glu><<<grid, 32 * kMvWarps, 0, st>>>(g);
+    // Measured on the H200 (bench/results/cuda.md, 1B Q4_0 tg128, same machine): the cap for
+    // every split gave 504 t/s, for splits <= 2 only 473, none 428.
+    if (NC == 1 && occupancy_mode()) {
+        k_mul_mat_vec<T, NC, true, S, glu, 3><<<grid, 32 * kMvWarps, 0, st>>>(g);
+    } else {
+        k_mul_mat_vec<T, NC, true, S, glu, 1><<<grid, 32 * kMvWarps, 0, st>>>(g);
+    }
 }
 
 template <Type T, bool glu>
