@@ -22,7 +22,9 @@
 #include <vector>
 
 #include "backends/cpu/cpu-backend.h"
+#include "ferry/allocator.h"
 #include "ferry/backend.h"
+#include "ferry/backends.h"
 #include "ferry/graph.h"
 #include "ferry/tensor.h"
 
@@ -173,6 +175,7 @@ Expected<Result> run_case(Type t, int64_t K, int64_t M, int64_t N, const Options
 }  // namespace
 
 int main(int argc, char** argv) {
+    ferry::init_backends();
     const Options o = parse(argc, argv);
     if (o.md) {
         std::printf(

@@ -19,8 +19,10 @@
 #include <string>
 #include <vector>
 
-#include "backends/remote/remote.h"
+#include "ferry/remote.h"
+#include "ferry/allocator.h"
 #include "ferry/backend.h"
+#include "ferry/backends.h"
 #include "ferry/graph.h"
 
 using namespace ferry;
@@ -220,5 +222,6 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    ferry::init_backends();
     return run(argc, argv);
 }

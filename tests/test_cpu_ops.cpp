@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu-backend.h"
+#include "ferry/allocator.h"
 #include "ferry/backend.h"
 #include "ferry/graph.h"
 #include "ferry/tensor.h"

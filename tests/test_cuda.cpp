@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "backends/cpu/cpu-backend.h"
-#include "core/json.h"
+#include "json.h"
 #include "ferry/backend.h"
 #include "ferry/scheduler.h"
-#include "model/llama.h"
-#include "testing/op-tests.h"
+#include "ferry/llama.h"
+#include "ferry/op-tests.h"
 #ifdef FERRY_HAVE_CUDA
 #include "backends/cuda/cuda-backend.h"
 #endif

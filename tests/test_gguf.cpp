@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "core/json.h"
+#include "json.h"
 #include "ferry/gguf.h"
 #include "ferry/types.h"
 

@@ -7,7 +7,7 @@
 #include <limits>
 #include <string>
 
-#include "core/json.h"
+#include "json.h"
 
 using ferry::json::dump;
 using ferry::json::Kind;

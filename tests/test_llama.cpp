@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "backends/cpu/cpu-backend.h"
-#include "core/json.h"
+#include "json.h"
 #include "ferry/gguf.h"
-#include "model/llama.h"
+#include "ferry/llama.h"
 
 namespace ferry {
 namespace {
@@ -265,7 +265,7 @@ class UploadDevice : public Device {
     BufferType* buffer_type() override { return cpu::host_buffer_type(); }
     bool supports_op(const Tensor* node) override { return cpu_device()->supports_op(node); }
     bool supports_buffer_type(const BufferType* t) override { return t->is_host(); }
-    Expected<std::unique_ptr<Backend>> make_backend() override {
+    Expected<std::unique_ptr<Backend>> make_backend(const BackendOptions& = {}) override {
         return std::unique_ptr<Backend>(new Stream(this));
     }
 

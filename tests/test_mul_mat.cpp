@@ -21,6 +21,7 @@
 #include "backends/cpu/cpu-backend.h"
 #include "backends/cpu/simd/simd.h"
 #include "core/quants.h"
+#include "ferry/allocator.h"
 #include "ferry/backend.h"
 #include "ferry/graph.h"
 #include "ferry/tensor.h"

@@ -9,11 +9,13 @@
 #include <random>
 #include <thread>
 
-#include "backends/remote/remote.h"
+#include "ferry/remote.h"
+#include "ferry/allocator.h"
 #include "ferry/backend.h"
 #include "ferry/graph.h"
 #include "shell.h"
 #include "test_remote_util.h"
+#include "ferry/op-tests.h"
 
 using namespace ferry;
 using ferry::test::ServerProcess;
@@ -172,11 +174,8 @@ std::vector<GraphCase> graph_cases() {
     };
 }
 
-// Builds and runs a case on `dev`; returns the output bytes. Skips (returns nullopt) when the
-// local CPU lacks a kernel for one of its ops.
+// Builds and runs a case on `dev`; returns the output bytes.
 struct RunResult {
-    bool skipped = false;
-    std::string skip_reason;
     Status status;
     std::vector<uint8_t> out;
 };
@@ -189,13 +188,6 @@ RunResult run_case(const GraphCase& gc, Device* dev, Backend* backend) {
     out->flags |= kTensorOutput;
     Graph g;
     g.build_forward(out);
-    for (Tensor* n : g.nodes) {
-        if (!cpu_device()->supports_op(n)) {
-            rr.skipped = true;
-            rr.skip_reason = std::string("local CPU has no kernel for ") + op_name(n->op);
-            return rr;
-        }
-    }
     Expected<std::unique_ptr<Buffer>> buf = allocate_context_tensors(ctx, dev->buffer_type());
     if (!buf) {
         rr.status = buf.status();
@@ -385,22 +377,38 @@ TEST_P(Remote, GraphsBitIdenticalToLocalCpu) {
     ASSERT_TRUE(local);
     auto remote_be = dev_->make_backend();
     ASSERT_TRUE(remote_be);
-    int ran = 0;
     for (const GraphCase& gc : graph_cases()) {
         SCOPED_TRACE(gc.name);
         RunResult a = run_case(gc, cpu_device(), local->get());
-        if (a.skipped) {
-            std::printf("[ skipped  ] %s: %s\n", gc.name, a.skip_reason.c_str());
-            continue;
-        }
         ASSERT_TRUE(a.status.is_ok()) << a.status.message();
         RunResult b = run_case(gc, dev_, remote_be->get());
         ASSERT_TRUE(b.status.is_ok()) << b.status.message();
         ASSERT_EQ(a.out.size(), b.out.size());
         EXPECT_EQ(std::memcmp(a.out.data(), b.out.data(), a.out.size()), 0);
-        ran++;
     }
-    if (ran == 0) GTEST_SKIP() << "no graph case has local kernels yet";
+}
+
+TEST_P(Remote, EveryOpTestCaseMatchesTheLocalCpuBitForBit) {
+    // The whole `ferry test-ops` suite through the server, in this one session: every case
+    // passes against the float64 reference on the remote device, and (the server runs the
+    // same CPU kernels) reads back exactly the bytes the local CPU computes.
+    auto local = cpu_device()->make_backend();
+    ASSERT_TRUE(local);
+    auto remote_be = dev_->make_backend();
+    ASSERT_TRUE(remote_be);
+    const std::vector<ferry::testing::OpTestCase> cases = ferry::testing::make_op_tests();
+    ASSERT_GT(cases.size(), 100u);
+    for (const ferry::testing::OpTestCase& c : cases) {
+        const ferry::testing::OpTestResult want = ferry::testing::run_op_test(c, local->get());
+        const ferry::testing::OpTestResult got = ferry::testing::run_op_test(c, remote_be->get());
+        EXPECT_TRUE(want.passed) << c.name << " on the local CPU: " << want.message;
+        EXPECT_TRUE(got.passed) << c.name << " through " << addr_of(GetParam()) << ": "
+                                << got.message;
+        EXPECT_FALSE(got.output.empty()) << c.name;
+        EXPECT_TRUE(got.output == want.output)
+            << c.name << ": the server's bytes differ from the local CPU's (nmse " << got.nmse
+            << " vs " << want.nmse << ")";
+    }
 }
 
 TEST_P(Remote, GraphCacheAndDelta) {
@@ -410,7 +418,6 @@ TEST_P(Remote, GraphCacheAndDelta) {
     Tensor* y = ctx.new_tensor(Type::F32, {64, 1});
     auto buf = allocate_context_tensors(ctx, dev_->buffer_type());
     ASSERT_TRUE(buf);
-    if (!cpu_device()->supports_op(ctx.add(ctx.view_1d(x, 64, 0), y))) GTEST_SKIP() << "no ADD";
     auto be = dev_->make_backend();
     ASSERT_TRUE(be);
     auto xs = random_floats(64 * 16, 1);
@@ -498,7 +505,6 @@ TEST_P(Remote, SplitGraphUsesEarlierResultsWithoutRecomputing) {
     Tensor* y = ctx.new_tensor(Type::F32, {32, 2});
     Tensor* a = ctx.add(x, y);
     Tensor* b = ctx.mul(a, y);
-    if (!cpu_device()->supports_op(a) || !cpu_device()->supports_op(b)) GTEST_SKIP();
     auto buf = allocate_context_tensors(ctx, dev_->buffer_type());
     ASSERT_TRUE(buf);
     auto be = dev_->make_backend();
@@ -528,7 +534,6 @@ TEST_P(Remote, AsyncErrorSurfacesAtTheNextWait) {
     Tensor* src = ctx.new_tensor(Type::F32, {8, 4});
     Tensor* idx = ctx.new_tensor(Type::I32, {2});
     Tensor* rows = ctx.get_rows(src, idx);
-    if (!cpu_device()->supports_op(rows)) GTEST_SKIP();
     auto buf = allocate_context_tensors(ctx, dev_->buffer_type());
     ASSERT_TRUE(buf);
     auto be = dev_->make_backend();
@@ -563,7 +568,6 @@ TEST_P(Remote, EventsOrderWorkAcrossBackendsOfTheDevice) {
     Tensor* y = ctx.new_tensor(Type::F32, {64, 4});
     Tensor* sum = ctx.add(x, y);
     Tensor* prod = ctx.mul(sum, y);
-    if (!cpu_device()->supports_op(sum) || !cpu_device()->supports_op(prod)) GTEST_SKIP();
     auto buf = allocate_context_tensors(ctx, dev_->buffer_type());
     ASSERT_TRUE(buf) << buf.message();
     auto be1 = dev_->make_backend();
@@ -683,14 +687,10 @@ TEST(RemoteServer, FourConcurrentClientsThenMemoryReturnsToBaseline) {
         ASSERT_TRUE(local);
         const auto cases = graph_cases();
         std::vector<std::vector<uint8_t>> expect(cases.size());
-        std::vector<bool> skip(cases.size());
         for (size_t i = 0; i < cases.size(); i++) {
             RunResult r = run_case(cases[i], cpu_device(), local->get());
-            skip[i] = r.skipped;
-            if (!r.skipped) {
-                ASSERT_TRUE(r.status.is_ok()) << r.status.message();
-                expect[i] = r.out;
-            }
+            ASSERT_TRUE(r.status.is_ok()) << r.status.message();
+            expect[i] = r.out;
         }
         std::atomic<int> failures{0}, runs{0};
         std::atomic<uint64_t> peak{0};
@@ -711,7 +711,6 @@ TEST(RemoteServer, FourConcurrentClientsThenMemoryReturnsToBaseline) {
                 }
                 for (int rep = 0; rep < 5; rep++) {
                     for (size_t i = 0; i < cases.size(); i++) {
-                        if (skip[i]) continue;
                         RunResult r = run_case(cases[i], dev, be->get());
                         if (!r.status || r.out != expect[i]) failures++;
                         runs++;

@@ -7,7 +7,7 @@
 #include <sstream>
 #include <thread>
 
-#include "backends/remote/remote.h"
+#include "ferry/remote.h"
 #include "shell.h"
 #include "test_remote_util.h"
 
@@ -90,7 +90,7 @@ TEST_F(RemoteE2E, TestOpsThroughTheServerMatchLocal) {
 }
 
 TEST_F(RemoteE2E, LogitsBitIdenticalForAllEncodingsOverBothTransports) {
-    if (!have_fixtures()) GTEST_SKIP() << "no tiny-llama fixtures";
+    ASSERT_TRUE(have_fixtures()) << "missing " << kTiny << "/tiny-llama-q4_0.gguf";
     for (const char* enc : kEncodings) {
         SCOPED_TRACE(enc);
         const std::string model = kTiny + "/tiny-llama-" + enc + ".gguf";
@@ -112,8 +112,29 @@ TEST_F(RemoteE2E, LogitsBitIdenticalForAllEncodingsOverBothTransports) {
     }
 }
 
+TEST_F(RemoteE2E, LayersSplitBetweenTheLocalCpuAndTwoServersGiveTheLocalLogits) {
+    // llama.cpp's -ngl and --tensor-split: the first layer on the local CPU, the others split
+    // between a unix and a tcp server; activations cross both connections every step.
+    ASSERT_TRUE(have_fixtures());
+    const std::string model = kTiny + "/tiny-llama-q8_0.gguf";
+    auto run = [&](const std::string& extra, const std::string& out) {
+        return sh(std::string(FERRY_BIN) + " logits -m " + model +
+                  " --tokens 1,45,99,300,7,12,512,3 -o " + out + " " + extra + " 2>&1");
+    };
+    Proc l = run("", dir_ + "/split.local");
+    ASSERT_EQ(l.rc, 0) << l.out;
+    Proc d = run("--remote " + unix_->addr() + " --remote " + tcp_->addr() + " -d " +
+                     unix_->addr() + "/CPU," + tcp_->addr() + "/CPU -ngl 3 -ts 1,2",
+                 dir_ + "/split.remote");
+    ASSERT_EQ(d.rc, 0) << d.out;
+    EXPECT_TRUE(slurp(dir_ + "/split.local") == slurp(dir_ + "/split.remote"));
+    Proc bad = run("--remote " + unix_->addr() + " -ts 1,2", dir_ + "/split.bad");
+    EXPECT_NE(bad.rc, 0);
+    EXPECT_NE(bad.out.find("2 shares for 1 devices"), std::string::npos) << bad.out;
+}
+
 TEST_F(RemoteE2E, RunStreamsTheSameTextAsLocal) {
-    if (!have_fixtures()) GTEST_SKIP() << "no tiny-llama fixtures";
+    ASSERT_TRUE(have_fixtures()) << "missing " << kTiny << "/tiny-llama-q4_0.gguf";
     const std::string cmd = std::string(FERRY_BIN) + " run -m " + kTiny +
                             "/tiny-llama-q8_0.gguf -p 'The license' -n 48 --temp 0 2>/dev/null";
     Proc l = sh(cmd);
@@ -127,7 +148,7 @@ TEST_F(RemoteE2E, RunStreamsTheSameTextAsLocal) {
 }
 
 TEST_F(RemoteE2E, FourLogitsClientsAtOnceThenServerMemoryBackToBaseline) {
-    if (!have_fixtures()) GTEST_SKIP() << "no tiny-llama fixtures";
+    ASSERT_TRUE(have_fixtures()) << "missing " << kTiny << "/tiny-llama-q4_0.gguf";
     auto watcher = remote_open(unix_->addr());
     ASSERT_TRUE(watcher) << watcher.message();
     auto base = remote_stats(watcher->get());
@@ -167,7 +188,7 @@ TEST_F(RemoteE2E, FourLogitsClientsAtOnceThenServerMemoryBackToBaseline) {
 
 // SIGKILL of the server mid-generation: the client exits non-zero within 5 s, naming it.
 TEST(RemoteFaults, ServerKilledMidGeneration) {
-    if (!have_fixtures()) GTEST_SKIP() << "no tiny-llama fixtures";
+    ASSERT_TRUE(have_fixtures()) << "missing " << kTiny << "/tiny-llama-q4_0.gguf";
     for (const std::string transport : {"unix", "tcp"}) {
         SCOPED_TRACE(transport);
         const std::string dir = ferry::test::make_temp_dir();

@@ -6,7 +6,8 @@
 #include <random>
 #include <thread>
 
-#include "backends/remote/remote.h"
+#include "ferry/remote.h"
+#include "ferry/allocator.h"
 #include "ferry/backend.h"
 #include "ferry/graph.h"
 #include "test_remote_util.h"

@@ -8,7 +8,7 @@
 #include <memory>
 #include <thread>
 
-#include "backends/remote/remote.h"
+#include "ferry/remote.h"
 #include "test_remote_util.h"
 
 using namespace ferry;

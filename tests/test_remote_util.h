@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "backends/remote/protocol.h"
-#include "backends/remote/transport.h"
-#include "backends/remote/wire.h"
+#include "remote-proto/protocol.h"
+#include "remote-proto/transport.h"
+#include "remote-proto/wire.h"
 
 namespace ferry::test {
 

@@ -9,7 +9,7 @@
 #include <set>
 #include <vector>
 
-#include "model/sampler.h"
+#include "ferry/sampler.h"
 
 namespace ferry {
 namespace {

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "core/json.h"
+#include "json.h"
 #include "ferry/gguf.h"
-#include "model/vocab.h"
+#include "ferry/vocab.h"
 #include "shell.h"
 
 namespace ferry {

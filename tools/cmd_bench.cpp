@@ -12,7 +12,7 @@
 
 #include "cli.h"
 #include "ferry/backend.h"
-#include "model/llama.h"
+#include "ferry/llama.h"
 
 namespace ferry::cli {
 namespace {
@@ -87,17 +87,28 @@ Status run_tg(LlamaSession& s, int n, int32_t n_vocab, double* tps) {
 }
 
 int cmd_bench(int argc, char** argv) {
-    Args args(argc, argv);
-    if (args.flag({"-h", "--help"})) {
-        std::printf(
-            "usage: ferry bench -m MODEL [-p N] [-n N] [-r REPS] [-t THREADS] [-o md|json]\n"
-            "                   [--kv-type f16|f32] [--remote ADDR] [--device NAME] [--mmap]\n"
-            "  pp: one batch of N prompt tokens from an empty cache; tg: N tokens one at a time\n"
-            "  from an empty cache (as llama-bench). Each test runs once to warm up, then REPS\n"
-            "  times; prints mean ± sd tokens/s, and the process's peak resident memory.\n"
-            "  -p 0 or -n 0 skips that test. Defaults: -p 512 -n 128 -r 5.\n"
-            "  --remote ADDR puts the weights (and the work) on a `ferry serve` device.\n"
-            "  --mmap: CPU weights stay in the memory-mapped file instead of huge-page memory.\n");
+    Args args(
+        "bench",
+        "usage: ferry bench -m MODEL [-p N] [-n N] [-r REPS] [options]\n"
+        "  pp: one batch of N prompt tokens from an empty cache; tg: N tokens one at a\n"
+        "  time from an empty cache (as llama-bench). Each test runs once to warm up, then\n"
+        "  REPS times; prints mean ± sd tokens/s, and the process's peak resident memory.\n",
+        with_placement({
+            {{"-m", "--model"}, "PATH", "GGUF model"},
+            {{"-p", "--n-prompt"}, "N", "prompt tokens of the pp test (default 512; 0: skip)"},
+            {{"-n", "--n-gen"}, "N", "generated tokens of the tg test (default 128; 0: skip)"},
+            {{"-r", "--repetitions"}, "N", "timed runs of each test (default 5)"},
+            {{"-t", "--threads"}, "N", "CPU threads (default: all cores)"},
+            {{"-o", "--output"}, "FILE", "write the results to FILE (default: stdout)"},
+            {{"--format"}, "FMT", "md (default: a markdown table) or json"},
+            {{"--kv-type"}, "TYPE", "KV cache type: f16 (default), f32 or bf16"},
+            {{"--mmap"},
+             nullptr,
+             "CPU: weights stay in the memory-mapped file instead of huge-page memory"},
+        }),
+        argc, argv);
+    if (args.help()) {
+        args.print_help();
         return 0;
     }
     const std::optional<std::string> model_path = args.value({"-m", "--model"});
@@ -105,30 +116,39 @@ int cmd_bench(int argc, char** argv) {
     const long long n_gen = args.integer({"-n", "--n-gen"}).value_or(128);
     const long long reps = args.integer({"-r", "--repetitions"}).value_or(5);
     const long long threads = args.integer({"-t", "--threads"}).value_or(0);
-    const std::string fmt = args.value({"-o", "--output"}).value_or("md");
+    const std::optional<std::string> out_path = args.value({"-o", "--output"});
+    const std::string fmt = args.value({"--format"}).value_or("md");
     const std::optional<std::string> kv = args.value({"--kv-type"});
     const bool use_mmap = args.flag({"--mmap"});
-    const std::vector<std::string> remotes = args.values({"--remote"});
-    const std::optional<std::string> device_name = args.value({"--device"});
+    const Placement placement = read_placement(args);
     if (Status st = args.finish(); !st) return fail("bench", st.message());
     if (!model_path) return fail("bench", "-m MODEL is required");
-    if (fmt != "md" && fmt != "json") return fail("bench", "-o must be md or json");
-    if (n_prompt < 0 || n_gen < 0 || reps < 1) return fail("bench", "-p/-n must be >= 0, -r >= 1");
+    if (fmt != "md" && fmt != "json") {
+        return fail("bench", "--format " + fmt + ": not md or json");
+    }
+    // A benchmark times a fixed number of tokens: -n -1 ("until the end") has no meaning here.
+    if (n_prompt < 0) return fail("bench", strfmt("-p %lld: must be 0 or more", n_prompt));
+    if (n_gen < 0) return fail("bench", strfmt("-n %lld: must be 0 or more", n_gen));
+    if (reps < 1) return fail("bench", strfmt("-r %lld: must be 1 or more", reps));
+    // Created before the run, so that a bad path fails at once, not after minutes of timing.
+    FILE* out = stdout;
+    if (out_path) {
+        out = std::fopen(out_path->c_str(), "w");
+        if (!out) return fail("bench", "-o: cannot create " + *out_path);
+    }
 
     SessionOptions so;
     so.n_threads = static_cast<int>(threads);
     Expected<Type> kv_type = parse_kv_type(kv);
     if (!kv_type) return fail("bench", kv_type.message());
     so.kv_type = *kv_type;
-    Expected<Device*> dev = pick_device(remotes, device_name);
-    if (!dev) return fail("bench", dev.message());
     ModelOptions mo;
-    if (*dev) mo.devices.push_back(*dev);
+    if (Status st = apply_placement(placement, &mo); !st) return fail("bench", st.message());
     mo.mmap = use_mmap;
     so.n_batch = static_cast<int32_t>(std::max<long long>(n_prompt, 1));
     so.n_ctx = static_cast<int32_t>(std::max<long long>(n_prompt, n_gen) + 16);
 
-    Expected<std::unique_ptr<LlamaModel>> model = LlamaModel::load(*model_path, mo);
+    Expected<std::unique_ptr<LlamaModel>> model = load_model(*model_path, mo);
     if (!model) return fail("bench", model.message());
     Expected<std::unique_ptr<LlamaSession>> sess = LlamaSession::create(**model, so);
     if (!sess) return fail("bench", sess.message());
@@ -158,32 +178,36 @@ int cmd_bench(int argc, char** argv) {
     const std::string dev_name = m.device()->name();
     const size_t peak = peak_rss_bytes();
     if (fmt == "md") {
-        std::printf("| model | size | params | device | threads | test | t/s |\n");
-        std::printf("| --- | ---: | ---: | --- | ---: | ---: | ---: |\n");
+        std::fprintf(out, "| model | size | params | device | threads | test | t/s |\n");
+        std::fprintf(out, "| --- | ---: | ---: | --- | ---: | ---: | ---: |\n");
         for (const Result& r : results) {
-            std::printf("| %s | %s | %s | %s | %d | %s | %.2f ± %.2f |\n", model_desc.c_str(),
-                        human_size(static_cast<double>(m.size_bytes())).c_str(),
-                        human_params(static_cast<double>(m.n_params())).c_str(), dev_name.c_str(),
-                        nth, r.test.c_str(), r.mean(), r.sd());
+            std::fprintf(out, "| %s | %s | %s | %s | %d | %s | %.2f ± %.2f |\n", model_desc.c_str(),
+                         human_size(static_cast<double>(m.size_bytes())).c_str(),
+                         human_params(static_cast<double>(m.n_params())).c_str(), dev_name.c_str(),
+                         nth, r.test.c_str(), r.mean(), r.sd());
         }
-        std::printf("\npeak memory (max RSS): %s\n", human_size(static_cast<double>(peak)).c_str());
+        std::fprintf(out, "\npeak memory (max RSS): %s\n",
+                     human_size(static_cast<double>(peak)).c_str());
     } else {
-        std::printf("[\n");
+        std::fprintf(out, "[\n");
         for (size_t i = 0; i < results.size(); i++) {
             const Result& r = results[i];
-            std::printf(
-                "  {\"model\": \"%s\", \"model_size\": %llu, \"n_params\": %llu, "
-                "\"device\": \"%s\", \"threads\": %d, \"test\": \"%s\", "
-                "\"avg_ts\": %.4f, \"stddev_ts\": %.4f, \"samples_ts\": [",
-                model_desc.c_str(), static_cast<unsigned long long>(m.size_bytes()),
-                static_cast<unsigned long long>(m.n_params()), dev_name.c_str(), nth,
-                r.test.c_str(), r.mean(), r.sd());
+            std::fprintf(out,
+                         "  {\"model\": \"%s\", \"model_size\": %llu, \"n_params\": %llu, "
+                         "\"device\": \"%s\", \"threads\": %d, \"test\": \"%s\", "
+                         "\"avg_ts\": %.4f, \"stddev_ts\": %.4f, \"samples_ts\": [",
+                         model_desc.c_str(), static_cast<unsigned long long>(m.size_bytes()),
+                         static_cast<unsigned long long>(m.n_params()), dev_name.c_str(), nth,
+                         r.test.c_str(), r.mean(), r.sd());
             for (size_t j = 0; j < r.tps.size(); j++)
-                std::printf("%s%.4f", j ? ", " : "", r.tps[j]);
-            std::printf("], \"peak_rss_bytes\": %zu}%s\n", peak, i + 1 < results.size() ? "," : "");
+                std::fprintf(out, "%s%.4f", j ? ", " : "", r.tps[j]);
+            std::fprintf(out, "], \"peak_rss_bytes\": %zu}%s\n", peak,
+                         i + 1 < results.size() ? "," : "");
         }
-        std::printf("]\n");
+        std::fprintf(out, "]\n");
     }
+    if (out != stdout && std::fclose(out) != 0)
+        return fail("bench", "-o: cannot write " + *out_path);
     return 0;
 }
 

@@ -1,19 +1,24 @@
 // ferry devices: lists every device with its type and memory.
 #include <cstdio>
 
-#include "backends/remote/remote.h"
 #include "cli.h"
 #include "ferry/backend.h"
+#include "ferry/remote.h"
 
 namespace ferry::cli {
 namespace {
 
 int cmd_devices(int argc, char** argv) {
-    Args args(argc, argv);
-    if (args.flag({"-h", "--help"})) {
-        std::printf(
-            "usage: ferry devices [--remote ADDR ...]\n  Lists devices with their type and "
-            "memory; --remote adds the devices a `ferry serve` at ADDR hosts.\n");
+    Args args("devices",
+              "usage: ferry devices [--remote ADDR ...]\n"
+              "  Lists devices with their type and memory.\n",
+              {{{"--remote"},
+                "ADDR",
+                "also list the devices of the `ferry serve` at ADDR (unix:PATH or\n"
+                "tcp:HOST:PORT), named ADDR/NAME (repeatable)"}},
+              argc, argv);
+    if (args.help()) {
+        args.print_help();
         return 0;
     }
     const std::vector<std::string> remotes = args.values({"--remote"});

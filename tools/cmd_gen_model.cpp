@@ -3,31 +3,39 @@
 #include <cstdio>
 
 #include "cli.h"
-#include "model/gen-model.h"
+#include "ferry/gen-model.h"
 
 namespace ferry::cli {
 namespace {
 
 int cmd_gen_model(int argc, char** argv) {
-    Args args(argc, argv);
-    if (args.flag({"-h", "--help"})) {
-        std::printf(
-            "usage: ferry gen-model --preset NAME --type TYPE -o FILE [--embd-type TYPE] "
-            "[--seed N] [-t N]\n"
-            "  Writes a llama GGUF with random weights and a valid vocabulary.\n"
-            "  presets:");
+    Args args("gen-model",
+              "usage: ferry gen-model --preset NAME --type TYPE -o FILE [options]\n"
+              "  Writes a llama GGUF with random weights and a valid vocabulary.\n",
+              {
+                  {{"--preset"}, "NAME", "the architecture's shapes (see the list below)"},
+                  {{"--type"}, "TYPE", "weight type: f32 f16 bf16 q4_0 q4_1 q8_0 q4_k q5_k q6_k"},
+                  {{"-o", "--output"}, "FILE", "the GGUF file to write"},
+                  {{"--embd-type"},
+                   "TYPE",
+                   "token embedding / output type (default q6_k for 4- and 5-bit\n"
+                   "types, as llama.cpp's quantizer makes them; the weight type otherwise)"},
+                  {{"-s", "--seed"}, "N", "random seed"},
+                  {{"-t", "--threads"}, "N", "threads (default: all cores)"},
+              },
+              argc, argv);
+    if (args.help()) {
+        args.print_help();
+        std::printf("presets:");
         for (const ModelPreset& p : model_presets()) std::printf(" %s", p.name);
-        std::printf(
-            "\n  types: f32 f16 bf16 q4_0 q4_1 q8_0 q4_k q5_k q6_k\n"
-            "  --embd-type: token embedding / output type (default q6_k for 4- and 5-bit "
-            "types, as llama.cpp's quantizer makes them; the weight type otherwise)\n");
+        std::printf("\n");
         return 0;
     }
     const std::optional<std::string> preset = args.value({"--preset"});
     const std::optional<std::string> type = args.value({"--type"});
     const std::optional<std::string> out = args.value({"-o", "--output"});
     const std::optional<std::string> embd = args.value({"--embd-type"});
-    const std::optional<long long> seed = args.integer({"--seed"});
+    const std::optional<long long> seed = args.integer({"-s", "--seed"});
     const std::optional<long long> threads = args.integer({"-t", "--threads"});
     if (Status st = args.finish(); !st) return fail("gen-model", st.message());
     if (!preset || !out) return fail("gen-model", "--preset and -o are required (see --help)");

@@ -5,30 +5,13 @@
 #include <string>
 #include <vector>
 
-#include "backends/remote/remote.h"
 #include "cli.h"
 #include "ferry/backend.h"
-#include "model/llama.h"
+#include "ferry/llama.h"
+#include "ferry/remote.h"
 
 namespace ferry::cli {
 namespace {
-
-void usage() {
-    std::printf(
-        "usage: ferry logits -m MODEL --tokens ID,ID,... --out FILE [options]\n"
-        "  Writes float32 little-endian logits [n_tokens, n_vocab], one row per position.\n"
-        "options:\n"
-        "  -m, --model PATH     GGUF model\n"
-        "  --tokens LIST        comma-separated token ids\n"
-        "  --out FILE           output file\n"
-        "  --kv-type TYPE       KV cache type: f16 (default) or f32\n"
-        "  --mmap               CPU: compute from the memory-mapped file (no copy)\n"
-        "  -t, --threads N      CPU threads (default: all cores)\n"
-        "  -c, --ctx N          context size (default: the number of tokens)\n"
-        "  --remote ADDR        connect to a `ferry serve` (unix:PATH or tcp:HOST:PORT) and put\n"
-        "                       the weights on its first device (repeatable)\n"
-        "  --device NAME        put the weights on this device (see `ferry devices`)\n");
-}
 
 Expected<std::vector<int32_t>> parse_tokens(const std::string& s) {
     std::vector<int32_t> out;
@@ -53,41 +36,48 @@ Expected<std::vector<int32_t>> parse_tokens(const std::string& s) {
 
 }  // namespace
 
-// Connects to each --remote address and returns the device the weights should go to:
-// `device_name` when given, else the first device of the first address (nullptr: the CPU).
 namespace {
 
 int cmd_logits(int argc, char** argv) {
-    Args args(argc, argv);
-    if (args.flag({"-h", "--help"})) {
-        usage();
+    Args args("logits",
+              "usage: ferry logits -m MODEL --tokens ID,ID,... -o FILE [options]\n"
+              "  Writes float32 little-endian logits [n_tokens, n_vocab], one row per position.\n",
+              with_placement({
+                  {{"-m", "--model"}, "PATH", "GGUF model"},
+                  {{"--tokens"}, "LIST", "comma-separated token ids"},
+                  {{"-o", "--output", "--out"}, "FILE", "output file"},
+                  {{"--kv-type"}, "TYPE", "KV cache type: f16 (default), f32 or bf16"},
+                  {{"--mmap"}, nullptr, "CPU: compute from the memory-mapped file (no copy)"},
+                  {{"-t", "--threads"}, "N", "CPU threads (default: all cores)"},
+                  {{"-c", "--ctx"}, "N", "context size (default: the number of tokens)"},
+              }),
+              argc, argv);
+    if (args.help()) {
+        args.print_help();
         return 0;
     }
     const std::optional<std::string> model_path = args.value({"-m", "--model"});
     const std::optional<std::string> tokens_arg = args.value({"--tokens"});
-    const std::optional<std::string> out_path = args.value({"--out", "-o"});
+    const std::optional<std::string> out_path = args.value({"-o", "--output", "--out"});
     const std::optional<std::string> kv = args.value({"--kv-type"});
     const bool use_mmap = args.flag({"--mmap"});
     const std::optional<long long> threads = args.integer({"-t", "--threads"});
     const std::optional<long long> ctx = args.integer({"-c", "--ctx"});
-    const std::vector<std::string> remotes = args.values({"--remote"});
-    const std::optional<std::string> device_name = args.value({"--device"});
+    const Placement placement = read_placement(args);
     if (Status st = args.finish(); !st) return fail("logits", st.message());
     if (!model_path) return fail("logits", "-m MODEL is required");
     if (!tokens_arg) return fail("logits", "--tokens LIST is required");
-    if (!out_path) return fail("logits", "--out FILE is required");
+    if (!out_path) return fail("logits", "-o FILE is required");
 
     Expected<std::vector<int32_t>> tokens = parse_tokens(*tokens_arg);
     if (!tokens) return fail("logits", tokens.message());
     Expected<Type> kv_type = parse_kv_type(kv);
     if (!kv_type) return fail("logits", kv_type.message());
-    Expected<Device*> dev = pick_device(remotes, device_name);
-    if (!dev) return fail("logits", dev.message());
 
     ModelOptions mo;
-    if (*dev) mo.devices.push_back(*dev);
+    if (Status st = apply_placement(placement, &mo); !st) return fail("logits", st.message());
     mo.mmap = use_mmap;
-    Expected<std::unique_ptr<LlamaModel>> model = LlamaModel::load(*model_path, mo);
+    Expected<std::unique_ptr<LlamaModel>> model = load_model(*model_path, mo);
     if (!model) return fail("logits", model.message());
     const int32_t n_vocab = (*model)->hparams().n_vocab;
     for (size_t i = 0; i < tokens->size(); i++) {

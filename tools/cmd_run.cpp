@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "cli.h"
+#include "embedded-model.h"
 #include "ferry/backend.h"
-#include "model/embedded-model.h"
-#include "model/llama.h"
-#include "model/sampler.h"
+#include "ferry/llama.h"
+#include "ferry/sampler.h"
 
 namespace ferry::cli {
 
@@ -32,28 +32,34 @@ void show_progress(float f) {
     std::fflush(stderr);
 }
 
-void usage() {
-    std::printf(
-        "usage: ferry run [-m MODEL] [-p PROMPT] [options]\n"
-        "  Streams the completion of PROMPT to stdout; timings go to stderr.\n"
-        "options:\n"
-        "  -m, --model PATH        GGUF model (default: the embedded demo model, tiny-llama Q8_0)\n"
-        "  -p, --prompt TEXT       prompt (default: \"%s\")\n"
-        "  -n, --n-predict N       tokens to generate (default 128; stops early at end of text)\n"
-        "  -t, --threads N         CPU threads (default: all cores)\n"
-        "  -c, --ctx N             context size (default: the model's, at most 4096)\n"
-        "  --temp T                temperature (default 0.8; 0: greedy)\n"
-        "  --top-k N               top-k (default 40; 0: off)\n"
-        "  --top-p P               top-p (default 0.95; 1: off)\n"
-        "  --min-p P               min-p (default 0.05; 0: off)\n"
-        "  --repeat-penalty R      repetition penalty over the last 64 tokens (default 1: off)\n"
-        "  --seed S                sampling seed\n"
-        "  --kv-type TYPE          KV cache type: f16 (default) or f32\n"
-        "  --mmap                  CPU: compute from the memory-mapped file (no copy, faster\n"
-        "                          start); default: load into huge-page memory (faster decode)\n"
-        "  --remote ADDR           put the weights on a `ferry serve` device (repeatable)\n"
-        "  --device NAME           put the weights on this device\n",
-        kDefaultPrompt);
+const char* const kUsage =
+    "usage: ferry run [-m MODEL] [-p PROMPT] [options]\n"
+    "  Streams the completion of PROMPT to stdout; timings go to stderr.\n";
+
+std::vector<OptionSpec> options() {
+    return with_placement({
+        {{"-m", "--model"},
+         "PATH",
+         "GGUF model (default: the embedded demo model, tiny-llama Q8_0)"},
+        {{"-p", "--prompt"}, "TEXT", "prompt (default: \"Permission is hereby granted\")"},
+        {{"-n", "--n-predict"},
+         "N",
+         "tokens to generate (default 128; fewer at the end of text);\n"
+         "-1: until the end of text or a full context"},
+        {{"-t", "--threads"}, "N", "CPU threads (default: all cores)"},
+        {{"-c", "--ctx"}, "N", "context size (default: the model's, at most 4096)"},
+        {{"--temp"}, "T", "temperature (default 0.8; 0: greedy)"},
+        {{"--top-k"}, "N", "top-k (default 40; 0: off)"},
+        {{"--top-p"}, "P", "top-p (default 0.95; 1: off)"},
+        {{"--min-p"}, "P", "min-p (default 0.05; 0: off)"},
+        {{"--repeat-penalty"}, "R", "repetition penalty over the last 64 tokens (default 1: off)"},
+        {{"-s", "--seed"}, "S", "sampling seed"},
+        {{"--kv-type"}, "TYPE", "KV cache type: f16 (default), f32 or bf16"},
+        {{"--mmap"},
+         nullptr,
+         "CPU: compute from the memory-mapped file (no copy, faster start);\n"
+         "default: load into huge-page memory (faster decode)"},
+    });
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -61,9 +67,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 int cmd_run(int argc, char** argv) {
-    Args args(argc, argv);
-    if (args.flag({"-h", "--help"})) {
-        usage();
+    Args args("run", kUsage, options(), argc, argv);
+    if (args.help()) {
+        args.print_help();
         return 0;
     }
     const std::optional<std::string> model_path = args.value({"-m", "--model"});
@@ -76,28 +82,26 @@ int cmd_run(int argc, char** argv) {
     const std::optional<double> top_p = args.number({"--top-p"});
     const std::optional<double> min_p = args.number({"--min-p"});
     const std::optional<double> repeat_penalty = args.number({"--repeat-penalty"});
-    const std::optional<long long> seed = args.integer({"--seed", "-s"});
+    const std::optional<long long> seed = args.integer({"-s", "--seed"});
     const std::optional<std::string> kv = args.value({"--kv-type"});
     const bool use_mmap = args.flag({"--mmap"});
-    const std::vector<std::string> remotes = args.values({"--remote"});
-    const std::optional<std::string> device_name = args.value({"--device"});
+    const Placement placement = read_placement(args);
     if (Status st = args.finish(); !st) return fail("run", st.message());
     const std::string path = model_path ? *model_path : embedded_demo_model().name;
     const std::string prompt_text = prompt ? *prompt : kDefaultPrompt;
     const long long n_gen = n_predict.value_or(128);
-    if (n_gen < 0) return fail("run", "-n must not be negative");
+    if (n_gen < -1)
+        return fail("run", strfmt("-n %lld: give a token count, or -1 for no limit", n_gen));
     if (ctx && (*ctx <= 0 || *ctx > (1 << 24))) return fail("run", "-c must be positive");
     Expected<Type> kv_type = parse_kv_type(kv);
     if (!kv_type) return fail("run", kv_type.message());
-    Expected<Device*> dev = pick_device(remotes, device_name);
-    if (!dev) return fail("run", dev.message());
 
     const auto t_load = std::chrono::steady_clock::now();
     ModelOptions mo;
-    if (*dev) mo.devices.push_back(*dev);
+    if (Status st = apply_placement(placement, &mo); !st) return fail("run", st.message());
     mo.mmap = use_mmap;
     if (isatty(STDERR_FILENO)) mo.progress = show_progress;
-    Expected<std::unique_ptr<LlamaModel>> model = LlamaModel::load(path, mo);
+    Expected<std::unique_ptr<LlamaModel>> model = load_model(path, mo);
     if (!model) return fail("run", model.message());
     SessionOptions so;
     so.kv_type = *kv_type;
@@ -129,7 +133,7 @@ int cmd_run(int argc, char** argv) {
 
     const auto t_gen = std::chrono::steady_clock::now();
     long long n_done = 0;
-    while (n_done < n_gen) {
+    while (n_gen < 0 || n_done < n_gen) {
         const int32_t next = sampler.sample(s.logits(0), n_vocab);
         if (next < 0 || vocab.is_eog(next)) break;
         sampler.accept(next);

@@ -9,42 +9,50 @@
 namespace ferry::cli {
 namespace {
 
-void serve_usage() {
-    std::printf(
-        "usage: ferry serve --listen ADDR [--device NAME ...] [--token T] [--max-memory BYTES]\n"
-        "                   [--max-sessions N] [--max-sessions-per-client N]\n"
-        "                   [--io-timeout SECONDS] [-t N] [--verbose]\n"
-        "  Hosts local devices for `--remote ADDR` clients.\n"
-        "  ADDR          unix:PATH (shared memory buffers, fd passing) or tcp:HOST:PORT\n"
-        "                (data inline; port 0 picks a free port). A tcp address other than\n"
-        "                loopback requires a token.\n"
-        "  --device      a device to serve (repeatable; default: every local device)\n"
-        "  --token       token clients must present in HELLO (default: $FERRY_TOKEN)\n"
-        "  --max-memory  per-session limit on buffer bytes (default: physical memory)\n"
-        "  --max-sessions             sessions at once, all clients (default 64)\n"
-        "  --max-sessions-per-client  sessions at once per client: per uid on unix sockets,\n"
-        "                per IP address on tcp (default 16)\n"
-        "  --io-timeout  seconds a started frame, or a reply being sent, may stall before\n"
-        "                the session is closed (default 30; 0: never). Idle clients are kept.\n"
-        "  -t, --threads CPU threads per client session (default: all cores)\n"
-        "  Prints 'ferry serve: listening on ADDR' once ready.\n");
-}
-
 int cmd_serve(int argc, char** argv) {
-    Args args(argc, argv);
-    if (args.flag({"-h", "--help"})) {
-        serve_usage();
+    Args args("serve",
+              "usage: ferry serve --listen ADDR [options]\n"
+              "  Hosts local devices for `--remote ADDR` clients. Prints\n"
+              "  'ferry serve: listening on ADDR' once ready.\n",
+              {
+                  {{"-l", "--listen"},
+                   "ADDR",
+                   "unix:PATH (shared memory buffers, fd passing) or tcp:HOST:PORT\n"
+                   "(data inline; port 0 picks a free port). A tcp address other than\n"
+                   "loopback requires a token."},
+                  {{"-d", "--device"},
+                   "NAME",
+                   "a device to serve (repeatable; default: every local device)"},
+                  {{"--token"}, "T", "token clients must present in HELLO (default: $FERRY_TOKEN)"},
+                  {{"--max-memory"},
+                   "BYTES",
+                   "per-session limit on buffer bytes (default: physical memory)"},
+                  {{"--max-sessions"}, "N", "sessions at once, all clients (default 64)"},
+                  {{"--max-sessions-per-client"},
+                   "N",
+                   "sessions at once per client: per uid on unix sockets, per IP\n"
+                   "address on tcp (default 16)"},
+                  {{"--io-timeout"},
+                   "SECONDS",
+                   "seconds a started frame, or a reply being sent, may stall before\n"
+                   "the session is closed (default 30; 0: never). Idle clients are kept."},
+                  {{"-t", "--threads"}, "N", "CPU threads per client session (default: all cores)"},
+                  {{"-v", "--verbose"}, nullptr, "log sessions and requests to stderr"},
+              },
+              argc, argv);
+    if (args.help()) {
+        args.print_help();
         return 0;
     }
-    std::optional<std::string> listen = args.value({"--listen", "-l"});
-    std::vector<std::string> names = args.values({"--device", "-d"});
+    std::optional<std::string> listen = args.value({"-l", "--listen"});
+    std::vector<std::string> names = args.values({"-d", "--device"});
     std::optional<std::string> token = args.value({"--token"});
     std::optional<long long> max_mem = args.integer({"--max-memory"});
     std::optional<long long> threads = args.integer({"-t", "--threads"});
     std::optional<long long> max_sessions = args.integer({"--max-sessions"});
     std::optional<long long> per_client = args.integer({"--max-sessions-per-client"});
     std::optional<long long> io_timeout = args.integer({"--io-timeout"});
-    const bool verbose = args.flag({"--verbose", "-v"});
+    const bool verbose = args.flag({"-v", "--verbose"});
     if (Status st = args.finish(); !st) return fail("serve", st.message());
     if (!listen) return fail("serve", "--listen ADDR is required (unix:PATH or tcp:HOST:PORT)");
 

@@ -4,35 +4,45 @@
 #include <string>
 #include <vector>
 
-#include "backends/remote/remote.h"
 #include "cli.h"
 #include "ferry/backend.h"
-#include "testing/op-tests.h"
+#include "ferry/op-tests.h"
+#include "ferry/remote.h"
 
 namespace ferry::cli {
 namespace {
 
-void usage() {
-    std::printf(
-        "usage: ferry test-ops [options]\n"
-        "  Runs every op test case on a device and compares it with the float64 reference.\n"
-        "  --backend NAME   device to test, as listed by `ferry devices` (default: every device)\n"
-        "  --op NAME        only cases of these ops (comma-separated), or whose name contains "
-        "NAME\n"
-        "  -t N             threads for CPU-side work\n"
-        "  --remote ADDR    connect to a `ferry serve` (unix:PATH or tcp:HOST:PORT) first; its\n"
-        "                   devices are named ADDR/NAME (repeatable)\n"
-        "  -v               also print each case's bound justification and failure details\n"
-        "  Prints one line per case and, last, `N passed, M failed`; exits 1 if any failed.\n");
-}
-
 int cmd_test_ops(int argc, char** argv) {
-    Args args(argc, argv);
-    if (args.flag({"-h", "--help"})) {
-        usage();
+    Args args("test-ops",
+              "usage: ferry test-ops [options]\n"
+              "  Runs every op test case on a device and compares it with the float64 "
+              "reference.\n"
+              "  Prints one line per case and, last, `N passed, M failed`; exits 1 if any "
+              "failed.\n",
+              {
+                  {{"-d", "--device", "--backend", "-b"},
+                   "NAME",
+                   "device to test, as listed by `ferry devices` (default: every\n"
+                   "device); --backend and -b are older names of this option"},
+                  {{"--op"},
+                   "NAME",
+                   "only cases of these ops (comma-separated), or whose name\n"
+                   "contains NAME"},
+                  {{"-t", "--threads"}, "N", "threads for CPU-side work"},
+                  {{"--remote"},
+                   "ADDR",
+                   "connect to a `ferry serve` (unix:PATH or tcp:HOST:PORT) first;\n"
+                   "its devices are named ADDR/NAME (repeatable)"},
+                  {{"-v", "--verbose"},
+                   nullptr,
+                   "also print each case's bound justification and failure details"},
+              },
+              argc, argv);
+    if (args.help()) {
+        args.print_help();
         return 0;
     }
-    const std::optional<std::string> backend_name = args.value({"--backend", "-b"});
+    const std::optional<std::string> backend_name = args.value({"-d", "--device"});
     const std::string filter = args.value({"--op"}).value_or("");
     const std::optional<long long> threads = args.integer({"-t", "--threads"});
     const std::vector<std::string> remotes = args.values({"--remote"});

@@ -4,7 +4,7 @@
 
 #include "cli.h"
 #include "ferry/gguf.h"
-#include "model/vocab.h"
+#include "ferry/vocab.h"
 
 namespace ferry::cli {
 namespace {
@@ -30,16 +30,19 @@ std::string printable(const std::string& s) {
 }
 
 int cmd_tokenize(int argc, char** argv) {
-    Args args(argc, argv);
-    if (args.flag({"-h", "--help"})) {
-        std::printf(
-            "usage: ferry tokenize -m MODEL -p TEXT [--no-bos] [--special] [--pieces]\n"
-            "  Prints the token ids of TEXT, comma-separated on one line.\n"
-            "  -m, --model FILE   GGUF model whose vocabulary to use\n"
-            "  -p, --prompt TEXT  the text to tokenize\n"
-            "  --no-bos           do not prepend the BOS token\n"
-            "  --special          parse control tokens written in the text (\"<s>\")\n"
-            "  --pieces           also print one \"id<TAB>token\" line per token\n");
+    Args args("tokenize",
+              "usage: ferry tokenize -m MODEL -p TEXT [options]\n"
+              "  Prints the token ids of TEXT, comma-separated on one line.\n",
+              {
+                  {{"-m", "--model"}, "PATH", "GGUF model whose vocabulary to use"},
+                  {{"-p", "--prompt"}, "TEXT", "the text to tokenize"},
+                  {{"--no-bos"}, nullptr, "do not prepend the BOS token"},
+                  {{"--special"}, nullptr, "parse control tokens written in the text (\"<s>\")"},
+                  {{"--pieces"}, nullptr, "also print one \"id<TAB>token\" line per token"},
+              },
+              argc, argv);
+    if (args.help()) {
+        args.print_help();
         return 0;
     }
     const std::optional<std::string> model = args.value({"-m", "--model"});

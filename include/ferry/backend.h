@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,15 @@ enum class BufferUsage : int { Any, Weights, Compute };
 struct DeviceMemory {
     size_t free = 0;
     size_t total = 0;
+};
+
+// Options for a new backend (a stream on a device). Devices ignore what they have no use for.
+struct BackendOptions {
+    int n_threads = 0;             // threads for CPU-side work (0: the device's default)
+    int stream_priority = 0;       // stream priority where the device has them (0: default)
+    bool blocking_stream = false;  // the stream synchronizes with the device's default stream
+    bool graph_capture = true;     // capture and replay repeated graphs (e.g. CUDA graphs)
+    std::string cache_dir;         // folder for compiled graphs (graph compilers); empty: none
 };
 
 struct DeviceCaps {
@@ -161,12 +171,15 @@ class Device {
     virtual bool supports_op(const Tensor* node) = 0;
     // Whether this device's backends can use tensors stored in buffers of `type`.
     virtual bool supports_buffer_type(const BufferType* type) = 0;
-    // Whether running an op on this device is worth copying its host weights (batch size).
-    virtual bool offload_op(const Tensor* node) {
-        (void)node;
-        return false;
+    // Called once every weight of a model is in this device's buffers (after set_tensor), so
+    // the device can convert or repack them once (into its own memory or Tensor::extra)
+    // instead of on every compute. Weights keep their contents and layout as far as every
+    // other reader is concerned. Default: nothing to do.
+    virtual Status prepare_weights(std::span<Tensor* const> weights) {
+        (void)weights;
+        return Status::ok();
     }
-    virtual Expected<std::unique_ptr<Backend>> make_backend() = 0;
+    virtual Expected<std::unique_ptr<Backend>> make_backend(const BackendOptions& opts = {}) = 0;
     virtual Expected<std::unique_ptr<Event>> make_event() {
         return Status::errorf("device %s has no events", name());
     }
@@ -179,12 +192,15 @@ class Registry {
     virtual std::vector<Device*> devices() = 0;
 };
 
-// --- global registry of registries ---
-// The CPU registry is always present; others (cuda, remote) register themselves.
+// --- the process's registries ---
+// Registries are added explicitly: the built-in ones by ferry::init_backends()
+// (ferry/backends.h, which lists them), remote ones when a connection is made. Nothing
+// registers itself from a static initializer (static libraries drop such globals).
 void register_registry(std::unique_ptr<Registry> reg);
 std::vector<Registry*> registries();
 std::vector<Device*> all_devices();
 Device* find_device(const std::string& name);  // nullptr if none
+// The first device of type CPU (the CPU backend's); nullptr before init_backends().
 Device* cpu_device();
 
 // Convenience for whole tensors.

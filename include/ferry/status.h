@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdarg>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <variant>
@@ -16,30 +17,46 @@ namespace ferry {
 std::string strfmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 std::string vstrfmt(const char* fmt, va_list ap);
 
+// What kind of failure a Status reports, so callers decide by code, never by message text.
+enum class ErrorCode : uint8_t {
+    Ok = 0,
+    Failed,           // anything not covered below
+    InvalidArgument,  // bad input: a shape, a type, a value, a file's contents
+    OutOfMemory,      // an allocation (host or device) failed
+    Unsupported,      // the device or build cannot do this
+    ConnectionLost,   // the transport to a remote device is gone
+    Cancelled,        // the work was stopped before it finished
+};
+const char* error_code_name(ErrorCode c);
+
 class [[nodiscard]] Status {
   public:
     Status() = default;  // success
     static Status ok() { return Status(); }
-    static Status error(std::string msg) {
+    static Status error(std::string msg) { return error(ErrorCode::Failed, std::move(msg)); }
+    static Status error(ErrorCode code, std::string msg) {
         Status s;
-        s.failed_ = true;
+        s.code_ = code == ErrorCode::Ok ? ErrorCode::Failed : code;
         s.msg_ = std::move(msg);
         return s;
     }
     static Status errorf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+    static Status errorf(ErrorCode code, const char* fmt, ...)
+        __attribute__((format(printf, 2, 3)));
 
-    bool is_ok() const { return !failed_; }
-    explicit operator bool() const { return !failed_; }
+    bool is_ok() const { return code_ == ErrorCode::Ok; }
+    explicit operator bool() const { return is_ok(); }
+    ErrorCode code() const { return code_; }
     const std::string& message() const { return msg_; }
 
-    // Prefixes the message with "what: " (no-op on success).
+    // Prefixes the message with "what: " (no-op on success); keeps the code.
     Status context(const std::string& what) const {
-        if (!failed_) return *this;
-        return error(what + ": " + msg_);
+        if (is_ok()) return *this;
+        return error(code_, what + ": " + msg_);
     }
 
   private:
-    bool failed_ = false;
+    ErrorCode code_ = ErrorCode::Ok;
     std::string msg_;
 };
 

@@ -52,6 +52,15 @@ constexpr int kMaxSrc = 4;
 constexpr int kMaxOpParams = 8;
 constexpr int kMaxName = 64;
 
+// Symbols for dynamic dimensions (Tensor::dim_sym): sizes that change from one step to the
+// next while the graph's structure stays the same. 0 means a fixed size.
+enum DimSymbol : uint8_t {
+    kDimFixed = 0,
+    kDimTokens = 1,   // tokens in the step (batch)
+    kDimKv = 2,       // attended KV positions
+    kDimOutputs = 3,  // rows of logits produced
+};
+
 struct Tensor {
     Type type = Type::F32;
     int64_t ne[kMaxDims] = {1, 1, 1, 1};
@@ -70,6 +79,15 @@ struct Tensor {
 
     uint32_t flags = 0;
     char name[kMaxName] = {};
+
+    // Symbol of each dimension the model marked dynamic (0: a fixed size). See
+    // Context::mark_dynamic and graph_signature.
+    uint8_t dim_sym[kMaxDims] = {};
+
+    // Private data of the device that holds the tensor (e.g. a repacked copy of a weight, a
+    // device-side descriptor), set by that device's buffer or prepare_weights and owned and
+    // freed by that buffer. Never part of a graph's structure, never sent over the wire.
+    void* extra = nullptr;
 
     // --- derived properties ---
     int64_t nelements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
@@ -121,6 +139,10 @@ class Context {
     // Iteration over all tensors created (leaves, nodes, views).
     auto begin() { return tensors_.begin(); }
     auto end() { return tensors_.end(); }
+
+    // Marks dimension `dim` of t (an input, or a view the builder sized by hand) as the dynamic
+    // size `sym`. Nodes built from it inherit the symbol through each op's shape rule.
+    void mark_dynamic(Tensor* t, int dim, DimSymbol sym);
 
     // --- ops (see ops.def for semantics) ---
     Tensor* cpy(Tensor* src, Tensor* dst);

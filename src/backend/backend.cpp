@@ -1,5 +1,6 @@
 #include "ferry/backend.h"
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 
@@ -39,32 +40,13 @@ std::vector<std::unique_ptr<Registry>>& regs() {
 
 }  // namespace
 
-std::unique_ptr<Registry> make_cpu_registry();  // src/backends/cpu/cpu-backend.cpp
-#ifdef FERRY_HAVE_CUDA
-std::unique_ptr<Registry> make_cuda_registry();  // src/backends/cuda/cuda-backend.cpp
-#endif
-
-namespace {
-// The built-in registries, in order: the CPU first (cpu_device() relies on it), then the
-// compiled-in accelerators. This is the one place where a local backend is listed.
-void ensure_cpu_locked() {
-    if (!regs().empty()) return;
-    regs().push_back(make_cpu_registry());
-#ifdef FERRY_HAVE_CUDA
-    regs().push_back(make_cuda_registry());  // lists no device when there is no GPU
-#endif
-}
-}  // namespace
-
 void register_registry(std::unique_ptr<Registry> reg) {
     std::lock_guard<std::mutex> lock(g_reg_mutex);
-    ensure_cpu_locked();
     regs().push_back(std::move(reg));
 }
 
 std::vector<Registry*> registries() {
     std::lock_guard<std::mutex> lock(g_reg_mutex);
-    ensure_cpu_locked();
     std::vector<Registry*> out;
     for (auto& r : regs()) out.push_back(r.get());
     return out;
@@ -86,9 +68,16 @@ Device* find_device(const std::string& name) {
 }
 
 Device* cpu_device() {
-    // The CPU registry is created first and never removed.
-    static Device* const cpu = registries()[0]->devices()[0];
-    return cpu;
+    // Registries are only ever added, so the first CPU device found stays the answer.
+    static std::atomic<Device*> cpu{nullptr};
+    if (Device* d = cpu.load(std::memory_order_acquire)) return d;
+    for (Device* d : all_devices()) {
+        if (d->type() == DeviceType::CPU) {
+            cpu.store(d, std::memory_order_release);
+            return d;
+        }
+    }
+    return nullptr;
 }
 
 Status tensor_set(Tensor* t, const void* src, size_t size) {

@@ -4,8 +4,6 @@
 #include <cstring>
 #include <unordered_map>
 
-#include "ferry/backend.h"
-
 namespace ferry {
 
 void Graph::visit(Tensor* t) {
@@ -23,56 +21,166 @@ void Graph::build_forward(Tensor* t) {
     visit(t);
 }
 
+bool Graph::is_output(const Tensor* t) const {
+    if (t->flags & kTensorOutput) return true;
+    return std::find(outputs.begin(), outputs.end(), t) != outputs.end();
+}
+
+bool Graph::is_copied_in(const Tensor* t) const {
+    return std::find(copied_in.begin(), copied_in.end(), t) != copied_in.end();
+}
+
 namespace {
 
-struct Hasher {
-    uint64_t h = 1469598103934665603ull;
-    void bytes(const void* p, size_t n) {
-        const uint8_t* b = static_cast<const uint8_t*>(p);
-        for (size_t i = 0; i < n; i++) {
-            h ^= b[i];
-            h *= 1099511628211ull;
-        }
-    }
-    template <class T>
-    void add(const T& v) {
-        bytes(&v, sizeof(v));
-    }
-};
-
-size_t align_up(size_t x, size_t a) {
-    return (x + a - 1) / a * a;
+inline uint64_t rotl64(uint64_t x, int r) {
+    return (x << r) | (x >> (64 - r));
+}
+// The high and low halves of a 64x64-bit product, folded.
+inline uint64_t fold_mul(uint64_t a, uint64_t b) {
+    const __uint128_t r = static_cast<__uint128_t>(a) * b;
+    return static_cast<uint64_t>(r) ^ static_cast<uint64_t>(r >> 64);
+}
+inline uint64_t fmix64(uint64_t k) {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ull;
+    k ^= k >> 33;
+    return k;
+}
+inline uint64_t load_le64(const uint8_t* p) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    return v;  // x86-64 and the other targets ferry builds for are little-endian
 }
 
 }  // namespace
 
-uint64_t graph_key(const Graph& g) {
-    std::unordered_map<const Tensor*, int64_t> index;
-    int64_t next = 0;
-    for (const Tensor* t : g.leafs) index[t] = next++;
-    for (const Tensor* t : g.nodes) index[t] = next++;
-    auto id = [&](const Tensor* t) -> int64_t {
-        if (!t) return -1;
-        auto it = index.find(t);
-        return it == index.end() ? -2 : it->second;
-    };
-    Hasher h;
-    h.add(g.leafs.size());
-    h.add(g.nodes.size());
-    auto add_tensor = [&](const Tensor* t) {
-        h.add(t->type);
-        h.bytes(t->ne, sizeof(t->ne));
-        h.bytes(t->nb, sizeof(t->nb));
-        h.add(t->op);
-        h.bytes(t->op_params, sizeof(t->op_params));
-        for (int i = 0; i < kMaxSrc; i++) h.add(id(t->src[i]));
-        h.add(id(t->view_src));
-        h.add(t->view_offs);
-        h.add(t->flags);
-    };
-    for (const Tensor* t : g.leafs) add_tensor(t);
-    for (const Tensor* t : g.nodes) add_tensor(t);
-    return h.h;
+Hash128 hash128(const void* data, size_t size) {
+    const uint8_t* p = static_cast<const uint8_t*>(data);
+    // Two lanes, 16 bytes per step. Each lane's state goes through a bijection (xor, rotate,
+    // multiply by an odd constant), so no input word can erase what came before.
+    uint64_t a = 0x243f6a8885a308d3ull, b = 0x13198a2e03707344ull;
+    size_t i = 0;
+    for (; i + 16 <= size; i += 16) {
+        const uint64_t w0 = load_le64(p + i), w1 = load_le64(p + i + 8);
+        a = rotl64(a ^ fold_mul(w0 ^ 0xa4093822299f31d0ull, w1 ^ 0x082efa98ec4e6c89ull), 27) *
+                0x9e3779b97f4a7c15ull +
+            0x452821e638d01377ull;
+        b = rotl64(b ^ fold_mul(w1 ^ 0xbe5466cf34e90c6cull, rotl64(w0, 32) ^ 0xc0ac29b7c97c50ddull),
+                   31) *
+                0xc2b2ae3d27d4eb4full +
+            0x3f84d5b5b5470917ull;
+    }
+    uint8_t tail[16] = {};
+    if (i < size) std::memcpy(tail, p + i, size - i);
+    const uint64_t t0 = load_le64(tail), t1 = load_le64(tail + 8);
+    a = rotl64(a ^ fold_mul(t0 ^ 0x9216d5d98979fb1bull, t1 ^ size), 27) * 0x9e3779b97f4a7c15ull;
+    b = rotl64(b ^ fold_mul(t1 ^ 0xd1310ba698dfb5acull, t0 ^ ~size), 31) * 0xc2b2ae3d27d4eb4full;
+    Hash128 h;
+    h.lo = fmix64(a ^ rotl64(b, 32));
+    h.hi = fmix64(b + h.lo);
+    return h;
+}
+
+namespace {
+
+// Leaf and node roles in a signature.
+enum SigRole : uint8_t {
+    kRoleIntermediate = 0,
+    kRoleOutput = 1,
+    kRoleWeight = 2,
+    kRoleInput = 3,
+    kRoleCopiedIn = 4,
+    kRoleState = 5,
+    kRoleExternal = 6,  // referenced but in neither list (a malformed or partial graph)
+};
+
+class SigWriter {
+  public:
+    explicit SigWriter(std::vector<uint8_t>* out) : out_(out) {}
+    template <class T>
+    void put(const T& v) {
+        const size_t at = out_->size();
+        out_->resize(at + sizeof(T));
+        std::memcpy(out_->data() + at, &v, sizeof(T));
+    }
+
+  private:
+    std::vector<uint8_t>* out_;
+};
+
+}  // namespace
+
+GraphSignature graph_signature(const Graph& g, SignatureMode mode) {
+    std::unordered_map<const Tensor*, int32_t> index;
+    std::vector<const Tensor*> order;
+    order.reserve(g.leafs.size() + g.nodes.size());
+    for (const Tensor* t : g.leafs) order.push_back(t);
+    for (const Tensor* t : g.nodes) order.push_back(t);
+    // Tensors a node refers to that neither list holds are appended (role External), so
+    // their type and shape are part of the signature too.
+    for (size_t i = 0; i < order.size(); i++) index.emplace(order[i], static_cast<int32_t>(i));
+    for (size_t i = 0; i < order.size(); i++) {
+        const Tensor* t = order[i];
+        auto add_ref = [&](const Tensor* r) {
+            if (r && index.emplace(r, static_cast<int32_t>(order.size())).second)
+                order.push_back(r);
+        };
+        for (int s = 0; s < kMaxSrc; s++) add_ref(t->src[s]);
+        add_ref(t->view_src);
+    }
+    const std::unordered_set<const Tensor*> leaf_set(g.leafs.begin(), g.leafs.end());
+    const std::unordered_set<const Tensor*> node_set(g.nodes.begin(), g.nodes.end());
+    const std::unordered_set<const Tensor*> copied(g.copied_in.begin(), g.copied_in.end());
+    const std::unordered_set<const Tensor*> outs(g.outputs.begin(), g.outputs.end());
+
+    GraphSignature sig;
+    sig.bytes.reserve(order.size() * 112 + 16);
+    SigWriter w(&sig.bytes);
+    w.put(static_cast<uint32_t>(g.leafs.size()));
+    w.put(static_cast<uint32_t>(g.nodes.size()));
+    w.put(static_cast<uint32_t>(order.size()));
+    w.put(static_cast<uint8_t>(mode));
+    for (const Tensor* t : order) {
+        uint8_t role = kRoleExternal;
+        if (node_set.count(t)) {
+            role = (t->flags & kTensorOutput) || outs.count(t) ? kRoleOutput : kRoleIntermediate;
+        } else if (leaf_set.count(t)) {
+            if (copied.count(t)) {
+                role = kRoleCopiedIn;
+            } else if ((t->flags | t->storage()->flags) & kTensorParam) {
+                role = kRoleWeight;
+            } else if (t->flags & kTensorInput) {
+                role = kRoleInput;
+            } else {
+                role = kRoleState;
+            }
+        }
+        w.put(role);
+        w.put(static_cast<uint32_t>(t->type));
+        w.put(static_cast<uint32_t>(t->op));
+        for (int d = 0; d < kMaxDims; d++) {
+            if (mode == SignatureMode::Dynamic && t->dim_sym[d] != kDimFixed) {
+                w.put(int64_t{-1} - t->dim_sym[d]);  // sizes are never negative
+            } else {
+                w.put(static_cast<int64_t>(t->ne[d]));
+            }
+        }
+        // Strides that follow from the shape are recorded as such (they stay right when a
+        // dynamic size changes); a dim of extent 1 is never stepped over.
+        const bool contiguous = t->is_contiguous();
+        w.put(static_cast<uint8_t>(contiguous));
+        for (int d = 0; d < kMaxDims; d++) {
+            w.put(static_cast<uint64_t>(contiguous || t->ne[d] == 1 ? 0 : t->nb[d]));
+        }
+        w.put(t->op_params);
+        for (int s = 0; s < kMaxSrc; s++) w.put(t->src[s] ? index.at(t->src[s]) : int32_t{-1});
+        w.put(t->view_src ? index.at(t->view_src) : int32_t{-1});
+        w.put(static_cast<uint64_t>(t->view_offs));
+    }
+    sig.hash = hash128(sig.bytes.data(), sig.bytes.size());
+    return sig;
 }
 
 void init_view(Tensor* t) {
@@ -81,159 +189,6 @@ void init_view(Tensor* t) {
     t->buffer = vs->buffer;
     t->offs = vs->offs + t->view_offs;
     t->data = vs->data ? static_cast<uint8_t*>(vs->data) + t->view_offs : nullptr;
-}
-
-namespace {
-
-// First-fit allocator over a virtual address range; tracks the high-water mark.
-class OffsetPlanner {
-  public:
-    explicit OffsetPlanner(size_t align) : align_(align) {}
-    size_t alloc(size_t size) {
-        size = align_up(std::max<size_t>(size, 1), align_);
-        for (size_t i = 0; i < free_.size(); i++) {
-            if (free_[i].size >= size) {
-                const size_t off = free_[i].off;
-                free_[i].off += size;
-                free_[i].size -= size;
-                if (free_[i].size == 0) free_.erase(free_.begin() + static_cast<long>(i));
-                return off;
-            }
-        }
-        const size_t off = top_;
-        top_ += size;
-        return off;
-    }
-    void release(size_t off, size_t size) {
-        size = align_up(std::max<size_t>(size, 1), align_);
-        free_.push_back({off, size});
-        std::sort(free_.begin(), free_.end(),
-                  [](const Block& a, const Block& b) { return a.off < b.off; });
-        std::vector<Block> merged;
-        for (const Block& b : free_) {
-            if (!merged.empty() && merged.back().off + merged.back().size == b.off) {
-                merged.back().size += b.size;
-            } else {
-                merged.push_back(b);
-            }
-        }
-        // A free block at the top shrinks the high-water region.
-        if (!merged.empty() && merged.back().off + merged.back().size == top_) {
-            top_ = merged.back().off;
-            merged.pop_back();
-        }
-        free_ = std::move(merged);
-        peak_ = std::max(peak_, top_);
-    }
-    size_t peak() const { return std::max(peak_, top_); }
-    void note_peak() { peak_ = std::max(peak_, top_); }
-
-  private:
-    struct Block {
-        size_t off, size;
-    };
-    size_t align_;
-    size_t top_ = 0;
-    size_t peak_ = 0;
-    std::vector<Block> free_;
-};
-
-}  // namespace
-
-GraphAllocator::GraphAllocator(BufferType* type) : type_(type) {}
-GraphAllocator::~GraphAllocator() = default;
-
-Status GraphAllocator::allocate(Graph& g) {
-    const size_t align = type_->alignment();
-    // Last step at which each storage owner is read or written.
-    std::unordered_map<const Tensor*, size_t> last_use;
-    std::unordered_map<const Tensor*, int> n_consumers;
-    for (size_t i = 0; i < g.nodes.size(); i++) {
-        const Tensor* n = g.nodes[i];
-        for (int s = 0; s < kMaxSrc; s++) {
-            if (n->src[s]) {
-                last_use[n->src[s]->storage()] = i;
-                n_consumers[n->src[s]]++;
-            }
-        }
-        if (n->view_src) last_use[n->view_src] = std::max(last_use[n->view_src], i);
-    }
-    OffsetPlanner planner(align);
-    std::unordered_map<Tensor*, size_t> offset;
-    auto needs_storage = [](const Tensor* t) { return !t->buffer && !t->view_src; };
-    for (Tensor* t : g.leafs) {
-        if (needs_storage(t)) offset[t] = planner.alloc(type_->alloc_size(t));
-    }
-    // Nodes free their storage after their last reader ran; outputs and nodes nobody reads
-    // (results) stay.
-    std::vector<std::vector<Tensor*>> frees(g.nodes.size());
-    for (size_t i = 0; i < g.nodes.size(); i++) {
-        Tensor* n = g.nodes[i];
-        if (needs_storage(n)) {
-            offset[n] = planner.alloc(type_->alloc_size(n));
-            planner.note_peak();
-            const bool keep = (n->flags & kTensorOutput) != 0 || !last_use.count(n);
-            if (!keep) frees[last_use[n]].push_back(n);
-        }
-        for (Tensor* f : frees[i]) planner.release(offset[f], type_->alloc_size(f));
-    }
-    planned_ = planner.peak();
-    if (planned_ > 0 && (!buffer_ || buffer_->size() < planned_)) {
-        // Growing: a quarter more than asked, so that plans which creep up step by step (a
-        // decode graph rebuilt as the KV length grows) keep one buffer instead of paying a
-        // fresh allocation, its first-touch page faults and, on a remote device, a
-        // free / alloc round trip at every rebuild.
-        size_t want = planned_;
-        if (buffer_) want = std::max(planned_, planned_ + planned_ / 4);
-        buffer_.reset();
-        Expected<std::unique_ptr<Buffer>> b = type_->allocate(want);
-        if (!b && want > planned_) b = type_->allocate(planned_);
-        if (!b) return b.status().context("graph allocator");
-        buffer_ = std::move(*b);
-        buffer_->set_usage(BufferUsage::Compute);
-    }
-    uint8_t* base = buffer_ ? static_cast<uint8_t*>(buffer_->base()) : nullptr;
-    for (auto& [t, off] : offset) {
-        t->buffer = buffer_.get();
-        t->offs = off;
-        t->data = base ? base + off : nullptr;
-        FERRY_TRY(buffer_->init_tensor(t));
-    }
-    for (Tensor* t : g.leafs) {
-        if (t->view_src && !t->buffer) init_view(t);
-    }
-    for (Tensor* t : g.nodes) {
-        if (t->view_src && t->view_src->buffer) init_view(t);
-    }
-    return Status::ok();
-}
-
-Expected<std::unique_ptr<Buffer>> allocate_context_tensors(Context& ctx, BufferType* type,
-                                                           BufferUsage usage) {
-    const size_t align = type->alignment();
-    size_t total = 0;
-    for (Tensor& t : ctx) {
-        if (!t.buffer && !t.view_src) total = align_up(total, align) + type->alloc_size(&t);
-    }
-    if (total == 0) return std::unique_ptr<Buffer>();
-    Expected<std::unique_ptr<Buffer>> b = type->allocate_for(total, usage);
-    if (!b) return b.status();
-    Buffer* buf = b->get();
-    uint8_t* base = static_cast<uint8_t*>(buf->base());
-    size_t off = 0;
-    for (Tensor& t : ctx) {
-        if (t.buffer || t.view_src) continue;
-        off = align_up(off, align);
-        t.buffer = buf;
-        t.offs = off;
-        t.data = base ? base + off : nullptr;
-        FERRY_TRY(buf->init_tensor(&t));
-        off += type->alloc_size(&t);
-    }
-    for (Tensor& t : ctx) {
-        if (t.view_src && t.view_src->buffer) init_view(&t);
-    }
-    return b;
 }
 
 }  // namespace ferry

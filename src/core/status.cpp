@@ -32,6 +32,34 @@ Status Status::errorf(const char* fmt, ...) {
     return error(std::move(s));
 }
 
+Status Status::errorf(ErrorCode code, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    std::string s = vstrfmt(fmt, ap);
+    va_end(ap);
+    return error(code, std::move(s));
+}
+
+const char* error_code_name(ErrorCode c) {
+    switch (c) {
+        case ErrorCode::Ok:
+            return "ok";
+        case ErrorCode::Failed:
+            return "failed";
+        case ErrorCode::InvalidArgument:
+            return "invalid argument";
+        case ErrorCode::OutOfMemory:
+            return "out of memory";
+        case ErrorCode::Unsupported:
+            return "unsupported";
+        case ErrorCode::ConnectionLost:
+            return "connection lost";
+        case ErrorCode::Cancelled:
+            return "cancelled";
+    }
+    return "?";
+}
+
 void assert_fail(const char* file, int line, const char* cond) {
     std::fprintf(stderr, "ferry: internal error at %s:%d: assertion failed: %s\n", file, line,
                  cond);

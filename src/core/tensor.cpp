@@ -591,7 +591,92 @@ Tensor* Context::dup_tensor(const Tensor* t) {
     return new_tensor(t->type, kMaxDims, t->ne);
 }
 
+namespace {
+
+// Dimension d of the result takes the symbol of dimension sd of source s (same size by the
+// op's shape rule).
+void inherit_dim(Tensor* t, int d, const Tensor* s, int sd) {
+    if (s && s->dim_sym[sd] != kDimFixed && s->ne[sd] == t->ne[d]) t->dim_sym[d] = s->dim_sym[sd];
+}
+
+// Dynamic dimensions flow from sources to results by each op's shape rule (ops.def). Views
+// the builder sizes by hand (VIEW) start fixed: the builder marks them.
+void propagate_dynamic_dims(Tensor* t) {
+    const Tensor* a = t->src[0];
+    switch (t->op) {
+        case Op::NONE:
+        case Op::VIEW:
+            return;
+        case Op::CPY:
+            for (int d = 0; d < kMaxDims; d++) inherit_dim(t, d, t->src[1], d);
+            return;
+        case Op::RESHAPE: {
+            // A reshape keeps the order of elements: source dim sd maps to the result dim with
+            // the same extent and the same number of elements before it.
+            int64_t inner_src = 1;
+            for (int sd = 0; sd < kMaxDims; sd++) {
+                if (a->dim_sym[sd] != kDimFixed) {
+                    int64_t inner = 1;
+                    for (int d = 0; d < kMaxDims; d++) {
+                        if (inner == inner_src && t->ne[d] == a->ne[sd]) {
+                            t->dim_sym[d] = a->dim_sym[sd];
+                            break;
+                        }
+                        inner *= t->ne[d];
+                        if (inner > inner_src) break;
+                    }
+                }
+                inner_src *= a->ne[sd];
+            }
+            return;
+        }
+        case Op::PERMUTE:
+        case Op::TRANSPOSE: {
+            int axes[kMaxDims] = {1, 0, 2, 3};
+            if (t->op == Op::PERMUTE) {
+                for (int i = 0; i < kMaxDims; i++) axes[i] = t->op_params[i];
+            }
+            for (int i = 0; i < kMaxDims; i++) {
+                if (axes[i] >= 0 && axes[i] < kMaxDims) inherit_dim(t, axes[i], a, i);
+            }
+            return;
+        }
+        case Op::GET_ROWS:
+            inherit_dim(t, 0, a, 0);
+            for (int d = 1; d < kMaxDims; d++) inherit_dim(t, d, t->src[1], d - 1);
+            return;
+        case Op::MUL_MAT:
+            inherit_dim(t, 0, a, 1);
+            for (int d = 1; d < kMaxDims; d++) inherit_dim(t, d, t->src[1], d);
+            return;
+        case Op::FLASH_ATTN_EXT:
+            inherit_dim(t, 0, t->src[2], 0);
+            inherit_dim(t, 1, a, 2);
+            inherit_dim(t, 2, a, 1);
+            inherit_dim(t, 3, a, 3);
+            return;
+        case Op::ARGMAX:
+            for (int d = 0; d + 1 < kMaxDims; d++) inherit_dim(t, d, a, d + 1);
+            return;
+        case Op::SUM_ROWS:
+            for (int d = 1; d < kMaxDims; d++) inherit_dim(t, d, a, d);
+            return;
+        default:
+            // Every other op's result is shaped like its first source.
+            for (int d = 0; d < kMaxDims; d++) inherit_dim(t, d, a, d);
+            return;
+    }
+}
+
+}  // namespace
+
+void Context::mark_dynamic(Tensor* t, int dim, DimSymbol sym) {
+    FERRY_ASSERT(dim >= 0 && dim < kMaxDims);
+    t->dim_sym[dim] = sym;
+}
+
 Tensor* Context::finish(Tensor* t) {
+    if (t->src[0]) propagate_dynamic_dims(t);
     Status st = validate_node(t);
     if (!st) {
         std::fprintf(stderr, "ferry: invalid graph node: %s\n", st.message().c_str());

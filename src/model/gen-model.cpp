@@ -1,4 +1,4 @@
-#include "model/gen-model.h"
+#include "ferry/gen-model.h"
 
 #include <algorithm>
 #include <cmath>

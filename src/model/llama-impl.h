@@ -8,9 +8,9 @@
 
 #include "ferry/backend.h"
 #include "ferry/gguf.h"
+#include "ferry/llama.h"
 #include "ferry/tensor.h"
-#include "model/llama.h"
-#include "model/vocab.h"
+#include "ferry/vocab.h"
 
 namespace ferry {
 
@@ -31,13 +31,15 @@ struct LlamaModel::Impl {
     std::unique_ptr<GgufFile> gguf;
     LlamaHParams hp;
     Vocab vocab;
-    Device* device = nullptr;  // where the weights live
+    Device* device = nullptr;           // the main device (the output's)
+    std::vector<Device*> layer_device;  // per layer: weights and KV cache
+    Device* input_device = nullptr;     // the token embeddings'
 
     Context weights;  // metadata of every weight tensor (leaves flagged kTensorParam)
-    std::unique_ptr<Buffer> buffer;
-    Tensor* tok_embd = nullptr;     // [n_embd, n_vocab]
-    Tensor* output_norm = nullptr;  // [n_embd] f32
-    Tensor* output = nullptr;       // [n_embd, n_vocab] (tok_embd when tied)
+    std::vector<std::unique_ptr<Buffer>> buffers;  // one per device holding weights
+    Tensor* tok_embd = nullptr;                    // [n_embd, n_vocab]
+    Tensor* output_norm = nullptr;                 // [n_embd] f32
+    Tensor* output = nullptr;                      // [n_embd, n_vocab] (tok_embd when tied)
     std::vector<LlamaLayer> layers;
 
     uint64_t n_params = 0;

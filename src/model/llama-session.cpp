@@ -2,11 +2,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 
-#include "backends/cpu/cpu-backend.h"
+#include "ferry/allocator.h"
+#include "ferry/llama.h"
 #include "ferry/scheduler.h"
 #include "model/llama-impl.h"
-#include "model/llama.h"
 
 namespace ferry {
 
@@ -27,11 +28,11 @@ struct LlamaSession::Impl {
 
     // KV cache: per layer, K and V rows [head_dim * n_head_kv] for every position.
     Context kv_ctx;
-    std::vector<Tensor*> k_cache;  // [head_dim * n_head_kv, n_ctx] per layer
-    std::vector<Tensor*> v_cache;  // [head_dim * n_head_kv, n_ctx] per layer
-    std::unique_ptr<Buffer> kv_buf;
+    std::vector<Tensor*> k_cache;                  // [head_dim * n_head_kv, n_ctx] per layer
+    std::vector<Tensor*> v_cache;                  // [head_dim * n_head_kv, n_ctx] per layer
+    std::vector<std::unique_ptr<Buffer>> kv_bufs;  // one per device holding layers
 
-    std::unique_ptr<Backend> dev_backend;  // the weights' device, when not the CPU
+    std::vector<std::unique_ptr<Backend>> dev_backends;  // devices other than the CPU
     std::unique_ptr<Backend> cpu_backend;
     std::unique_ptr<Scheduler> sched;
 
@@ -54,7 +55,6 @@ struct LlamaSession::Impl {
     std::vector<int32_t> pos_host;
 
     Status build(int32_t n_tokens, int32_t n_kv, int32_t n_out);
-    Status set_input(Tensor* t, const void* src, size_t size);
     Status run_chunk(const int32_t* tokens, int32_t n_tokens, bool all_logits, float* out_rows);
 };
 
@@ -73,17 +73,24 @@ Status LlamaSession::Impl::build(int32_t n_tokens, int32_t n_kv, int32_t n_out) 
     g.ctx = std::make_unique<Context>();
     Context& c = *g.ctx;
 
+    // The token count and the attended KV length change from step to step while the graph's
+    // structure stays: they are marked dynamic, so a compiling backend serves every step
+    // with one compilation (graph_signature).
     g.ids = c.new_tensor(Type::I32, {nt});  // [n_tokens]
     g.ids->set_name("inp_tokens");
     g.ids->flags |= kTensorInput;
+    c.mark_dynamic(g.ids, 0, kDimTokens);
     g.pos = c.new_tensor(Type::I32, {nt});  // [n_tokens]
     g.pos->set_name("inp_pos");
     g.pos->flags |= kTensorInput;
+    c.mark_dynamic(g.pos, 0, kDimTokens);
     g.mask = nullptr;
     if (need_mask) {
         g.mask = c.new_tensor(Type::F16, {n_kv, nt});  // [n_kv, n_tokens]
         g.mask->set_name("inp_mask");
         g.mask->flags |= kTensorInput;
+        c.mark_dynamic(g.mask, 0, kDimKv);
+        c.mark_dynamic(g.mask, 1, kDimTokens);
     }
 
     Tensor* x = c.get_rows(m->tok_embd, g.ids);  // [n_embd, n_tokens]
@@ -112,6 +119,8 @@ Status LlamaSession::Impl::build(int32_t n_tokens, int32_t n_kv, int32_t n_out) 
         Tensor* kv_k = c.view_3d(k_st, hd, n_kv, n_head_kv, kc->nb[1], head_bytes, 0);
         // [hd, n_kv, n_head_kv]
         Tensor* kv_v = c.view_3d(v_st, hd, n_kv, n_head_kv, vc->nb[1], head_bytes, 0);
+        c.mark_dynamic(kv_k, 1, kDimKv);
+        c.mark_dynamic(kv_v, 1, kDimKv);
         // In the last layer only the last n_out tokens feed the logits: their queries alone
         // attend, and the other rows are dropped before the FFN. n_out == n_tokens elsewhere.
         const int64_t n_q = last ? n_out : nt;
@@ -151,13 +160,6 @@ Status LlamaSession::Impl::build(int32_t n_tokens, int32_t n_kv, int32_t n_out) 
     return Status::ok();
 }
 
-// Writes an input through the stream of the backend that reads it, so that remote backends
-// pipeline the writes with the compute that follows (compute waits for every backend).
-Status LlamaSession::Impl::set_input(Tensor* t, const void* src, size_t size) {
-    if (Backend* be = sched->backend_of(t)) return be->set_tensor_async(t, src, 0, size);
-    return tensor_set(t, src, size);
-}
-
 Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bool all_logits,
                                      float* out_rows) {
     const int32_t n_end = n_past + n_tokens;
@@ -173,8 +175,8 @@ Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bo
     }
     pos_host.resize(static_cast<size_t>(n_tokens));
     for (int32_t i = 0; i < n_tokens; i++) pos_host[static_cast<size_t>(i)] = n_past + i;
-    FERRY_TRY(set_input(g.ids, tokens, sizeof(int32_t) * static_cast<size_t>(n_tokens)));
-    FERRY_TRY(set_input(g.pos, pos_host.data(), sizeof(int32_t) * pos_host.size()));
+    FERRY_TRY(sched->set_tensor(g.ids, tokens, sizeof(int32_t) * static_cast<size_t>(n_tokens)));
+    FERRY_TRY(sched->set_tensor(g.pos, pos_host.data(), sizeof(int32_t) * pos_host.size()));
     if (g.mask) {
         mask_host.resize(static_cast<size_t>(n_kv) * static_cast<size_t>(n_tokens));
         for (int32_t i = 0; i < n_tokens; i++) {
@@ -183,7 +185,7 @@ Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bo
             std::fill(row, row + visible, fp16_t{0});
             std::fill(row + visible, row + n_kv, kF16NegInf);
         }
-        FERRY_TRY(set_input(g.mask, mask_host.data(), sizeof(fp16_t) * mask_host.size()));
+        FERRY_TRY(sched->set_tensor(g.mask, mask_host.data(), sizeof(fp16_t) * mask_host.size()));
     }
     Status st = sched->compute(g.graph);
     if (!st) {
@@ -191,7 +193,8 @@ Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bo
         return st;
     }
     const size_t n_vocab = static_cast<size_t>(m->hp.n_vocab);
-    return tensor_get(g.out, out_rows, sizeof(float) * n_vocab * static_cast<size_t>(n_out));
+    // Read through the backend that wrote the logits: it waits for that device's work.
+    return sched->get_tensor(g.out, out_rows, sizeof(float) * n_vocab * static_cast<size_t>(n_out));
 }
 
 Expected<std::unique_ptr<LlamaSession>> LlamaSession::create(LlamaModel& model,
@@ -222,39 +225,75 @@ Expected<std::unique_ptr<LlamaSession>> LlamaSession::create(LlamaModel& model,
             (kv == 0 ? d.k_cache : d.v_cache).push_back(c);
         }
     }
-    Device* dev = m->device;
-    size_t kv_total = 0;
-    for (size_t i = 0; i < d.k_cache.size(); i++) {
-        kv_total += d.k_cache[i]->nbytes() + d.v_cache[i]->nbytes();
+    // Each layer's cache lives with its weights: one buffer per device.
+    std::vector<Device*> kv_devices;
+    std::map<Device*, std::vector<Tensor*>> kv_of;
+    for (int32_t il = 0; il < hp.n_layer; il++) {
+        Device* dev = m->layer_device[static_cast<size_t>(il)];
+        if (!kv_of.count(dev)) kv_devices.push_back(dev);
+        kv_of[dev].push_back(d.k_cache[static_cast<size_t>(il)]);
+        kv_of[dev].push_back(d.v_cache[static_cast<size_t>(il)]);
     }
-    const DeviceMemory mem = dev->memory();
-    if (mem.total > 0 && kv_total > mem.total) {
-        return Status::errorf(
-            "session: KV cache of %d positions needs %.1f MiB, more than the "
-            "%.1f MiB of %s",
-            d.n_ctx, kv_total / 1048576.0, mem.total / 1048576.0, dev->name());
+    for (Device* dev : kv_devices) {
+        BufferType* bt = dev->buffer_type();
+        size_t total = 0;
+        for (const Tensor* t : kv_of[dev])
+            total = align_tensor_offset(total, bt) + bt->alloc_size(t);
+        const DeviceMemory mem = dev->memory();
+        if (mem.total > 0 && total > mem.total) {
+            return Status::errorf(ErrorCode::OutOfMemory,
+                                  "session: KV cache of %d positions needs %.1f MiB on %s, more "
+                                  "than its %.1f MiB",
+                                  d.n_ctx, static_cast<double>(total) / 1048576.0, dev->name(),
+                                  static_cast<double>(mem.total) / 1048576.0);
+        }
+        Expected<std::unique_ptr<Buffer>> kv = bt->allocate_for(total, BufferUsage::Any);
+        if (!kv) return kv.status().context(strfmt("session: KV cache on %s", dev->name()));
+        size_t off = 0;
+        for (Tensor* t : kv_of[dev]) {
+            off = align_tensor_offset(off, bt);
+            FERRY_TRY(place_tensor(t, kv->get(), off));
+            off += bt->alloc_size(t);
+        }
+        // Padded attention reads positions nobody wrote yet (masked): they must hold finite
+        // values.
+        FERRY_TRY((*kv)->clear(0));
+        d.kv_bufs.push_back(std::move(*kv));
     }
-    Expected<std::unique_ptr<Buffer>> kv = allocate_context_tensors(d.kv_ctx, dev->buffer_type());
-    if (!kv) return kv.status().context(strfmt("session: KV cache on %s", dev->name()));
-    d.kv_buf = std::move(*kv);
-    // Padded attention reads positions nobody wrote yet (masked): they must hold finite values.
-    FERRY_TRY(d.kv_buf->clear(0));
 
-    d.cpu_backend = cpu::make_cpu_backend(opts.n_threads);
+    // A stream per device that holds weights (in the order of preference the model was given),
+    // the CPU last: the scheduler runs each layer where its weights are.
+    BackendOptions bo;
+    bo.n_threads = opts.n_threads;
+    Device* cpu = cpu_device();
+    if (!cpu) return Status::error("session: no CPU device (ferry::init_backends was not called)");
+    Expected<std::unique_ptr<Backend>> cb = cpu->make_backend(bo);
+    if (!cb) return cb.status().context("session: CPU backend");
+    d.cpu_backend = std::move(*cb);
     std::vector<Backend*> backends;
-    if (dev->type() != DeviceType::CPU) {
-        Expected<std::unique_ptr<Backend>> b = dev->make_backend();
+    std::vector<Device*> used = m->layer_device;
+    used.push_back(m->input_device);
+    used.push_back(m->device);
+    for (Device* dev : used) {
+        if (dev->type() == DeviceType::CPU) continue;
+        bool have = false;
+        for (const auto& b : d.dev_backends) have |= b->device() == dev;
+        if (have) continue;
+        Expected<std::unique_ptr<Backend>> b = dev->make_backend(bo);
         if (!b) return b.status().context(strfmt("session: backend for %s", dev->name()));
-        d.dev_backend = std::move(*b);
-        d.dev_backend->set_n_threads(opts.n_threads);
-        backends.push_back(d.dev_backend.get());
+        (*b)->set_n_threads(opts.n_threads);
+        backends.push_back(b->get());
+        d.dev_backends.push_back(std::move(*b));
     }
     backends.push_back(d.cpu_backend.get());
     d.sched = std::make_unique<Scheduler>(std::move(backends));
     return s;
 }
 
-LlamaSession::~LlamaSession() = default;
+LlamaSession::~LlamaSession() {
+    // Work still in flight on an asynchronous device reads the graph freed below.
+    if (impl_ && impl_->sched) (void)impl_->sched->synchronize();
+}
 
 Status LlamaSession::decode(std::span<const int32_t> tokens, bool all_logits) {
     Impl& d = *impl_;
@@ -316,7 +355,9 @@ void LlamaSession::reset() {
 }
 
 size_t LlamaSession::kv_bytes() const {
-    return impl_->kv_buf ? impl_->kv_buf->size() : 0;
+    size_t n = 0;
+    for (const auto& b : impl_->kv_bufs) n += b->size();
+    return n;
 }
 
 }  // namespace ferry

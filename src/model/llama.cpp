@@ -1,12 +1,14 @@
 // The llama architecture: hyperparameters, weight checks and placement.
-#include "model/llama.h"
+#include "ferry/llama.h"
 
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 
-#include "model/embedded-model.h"
+#include "ferry/allocator.h"
 #include "model/llama-impl.h"
 
 namespace ferry {
@@ -277,50 +279,96 @@ class Loader {
         }
     }
 
-    // Zero copy: the CPU reads the mapped file through a buffer that wraps it.
-    Status place_mapped(Device* dev, const std::function<void(float)>& progress) {
-        size_t max_tensor = 0;
-        for (const Tensor* t : tensors_) max_tensor = std::max(max_tensor, t->nbytes());
-        Expected<std::unique_ptr<Buffer>> b = dev->buffer_from_host_ptr(
-            const_cast<uint8_t*>(f_.file_data()), f_.file_size(), max_tensor);
-        if (!b) return b.status().context("mapping weights");
-        m_.buffer = std::move(*b);
-        m_.buffer->set_usage(BufferUsage::Weights);
-        uint8_t* base = static_cast<uint8_t*>(m_.buffer->base());
+    // The device of a weight, by its name: blk.N.* follows layer N, token_embd the input
+    // device, everything else (output norm, output) the main device.
+    Device* device_of(const Tensor* t) const {
+        const char* n = t->name;
+        if (std::strncmp(n, "blk.", 4) == 0) {
+            const long il = std::strtol(n + 4, nullptr, 10);
+            if (il >= 0 && static_cast<size_t>(il) < m_.layer_device.size())
+                return m_.layer_device[static_cast<size_t>(il)];
+        }
+        if (std::strncmp(n, "token_embd.", 11) == 0) return m_.input_device;
+        return m_.device;
+    }
+
+    // Every weight into the memory of its device: the CPU computes from the mapped file when
+    // asked (or when the file is in memory already), other devices get uploads.
+    Status place(bool mmap, const std::function<void(float)>& progress) {
+        std::vector<Device*> order;
+        std::map<Device*, std::vector<size_t>> groups;
         for (size_t i = 0; i < tensors_.size(); i++) {
-            Tensor* t = tensors_[i];
-            t->buffer = m_.buffer.get();
-            t->offs = f_.data_offset() + infos_[i]->offset;
-            t->data = base ? base + t->offs : nullptr;
-            FERRY_TRY(m_.buffer->init_tensor(t));
+            Device* d = device_of(tensors_[i]);
+            if (!groups.count(d)) order.push_back(d);
+            groups[d].push_back(i);
+        }
+        uint64_t done = 0;
+        for (Device* d : order) {
+            if (d->type() == DeviceType::CPU && (mmap || !f_.is_mapped())) {
+                FERRY_TRY(place_mapped(d, groups[d]));
+            } else {
+                FERRY_TRY(place_uploaded(d, groups[d], &done, progress));
+            }
         }
         if (progress) progress(1.0f);
         return Status::ok();
     }
 
+    // Zero copy: the CPU reads the mapped file through a buffer that wraps it.
+    Status place_mapped(Device* dev, const std::vector<size_t>& idx) {
+        size_t max_tensor = 0;
+        for (size_t i : idx) max_tensor = std::max(max_tensor, tensors_[i]->nbytes());
+        Expected<std::unique_ptr<Buffer>> b = dev->buffer_from_host_ptr(
+            const_cast<uint8_t*>(f_.file_data()), f_.file_size(), max_tensor);
+        if (!b) return b.status().context("mapping weights");
+        Buffer* buf = b->get();
+        buf->set_usage(BufferUsage::Weights);
+        m_.buffers.push_back(std::move(*b));
+        for (size_t i : idx) {
+            FERRY_TRY(place_tensor(tensors_[i], buf, f_.data_offset() + infos_[i]->offset));
+        }
+        return Status::ok();
+    }
+
     // Device memory: one buffer of the device's type, tensors uploaded one by one.
-    Status place_uploaded(Device* dev, const std::function<void(float)>& progress) {
-        Expected<std::unique_ptr<Buffer>> b =
-            allocate_context_tensors(m_.weights, dev->buffer_type(), BufferUsage::Weights);
-        if (!b) return b.status().context(strfmt("allocating weights on %s", dev->name()));
-        m_.buffer = std::move(*b);
-        if (!m_.buffer) return Status::error("model has no weights");
-        uint64_t done = 0;
-        for (size_t i = 0; i < tensors_.size(); i++) {
+    Status place_uploaded(Device* dev, const std::vector<size_t>& idx, uint64_t* done,
+                          const std::function<void(float)>& progress) {
+        BufferType* bt = dev->buffer_type();
+        size_t total = 0;
+        for (size_t i : idx) total = align_tensor_offset(total, bt) + bt->alloc_size(tensors_[i]);
+        Expected<std::unique_ptr<Buffer>> b = bt->allocate_for(total, BufferUsage::Weights);
+        if (!b) {
+            return b.status().context(strfmt("allocating %.1f MiB of weights on %s",
+                                             static_cast<double>(total) / 1048576.0, dev->name()));
+        }
+        Buffer* buf = b->get();
+        m_.buffers.push_back(std::move(*b));
+        size_t off = 0;
+        for (size_t i : idx) {
             Tensor* t = tensors_[i];
-            FERRY_TRY(m_.buffer->set_tensor(t, f_.tensor_data(*infos_[i]), 0, t->nbytes())
+            off = align_tensor_offset(off, bt);
+            FERRY_TRY(place_tensor(t, buf, off));
+            off += bt->alloc_size(t);
+            FERRY_TRY(buf->set_tensor(t, f_.tensor_data(*infos_[i]), 0, t->nbytes())
                           .context(strfmt("uploading '%s' to %s", t->name, dev->name())));
             // The copy is all we need now: the file's pages leave this process as we go, so
             // they are never counted alongside the copy.
             f_.release_pages(f_.tensor_data(*infos_[i]), t->nbytes());
-            done += t->nbytes();
+            *done += t->nbytes();
             if (progress) {
                 progress(
-                    static_cast<float>(static_cast<double>(done) /
+                    static_cast<float>(static_cast<double>(*done) /
                                        static_cast<double>(std::max<uint64_t>(m_.size_bytes, 1))));
             }
         }
         return Status::ok();
+    }
+
+    // Weights per device, for Device::prepare_weights.
+    std::map<Device*, std::vector<Tensor*>> by_device() const {
+        std::map<Device*, std::vector<Tensor*>> out;
+        for (Tensor* t : tensors_) out[device_of(t)].push_back(t);
+        return out;
     }
 
   private:
@@ -328,15 +376,65 @@ class Loader {
     const GgufFile& f_;
     std::vector<const GgufTensorInfo*> infos_;
     std::vector<Tensor*> tensors_;
+
+  public:
+    std::span<Tensor* const> tensors() const { return tensors_; }
 };
 
+// Which device each layer lives on (ModelOptions::devices, n_gpu_layers, tensor_split).
+Status assign_layers(LlamaModel::Impl& m, const ModelOptions& opts) {
+    Device* cpu = cpu_device();
+    if (!cpu) return Status::error("no CPU device (ferry::init_backends was not called)");
+    const int32_t n_layer = m.hp.n_layer;
+    const std::vector<Device*>& devs = opts.devices;
+    for (Device* d : devs) {
+        if (!d) return Status::error(ErrorCode::InvalidArgument, "no device given (null)");
+    }
+    if (!opts.tensor_split.empty()) {
+        if (opts.tensor_split.size() != devs.size()) {
+            return Status::errorf(ErrorCode::InvalidArgument,
+                                  "tensor split has %zu shares for %zu devices",
+                                  opts.tensor_split.size(), devs.size());
+        }
+        float sum = 0;
+        for (float f : opts.tensor_split) {
+            if (!(f >= 0) || !std::isfinite(f)) {
+                return Status::errorf(ErrorCode::InvalidArgument,
+                                      "tensor split share %g is not a non-negative number", f);
+            }
+            sum += f;
+        }
+        if (!(sum > 0))
+            return Status::error(ErrorCode::InvalidArgument, "tensor split shares sum to 0");
+    }
+    int32_t ngl = devs.empty() ? 0 : opts.n_gpu_layers;
+    if (ngl < 0 || ngl > n_layer) ngl = devs.empty() ? 0 : n_layer;
+    const int32_t first = n_layer - ngl;
+    m.layer_device.assign(static_cast<size_t>(n_layer), cpu);
+    // Offloaded layer k of ngl goes to the device whose share covers its position.
+    std::vector<double> cum;
+    double total = 0;
+    for (size_t j = 0; j < devs.size(); j++) {
+        total += opts.tensor_split.empty() ? 1.0 : opts.tensor_split[j];
+        cum.push_back(total);
+    }
+    for (int32_t k = 0; k < ngl; k++) {
+        const double at = (static_cast<double>(k) + 0.5) / static_cast<double>(ngl) * total;
+        size_t j = 0;
+        while (j + 1 < devs.size() && at >= cum[j]) j++;
+        m.layer_device[static_cast<size_t>(first + k)] = devs[j];
+    }
+    m.input_device = ngl == n_layer && n_layer > 0 ? m.layer_device[0] : cpu;
+    m.device = ngl > 0 ? m.layer_device[static_cast<size_t>(n_layer - 1)] : cpu;
+    return Status::ok();
+}
+
 Status load_into(LlamaModel::Impl& m, const ModelOptions& opts) {
-    const EmbeddedModel demo = embedded_demo_model();
-    Expected<std::unique_ptr<GgufFile>> f =
-        m.path == demo.name ? GgufFile::from_memory(demo.data, demo.size, demo.name)
-                            : GgufFile::open(m.path);
-    if (!f) return f.status();
-    m.gguf = std::move(*f);
+    if (!m.gguf) {
+        Expected<std::unique_ptr<GgufFile>> f = GgufFile::open(m.path);
+        if (!f) return f.status();
+        m.gguf = std::move(*f);
+    }
     const GgufFile& g = *m.gguf;
     Expected<std::string> arch = g.get_string("general.architecture");
     if (!arch) return arch.status();
@@ -357,15 +455,31 @@ Status load_into(LlamaModel::Impl& m, const ModelOptions& opts) {
     FERRY_TRY(loader.take_all());
     loader.summarize();
 
-    m.device = opts.devices.empty() ? cpu_device() : opts.devices[0];
-    if (!m.device) return Status::error("no device to place the weights on");
-    if (m.device->type() == DeviceType::CPU && (opts.mmap || !g.is_mapped())) {
-        return loader.place_mapped(m.device, opts.progress);
+    FERRY_TRY(assign_layers(m, opts));
+    FERRY_TRY(loader.place(opts.mmap, opts.progress));
+    // Every weight is in: each device may convert or repack its weights once.
+    for (auto& [dev, ts] : loader.by_device()) {
+        FERRY_TRY(dev->prepare_weights(ts).context(strfmt("preparing weights on %s", dev->name())));
     }
-    return loader.place_uploaded(m.device, opts.progress);
+    return Status::ok();
 }
 
 }  // namespace
+
+Expected<std::unique_ptr<LlamaModel>> LlamaModel::load(std::unique_ptr<GgufFile> file,
+                                                       const ModelOptions& opts) {
+    std::unique_ptr<LlamaModel> model(new LlamaModel());
+    model->impl_ = std::make_unique<Impl>();
+    model->impl_->path = file->path();
+    model->impl_->gguf = std::move(file);
+    const std::string& path = model->impl_->path;
+    Status st = load_into(*model->impl_, opts);
+    if (!st) {
+        if (st.message().find(path) != std::string::npos) return st;
+        return st.context("loading " + path);
+    }
+    return model;
+}
 
 Expected<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string& path,
                                                        const ModelOptions& opts) {
@@ -406,6 +520,10 @@ std::string LlamaModel::type_desc() const {
 }
 Device* LlamaModel::device() const {
     return impl_->device;
+}
+Device* LlamaModel::layer_device(int32_t il) const {
+    if (il < 0 || static_cast<size_t>(il) >= impl_->layer_device.size()) return nullptr;
+    return impl_->layer_device[static_cast<size_t>(il)];
 }
 
 }  // namespace ferry

@@ -1,4 +1,4 @@
-#include "model/sampler.h"
+#include "ferry/sampler.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "model/vocab.h"
+#include "ferry/vocab.h"
 
 #include <algorithm>
 #include <cstdarg>

@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "backends/remote/protocol.h"
+#include "remote-proto/protocol.h"
 
 namespace ferry::server {
 

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <string>
 
-#include "backends/remote/transport.h"
+#include "remote-proto/transport.h"
 #include "server/session.h"
 
 namespace ferry::server {

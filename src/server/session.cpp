@@ -8,8 +8,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "backends/remote/protocol.h"
-#include "backends/remote/wire.h"
+#include "remote-proto/protocol.h"
+#include "remote-proto/wire.h"
 
 namespace ferry::server {
 

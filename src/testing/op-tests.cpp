@@ -1,4 +1,4 @@
-#include "testing/op-tests.h"
+#include "ferry/op-tests.h"
 
 #include <strings.h>
 
@@ -852,7 +852,7 @@ OpTestResult run_op_test(const OpTestCase& c, Backend* backend) {
         const CaseBuilder::Input& in = b.inputs()[i];
         const std::vector<uint8_t> bytes =
             make_input_bytes(in.t, in.fill, c.seed ^ (0x9e3779b97f4a7c15ull * (i + 1)));
-        if (Status st = tensor_set(in.t, bytes.data(), bytes.size()); !st) {
+        if (Status st = backend->set_tensor_async(in.t, bytes.data(), 0, bytes.size()); !st) {
             return fail("setting input: " + st.message());
         }
         if (Status st = ref.set_leaf(in.t, bytes.data(), bytes.size()); !st) {
@@ -860,19 +860,21 @@ OpTestResult run_op_test(const OpTestCase& c, Backend* backend) {
         }
     }
 
+    // Inputs, compute and the read go through the backend's stream; the read is ordered
+    // after the compute by the stream and complete once synchronize() returns.
     if (Status st = backend->compute(g); !st) return fail(st.message());
-    if (Status st = backend->synchronize(); !st) return fail(st.message());
-
     std::vector<uint8_t> got_bytes(read->nbytes());
-    if (Status st = tensor_get(read, got_bytes.data(), got_bytes.size()); !st) {
+    if (Status st = backend->get_tensor_async(read, got_bytes.data(), 0, got_bytes.size()); !st) {
         return fail("reading the output: " + st.message());
     }
+    if (Status st = backend->synchronize(); !st) return fail(st.message());
     // The bytes read are contiguous: decode them as a contiguous tensor of read's shape.
     Tensor shape = *read;
     shape.view_src = nullptr;
     set_contiguous_strides(&shape);
     Expected<std::vector<double>> got = decode_tensor(&shape, got_bytes.data(), got_bytes.size());
     if (!got) return fail(got.message());
+    r.output = got_bytes;
 
     if (Status st = ref.run(g); !st) return fail(st.message());
     Expected<std::vector<double>> want = ref.values(read);

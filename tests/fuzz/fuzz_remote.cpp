@@ -11,9 +11,10 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "backends/remote/protocol.h"
-#include "backends/remote/wire.h"
+#include "remote-proto/protocol.h"
+#include "remote-proto/wire.h"
 #include "ferry/backend.h"
+#include "ferry/backends.h"
 #include "server/session.h"
 
 using namespace ferry;
@@ -21,6 +22,7 @@ using namespace ferry;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     static server::ServerOptions opts = [] {
         server::ServerOptions o;
+        init_backends();
         o.devices = {cpu_device()};
         o.max_memory = 16u << 20;
         return o;

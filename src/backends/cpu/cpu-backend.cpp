@@ -14,6 +14,14 @@
 
 namespace ferry::cpu {
 
+namespace {
+Device* the_cpu_device();
+// This backend's own device (not a registry lookup: the CPU code needs no registry).
+Device* self_device() {
+    return the_cpu_device();
+}
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
 // Errors from kernels
 
@@ -118,7 +126,7 @@ namespace {
 class HostBufferType : public BufferType {
   public:
     const char* name() const override { return "CPU"; }
-    Device* device() const override { return cpu_device(); }
+    Device* device() const override { return self_device(); }
     size_t alignment() const override { return kHostAlign; }
     bool is_host() const override { return true; }
     Expected<std::unique_ptr<Buffer>> allocate(size_t size) override {
@@ -218,7 +226,7 @@ int default_threads() {
 // a CPU event can go ahead at once.
 class CpuEvent : public Event {
   public:
-    Device* device() const override { return cpu_device(); }
+    Device* device() const override { return self_device(); }
     Status synchronize() override { return Status::ok(); }
 };
 
@@ -227,9 +235,9 @@ class CpuEvent : public Event {
 Status check_cpu_event(const Event* e, const char* what) {
     if (!e) return Status::errorf("CPU: %s: no event", what);
     Device* d = e->device();
-    if (d != cpu_device() || !dynamic_cast<const CpuEvent*>(e)) {
+    if (d != self_device() || !dynamic_cast<const CpuEvent*>(e)) {
         return Status::errorf("CPU: %s: the event belongs to device %s, not to device %s", what,
-                              d ? d->name() : "?", cpu_device()->name());
+                              d ? d->name() : "?", self_device()->name());
     }
     return Status::ok();
 }
@@ -238,7 +246,7 @@ class CpuBackend : public Backend {
   public:
     explicit CpuBackend(int n_threads) : pool_(std::make_unique<ThreadPool>(n_threads)) {}
     const char* name() const override { return "CPU"; }
-    Device* device() const override { return cpu_device(); }
+    Device* device() const override { return self_device(); }
     void set_n_threads(int n) override {
         if (n <= 0) n = default_threads();
         if (n != pool_->n_threads()) pool_ = std::make_unique<ThreadPool>(n);
@@ -352,21 +360,24 @@ class CpuDevice : public Device {
         return kernel_for(node->op) != nullptr;
     }
     bool supports_buffer_type(const BufferType* type) override { return type->is_host(); }
-    Expected<std::unique_ptr<Backend>> make_backend() override {
-        return std::unique_ptr<Backend>(new CpuBackend(default_threads()));
+    Expected<std::unique_ptr<Backend>> make_backend(const BackendOptions& opts = {}) override {
+        return std::unique_ptr<Backend>(
+            new CpuBackend(opts.n_threads > 0 ? opts.n_threads : default_threads()));
     }
     Expected<std::unique_ptr<Event>> make_event() override {
         return std::unique_ptr<Event>(new CpuEvent());
     }
 };
 
+Device* the_cpu_device() {
+    static CpuDevice device;
+    return &device;
+}
+
 class CpuRegistry : public Registry {
   public:
     const char* name() const override { return "CPU"; }
-    std::vector<Device*> devices() override { return {&device_}; }
-
-  private:
-    CpuDevice device_;
+    std::vector<Device*> devices() override { return {the_cpu_device()}; }
 };
 
 }  // namespace

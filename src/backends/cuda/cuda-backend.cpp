@@ -216,7 +216,7 @@ class CudaDevice : public Device {
         return supports(node);
     }
     bool supports_buffer_type(const BufferType* type) override { return type == &buffer_type_; }
-    Expected<std::unique_ptr<Backend>> make_backend() override;
+    Expected<std::unique_ptr<Backend>> make_backend(const BackendOptions& opts = {}) override;
     Expected<std::unique_ptr<Event>> make_event() override {
         FERRY_TRY(activate());
         cudaEvent_t e;
@@ -464,6 +464,7 @@ class CudaBackend : public Backend {
     }
     const char* name() const override { return dev_->name(); }
     Device* device() const override { return dev_; }
+    void disable_graphs() { use_graphs_ = false; }
 
     Status set_tensor_async(Tensor* t, const void* src, size_t offset, size_t size) override {
         CudaBuffer* b = cuda_buffer(t);
@@ -912,14 +913,18 @@ void CudaBackend::print_profile() {
     }
 }
 
-Expected<std::unique_ptr<Backend>> CudaDevice::make_backend() {
+Expected<std::unique_ptr<Backend>> CudaDevice::make_backend(const BackendOptions& opts) {
     FERRY_TRY(activate());
     Expected<DeviceError*> err = error_word();
     if (!err) return err.status();
     cudaStream_t s;
-    // A blocking stream: the legacy default stream (synchronous copies) waits for it.
-    CUDA_TRY(cudaStreamCreate(&s), "%s: stream", name());
-    return std::unique_ptr<Backend>(new CudaBackend(this, s, *err));
+    // Always a blocking stream (whatever opts.blocking_stream says): Buffer::get_tensor's
+    // synchronous copy on the legacy default stream relies on waiting for this stream's work.
+    CUDA_TRY(cudaStreamCreateWithPriority(&s, cudaStreamDefault, opts.stream_priority),
+             "%s: stream", name());
+    auto* be = new CudaBackend(this, s, *err);
+    if (!opts.graph_capture) be->disable_graphs();
+    return std::unique_ptr<Backend>(be);
 }
 
 class CudaRegistry : public Registry {

@@ -63,8 +63,8 @@ Connection::~Connection() {
                  static_cast<unsigned long long>(bytes_in_), per_cmd.c_str());
 }
 
-Status Connection::error(const std::string& what) const {
-    return Status::error("remote server " + addr_ + ": " + what);
+Status Connection::error(const std::string& what, ErrorCode code) const {
+    return Status::error(code, "remote server " + addr_ + ": " + what);
 }
 
 Status Connection::fail(const std::string& why) {
@@ -77,7 +77,7 @@ Status Connection::fail(const std::string& why) {
         in_.reset();
         close_fds_in();
     }
-    return error("connection lost: " + dead_why_);
+    return error("connection lost: " + dead_why_, ErrorCode::ConnectionLost);
 }
 
 namespace {
@@ -159,7 +159,7 @@ Status Connection::write_parts(const uint8_t** parts, size_t* left, int n_parts)
             if ((pfd.revents & POLLIN) && !pending_.empty()) {
                 // Keep the pipeline moving: the server may be blocked sending us a reply.
                 FERRY_TRY(read_reply(nullptr, nullptr));
-                if (dead_) return error("connection lost: " + dead_why_);
+                if (dead_) return error("connection lost: " + dead_why_, ErrorCode::ConnectionLost);
                 continue;
             }
             if (pfd.revents & (POLLERR | POLLHUP | POLLNVAL) && !(pfd.revents & POLLOUT)) {
@@ -214,7 +214,7 @@ void Connection::close_fds_in() {
 }
 
 Status Connection::read_reply(Result* sync_result, Status* sync_status) {
-    if (dead_) return error("connection lost: " + dead_why_);
+    if (dead_) return error("connection lost: " + dead_why_, ErrorCode::ConnectionLost);
     uint8_t hdr[kHeaderSize];
     Status st = read_in(hdr, sizeof(hdr));
     if (!st) return fail(st.message());
@@ -279,7 +279,7 @@ Status Connection::read_reply(Result* sync_result, Status* sync_status) {
 Status Connection::send_async(Cmd cmd, const wire::Writer& prefix, const void* data, size_t size,
                               void* reply_dst, size_t reply_size) {
     std::lock_guard<std::recursive_mutex> lock(mu_);
-    if (dead_) return error("connection lost: " + dead_why_);
+    if (dead_) return error("connection lost: " + dead_why_, ErrorCode::ConnectionLost);
     const uint64_t id = next_id_++;
     FERRY_TRY(send_frame(cmd, id, prefix, data, size));
     Pending p;
@@ -306,7 +306,7 @@ Status Connection::after_pending(std::function<void()> fn) {
 Expected<Connection::Result> Connection::call(Cmd cmd, const wire::Writer& prefix, const void* data,
                                               size_t size) {
     std::lock_guard<std::recursive_mutex> lock(mu_);
-    if (dead_) return error("connection lost: " + dead_why_);
+    if (dead_) return error("connection lost: " + dead_why_, ErrorCode::ConnectionLost);
     const uint64_t id = next_id_++;
     FERRY_TRY(send_frame(cmd, id, prefix, data, size));
     Pending p;
@@ -349,7 +349,7 @@ Status Connection::drain() {
         FERRY_TRY(read_reply(nullptr, nullptr));
     }
     close_fds_in();  // nothing is waiting for descriptors now
-    if (dead_) return error("connection lost: " + dead_why_);
+    if (dead_) return error("connection lost: " + dead_why_, ErrorCode::ConnectionLost);
     Status s = sticky_;
     sticky_ = Status::ok();
     return s;

@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "backends/remote/protocol.h"
-#include "backends/remote/transport.h"
+#include "remote-proto/protocol.h"
+#include "remote-proto/transport.h"
 #include "ferry/status.h"
 
 namespace ferry::remote {
@@ -66,7 +66,7 @@ class Connection {
     void forget_graphs() { sent_graphs_.clear(); }
 
     // Error naming the server: "remote server ADDR: what".
-    Status error(const std::string& what) const;
+    Status error(const std::string& what, ErrorCode code = ErrorCode::Failed) const;
 
   private:
     struct Pending {

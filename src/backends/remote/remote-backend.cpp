@@ -11,8 +11,8 @@
 #include <unordered_set>
 
 #include "backends/remote/connection.h"
-#include "backends/remote/protocol.h"
-#include "backends/remote/remote.h"
+#include "remote-proto/protocol.h"
+#include "ferry/remote.h"
 
 namespace ferry {
 namespace remote {
@@ -373,7 +373,7 @@ class RemoteDevice : public Device {
         auto* bt = dynamic_cast<const RemoteBufferType*>(type);
         return bt && bt->remote_device() == this;
     }
-    Expected<std::unique_ptr<Backend>> make_backend() override;
+    Expected<std::unique_ptr<Backend>> make_backend(const BackendOptions& opts = {}) override;
     Expected<std::unique_ptr<Event>> make_event() override {
         if (!(caps_bits_ & kDeviceCapEvents)) return Device::make_event();
         wire::Writer w;
@@ -510,7 +510,7 @@ bool RemoteDevice::supports_op(const Tensor* node) {
         Expected<Connection::Result> r = conn_->call(Cmd::SUPPORTS_OP, w);
         if (!r) {
             // A dead connection supports nothing; do not cache transport failures.
-            if (r.message().find("connection lost") != std::string::npos) return false;
+            if (r.status().code() == ErrorCode::ConnectionLost) return false;
         } else {
             supported = r->payload.size() == 1 && r->payload[0] == 1;
         }
@@ -705,7 +705,7 @@ class RemoteBackend : public Backend {
     std::string name_;
 };
 
-Expected<std::unique_ptr<Backend>> RemoteDevice::make_backend() {
+Expected<std::unique_ptr<Backend>> RemoteDevice::make_backend(const BackendOptions& opts) {
     return std::unique_ptr<Backend>(new RemoteBackend(this));
 }
 

@@ -1,4 +1,4 @@
-#include "backends/remote/transport.h"
+#include "remote-proto/transport.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "backends/remote/wire.h"
+#include "remote-proto/wire.h"
 #include "ferry/tensor.h"
 
 namespace ferry::remote {

@@ -1,4 +1,4 @@
-#include "model/embedded-model.h"
+#include "embedded-model.h"
 
 extern "C" const uint8_t ferry_demo_model_start[];
 extern "C" const uint8_t ferry_demo_model_end[];

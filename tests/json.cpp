@@ -1,4 +1,4 @@
-#include "core/json.h"
+#include "json.h"
 
 #include <cerrno>
 #include <charconv>

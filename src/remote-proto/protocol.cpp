@@ -1,4 +1,4 @@
-#include "backends/remote/protocol.h"
+#include "remote-proto/protocol.h"
 
 namespace ferry::remote {
 

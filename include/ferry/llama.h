@@ -11,7 +11,7 @@
 #include "ferry/backend.h"
 #include "ferry/gguf.h"
 #include "ferry/status.h"
-#include "model/vocab.h"
+#include "ferry/vocab.h"
 
 namespace ferry {
 
@@ -32,9 +32,17 @@ struct LlamaHParams {
 };
 
 struct ModelOptions {
-    // Devices to place weights on, in order of preference (empty: the CPU). Weights go to the
-    // first device.
+    // Devices to offload layers to (empty: everything on the CPU). A layer's weights and its
+    // KV cache live on one device; the scheduler runs each layer where its weights are.
     std::vector<Device*> devices;
+    // How many layers go to `devices` (llama.cpp's -ngl), the last ones: layers
+    // [0, n_layer - n_gpu_layers) stay on the CPU. -1 (or more than n_layer): every layer,
+    // with the token embeddings on the first offloaded layer's device and the output on the
+    // last one's. With fewer, the token embeddings stay on the CPU.
+    int32_t n_gpu_layers = -1;
+    // Share of the offloaded layers per device of `devices` (llama.cpp's --tensor-split),
+    // as contiguous runs in order; empty: equal shares.
+    std::vector<float> tensor_split;
     // CPU only: compute straight from the memory-mapped file (no copy, page cache shared with
     // other processes, fastest start). Otherwise the weights are read into the CPU's own
     // memory, in huge pages where the system allows: decode is faster (fewer TLB misses).
@@ -46,9 +54,11 @@ struct ModelOptions {
 
 class LlamaModel {
   public:
-    // Loads a GGUF file; the path embedded_demo_model().name ("embedded:...") loads the demo
-    // model compiled into the binary.
+    // Loads a GGUF file.
     static Expected<std::unique_ptr<LlamaModel>> load(const std::string& path,
+                                                      const ModelOptions& opts);
+    // Loads an opened GGUF (e.g. one in memory: GgufFile::from_memory); path() is its name.
+    static Expected<std::unique_ptr<LlamaModel>> load(std::unique_ptr<GgufFile> file,
                                                       const ModelOptions& opts);
     ~LlamaModel();
 
@@ -60,7 +70,9 @@ class LlamaModel {
     uint64_t size_bytes() const;  // bytes of weights
     std::string type_desc()
         const;  // dominant weight type, e.g. "Q4_0" (from general.file_type or tensors)
-    Device* device() const;  // where the weights live
+    Device* device() const;  // where the last layer (and the output) lives: the main device
+    // Where each layer's weights and KV cache live.
+    Device* layer_device(int32_t il) const;
 
     struct Impl;
     Impl* impl() const { return impl_.get(); }

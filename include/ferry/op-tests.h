@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/allocator.h"
 #include "ferry/backend.h"
 #include "ferry/tensor.h"
 
@@ -89,6 +90,9 @@ struct OpTestResult {
     double nmse = 0.0;
     double bound = 0.0;
     std::string message;  // why it failed (empty when passed)
+    // The bytes read back from the device (the read tensor, contiguous; empty when the case
+    // failed before the read), for comparing two devices bit for bit.
+    std::vector<uint8_t> output;
 };
 
 // Every case (empty filter), or those matching any comma-separated token of `filter`: a token
