@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "backends/cpu/cpu-backend.h"
-#include "json.h"
 #include "ferry/backend.h"
-#include "ferry/scheduler.h"
 #include "ferry/llama.h"
 #include "ferry/op-tests.h"
+#include "ferry/scheduler.h"
+#include "json.h"
 #ifdef FERRY_HAVE_CUDA
 #include "backends/cuda/cuda-backend.h"
 #endif
@@ -28,8 +28,8 @@ Device* gpu() {
     return find_device("CUDA0");
 }
 
-#define REQUIRE_GPU()                                                  \
-    do {                                                               \
+#define REQUIRE_GPU()                                                 \
+    do {                                                              \
         if (!gpu()) GTEST_SKIP() << "no CUDA device (CUDA0) present"; \
     } while (0)
 
@@ -198,8 +198,9 @@ TEST_P(CudaOracle, AtLeastAsCloseAsPeerWithF16Cache) {
     const Peer& p = GetParam();
     const Metrics r = measure(p.enc, Type::F16, gpu());
     ASSERT_TRUE(r.ok);
-    std::printf("[ cuda     ] %-7s kv f16: nmse max %.2e  top1 min %.3f  KL mean %.2e (peer %.2e)\n",
-                p.enc, r.nmse_max, r.top1_min, r.kl_mean, p.kl_mean);
+    std::printf(
+        "[ cuda     ] %-7s kv f16: nmse max %.2e  top1 min %.3f  KL mean %.2e (peer %.2e)\n", p.enc,
+        r.nmse_max, r.top1_min, r.kl_mean, p.kl_mean);
     EXPECT_LE(r.kl_mean, p.kl_mean) << p.enc;
     EXPECT_GE(r.top1_min, p.top1_min - 1e-3) << p.enc;
 }
@@ -213,8 +214,8 @@ TEST(Cuda, F32WithF32CacheMatchesOracle) {
     REQUIRE_GPU();
     const Metrics r = measure("f32", Type::F32, gpu());
     ASSERT_TRUE(r.ok);
-    std::printf("[ cuda     ] f32 kv f32: nmse max %.2e  top1 min %.3f  KL mean %.2e\n",
-                r.nmse_max, r.top1_min, r.kl_mean);
+    std::printf("[ cuda     ] f32 kv f32: nmse max %.2e  top1 min %.3f  KL mean %.2e\n", r.nmse_max,
+                r.top1_min, r.kl_mean);
     EXPECT_LE(r.nmse_max, 1e-8);
     EXPECT_EQ(r.top1_min, 1.0);
 }
@@ -319,7 +320,8 @@ TEST(Cuda, ReplayedGraphSeesNewInputs) {
             // float sums: the error scales with the terms' magnitudes, not with the result's
             // (row 0 nearly cancels).
             double mag = std::fabs(rv[static_cast<size_t>(m)]);
-            for (int k = 0; k < 64; k++) mag += std::fabs(static_cast<double>(wv[m * 64 + k]) * xv[k]);
+            for (int k = 0; k < 64; k++)
+                mag += std::fabs(static_cast<double>(wv[m * 64 + k]) * xv[k]);
             EXPECT_NEAR(got[static_cast<size_t>(m)], yv[static_cast<size_t>(m)] * inv,
                         1e-6 * mag * inv + 1e-6)
                 << "run " << run << " row " << m;
@@ -345,8 +347,8 @@ TEST(Cuda, ModelShapedProductsMatchTheCpu) {
             for (int64_t n : {1, 5, 13, 40, 100}) {
                 for (bool with_add : {false, true}) {
                     const int64_t K = sh[0], M = sh[1];
-                    std::vector<float> wf(static_cast<size_t>(K * M)), xv(static_cast<size_t>(K * n)),
-                        rv(static_cast<size_t>(M * n));
+                    std::vector<float> wf(static_cast<size_t>(K * M)),
+                        xv(static_cast<size_t>(K * n)), rv(static_cast<size_t>(M * n));
                     for (float& v : wf) v = rnd();
                     for (float& v : xv) v = rnd();
                     for (float& v : rv) v = rnd();

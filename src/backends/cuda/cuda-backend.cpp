@@ -4,9 +4,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <cstdio>
 #include <mutex>
 #include <unordered_map>
 
@@ -26,12 +26,12 @@ constexpr size_t kCublasWorkspace = 32u << 20;
 // runs at a fraction of the bus speed.
 constexpr size_t kPinnedRead = 64u << 10;
 
-#define CUDA_TRY(expr, ...)                                                            \
-    do {                                                                               \
-        const cudaError_t cuda_err_ = (expr);                                          \
-        if (cuda_err_ != cudaSuccess) {                                                \
+#define CUDA_TRY(expr, ...)                                                                   \
+    do {                                                                                      \
+        const cudaError_t cuda_err_ = (expr);                                                 \
+        if (cuda_err_ != cudaSuccess) {                                                       \
             return Status::error(strfmt(__VA_ARGS__) + ": " + cudaGetErrorString(cuda_err_)); \
-        }                                                                              \
+        }                                                                                     \
     } while (0)
 
 std::mutex g_declined_mu;
@@ -145,8 +145,8 @@ class PinnedBufferType : public BufferType {
         void* p = nullptr;
         const cudaError_t e = cudaMallocHost(&p, std::max<size_t>(size, 1));
         if (e != cudaSuccess) {
-            return Status::errorf("%s: cannot allocate %zu bytes of pinned host memory: %s",
-                                  name(), size, cudaGetErrorString(e));
+            return Status::errorf("%s: cannot allocate %zu bytes of pinned host memory: %s", name(),
+                                  size, cudaGetErrorString(e));
         }
         return std::unique_ptr<Buffer>(new PinnedBuffer(this, p, size));
     }
@@ -236,8 +236,9 @@ class CudaDevice : public Device {
         if (!err_host_) {
             FERRY_TRY(activate());
             void* p = nullptr;
-            CUDA_TRY(cudaHostAlloc(&p, sizeof(DeviceError), cudaHostAllocMapped | cudaHostAllocPortable),
-                     "%s: error word", name());
+            CUDA_TRY(
+                cudaHostAlloc(&p, sizeof(DeviceError), cudaHostAllocMapped | cudaHostAllocPortable),
+                "%s: error word", name());
             std::memset(p, 0, sizeof(DeviceError));
             void* d = nullptr;
             CUDA_TRY(cudaHostGetDevicePointer(&d, p, 0), "%s: error word", name());
@@ -279,8 +280,9 @@ class CudaDevice : public Device {
             const size_t n = std::min(kStagingChunk, size - off);
             CUDA_TRY(cudaEventSynchronize(staged_[i]), "%s: upload", name());
             std::memcpy(staging_[i], s + off, n);
-            CUDA_TRY(cudaMemcpyAsync(dst + off, staging_[i], n, cudaMemcpyHostToDevice, copy_stream_),
-                     "%s: upload of %zu bytes", name(), n);
+            CUDA_TRY(
+                cudaMemcpyAsync(dst + off, staging_[i], n, cudaMemcpyHostToDevice, copy_stream_),
+                "%s: upload of %zu bytes", name(), n);
             CUDA_TRY(cudaEventRecord(staged_[i], copy_stream_), "%s: upload", name());
         }
         CUDA_TRY(cudaStreamSynchronize(copy_stream_), "%s: upload", name());
@@ -349,9 +351,10 @@ Expected<std::unique_ptr<Buffer>> CudaBufferType::allocate(size_t size) {
     if (e != cudaSuccess) {
         cudaGetLastError();  // clear the (non-sticky) allocation error
         const DeviceMemory m = dev_->memory();
-        return Status::errorf("%s: cannot allocate %.1f MiB of device memory (%.1f MiB free of %.1f MiB): %s",
-                              dev_->name(), size / 1048576.0, m.free / 1048576.0,
-                              m.total / 1048576.0, cudaGetErrorString(e));
+        return Status::errorf(
+            "%s: cannot allocate %.1f MiB of device memory (%.1f MiB free of %.1f MiB): %s",
+            dev_->name(), size / 1048576.0, m.free / 1048576.0, m.total / 1048576.0,
+            cudaGetErrorString(e));
     }
     return std::unique_ptr<Buffer>(new CudaBuffer(this, dev_, static_cast<char*>(p), size));
 }
@@ -472,8 +475,8 @@ class CudaBackend : public Backend {
         FERRY_TRY(b->check_range(t, offset, size));
         if (size == 0) return Status::ok();
         FERRY_TRY(dev_->activate());
-        CUDA_TRY(cudaMemcpyAsync(b->dev_ptr() + t->offs + offset, src, size,
-                                 cudaMemcpyHostToDevice, stream_),
+        CUDA_TRY(cudaMemcpyAsync(b->dev_ptr() + t->offs + offset, src, size, cudaMemcpyHostToDevice,
+                                 stream_),
                  "%s: set_tensor_async '%s'", name(), t->name);
         return Status::ok();
     }
@@ -483,8 +486,8 @@ class CudaBackend : public Backend {
         FERRY_TRY(b->check_range(t, offset, size));
         if (size == 0) return Status::ok();
         FERRY_TRY(dev_->activate());
-        CUDA_TRY(cudaMemcpyAsync(dst, b->dev_ptr() + t->offs + offset, size,
-                                 cudaMemcpyDeviceToHost, stream_),
+        CUDA_TRY(cudaMemcpyAsync(dst, b->dev_ptr() + t->offs + offset, size, cudaMemcpyDeviceToHost,
+                                 stream_),
                  "%s: get_tensor_async '%s'", name(), t->name);
         return Status::ok();
     }
@@ -500,8 +503,7 @@ class CudaBackend : public Backend {
                                        sb->cuda_device()->index(), n, stream_) == cudaSuccess;
         }
         if (src->data) {
-            return cudaMemcpyAsync(d, src->data, n, cudaMemcpyHostToDevice, stream_) ==
-                   cudaSuccess;
+            return cudaMemcpyAsync(d, src->data, n, cudaMemcpyHostToDevice, stream_) == cudaSuccess;
         }
         return false;
     }
@@ -715,10 +717,10 @@ Status CudaBackend::plan(Graph& g) {
             continue;
         }
         steps_.push_back({n, nullptr, 0, nullptr});
-        scratch = std::max(scratch, n->op == Op::MUL_MAT ? mul_mat_scratch_size(n)
-                                    : n->op == Op::FLASH_ATTN_EXT
-                                        ? attn_scratch_size(n, dev_->n_sm())
-                                        : size_t{0});
+        scratch =
+            std::max(scratch, n->op == Op::MUL_MAT          ? mul_mat_scratch_size(n)
+                              : n->op == Op::FLASH_ATTN_EXT ? attn_scratch_size(n, dev_->n_sm())
+                                                            : size_t{0});
         cublas |= needs_cublas(n);
     }
     FERRY_TRY(ensure_scratch(scratch));
@@ -880,15 +882,16 @@ Status CudaBackend::run_profiled() {
         for (const Tensor* t : {s.node, s.second, s.third}) {
             if (!t) continue;
             for (int j = 0; j < kMaxSrc; j++) {
-                if (t->src[j] && t->src[j] != s.node && t->src[j] != s.second) bytes += static_cast<double>(t->src[j]->nbytes());
+                if (t->src[j] && t->src[j] != s.node && t->src[j] != s.second)
+                    bytes += static_cast<double>(t->src[j]->nbytes());
             }
         }
         if (s.node->op == Op::MUL_MAT || s.node->op == Op::GET_ROWS) {
             k += strfmt(" %s", type_name(s.node->src[0]->type));
         }
-        k += strfmt(" [%lld,%lld]x%lld", static_cast<long long>(s.node->src[0]->ne[0]),
-                    static_cast<long long>(s.node->src[0]->ne[1]),
-                    static_cast<long long>(n->ne[1]));
+        k +=
+            strfmt(" [%lld,%lld]x%lld", static_cast<long long>(s.node->src[0]->ne[0]),
+                   static_cast<long long>(s.node->src[0]->ne[1]), static_cast<long long>(n->ne[1]));
         ProfileRow& r = prof_[k];
         r.ms += ms;
         r.calls++;
@@ -908,8 +911,8 @@ void CudaBackend::print_profile() {
     for (const auto& [k, r] : rows) {
         std::fprintf(stderr, "  %8.3f ms %5.1f%% %7lld calls %8.2f us/call %7.0f GB/s  %s\n", r.ms,
                      100.0 * r.ms / std::max(prof_total_ms_, 1e-9), static_cast<long long>(r.calls),
-                     1000.0 * r.ms / static_cast<double>(r.calls),
-                     r.bytes / (r.ms * 1e-3) / 1e9, k.c_str());
+                     1000.0 * r.ms / static_cast<double>(r.calls), r.bytes / (r.ms * 1e-3) / 1e9,
+                     k.c_str());
     }
 }
 
@@ -988,7 +991,8 @@ bool supports(const Tensor* n) {
             }
             if (d->type == Type::I32 || s->type == Type::I32) return false;
             // Block formats: whole rows, stored into a format the kernels can quantize to.
-            return s->ne[0] % 32 == 0 && (s->type == d->type || plain(d->type) || quant_store(d->type));
+            return s->ne[0] % 32 == 0 &&
+                   (s->type == d->type || plain(d->type) || quant_store(d->type));
         }
         case Op::SET_ROWS: {
             const Type t = n->src[0]->type;

@@ -226,7 +226,8 @@ __device__ inline void quantize_block(Type t, const float* x, char* dst) {
         const float d = h2f(dh);
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
         *reinterpret_cast<uint16_t*>(dst) = dh;
-        for (int j = 0; j < 32; j++) dst[2 + j] = static_cast<char>(round_clamp(x[j] * id, -127, 127));
+        for (int j = 0; j < 32; j++)
+            dst[2 + j] = static_cast<char>(round_clamp(x[j] * id, -127, 127));
     } else if (t == Type::Q4_0) {
         float best = 0.0f;
         for (int j = 0; j < 32; j++) {

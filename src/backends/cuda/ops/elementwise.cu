@@ -22,7 +22,8 @@ __global__ void k_elementwise(TV d, TV a, TV b, float p0, float p1) {
     const int64_t r = blockIdx.x;
     const int64_t i1 = r % d.ne[1], i2 = (r / d.ne[1]) % d.ne[2], i3 = r / (d.ne[1] * d.ne[2]);
     float* out = reinterpret_cast<float*>(d.p + i1 * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3]);
-    const float* x = reinterpret_cast<const float*>(a.p + i1 * a.nb[1] + i2 * a.nb[2] + i3 * a.nb[3]);
+    const float* x =
+        reinterpret_cast<const float*>(a.p + i1 * a.nb[1] + i2 * a.nb[2] + i3 * a.nb[3]);
     const float* y = nullptr;
     if constexpr (op == EW::Add || op == EW::Mul) {
         y = reinterpret_cast<const float*>(b.p + (i1 % b.ne[1]) * b.nb[1] +

@@ -294,8 +294,8 @@ __device__ __forceinline__ float4 ld_x4(const float* x) {
 
 // Adds one chunk's contribution (8 weights of each of NC columns) to acc.
 template <Type T, int NC, bool x_aligned>
-__device__ __forceinline__ void mv_chunk(const Lane8& w, const char* bm, int64_t b_nb1,
-                                         int n_cols, float* acc) {
+__device__ __forceinline__ void mv_chunk(const Lane8& w, const char* bm, int64_t b_nb1, int n_cols,
+                                         float* acc) {
 #pragma unroll
     for (int n = 0; n < NC; n++) {
         if (NC > 1 && n >= n_cols) continue;  // a kernel for NC columns serves fewer too
@@ -432,8 +432,8 @@ __global__ void k_mul_mat_generic(MvArgs g, Type t) {
     if (m >= g.M) return;
     const char* row = g.a + m * g.a_nb1 + (i2 / g.r2) * g.a_nb2 + (i3 / g.r3) * g.a_nb3;
     for (int64_t n = blockIdx.z; n < g.N; n += gridDim.z) {
-        const float* x = reinterpret_cast<const float*>(g.b + n * g.b_nb1 + i2 * g.b_nb2 +
-                                                        i3 * g.b_nb3);
+        const float* x =
+            reinterpret_cast<const float*>(g.b + n * g.b_nb1 + i2 * g.b_nb2 + i3 * g.b_nb3);
         float s = 0.0f;
         for (int64_t k = lane; k < g.K; k += 32) s = fmaf(load_elem(t, row, k), x[k], s);
         s = warp_sum(s);
@@ -664,45 +664,50 @@ Status launch_gemm(OpContext& ctx, const Tensor* dst) {
                 FERRY_TRY(cublas_status(
                     cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(M),
                                 static_cast<int>(N), static_cast<int>(K), &one,
-                                reinterpret_cast<const float*>(am),
-                                static_cast<int>(a->nb[1] / 4), reinterpret_cast<const float*>(bm),
-                                static_cast<int>(b->nb[1] / 4), &zero, om, static_cast<int>(M)),
+                                reinterpret_cast<const float*>(am), static_cast<int>(a->nb[1] / 4),
+                                reinterpret_cast<const float*>(bm), static_cast<int>(b->nb[1] / 4),
+                                &zero, om, static_cast<int>(M)),
                     "cublasSgemm"));
                 continue;
             }
             FERRY_TRY(cublas_status(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "math mode"));
             const bool bf16 = t == Type::BF16;
             uint16_t* bh = reinterpret_cast<uint16_t*>(ctx.scratch.ptr);
-            k_to_half<<<n_blocks(K * N, 256) > 8192 ? 8192 : n_blocks(K * N, 256), 256, 0,
-                        ctx.stream>>>(bm, static_cast<int64_t>(b->nb[1]), K, N, bh, bf16);
+            k_to_half < < <n_blocks(K * N, 256)> 8192 ? 8192 : n_blocks(K * N, 256), 256, 0,
+                ctx.stream >>> (bm, static_cast<int64_t>(b->nb[1]), K, N, bh, bf16);
             FERRY_TRY(launch_status("MUL_MAT (convert b)"));
             const void* aw = am;
             int64_t lda = static_cast<int64_t>(a->nb[1] / 2);
             if (is_block_type(t)) {
                 uint16_t* ah = bh + round_up(static_cast<size_t>(K * N) * 2) / 2;
-                const unsigned blocks =
-                    n_blocks(M * ((K + 255) / 256) * 32, 256) > 16384
-                        ? 16384
-                        : n_blocks(M * ((K + 255) / 256) * 32, 256);
+                const unsigned blocks = n_blocks(M * ((K + 255) / 256) * 32, 256) > 16384
+                                            ? 16384
+                                            : n_blocks(M * ((K + 255) / 256) * 32, 256);
                 const int64_t nb1 = static_cast<int64_t>(a->nb[1]);
                 switch (t) {
                     case Type::Q4_0:
-                        k_dequant_f16<Type::Q4_0><<<blocks, 256, 0, ctx.stream>>>(am, nb1, K, M, ah);
+                        k_dequant_f16<Type::Q4_0>
+                            <<<blocks, 256, 0, ctx.stream>>>(am, nb1, K, M, ah);
                         break;
                     case Type::Q4_1:
-                        k_dequant_f16<Type::Q4_1><<<blocks, 256, 0, ctx.stream>>>(am, nb1, K, M, ah);
+                        k_dequant_f16<Type::Q4_1>
+                            <<<blocks, 256, 0, ctx.stream>>>(am, nb1, K, M, ah);
                         break;
                     case Type::Q8_0:
-                        k_dequant_f16<Type::Q8_0><<<blocks, 256, 0, ctx.stream>>>(am, nb1, K, M, ah);
+                        k_dequant_f16<Type::Q8_0>
+                            <<<blocks, 256, 0, ctx.stream>>>(am, nb1, K, M, ah);
                         break;
                     case Type::Q4_K:
-                        k_dequant_f16<Type::Q4_K><<<blocks, 256, 0, ctx.stream>>>(am, nb1, K, M, ah);
+                        k_dequant_f16<Type::Q4_K>
+                            <<<blocks, 256, 0, ctx.stream>>>(am, nb1, K, M, ah);
                         break;
                     case Type::Q5_K:
-                        k_dequant_f16<Type::Q5_K><<<blocks, 256, 0, ctx.stream>>>(am, nb1, K, M, ah);
+                        k_dequant_f16<Type::Q5_K>
+                            <<<blocks, 256, 0, ctx.stream>>>(am, nb1, K, M, ah);
                         break;
                     case Type::Q6_K:
-                        k_dequant_f16<Type::Q6_K><<<blocks, 256, 0, ctx.stream>>>(am, nb1, K, M, ah);
+                        k_dequant_f16<Type::Q6_K>
+                            <<<blocks, 256, 0, ctx.stream>>>(am, nb1, K, M, ah);
                         break;
                     default:
                         return Status::errorf("CUDA: MUL_MAT weight type %s", type_name(t));

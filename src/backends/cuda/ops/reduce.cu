@@ -11,7 +11,8 @@ __global__ void k_argmax(TV d, TV a) {
     __shared__ int64_t si[32];
     const int64_t r = blockIdx.x;
     const int64_t i1 = r % a.ne[1], i2 = (r / a.ne[1]) % a.ne[2], i3 = r / (a.ne[1] * a.ne[2]);
-    const float* x = reinterpret_cast<const float*>(a.p + i1 * a.nb[1] + i2 * a.nb[2] + i3 * a.nb[3]);
+    const float* x =
+        reinterpret_cast<const float*>(a.p + i1 * a.nb[1] + i2 * a.nb[2] + i3 * a.nb[3]);
     float best = -INFINITY;
     int64_t bi = -1;
     for (int64_t i = threadIdx.x; i < a.ne[0]; i += blockDim.x) {
@@ -51,7 +52,8 @@ __global__ void k_sum_rows(TV d, TV a) {
     __shared__ float sh[32];
     const int64_t r = blockIdx.x;
     const int64_t i1 = r % a.ne[1], i2 = (r / a.ne[1]) % a.ne[2], i3 = r / (a.ne[1] * a.ne[2]);
-    const float* x = reinterpret_cast<const float*>(a.p + i1 * a.nb[1] + i2 * a.nb[2] + i3 * a.nb[3]);
+    const float* x =
+        reinterpret_cast<const float*>(a.p + i1 * a.nb[1] + i2 * a.nb[2] + i3 * a.nb[3]);
     float s = 0.0f;
     for (int64_t i = threadIdx.x; i < a.ne[0]; i += blockDim.x) s += x[i];
     s = block_sum(s, sh);

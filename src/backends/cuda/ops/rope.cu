@@ -13,7 +13,8 @@ __global__ void k_rope(TV d, TV a, const int32_t* pos, int n_dims, int mode, dou
                        double fscale) {
     const int64_t r = blockIdx.x;
     const int64_t i1 = r % d.ne[1], i2 = (r / d.ne[1]) % d.ne[2], i3 = r / (d.ne[1] * d.ne[2]);
-    const float* x = reinterpret_cast<const float*>(a.p + i1 * a.nb[1] + i2 * a.nb[2] + i3 * a.nb[3]);
+    const float* x =
+        reinterpret_cast<const float*>(a.p + i1 * a.nb[1] + i2 * a.nb[2] + i3 * a.nb[3]);
     float* y = reinterpret_cast<float*>(d.p + i1 * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3]);
     const double p = static_cast<double>(pos[i2]);
     const int half = n_dims / 2;

@@ -11,9 +11,10 @@ namespace {
 // One block per output row (i, j, k) = blockIdx.x flattened over [idx.ne0, idx.ne1, idx.ne2].
 __global__ void k_get_rows(TV d, TV a, TV idx, Type t, DeviceError* err) {
     const int64_t r = blockIdx.x;
-    const int64_t i = r % idx.ne[0], j = (r / idx.ne[0]) % idx.ne[1], k = r / (idx.ne[0] * idx.ne[1]);
-    const int32_t row = *reinterpret_cast<const int32_t*>(idx.p + i * idx.nb[0] + j * idx.nb[1] +
-                                                           k * idx.nb[2]);
+    const int64_t i = r % idx.ne[0], j = (r / idx.ne[0]) % idx.ne[1],
+                  k = r / (idx.ne[0] * idx.ne[1]);
+    const int32_t row =
+        *reinterpret_cast<const int32_t*>(idx.p + i * idx.nb[0] + j * idx.nb[1] + k * idx.nb[2]);
     if (row < 0 || row >= a.ne[1]) {
         if (threadIdx.x == 0) report_error(err, Op::GET_ROWS, row, a.ne[1], r);
         return;
@@ -36,8 +37,8 @@ __global__ void k_get_rows(TV d, TV a, TV idx, Type t, DeviceError* err) {
 __global__ void k_set_rows(TV d, TV s, TV idx, Type t, DeviceError* err) {
     const int64_t r = blockIdx.x;
     const int64_t i = r % s.ne[1], j = (r / s.ne[1]) % s.ne[2], k = r / (s.ne[1] * s.ne[2]);
-    const int32_t row = *reinterpret_cast<const int32_t*>(idx.p + i * idx.nb[0] + j * idx.nb[1] +
-                                                           k * idx.nb[2]);
+    const int32_t row =
+        *reinterpret_cast<const int32_t*>(idx.p + i * idx.nb[0] + j * idx.nb[1] + k * idx.nb[2]);
     if (row < 0 || row >= d.ne[1]) {
         if (threadIdx.x == 0) report_error(err, Op::SET_ROWS, row, d.ne[1], r);
         return;
@@ -72,8 +73,8 @@ Status op_set_rows(OpContext& ctx, const Tensor* dst) {
     const Tensor* idx = dst->src[2];
     const int64_t n = s->nrows();
     if (n == 0) return Status::ok();
-    k_set_rows<<<n_blocks(n, 1), s->ne[0] >= 256 ? 256 : 32, 0, ctx.stream>>>(
-        tv(d), tv(s), tv(idx), d->type, ctx.err);
+    k_set_rows<<<n_blocks(n, 1), s->ne[0] >= 256 ? 256 : 32, 0, ctx.stream>>>(tv(d), tv(s), tv(idx),
+                                                                              d->type, ctx.err);
     return launch_status("SET_ROWS");
 }
 
