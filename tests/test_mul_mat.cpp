@@ -215,8 +215,14 @@ std::vector<double> oracle(const std::vector<float>& ad, const std::vector<float
 TEST_P(MulMatTyped, KernelsMatchOracle) {
     const Type t = GetParam();
     const bool kq = block_size(t) == kQK_K;
-    const KernelCase cases[] = {
+    std::vector<KernelCase> cases = {
         {kq ? 256 : 96, 7, 5}, {kq ? 512 : 160, 37, 9}, {kq ? 256 : 32, 33, 1}};
+    // Float rows of any length: k that is no multiple of the vector width (8 or 16) exercises
+    // the tails of the float tiles.
+    if (block_size(t) == 1) {
+        cases.push_back({45, 6, 3});
+        cases.push_back({7, 5, 2});
+    }
     for (const KernelCase& kc : cases) {
         const std::vector<float> af = random_floats(static_cast<size_t>(kc.m * kc.k), 3);
         const std::vector<float> bf = random_floats(static_cast<size_t>(kc.n * kc.k), 4);

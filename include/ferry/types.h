@@ -143,4 +143,9 @@ bf16_t fp32_to_bf16(float f);
 Status to_float_row(Type t, const void* src, float* dst, int64_t n);
 Status from_float_row(Type t, const float* src, void* dst, int64_t n);
 
+// The alignment, in bytes, that every element (or block) address of type t must keep, in
+// views and in tensors received from outside: kernels load floats, halves and block scales
+// directly. The one rule: validation (validate_node) and the remote server both use it.
+size_t element_alignment(Type t);
+
 }  // namespace ferry

@@ -169,19 +169,6 @@ Status need_type(const Tensor* s, const char* what, std::initializer_list<Type> 
                           type_name(s->type));
 }
 
-// Alignment every element (or block) address must keep: kernels load floats, halves and
-// block scales directly. Block formats hold fp16 fields (2 bytes); Q8_K a float.
-size_t element_alignment(Type t) {
-    switch (t) {
-        case Type::F32:
-        case Type::I32:
-        case Type::Q8_K:
-            return 4;
-        default:
-            return 2;
-    }
-}
-
 Status validate_view_range(const Tensor* t) {
     const Tensor* vs = t->view_src;
     if (vs->view_src != nullptr) return Status::error("view of a view (view_src must own storage)");

@@ -252,4 +252,16 @@ Status from_float_row(Type t, const float* src, void* dst, int64_t n) {
     return Status::ok();
 }
 
+// Block formats hold fp16 fields (2 bytes); Q8_K a float.
+size_t element_alignment(Type t) {
+    switch (t) {
+        case Type::F32:
+        case Type::I32:
+        case Type::Q8_K:
+            return 4;
+        default:
+            return 2;
+    }
+}
+
 }  // namespace ferry

@@ -625,7 +625,7 @@ Status Session::build_table(const uint8_t* bytes, uint32_t n, bool with_storage,
         }
         // Kernels access elements (and the half-precision fields of blocks) as typed values:
         // the offset and every stride that is used must keep them naturally aligned.
-        const uint64_t align = tr->is_quantized ? 2 : tr->type_size;
+        const uint64_t align = element_alignment(t.type);
         bool aligned = t.offs % align == 0;
         for (int k = 0; k < kMaxDims; k++) {
             if (t.ne[k] > 1 && t.nb[k] % align != 0) aligned = false;

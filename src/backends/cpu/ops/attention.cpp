@@ -116,6 +116,52 @@ void tile_scores(const float* qt, const float* kf, int64_t d, int64_t len, float
         finish(a0, j);
     }
     _mm512_store_ps(tmax, vmax);
+#elif defined(__AVX2__) && defined(__FMA__)
+    // Each lane group of 16 as two 256-bit halves; per lane the same chain of fused
+    // multiply-adds as the other paths.
+    static_assert(kLanes == 16);
+    const __m256 vscale = _mm256_set1_ps(scale);
+    const __m256 vninf = _mm256_set1_ps(kNegInf);
+    __m256 vmax[2] = {vninf, vninf};
+    int64_t j = 0;
+    auto finish = [&](__m256 acc, int64_t jj, int h) {
+        float* sp = sc + jj * kLanes + 8 * h;
+        const __m256 m = _mm256_load_ps(sp);
+        const __m256 hidden = _mm256_cmp_ps(m, vninf, _CMP_EQ_OQ);
+        const __m256 v = _mm256_blendv_ps(_mm256_fmadd_ps(acc, vscale, m), vninf, hidden);
+        _mm256_store_ps(sp, v);
+        vmax[h] = _mm256_max_ps(v, vmax[h]);
+    };
+    for (; j + 4 <= len; j += 4) {
+        const float* k0 = kf + j * d;
+        for (int h = 0; h < 2; h++) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t i = 0; i < d; i++) {
+                const __m256 q = _mm256_load_ps(qt + i * kLanes + 8 * h);
+                a0 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k0 + i), a0);
+                a1 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k0 + d + i), a1);
+                a2 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k0 + 2 * d + i), a2);
+                a3 = _mm256_fmadd_ps(q, _mm256_broadcast_ss(k0 + 3 * d + i), a3);
+            }
+            finish(a0, j, h);
+            finish(a1, j + 1, h);
+            finish(a2, j + 2, h);
+            finish(a3, j + 3, h);
+        }
+    }
+    for (; j < len; j++) {
+        const float* k0 = kf + j * d;
+        for (int h = 0; h < 2; h++) {
+            __m256 a0 = _mm256_setzero_ps();
+            for (int64_t i = 0; i < d; i++) {
+                a0 = _mm256_fmadd_ps(_mm256_load_ps(qt + i * kLanes + 8 * h),
+                                     _mm256_broadcast_ss(k0 + i), a0);
+            }
+            finish(a0, j, h);
+        }
+    }
+    _mm256_store_ps(tmax, vmax[0]);
+    _mm256_store_ps(tmax + 8, vmax[1]);
 #else
     for (int64_t l = 0; l < kLanes; l++) tmax[l] = kNegInf;
     for (int64_t j = 0; j < len; j++) {

@@ -114,6 +114,21 @@ inline float hsum512(__m512 v) {
 }
 #endif
 
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+// AVX2 machines (Zen 3): 256-bit paths next to the AVX-512 ones.
+#define FERRY_KERN_AVX2 1
+inline __m256 cvtph8_ps(const fp16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+// Fixed tree: 8 -> 4 -> 2 -> 1 lanes.
+inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
 // Maximum of n floats, NaN ignored; -inf for n == 0 or all NaN.
 inline float row_max(const float* x, int64_t n) {
     float m = -__builtin_inff();
@@ -125,6 +140,12 @@ inline float row_max(const float* x, int64_t n) {
     alignas(64) float lanes[16];
     _mm512_store_ps(lanes, vm);
     for (int j = 0; j < 16; j++) m = lanes[j] > m ? lanes[j] : m;
+#elif FERRY_KERN_AVX2
+    __m256 vm = _mm256_set1_ps(m);
+    for (; i + 8 <= n; i += 8) vm = _mm256_max_ps(_mm256_loadu_ps(x + i), vm);  // NaN: vm
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, vm);
+    for (int j = 0; j < 8; j++) m = lanes[j] > m ? lanes[j] : m;
 #endif
     for (; i < n; i++) m = x[i] > m ? x[i] : m;
     return m;
@@ -228,6 +249,16 @@ inline float dot_f32(const float* x, const float* y, int64_t n) {
         a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), a0);
     }
     s = hsum512(_mm512_add_ps(a0, a1));
+#elif FERRY_KERN_AVX2
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), a1);
+    }
+    for (; i + 8 <= n; i += 8) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), a0);
+    }
+    s = hsum256(_mm256_add_ps(a0, a1));
 #else
     float acc[8] = {};
     for (; i + 8 <= n; i += 8) {
@@ -255,6 +286,14 @@ inline float dot_f16_f32(const fp16_t* x, const float* y, int64_t n) {
         a0 = _mm512_fmadd_ps(x0, _mm512_loadu_ps(y + i), a0);
     }
     s = hsum512(_mm512_add_ps(a0, a1));
+#elif FERRY_KERN_AVX2
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_fmadd_ps(cvtph8_ps(x + i), _mm256_loadu_ps(y + i), a0);
+        a1 = _mm256_fmadd_ps(cvtph8_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), a1);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(cvtph8_ps(x + i), _mm256_loadu_ps(y + i), a0);
+    s = hsum256(_mm256_add_ps(a0, a1));
 #else
     float acc[8] = {};
     float tmp[8];
@@ -291,6 +330,12 @@ inline void axpy_f32(float* acc, float w, const float* v, int64_t n) {
         _mm512_storeu_ps(acc + i,
                          _mm512_fmadd_ps(vw, _mm512_loadu_ps(v + i), _mm512_loadu_ps(acc + i)));
     }
+#elif FERRY_KERN_AVX2
+    const __m256 vw = _mm256_set1_ps(w);
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(acc + i,
+                         _mm256_fmadd_ps(vw, _mm256_loadu_ps(v + i), _mm256_loadu_ps(acc + i)));
+    }
 #endif
     for (; i < n; i++) acc[i] += w * v[i];
 }
@@ -301,6 +346,11 @@ inline void axpy_f16(float* acc, float w, const fp16_t* v, int64_t n) {
     const __m512 vw = _mm512_set1_ps(w);
     for (; i + 16 <= n; i += 16) {
         _mm512_storeu_ps(acc + i, _mm512_fmadd_ps(vw, cvtph_ps(v + i), _mm512_loadu_ps(acc + i)));
+    }
+#elif FERRY_KERN_AVX2
+    const __m256 vw = _mm256_set1_ps(w);
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(vw, cvtph8_ps(v + i), _mm256_loadu_ps(acc + i)));
     }
 #endif
     for (; i < n; i++) acc[i] += w * fp16_to_fp32(v[i]);
@@ -322,6 +372,17 @@ inline void axpy4_f16(float* acc, const float* w, const fp16_t* const* v, int64_
         a = _mm512_fmadd_ps(w3, cvtph_ps(v[3] + i), a);
         _mm512_storeu_ps(acc + i, a);
     }
+#elif FERRY_KERN_AVX2
+    const __m256 w0 = _mm256_set1_ps(w[0]), w1 = _mm256_set1_ps(w[1]);
+    const __m256 w2 = _mm256_set1_ps(w[2]), w3 = _mm256_set1_ps(w[3]);
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = _mm256_loadu_ps(acc + i);
+        a = _mm256_fmadd_ps(w0, cvtph8_ps(v[0] + i), a);
+        a = _mm256_fmadd_ps(w1, cvtph8_ps(v[1] + i), a);
+        a = _mm256_fmadd_ps(w2, cvtph8_ps(v[2] + i), a);
+        a = _mm256_fmadd_ps(w3, cvtph8_ps(v[3] + i), a);
+        _mm256_storeu_ps(acc + i, a);
+    }
 #endif
     for (int r = 0; r < 4; r++) {
         for (int64_t j = i; j < n; j++) acc[j] += w[r] * fp16_to_fp32(v[r][j]);
@@ -340,6 +401,17 @@ inline void axpy4_f32(float* acc, const float* w, const float* const* v, int64_t
         a = _mm512_fmadd_ps(w2, _mm512_loadu_ps(v[2] + i), a);
         a = _mm512_fmadd_ps(w3, _mm512_loadu_ps(v[3] + i), a);
         _mm512_storeu_ps(acc + i, a);
+    }
+#elif FERRY_KERN_AVX2
+    const __m256 w0 = _mm256_set1_ps(w[0]), w1 = _mm256_set1_ps(w[1]);
+    const __m256 w2 = _mm256_set1_ps(w[2]), w3 = _mm256_set1_ps(w[3]);
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = _mm256_loadu_ps(acc + i);
+        a = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v[0] + i), a);
+        a = _mm256_fmadd_ps(w1, _mm256_loadu_ps(v[1] + i), a);
+        a = _mm256_fmadd_ps(w2, _mm256_loadu_ps(v[2] + i), a);
+        a = _mm256_fmadd_ps(w3, _mm256_loadu_ps(v[3] + i), a);
+        _mm256_storeu_ps(acc + i, a);
     }
 #endif
     for (int r = 0; r < 4; r++) {

@@ -17,6 +17,9 @@
     defined(__AVX512VNNI__) && defined(__AVX512VBMI__) && defined(__F16C__)
 #include "backends/cpu/simd/x86.h"
 #define FERRY_DIRECT_K_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include "backends/cpu/simd/x86.h"
+#define FERRY_DIRECT_K_AVX2 1
 #endif
 
 namespace ferry::cpu::simd {
@@ -266,6 +269,247 @@ struct Q6Tile {
         }
         for (int c = 0; c < NC; c++)
             for (int r = 0; r < NR; r++) out[c * ldo + r] = _mm512_reduce_add_ps(acc[r][c]);
+    }
+};
+
+template <template <int, int> class K>
+void dispatch(int64_t n, const void* x, size_t bx, int nr, const void* y, size_t by, int nc,
+              float* out, size_t ldo) {
+    using Fn = void (*)(int64_t, const uint8_t*, size_t, const uint8_t*, size_t, float*, size_t);
+    static constexpr Fn table[4][4] = {
+        {K<1, 1>::run, K<1, 2>::run, K<1, 3>::run, K<1, 4>::run},
+        {K<2, 1>::run, K<2, 2>::run, K<2, 3>::run, K<2, 4>::run},
+        {K<3, 1>::run, K<3, 2>::run, K<3, 3>::run, K<3, 4>::run},
+        {K<4, 1>::run, K<4, 2>::run, K<4, 3>::run, K<4, 4>::run},
+    };
+    table[nr - 1][nc - 1](n, static_cast<const uint8_t*>(x), bx, static_cast<const uint8_t*>(y), by,
+                          out, ldo);
+}
+
+template <int NR, int NC>
+using Q4KTile = Q45Tile<false>::K<NR, NC>;
+template <int NR, int NC>
+using Q5KTile = Q45Tile<true>::K<NR, NC>;
+
+}  // namespace
+
+DirectTileFn direct_k_tile(Type t) {
+    switch (t) {
+        case Type::Q4_K:
+            return dispatch<Q4KTile>;
+        case Type::Q5_K:
+            return dispatch<Q5KTile>;
+        case Type::Q6_K:
+            return dispatch<Q6Tile>;
+        default:
+            return nullptr;
+    }
+}
+
+#elif FERRY_DIRECT_K_AVX2
+// AVX2 tiles: one 32-element vector per step, vpmaddubsw (unsigned weight quants u <= 63 times
+// signed activation quants: a pair sum is at most 2 * 63 * 127, no saturation) then vpmaddwd
+// with the sub-block / group scales as words, all integer until one conversion per
+// super-block, as in the AVX-512 tiles.
+namespace {
+
+inline float h2f(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+// The 8 six-bit scales (bytes 0-7) and mins (bytes 8-15) of a Q4_K/Q5_K super-block.
+inline __m128i k_scales_mins(const uint8_t* q) {
+    uint32_t a, b, c;
+    std::memcpy(&a, q, 4);
+    std::memcpy(&b, q + 4, 4);
+    std::memcpy(&c, q + 8, 4);
+    const uint32_t sc_lo = a & 0x3f3f3f3fu;
+    const uint32_t mn_lo = b & 0x3f3f3f3fu;
+    const uint32_t sc_hi = (c & 0x0f0f0f0fu) | (((a >> 6) & 0x03030303u) << 4);
+    const uint32_t mn_hi = ((c >> 4) & 0x0f0f0f0fu) | (((b >> 6) & 0x03030303u) << 4);
+    const uint64_t sc = sc_lo | (static_cast<uint64_t>(sc_hi) << 32);
+    const uint64_t mn = mn_lo | (static_cast<uint64_t>(mn_hi) << 32);
+    return _mm_set_epi64x(static_cast<long long>(mn), static_cast<long long>(sc));
+}
+
+inline void prefetch_next_tile(const uint8_t* p, size_t dist) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + dist), _MM_HINT_T1);
+}
+
+inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// From 16 words w (dword k = words 2k, 2k + 1): word 2k in every position (odd = false) or
+// word 2k + 1 (odd = true).
+inline __m256i bcast_word(__m256i w, int k, bool odd) {
+    const __m256i p = _mm256_permutevar8x32_epi32(w, _mm256_set1_epi32(k));
+    return _mm256_shuffle_epi8(p, odd ? _mm256_set1_epi16(0x0302) : _mm256_set1_epi16(0x0100));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Q4_K / Q5_K: chunk ch (64 elements) = 32 bytes of qs; low nibbles are sub-block 2ch, high
+// nibbles sub-block 2ch + 1 (Q5_K: fifth bit j of qh[l] for sub-block j).
+
+template <bool Q5>
+struct Q45Tile {
+    static constexpr size_t kBlock = Q5 ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
+    static constexpr size_t kQs = Q5 ? 48 : 16;
+
+    template <int NR, int NC>
+    struct K {
+        static void run(int64_t n, const uint8_t* x, size_t bx, const uint8_t* y, size_t by,
+                        float* out, size_t ldo) {
+            __m256 acc[NR][NC];
+            for (int r = 0; r < NR; r++)
+                for (int c = 0; c < NC; c++) acc[r][c] = _mm256_setzero_ps();
+            const __m256i m4 = _mm256_set1_epi8(0x0f);
+            const __m256i b4 = _mm256_set1_epi8(0x10);
+            for (int64_t i = 0; i < n / kQK_K; i++) {
+                const BlockQ8_K* yb[NC];
+                __m128i ysum[NC];  // q sums of the 8 sub-blocks (words)
+                for (int c = 0; c < NC; c++) {
+                    yb[c] = reinterpret_cast<const BlockQ8_K*>(y + c * by + i * sizeof(BlockQ8_K));
+                    const __m128i b0 =
+                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(yb[c]->bsums));
+                    const __m128i b1 =
+                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(yb[c]->bsums + 8));
+                    ysum[c] = _mm_hadd_epi16(b0, b1);
+                }
+                for (int r = 0; r < NR; r++) {
+                    const uint8_t* xb = x + r * bx + i * kBlock;
+                    for (size_t o = 0; o < kBlock; o += 64) prefetch_next_tile(xb + o, 2 * NR * bx);
+                    const float d = h2f(xb), dmin = h2f(xb + 2);
+                    const __m256i sm16 = _mm256_cvtepu8_epi16(k_scales_mins(xb + 4));
+                    const __m128i mins = _mm256_extracti128_si256(sm16, 1);
+                    __m256i qh = _mm256_setzero_si256();
+                    if constexpr (Q5)
+                        qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 16));
+                    __m256i isum[NC];
+                    for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
+                    for (int ch = 0; ch < 4; ch++) {
+                        const __m256i z = _mm256_loadu_si256(
+                            reinterpret_cast<const __m256i*>(xb + kQs + 32 * ch));
+                        __m256i lo = _mm256_and_si256(z, m4);
+                        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(z, 4), m4);
+                        if constexpr (Q5) {
+                            // Bit j of each qh byte moved to bit 4 (shifts stay within bytes
+                            // for the bits that survive the mask).
+                            const int j = 2 * ch;
+                            const __m256i h0 = j <= 4 ? _mm256_slli_epi16(qh, 4 - j)
+                                                      : _mm256_srli_epi16(qh, j - 4);
+                            const __m256i h1 = j + 1 <= 4 ? _mm256_slli_epi16(qh, 3 - j)
+                                                          : _mm256_srli_epi16(qh, j - 3);
+                            lo = _mm256_or_si256(lo, _mm256_and_si256(h0, b4));
+                            hi = _mm256_or_si256(hi, _mm256_and_si256(h1, b4));
+                        }
+                        const __m256i s_lo = bcast_word(sm16, ch, false);
+                        const __m256i s_hi = bcast_word(sm16, ch, true);
+                        for (int c = 0; c < NC; c++) {
+                            const int8_t* q = yb[c]->qs + 64 * ch;
+                            const __m256i p0 = _mm256_maddubs_epi16(
+                                lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+                            const __m256i p1 = _mm256_maddubs_epi16(
+                                hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32)));
+                            isum[c] = _mm256_add_epi32(
+                                isum[c], _mm256_add_epi32(_mm256_madd_epi16(p0, s_lo),
+                                                          _mm256_madd_epi16(p1, s_hi)));
+                        }
+                    }
+                    for (int c = 0; c < NC; c++) {
+                        const __m128i msum = _mm_madd_epi16(mins, ysum[c]);
+                        const float dy = yb[c]->d;
+                        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]),
+                                                    _mm256_set1_ps(d * dy), acc[r][c]);
+                        acc[r][c] =
+                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_zextsi128_si256(msum)),
+                                            _mm256_set1_ps(-(dmin * dy)), acc[r][c]);
+                    }
+                }
+            }
+            for (int c = 0; c < NC; c++)
+                for (int r = 0; r < NR; r++) out[c * ldo + r] = hsum256(acc[r][c]);
+        }
+    };
+};
+
+// ---------------------------------------------------------------------------------------------
+// Q6_K: vector v (elements 32v..32v+31) holds groups 2v, 2v + 1.
+
+template <int NR, int NC>
+struct Q6Tile {
+    static void run(int64_t n, const uint8_t* x, size_t bx, const uint8_t* y, size_t by, float* out,
+                    size_t ldo) {
+        __m256 acc[NR][NC];
+        for (int r = 0; r < NR; r++)
+            for (int c = 0; c < NC; c++) acc[r][c] = _mm256_setzero_ps();
+        const __m256i m4 = _mm256_set1_epi8(0x0f);
+        const __m256i m30 = _mm256_set1_epi8(0x30);
+        // Lane 0 takes word 0 of a dword pair, lane 1 word 1.
+        const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3,
+                                              2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+        for (int64_t i = 0; i < n / kQK_K; i++) {
+            const BlockQ8_K* yb[NC];
+            for (int c = 0; c < NC; c++) {
+                yb[c] = reinterpret_cast<const BlockQ8_K*>(y + c * by + i * sizeof(BlockQ8_K));
+            }
+            for (int r = 0; r < NR; r++) {
+                const auto* xb =
+                    reinterpret_cast<const BlockQ6_K*>(x + r * bx + i * sizeof(BlockQ6_K));
+                for (size_t o = 0; o < sizeof(BlockQ6_K); o += 64) {
+                    prefetch_next_tile(reinterpret_cast<const uint8_t*>(xb) + o, 2 * NR * bx);
+                }
+                const float d = h2f(reinterpret_cast<const uint8_t*>(&xb->d));
+                const __m256i sc16 = _mm256_cvtepi8_epi16(
+                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb->scales)));
+                __m256i isum[NC];
+                for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
+                for (int h = 0; h < 2; h++) {
+                    const __m256i qa =
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb->ql + 64 * h));
+                    const __m256i qb =
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb->ql + 64 * h + 32));
+                    const __m256i qh =
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb->qh + 32 * h));
+                    const __m256i u[4] = {
+                        _mm256_or_si256(_mm256_and_si256(qa, m4),
+                                        _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
+                        _mm256_or_si256(_mm256_and_si256(qb, m4),
+                                        _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qa, 4), m4),
+                                        _mm256_and_si256(qh, m30)),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), m4),
+                                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)),
+                    };
+                    for (int k = 0; k < 4; k++) {
+                        const int v = 4 * h + k;
+                        const __m256i sv = _mm256_shuffle_epi8(
+                            _mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(v)), pick);
+                        for (int c = 0; c < NC; c++) {
+                            const __m256i q = _mm256_loadu_si256(
+                                reinterpret_cast<const __m256i*>(yb[c]->qs + 32 * v));
+                            isum[c] = _mm256_add_epi32(
+                                isum[c], _mm256_madd_epi16(_mm256_maddubs_epi16(u[k], q), sv));
+                        }
+                    }
+                }
+                for (int c = 0; c < NC; c++) {
+                    // - 32 * sum_g sc_g * bsum_g
+                    const __m256i bs =
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb[c]->bsums));
+                    const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5);
+                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[c], off)),
+                                                _mm256_set1_ps(d * yb[c]->d), acc[r][c]);
+                }
+            }
+        }
+        for (int c = 0; c < NC; c++)
+            for (int r = 0; r < NR; r++) out[c * ldo + r] = hsum256(acc[r][c]);
     }
 };
 

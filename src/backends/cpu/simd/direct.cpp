@@ -19,6 +19,9 @@
     defined(__AVX512VBMI__) && defined(__F16C__)
 #include "backends/cpu/simd/x86.h"
 #define FERRY_DIRECT_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include "backends/cpu/simd/x86.h"
+#define FERRY_DIRECT_AVX2 1
 #endif
 
 namespace ferry::cpu::simd {
@@ -36,7 +39,7 @@ void tile_scalar(int64_t n, const void* x, size_t bx, int nr, const void* y, siz
     }
 }
 
-#if FERRY_DIRECT_AVX512
+#if FERRY_DIRECT_AVX512 || FERRY_DIRECT_AVX2
 
 // Dispatches nr x nc (1..4 each) to a template instance.
 template <template <int, int> class K>
@@ -52,6 +55,10 @@ void dispatch(int64_t n, const void* x, size_t bx, int nr, const void* y, size_t
     table[nr - 1][nc - 1](n, static_cast<const uint8_t*>(x), bx, static_cast<const uint8_t*>(y), by,
                           out, ldo);
 }
+
+#endif
+
+#if FERRY_DIRECT_AVX512
 
 // ---------------------------------------------------------------------------------------------
 // Float weights (F32, F16, BF16) against F32 columns.
@@ -483,6 +490,190 @@ void tri_vec_dot(int64_t n, float* out, const void* x, const void* y) {
 
 #endif  // FERRY_DIRECT_AVX512
 
+#if FERRY_DIRECT_AVX2
+
+// ---------------------------------------------------------------------------------------------
+// AVX2 (+FMA, F16C) tiles, 256-bit. Same structure as the AVX-512 ones, one 32-element block
+// per vector. The integer dots use vpmaddubsw (unsigned x signed bytes -> saturating int16
+// pairs) and vpmaddwd: the weight quants enter as unsigned bytes where they are small enough
+// that no pair sum can saturate (Q4 nibbles: 2 * 15 * 127), and Q8_0 weights through the
+// sign trick (|x| times y with x's sign), which cannot saturate either (2 * 128 * 127).
+
+// See the AVX-512 section: ask for the bytes the next tile reads, into L2.
+inline void prefetch_next_tile(const uint8_t* p, size_t dist) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + dist), _MM_HINT_T1);
+}
+
+// Fixed tree: 8 -> 4 -> 2 -> 1 lanes.
+inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+inline uint16_t load_u16(const uint8_t* p) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+}
+
+inline float h2f(const uint8_t* p) {
+    return _cvtsh_ss(load_u16(p));
+}
+
+struct LoadF32 {
+    static __m256 load(const uint8_t* p, int64_t k) {
+        return _mm256_loadu_ps(reinterpret_cast<const float*>(p) + k);
+    }
+    static float one(const uint8_t* p, int64_t k) { return reinterpret_cast<const float*>(p)[k]; }
+    static constexpr size_t kElem = 4;
+};
+struct LoadF16 {
+    static __m256 load(const uint8_t* p, int64_t k) {
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * k)));
+    }
+    static float one(const uint8_t* p, int64_t k) { return h2f(p + 2 * k); }
+    static constexpr size_t kElem = 2;
+};
+struct LoadBF16 {
+    static __m256 load(const uint8_t* p, int64_t k) {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * k));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    static float one(const uint8_t* p, int64_t k) {
+        const uint32_t u = static_cast<uint32_t>(load_u16(p + 2 * k)) << 16;
+        float f;
+        std::memcpy(&f, &u, 4);
+        return f;
+    }
+    static constexpr size_t kElem = 2;
+};
+
+template <class L>
+struct FloatTile {
+    template <int NR, int NC>
+    struct K {
+        static void run(int64_t n, const uint8_t* x, size_t bx, const uint8_t* y, size_t by,
+                        float* out, size_t ldo) {
+            __m256 acc[NR][NC];
+            for (int r = 0; r < NR; r++)
+                for (int c = 0; c < NC; c++) acc[r][c] = _mm256_setzero_ps();
+            int64_t k = 0;
+            for (; k + 8 <= n; k += 8) {
+                __m256 yv[NC];
+                for (int c = 0; c < NC; c++) yv[c] = LoadF32::load(y + c * by, k);
+                for (int r = 0; r < NR; r++) {
+                    if (k % (64 / L::kElem) == 0) {
+                        prefetch_next_tile(x + r * bx + k * L::kElem, 2 * NR * bx);
+                    }
+                    const __m256 xv = L::load(x + r * bx, k);
+                    for (int c = 0; c < NC; c++) acc[r][c] = _mm256_fmadd_ps(xv, yv[c], acc[r][c]);
+                }
+            }
+            for (int c = 0; c < NC; c++) {
+                for (int r = 0; r < NR; r++) {
+                    float s = hsum256(acc[r][c]);
+                    for (int64_t j = k; j < n; j++)
+                        s += L::one(x + r * bx, j) * LoadF32::one(y + c * by, j);
+                    out[c * ldo + r] = s;
+                }
+            }
+        }
+    };
+};
+
+template <int NR, int NC>
+using F32Tile = FloatTile<LoadF32>::K<NR, NC>;
+template <int NR, int NC>
+using F16Tile = FloatTile<LoadF16>::K<NR, NC>;
+template <int NR, int NC>
+using BF16Tile = FloatTile<LoadBF16>::K<NR, NC>;
+
+// Q4_0 / Q4_1 / Q8_0 weights against Q8_0 columns, one block per vector.
+enum class QKind { Q4_0, Q4_1, Q8_0 };
+
+template <QKind KIND>
+struct QTile {
+    static constexpr size_t kBlock = KIND == QKind::Q4_0   ? sizeof(BlockQ4_0)
+                                     : KIND == QKind::Q4_1 ? sizeof(BlockQ4_1)
+                                                           : sizeof(BlockQ8_0);
+    static constexpr size_t kQs = KIND == QKind::Q4_1 ? 4 : 2;  // offset of qs in a block
+
+    template <int NR, int NC>
+    struct K {
+        static void run(int64_t n, const uint8_t* x, size_t bx, const uint8_t* y, size_t by,
+                        float* out, size_t ldo) {
+            __m256 acc[NR][NC];
+            float accm[NR][NC] = {};  // Q4_1: sum of m * dy * sum(q)
+            for (int r = 0; r < NR; r++)
+                for (int c = 0; c < NC; c++) acc[r][c] = _mm256_setzero_ps();
+            const __m256i ones16 = _mm256_set1_epi16(1);
+            const __m256i m4 = _mm256_set1_epi8(0x0f);
+            for (int64_t b = 0; b < n / 32; b++) {
+                __m256i yv[NC], yoff[NC];
+                float dy[NC], ys[NC];
+                for (int c = 0; c < NC; c++) {
+                    const uint8_t* yc = y + c * by + b * sizeof(BlockQ8_0);
+                    dy[c] = h2f(yc);
+                    yv[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yc + 2));
+                    if constexpr (KIND == QKind::Q4_0) {
+                        // 8 * (q0 + q1) per pair: subtracted from the nibble products.
+                        yoff[c] = _mm256_maddubs_epi16(_mm256_set1_epi8(8), yv[c]);
+                    } else if constexpr (KIND == QKind::Q4_1) {
+                        const __m256i s = _mm256_madd_epi16(
+                            _mm256_maddubs_epi16(_mm256_set1_epi8(1), yv[c]), ones16);
+                        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s),
+                                                  _mm256_extracti128_si256(s, 1));
+                        t = _mm_hadd_epi32(t, t);
+                        t = _mm_hadd_epi32(t, t);
+                        ys[c] = dy[c] * static_cast<float>(_mm_cvtsi128_si32(t));
+                    }
+                }
+                for (int r = 0; r < NR; r++) {
+                    const uint8_t* xr = x + r * bx + b * kBlock;
+                    if (kBlock * b % 64 < kBlock) prefetch_next_tile(xr, 2 * NR * bx);
+                    const float dx = h2f(xr);
+                    __m256i u;
+                    if constexpr (KIND == QKind::Q8_0) {
+                        u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + 2));
+                    } else {
+                        const __m128i q =
+                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(xr + kQs));
+                        u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4);
+                    }
+                    const __m256i au = KIND == QKind::Q8_0 ? _mm256_abs_epi8(u) : u;
+                    for (int c = 0; c < NC; c++) {
+                        __m256i p;
+                        if constexpr (KIND == QKind::Q8_0) {
+                            p = _mm256_maddubs_epi16(au, _mm256_sign_epi8(yv[c], u));
+                        } else if constexpr (KIND == QKind::Q4_0) {
+                            p = _mm256_sub_epi16(_mm256_maddubs_epi16(au, yv[c]), yoff[c]);
+                        } else {
+                            p = _mm256_maddubs_epi16(au, yv[c]);
+                        }
+                        const __m256i i = _mm256_madd_epi16(p, ones16);
+                        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i),
+                                                    _mm256_set1_ps(dx * dy[c]), acc[r][c]);
+                        if constexpr (KIND == QKind::Q4_1) accm[r][c] += h2f(xr + 2) * ys[c];
+                    }
+                }
+            }
+            for (int c = 0; c < NC; c++)
+                for (int r = 0; r < NR; r++) out[c * ldo + r] = hsum256(acc[r][c]) + accm[r][c];
+        }
+    };
+};
+
+template <int NR, int NC>
+using Q4_0Tile = QTile<QKind::Q4_0>::K<NR, NC>;
+template <int NR, int NC>
+using Q4_1Tile = QTile<QKind::Q4_1>::K<NR, NC>;
+template <int NR, int NC>
+using Q8_0Tile = QTile<QKind::Q8_0>::K<NR, NC>;
+
+#endif  // FERRY_DIRECT_AVX2
+
 }  // namespace
 
 // Columns from which repacking the weights pays off against the direct tiles (crossovers
@@ -541,6 +732,8 @@ MatKernels make(Type t, bool portable) {
                 pk,
                 kQ4MinCols};
     }
+#define FERRY_FAST(T, tile) dispatch<tile>
+#elif FERRY_DIRECT_AVX2
 #define FERRY_FAST(T, tile) dispatch<tile>
 #else
 #define FERRY_FAST(T, tile) tile_scalar<Type::T>

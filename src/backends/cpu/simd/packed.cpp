@@ -17,6 +17,9 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include "backends/cpu/simd/x86.h"
 #define FERRY_PACKED_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#include "backends/cpu/simd/x86.h"
+#define FERRY_PACKED_AVX2 1
 #endif
 
 namespace ferry::cpu::simd {
@@ -30,10 +33,11 @@ constexpr size_t align64(size_t n) {
 }
 
 struct Cfg {
-    int block;     // scale block of the packed layout
-    int offset;    // subtracted from the unsigned quants
-    bool has_min;  // per-block float min
-    bool q8k;      // activation partner Q8_K (else Q8_0)
+    int block;       // scale block of the packed layout
+    int offset;      // subtracted from the unsigned quants
+    bool has_min;    // per-block float min
+    bool q8k;        // activation partner Q8_K (else Q8_0)
+    int umax = 255;  // largest unsigned quant (the AVX2 GEMM's int16 sums depend on it)
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -123,7 +127,7 @@ void unpack_row(const uint8_t* x, int64_t e0, int64_t len, int r, GroupView g, u
                 g.m[b * kPackRows + r] = h2f(m);
             }
             const uint8_t* qs = blk + (q41 ? 4 : 2);
-#if FERRY_PACKED_AVX512
+#if FERRY_PACKED_AVX512 || FERRY_PACKED_AVX2
             // (The compiler's own vectorization of the loop below stalls on byte inserts.)
             const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
             const __m128i m4 = _mm_set1_epi8(0x0f);
@@ -144,7 +148,7 @@ void unpack_row(const uint8_t* x, int64_t e0, int64_t len, int r, GroupView g, u
             fp16_t d;
             std::memcpy(&d, &blk->d, 2);
             g.s[b * kPackRows + r] = h2f(d);
-#if FERRY_PACKED_AVX512
+#if FERRY_PACKED_AVX512 || FERRY_PACKED_AVX2
             const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qs));
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(ub),
                                 _mm256_xor_si256(q, _mm256_set1_epi8(static_cast<char>(0x80))));
@@ -221,6 +225,42 @@ void interleave(const uint8_t* u, int64_t len, uint8_t* q) {
                            _mm512_set1_epi32(static_cast<int>(kChunk)));
     for (int64_t j = 0; j < len / 4; j++) {
         _mm512_storeu_si512(q + j * 64, _mm512_i32gather_epi32(rows, u + 4 * j, 1));
+    }
+#elif FERRY_PACKED_AVX2
+    // 8 x 8 dword transposes (gathers are slow on AVX2 machines): rows 8h..8h+7, dwords
+    // j..j+7 -> vectors j..j+7, half h.
+    int64_t j = 0;
+    for (; j + 8 <= len / 4; j += 8) {
+        for (int h = 0; h < 2; h++) {
+            __m256i r[8];
+            for (int i = 0; i < 8; i++) {
+                r[i] = _mm256_loadu_si256(
+                    reinterpret_cast<const __m256i*>(u + (8 * h + i) * kChunk + 4 * j));
+            }
+            __m256i t[8], v[8];
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+                t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+            }
+            for (int i = 0; i < 8; i += 4) {
+                v[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+                v[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+                v[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+                v[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+            }
+            // v[0..3]: rows 0-3, dwords (0, 4), (1, 5), (2, 6), (3, 7) by 128-bit lane; v[4..7]
+            // the same for rows 4-7.
+            for (int i = 0; i < 4; i++) {
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + (j + i) * 64 + 32 * h),
+                                    _mm256_permute2x128_si256(v[i], v[i + 4], 0x20));
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + (j + i + 4) * 64 + 32 * h),
+                                    _mm256_permute2x128_si256(v[i], v[i + 4], 0x31));
+            }
+        }
+    }
+    for (; j < len / 4; j++) {
+        for (int r = 0; r < kPackRows; r++)
+            std::memcpy(q + j * 64 + r * 4, u + r * kChunk + 4 * j, 4);
     }
 #else
     for (int64_t j = 0; j < len / 4; j++) {
@@ -417,17 +457,151 @@ void gemm_avx512(int64_t n, const void* g0, const void* g1, int nr, const void* 
 
 #endif  // FERRY_PACKED_AVX512
 
-constexpr Cfg kCfgQ4_0 = {32, 8, false, false};
-constexpr Cfg kCfgQ4_1 = {32, 0, true, false};
-constexpr Cfg kCfgQ8_0 = {32, 128, false, false};
-constexpr Cfg kCfgQ4_K = {32, 0, true, true};
-constexpr Cfg kCfgQ5_K = {32, 0, true, true};
-constexpr Cfg kCfgQ6_K = {16, 32, false, true};
+#if FERRY_PACKED_AVX2
+
+// One group (16 rows: two 256-bit halves of each 64-byte vector) x NC columns, two columns at
+// a time so that the integer accumulators, weights and broadcast activations stay in the 16
+// registers. vpmaddubsw multiplies the unsigned weight quants by 4 broadcast activation
+// quants; while u <= umax, the int16 pair sums of kRun steps cannot saturate (kRun * 2 * umax
+// * 127 <= 32767) and are added before one vpmaddwd. Q8_0 (u = q + 128) would saturate even
+// alone, so its quants are taken back to signed and multiplied with the sign trick (|q| times
+// y with q's sign, at most 2 * 128 * 127); its offset term is then 0.
+template <const Cfg& C, int NC>
+void gemm_avx2_group(int64_t n, const GroupView& g, int rows, const ColView* y, float* out,
+                     size_t ldo) {
+    constexpr bool kSigned = C.offset == 128;
+    constexpr int kSteps = C.block / 4;
+    constexpr int kRun = kSigned ? 1 : C.umax <= 15 ? 8 : C.umax <= 31 ? 4 : 2;
+    static_assert(kSigned || C.umax <= 63);
+    static_assert(kSteps % kRun == 0);
+    const int64_t nblk = n / C.block;
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+    __m256 acc[2][NC];
+    for (int h = 0; h < 2; h++)
+        for (int c = 0; c < NC; c++) acc[h][c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nblk; b++) {
+        const uint8_t* wq = g.q + static_cast<size_t>(b) * C.block * kPackRows;
+        const int64_t koff = b * C.block;
+        __m256i ia[2][NC];
+        for (int c0 = 0; c0 < NC; c0 += 2) {
+            constexpr int kPair = NC >= 2 ? 2 : 1;
+            const int np = std::min(kPair, NC - c0);
+            __m256i ip[2][kPair];
+            for (int c = 0; c < kPair; c++) {
+                const __m256i init = (C.offset && !kSigned && c < np)
+                                         ? _mm256_set1_epi32(y[c0 + c].off[b])
+                                         : _mm256_setzero_si256();
+                ip[0][c] = init;
+                ip[1][c] = init;
+            }
+            for (int j = 0; j < kSteps; j += kRun) {
+                __m256i p[2][kPair];
+                for (int s = 0; s < kRun; s++) {
+                    __m256i w[2];
+                    for (int h = 0; h < 2; h++) {
+                        w[h] = _mm256_loadu_si256(
+                            reinterpret_cast<const __m256i*>(wq + (j + s) * 64 + 32 * h));
+                    }
+                    for (int c = 0; c < kPair; c++) {
+                        if (c >= np) break;
+                        int32_t v;
+                        std::memcpy(&v, y[c0 + c].q + koff + 4 * (j + s), 4);
+                        const __m256i yb = _mm256_set1_epi32(v);
+                        for (int h = 0; h < 2; h++) {
+                            __m256i m;
+                            if constexpr (kSigned) {
+                                const __m256i ws = _mm256_xor_si256(w[h], flip);
+                                m = _mm256_maddubs_epi16(_mm256_abs_epi8(ws),
+                                                         _mm256_sign_epi8(yb, ws));
+                            } else {
+                                m = _mm256_maddubs_epi16(w[h], yb);
+                            }
+                            p[h][c] = s == 0 ? m : _mm256_add_epi16(p[h][c], m);
+                        }
+                    }
+                }
+                for (int c = 0; c < kPair; c++) {
+                    if (c >= np) break;
+                    for (int h = 0; h < 2; h++) {
+                        ip[h][c] = _mm256_add_epi32(ip[h][c], _mm256_madd_epi16(p[h][c], ones16));
+                    }
+                }
+            }
+            for (int c = 0; c < np; c++) {
+                ia[0][c0 + c] = ip[0][c];
+                ia[1][c0 + c] = ip[1][c];
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            const __m256 sv = _mm256_loadu_ps(g.s + b * kPackRows + 8 * h);
+            for (int c = 0; c < NC; c++) {
+                acc[h][c] =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[h][c]),
+                                    _mm256_mul_ps(sv, _mm256_set1_ps(y[c].d[b])), acc[h][c]);
+            }
+            if constexpr (C.has_min) {
+                const __m256 mv = _mm256_loadu_ps(g.m + b * kPackRows + 8 * h);
+                for (int c = 0; c < NC; c++)
+                    acc[h][c] = _mm256_fmadd_ps(mv, _mm256_set1_ps(y[c].dsum[b]), acc[h][c]);
+            }
+        }
+    }
+    for (int c = 0; c < NC; c++) {
+        for (int h = 0; h < 2; h++) {
+            const int nh = std::min(8, rows - 8 * h);
+            if (nh <= 0) continue;
+            if (nh == 8) {
+                _mm256_storeu_ps(out + c * ldo + 8 * h, acc[h][c]);
+            } else {
+                alignas(32) float tmp[8];
+                _mm256_store_ps(tmp, acc[h][c]);
+                std::memcpy(out + c * ldo + 8 * h, tmp, static_cast<size_t>(nh) * sizeof(float));
+            }
+        }
+    }
+}
+
+template <const Cfg& C>
+void gemm_avx2(int64_t n, const void* g0, const void* g1, int nr, const void* col, size_t bcol,
+               int nc, float* out, size_t ldo) {
+    using Fn = void (*)(int64_t, const GroupView&, int, const ColView*, float*, size_t);
+    static constexpr Fn table[4] = {gemm_avx2_group<C, 1>, gemm_avx2_group<C, 2>,
+                                    gemm_avx2_group<C, 3>, gemm_avx2_group<C, 4>};
+    ColView y[4];
+    for (int c = 0; c < nc; c++) y[c] = col_view<C>(static_cast<const uint8_t*>(col) + c * bcol, n);
+    table[nc - 1](n, group_view<C>(const_cast<void*>(g0), n), std::min(nr, kPackRows), y, out, ldo);
+    if (g1 && nr > kPackRows) {
+        table[nc - 1](n, group_view<C>(const_cast<void*>(g1), n), nr - kPackRows, y,
+                      out + kPackRows, ldo);
+    }
+}
+
+// A layout whose u may exceed 63 without being Q8_0's q + 128 has no AVX2 kernel.
+template <const Cfg& C>
+constexpr auto gemm_avx2_or_scalar() {
+    if constexpr (C.offset == 128 || C.umax <= 63) {
+        return gemm_avx2<C>;
+    } else {
+        return gemm_scalar<C>;
+    }
+}
+
+#endif  // FERRY_PACKED_AVX2
+
+constexpr Cfg kCfgQ4_0 = {32, 8, false, false, 15};
+constexpr Cfg kCfgQ4_1 = {32, 0, true, false, 15};
+constexpr Cfg kCfgQ8_0 = {32, 128, false, false, 255};
+constexpr Cfg kCfgQ4_K = {32, 0, true, true, 15};
+constexpr Cfg kCfgQ5_K = {32, 0, true, true, 31};
+constexpr Cfg kCfgQ6_K = {16, 32, false, true, 63};
 
 template <Type T, const Cfg& C, bool PORTABLE>
 constexpr PackedKernels make_packed() {
 #if FERRY_PACKED_AVX512
     constexpr auto gemm = PORTABLE ? gemm_scalar<C> : gemm_avx512<C>;
+#elif FERRY_PACKED_AVX2
+    constexpr auto gemm = PORTABLE ? gemm_scalar<C> : gemm_avx2_or_scalar<C>();
 #else
     constexpr auto gemm = gemm_scalar<C>;
 #endif
