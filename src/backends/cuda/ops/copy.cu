@@ -1,6 +1,8 @@
 // CPY (src's elements, in logical order, into dst's logical order, converting types) and CONT
 // (a contiguous copy of any layout). Plain types: one thread per element, any strides on either
 // side. Block formats (either side): whole rows of equal length, one thread per 32 elements.
+#include <algorithm>
+
 #include "backends/cuda/ops/common.cuh"
 #include "backends/cuda/ops/ops.h"
 
@@ -116,14 +118,14 @@ Status copy(OpContext& ctx, const Tensor* d, const Tensor* s, const char* name) 
     const int64_t n = s->nelements();
     if (n == 0) return Status::ok();
     if (!is_block(s->type) && !is_block(d->type)) {
-        k_copy_plain < < <n_blocks(n, 256)> 4096 ? 4096 : n_blocks(n, 256), 256, 0,
-            ctx.stream >>> (tv(d), d->type, tv(s), s->type, n);
+        const unsigned grid = std::min(n_blocks(n, 256), 4096u);
+        k_copy_plain<<<grid, 256, 0, ctx.stream>>>(tv(d), d->type, tv(s), s->type, n);
         return launch_status(name);
     }
     const int64_t rows = s->nrows();
     const int64_t chunks = rows * (s->ne[0] / 32);
-    k_copy_rows < < <n_blocks(chunks, 128)> 4096 ? 4096 : n_blocks(chunks, 128), 128, 0,
-        ctx.stream >>> (tv(d), d->type, tv(s), s->type, rows);
+    const unsigned grid = std::min(n_blocks(chunks, 128), 4096u);
+    k_copy_rows<<<grid, 128, 0, ctx.stream>>>(tv(d), d->type, tv(s), s->type, rows);
     return launch_status(name);
 }
 

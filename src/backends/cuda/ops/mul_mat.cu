@@ -16,6 +16,7 @@
 // row kernel that reads elements one by one.
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "backends/cuda/ops/common.cuh"
@@ -673,8 +674,9 @@ Status launch_gemm(OpContext& ctx, const Tensor* dst) {
             FERRY_TRY(cublas_status(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "math mode"));
             const bool bf16 = t == Type::BF16;
             uint16_t* bh = reinterpret_cast<uint16_t*>(ctx.scratch.ptr);
-            k_to_half < < <n_blocks(K * N, 256)> 8192 ? 8192 : n_blocks(K * N, 256), 256, 0,
-                ctx.stream >>> (bm, static_cast<int64_t>(b->nb[1]), K, N, bh, bf16);
+            const unsigned conv_grid = std::min(n_blocks(K * N, 256), 8192u);
+            k_to_half<<<conv_grid, 256, 0, ctx.stream>>>(bm, static_cast<int64_t>(b->nb[1]), K, N,
+                                                         bh, bf16);
             FERRY_TRY(launch_status("MUL_MAT (convert b)"));
             const void* aw = am;
             int64_t lda = static_cast<int64_t>(a->nb[1] / 2);
