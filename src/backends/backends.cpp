@@ -10,10 +10,18 @@
 namespace ferry {
 
 std::unique_ptr<Registry> make_cpu_registry();  // src/backends/cpu/cpu-backend.cpp
+#ifdef FERRY_HAVE_CUDA
+std::unique_ptr<Registry> make_cuda_registry();  // src/backends/cuda/cuda-backend.cpp
+#endif
 
 void init_backends() {
     static std::once_flag once;
-    std::call_once(once, [] { register_registry(make_cpu_registry()); });
+    std::call_once(once, [] {
+        register_registry(make_cpu_registry());
+#ifdef FERRY_HAVE_CUDA
+        register_registry(make_cuda_registry());  // lists no device when there is no GPU
+#endif
+    });
 }
 
 }  // namespace ferry

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Builds ferry on a GPU machine and runs the CUDA checks and benchmarks in one go (the device
+# time is scarce: one command does everything). Logs go to $OUT (default ./cuda-out).
+#
+#   FIXTURES=path/to/fixtures   the ../shared/fixtures tree (tiny-llama), copied next to the source
+#   GTEST_SRC=path/to/googletest  GoogleTest sources, built first when the machine has no GTest
+#   STEPS="build ops tests bench serve"  which parts to run (default: all)
+#
+# Results are recorded by hand in bench/results/cuda.md with the date and the machine.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/cuda-out}"
+mkdir -p "$OUT"
+STEPS="${STEPS:-build ops tests bench serve}"
+JOBS="$(nproc)"
+B=build/cuda
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+log() { echo "=== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/summary.txt"; }
+
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
+if [ -n "${FIXTURES:-}" ] && [ ! -d ../shared/fixtures ]; then
+  mkdir -p ../shared && cp -r "$FIXTURES" ../shared/fixtures
+fi
+
+if has build; then
+  log build
+  prefix=()
+  if [ -n "${GTEST_SRC:-}" ]; then
+    cmake -S "$GTEST_SRC" -B /tmp/gtest-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_INSTALL_PREFIX=/tmp/gtest >/tmp/gtest.log 2>&1 &&
+      cmake --build /tmp/gtest-build -j "$JOBS" >>/tmp/gtest.log 2>&1 &&
+      cmake --install /tmp/gtest-build >>/tmp/gtest.log 2>&1 || { log "gtest build failed"; }
+    prefix=(-DCMAKE_PREFIX_PATH=/tmp/gtest)
+  fi
+  cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O3 -DNDEBUG" \
+    -DFERRY_CUDA=ON -DFERRY_BENCH=OFF "${prefix[@]}" >"$OUT/build.log" 2>&1 &&
+    cmake --build "$B" -j "$JOBS" --target ferry test_cuda test_ops >>"$OUT/build.log" 2>&1 ||
+    { log "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1; }
+  log "built"
+fi
+F="$B/bin/ferry"
+"$F" devices | tee -a "$OUT/summary.txt"
+
+if has ops; then
+  log "test-ops CUDA0"
+  "$F" test-ops --backend CUDA0 >"$OUT/test-ops.txt" 2>&1
+  grep -E "FAIL|passed|skipped" "$OUT/test-ops.txt" | head -40 | tee -a "$OUT/summary.txt"
+fi
+
+if has tests; then
+  log "test_cuda"
+  "$B/tests/test_cuda" >"$OUT/test_cuda.txt" 2>&1
+  grep -E "^\[ cuda|FAILED|PASSED|Failure|error|Expected|Which is|actual|run " "$OUT/test_cuda.txt" | head -60 | tee -a "$OUT/summary.txt"
+fi
+
+mem_watch() {  # samples used GPU memory (MiB) every 100 ms into $1 until killed
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$1" 2>/dev/null
+}
+peak() { sort -n "$1" | tail -1; }
+
+if has bench; then
+  log "gen-model"
+  "$F" gen-model --preset llama-3.2-1b --type q4_0 -o /tmp/llama-1b-q4_0.gguf >/dev/null 2>&1
+  "$F" gen-model --preset llama-3.2-1b --type f16 -o /tmp/llama-1b-f16.gguf >/dev/null 2>&1
+  ls -la /tmp/*.gguf | tee -a "$OUT/summary.txt"
+  base=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+  echo "GPU memory used before the benchmarks: $base MiB" | tee -a "$OUT/summary.txt"
+  for m in /tmp/llama-1b-q4_0.gguf /tmp/llama-1b-f16.gguf ../shared/fixtures/tiny-llama/tiny-llama-q8_0.gguf; do
+    log "bench $m"
+    mem_watch "$OUT/mem.tmp" & mw=$!
+    "$F" bench -m "$m" --device CUDA0 -p 512 -n 128 -r 5 2>&1 | tee -a "$OUT/summary.txt"
+    kill $mw 2>/dev/null; wait $mw 2>/dev/null
+    echo "peak GPU memory used: $(peak "$OUT/mem.tmp") MiB" | tee -a "$OUT/summary.txt"
+  done
+  rm -f "$OUT/mem.tmp"
+  for v in "FERRY_CUDA_GRAPH=0" "FERRY_CUDA_FUSION=0" "FERRY_CUDA_MV_OCC=0"; do
+    for m in /tmp/llama-1b-q4_0.gguf /tmp/llama-1b-f16.gguf; do
+      log "bench $m tg128 with $v"
+      env "$v" "$F" bench -m "$m" --device CUDA0 -p 0 -n 128 -r 3 2>&1 | grep tg128 | tee -a "$OUT/summary.txt"
+    done
+  done
+fi
+
+if has profile; then
+  for m in /tmp/llama-1b-q4_0.gguf; do
+    log "kernel profile (FERRY_CUDA_PROFILE=1) tg32 $m"
+    FERRY_CUDA_PROFILE=1 "$F" bench -m "$m" --device CUDA0 -p 0 -n 32 -r 1 2>&1 | head -40 | tee -a "$OUT/summary.txt"
+  done
+  log "kernel profile pp512 q4_0"
+  FERRY_CUDA_PROFILE=1 "$F" bench -m /tmp/llama-1b-q4_0.gguf --device CUDA0 -p 512 -n 0 -r 1 2>&1 | head -30 | tee -a "$OUT/summary.txt"
+fi
+
+if has serve; then
+  log "serve over unix"
+  "$F" serve --listen unix:/tmp/ferry-cuda.sock --device CUDA0 >"$OUT/serve.log" 2>&1 & sp=$!
+  sleep 2
+  "$F" devices --remote unix:/tmp/ferry-cuda.sock 2>&1 | tee -a "$OUT/summary.txt"
+  "$F" bench -m /tmp/llama-1b-q4_0.gguf --remote unix:/tmp/ferry-cuda.sock -p 512 -n 128 -r 3 2>&1 | tee -a "$OUT/summary.txt"
+  "$F" test-ops --remote unix:/tmp/ferry-cuda.sock --backend unix:/tmp/ferry-cuda.sock/CUDA0 >"$OUT/test-ops-remote.txt" 2>&1
+  tail -2 "$OUT/test-ops-remote.txt" | tee -a "$OUT/summary.txt"
+  kill $sp 2>/dev/null
+fi
+log done

@@ -1,0 +1,1017 @@
+#include "backends/cuda/cuda-backend.h"
+
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "backends/cuda/ops/ops.h"
+
+namespace ferry::cuda {
+
+namespace {
+
+// Allocation alignment of device buffers: 256 bytes keeps every tensor 16-byte aligned for
+// vector loads and suits cuBLAS.
+constexpr size_t kDeviceAlign = 256;
+// Uploads at least this large go through pinned staging (two chunks in flight).
+constexpr size_t kStagingChunk = 16u << 20;
+constexpr size_t kCublasWorkspace = 32u << 20;
+// Reads at least this large (a row of logits) go through pinned memory: a pageable copy
+// runs at a fraction of the bus speed.
+constexpr size_t kPinnedRead = 64u << 10;
+
+#define CUDA_TRY(expr, ...)                                                                   \
+    do {                                                                                      \
+        const cudaError_t cuda_err_ = (expr);                                                 \
+        if (cuda_err_ != cudaSuccess) {                                                       \
+            return Status::error(strfmt(__VA_ARGS__) + ": " + cudaGetErrorString(cuda_err_)); \
+        }                                                                                     \
+    } while (0)
+
+std::mutex g_declined_mu;
+std::vector<Op> g_declined;
+// Bumped whenever a device buffer is freed: a graph keyed by buffer objects and offsets stays
+// valid only while no buffer went away (a new one could take a freed one's address).
+std::atomic<uint64_t> g_buffer_epoch{1};
+
+bool env_off(const char* name) {
+    const char* v = std::getenv(name);
+    return v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0);
+}
+
+class CudaDevice;
+
+class CudaBufferType : public BufferType {
+  public:
+    explicit CudaBufferType(CudaDevice* dev) : dev_(dev) {}
+    const char* name() const override;
+    Device* device() const override;
+    size_t alignment() const override { return kDeviceAlign; }
+    bool is_host() const override { return false; }
+    Expected<std::unique_ptr<Buffer>> allocate(size_t size) override;
+
+  private:
+    CudaDevice* dev_;
+};
+
+class CudaBuffer : public Buffer {
+  public:
+    CudaBuffer(CudaBufferType* type, CudaDevice* dev, char* ptr, size_t size)
+        : type_(type), dev_(dev), ptr_(ptr), size_(size) {}
+    ~CudaBuffer() override;
+    BufferType* type() const override { return type_; }
+    size_t size() const override { return size_; }
+    void* base() const override { return nullptr; }  // device memory: not host-addressable
+    char* dev_ptr() const { return ptr_; }
+    CudaDevice* cuda_device() const { return dev_; }
+    Status set_tensor(Tensor* t, const void* src, size_t offset, size_t size) override;
+    Status get_tensor(const Tensor* t, void* dst, size_t offset, size_t size) override;
+    Status memset_tensor(Tensor* t, uint8_t value, size_t offset, size_t size) override;
+    bool copy_tensor(const Tensor* src, Tensor* dst) override;
+    Status clear(uint8_t value) override;
+    Status check_range(const Tensor* t, size_t offset, size_t size) const;
+
+  private:
+    CudaBufferType* type_;
+    CudaDevice* dev_;
+    char* ptr_;
+    size_t size_;
+};
+
+// Page-locked host memory (cudaMallocHost): uploads from it run at full PCIe speed and
+// asynchronously. Addressable by the host like any CPU buffer.
+class PinnedBuffer : public Buffer {
+  public:
+    PinnedBuffer(BufferType* type, void* p, size_t size) : type_(type), p_(p), size_(size) {}
+    ~PinnedBuffer() override { cudaFreeHost(p_); }
+    BufferType* type() const override { return type_; }
+    size_t size() const override { return size_; }
+    void* base() const override { return p_; }
+    Status set_tensor(Tensor* t, const void* src, size_t offset, size_t size) override {
+        FERRY_TRY(check(t, offset, size));
+        if (size) std::memcpy(static_cast<char*>(p_) + t->offs + offset, src, size);
+        return Status::ok();
+    }
+    Status get_tensor(const Tensor* t, void* dst, size_t offset, size_t size) override {
+        FERRY_TRY(check(t, offset, size));
+        if (size) std::memcpy(dst, static_cast<char*>(p_) + t->offs + offset, size);
+        return Status::ok();
+    }
+    Status memset_tensor(Tensor* t, uint8_t value, size_t offset, size_t size) override {
+        FERRY_TRY(check(t, offset, size));
+        if (size) std::memset(static_cast<char*>(p_) + t->offs + offset, value, size);
+        return Status::ok();
+    }
+    bool copy_tensor(const Tensor* src, Tensor* dst) override {
+        if (!src->data || !dst->data || src->nbytes() != dst->nbytes()) return false;
+        std::memcpy(dst->data, src->data, src->nbytes());
+        return true;
+    }
+    Status clear(uint8_t value) override {
+        if (size_) std::memset(p_, value, size_);
+        return Status::ok();
+    }
+
+  private:
+    Status check(const Tensor* t, size_t offset, size_t size) const {
+        size_t end = 0;
+        if (t->buffer != this) return Status::errorf("tensor '%s' is not in this buffer", t->name);
+        if (__builtin_add_overflow(t->offs, offset, &end) ||
+            __builtin_add_overflow(end, size, &end) || end > size_) {
+            return Status::errorf("tensor '%s': range [%zu, +%zu) past its buffer of %zu bytes",
+                                  t->name, offset, size, size_);
+        }
+        return Status::ok();
+    }
+    BufferType* type_;
+    void* p_;
+    size_t size_;
+};
+
+class PinnedBufferType : public BufferType {
+  public:
+    explicit PinnedBufferType(CudaDevice* dev) : dev_(dev) {}
+    const char* name() const override { return name_.c_str(); }
+    Device* device() const override;
+    size_t alignment() const override { return 64; }
+    bool is_host() const override { return true; }
+    Expected<std::unique_ptr<Buffer>> allocate(size_t size) override {
+        void* p = nullptr;
+        const cudaError_t e = cudaMallocHost(&p, std::max<size_t>(size, 1));
+        if (e != cudaSuccess) {
+            return Status::errorf("%s: cannot allocate %zu bytes of pinned host memory: %s", name(),
+                                  size, cudaGetErrorString(e));
+        }
+        return std::unique_ptr<Buffer>(new PinnedBuffer(this, p, size));
+    }
+    std::string name_;
+
+  private:
+    CudaDevice* dev_;
+};
+
+class CudaEvent : public Event {
+  public:
+    CudaEvent(CudaDevice* dev, cudaEvent_t e) : dev_(dev), e_(e) {}
+    ~CudaEvent() override { cudaEventDestroy(e_); }
+    Device* device() const override;
+    Status synchronize() override;
+    cudaEvent_t get() const { return e_; }
+
+  private:
+    CudaDevice* dev_;
+    cudaEvent_t e_;
+};
+
+class CudaDevice : public Device {
+  public:
+    CudaDevice(int index, const cudaDeviceProp& prop)
+        : index_(index), buffer_type_(this), pinned_type_(this) {
+        name_ = "CUDA" + std::to_string(index);
+        pinned_type_.name_ = name_ + "_Host";
+        desc_ = strfmt("%s (sm_%d%d, %d SMs)", prop.name, prop.major, prop.minor,
+                       prop.multiProcessorCount);
+        n_sm_ = prop.multiProcessorCount;
+    }
+    ~CudaDevice() override {
+        if (err_host_) cudaFreeHost(err_host_);
+        if (read_buf_) cudaFreeHost(read_buf_);
+        for (void* p : staging_) {
+            if (p) cudaFreeHost(p);
+        }
+        if (copy_stream_) cudaStreamDestroy(copy_stream_);
+    }
+    const char* name() const override { return name_.c_str(); }
+    std::string description() const override { return desc_; }
+    DeviceType type() const override { return DeviceType::GPU; }
+    DeviceMemory memory() const override {
+        size_t free = 0, total = 0;
+        if (cudaSetDevice(index_) != cudaSuccess || cudaMemGetInfo(&free, &total) != cudaSuccess) {
+            return {};
+        }
+        return {free, total};
+    }
+    DeviceCaps caps() const override {
+        DeviceCaps c;
+        c.async = true;
+        c.host_buffer = true;
+        c.events = true;
+        return c;
+    }
+    BufferType* buffer_type() override { return &buffer_type_; }
+    BufferType* host_buffer_type() override { return &pinned_type_; }
+    bool supports_op(const Tensor* node) override {
+        {
+            std::lock_guard<std::mutex> lock(g_declined_mu);
+            if (std::find(g_declined.begin(), g_declined.end(), node->op) != g_declined.end()) {
+                return false;
+            }
+        }
+        return supports(node);
+    }
+    bool supports_buffer_type(const BufferType* type) override { return type == &buffer_type_; }
+    Expected<std::unique_ptr<Backend>> make_backend(const BackendOptions& opts = {}) override;
+    Expected<std::unique_ptr<Event>> make_event() override {
+        FERRY_TRY(activate());
+        cudaEvent_t e;
+        CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "%s: event", name());
+        return std::unique_ptr<Event>(new CudaEvent(this, e));
+    }
+
+    int index() const { return index_; }
+    int n_sm() const { return n_sm_; }
+    Status activate() const {
+        CUDA_TRY(cudaSetDevice(index_), "%s: cudaSetDevice", name_.c_str());
+        return Status::ok();
+    }
+    // The error word kernels report data errors through (host-mapped pinned memory).
+    Expected<DeviceError*> error_word() {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!err_host_) {
+            FERRY_TRY(activate());
+            void* p = nullptr;
+            CUDA_TRY(
+                cudaHostAlloc(&p, sizeof(DeviceError), cudaHostAllocMapped | cudaHostAllocPortable),
+                "%s: error word", name());
+            std::memset(p, 0, sizeof(DeviceError));
+            void* d = nullptr;
+            CUDA_TRY(cudaHostGetDevicePointer(&d, p, 0), "%s: error word", name());
+            err_host_ = static_cast<DeviceError*>(p);
+            err_dev_ = static_cast<DeviceError*>(d);
+        }
+        return err_dev_;
+    }
+    // Reports (and clears) an error a kernel recorded. Call after the work is done.
+    Status take_error() {
+        if (!err_host_) return Status::ok();
+        volatile DeviceError* e = err_host_;
+        const int32_t code = e->code;
+        if (code == 0) return Status::ok();
+        const Op op = static_cast<Op>(code - 1);
+        Status st = Status::errorf("%s: %s index %d (at position %lld) out of range [0, %lld)",
+                                   name(), op_name(op), e->value, static_cast<long long>(e->where),
+                                   static_cast<long long>(e->limit));
+        e->code = 0;
+        return st;
+    }
+    // Copies host memory into device memory through two pinned chunks, so the DMA engine
+    // runs at full speed and the next chunk's memcpy overlaps the current transfer.
+    Status upload(char* dst, const void* src, size_t size) {
+        std::lock_guard<std::mutex> lock(mu_);
+        FERRY_TRY(activate());
+        if (!copy_stream_) {
+            CUDA_TRY(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking),
+                     "%s: copy stream", name());
+            for (int i = 0; i < 2; i++) {
+                CUDA_TRY(cudaMallocHost(&staging_[i], kStagingChunk), "%s: staging", name());
+                CUDA_TRY(cudaEventCreateWithFlags(&staged_[i], cudaEventDisableTiming),
+                         "%s: staging", name());
+            }
+        }
+        const char* s = static_cast<const char*>(src);
+        int i = 0;
+        for (size_t off = 0; off < size; off += kStagingChunk, i ^= 1) {
+            const size_t n = std::min(kStagingChunk, size - off);
+            CUDA_TRY(cudaEventSynchronize(staged_[i]), "%s: upload", name());
+            std::memcpy(staging_[i], s + off, n);
+            CUDA_TRY(
+                cudaMemcpyAsync(dst + off, staging_[i], n, cudaMemcpyHostToDevice, copy_stream_),
+                "%s: upload of %zu bytes", name(), n);
+            CUDA_TRY(cudaEventRecord(staged_[i], copy_stream_), "%s: upload", name());
+        }
+        CUDA_TRY(cudaStreamSynchronize(copy_stream_), "%s: upload", name());
+        return Status::ok();
+    }
+
+    // Device to host through a pinned buffer (grown as needed), after all earlier work.
+    Status download(void* dst, const char* src, size_t size) {
+        std::lock_guard<std::mutex> lock(mu_);
+        FERRY_TRY(activate());
+        if (size > read_size_) {
+            if (read_buf_) cudaFreeHost(read_buf_);
+            read_buf_ = nullptr;
+            read_size_ = 0;
+            const size_t want = std::min(std::max(size, size_t{1} << 20), kStagingChunk);
+            CUDA_TRY(cudaMallocHost(&read_buf_, want), "%s: read staging", name());
+            read_size_ = want;
+        }
+        char* d = static_cast<char*>(dst);
+        for (size_t off = 0; off < size; off += read_size_) {
+            const size_t n = std::min(read_size_, size - off);
+            CUDA_TRY(cudaMemcpy(read_buf_, src + off, n, cudaMemcpyDeviceToHost),
+                     "%s: read of %zu bytes", name(), n);
+            std::memcpy(d + off, read_buf_, n);
+        }
+        return Status::ok();
+    }
+
+  private:
+    void* read_buf_ = nullptr;
+    size_t read_size_ = 0;
+    int index_;
+    int n_sm_ = 1;
+    std::string name_, desc_;
+    CudaBufferType buffer_type_;
+    PinnedBufferType pinned_type_;
+    std::mutex mu_;
+    DeviceError* err_host_ = nullptr;
+    DeviceError* err_dev_ = nullptr;
+    cudaStream_t copy_stream_ = nullptr;
+    void* staging_[2] = {nullptr, nullptr};
+    cudaEvent_t staged_[2] = {nullptr, nullptr};
+};
+
+const char* CudaBufferType::name() const {
+    return dev_->name();
+}
+Device* CudaBufferType::device() const {
+    return dev_;
+}
+Device* PinnedBufferType::device() const {
+    return dev_;
+}
+Device* CudaEvent::device() const {
+    return dev_;
+}
+Status CudaEvent::synchronize() {
+    CUDA_TRY(cudaEventSynchronize(e_), "%s: event synchronize", dev_->name());
+    return Status::ok();
+}
+
+Expected<std::unique_ptr<Buffer>> CudaBufferType::allocate(size_t size) {
+    FERRY_TRY(dev_->activate());
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, std::max<size_t>(size, 1));
+    if (e != cudaSuccess) {
+        cudaGetLastError();  // clear the (non-sticky) allocation error
+        const DeviceMemory m = dev_->memory();
+        return Status::errorf(
+            "%s: cannot allocate %.1f MiB of device memory (%.1f MiB free of %.1f MiB): %s",
+            dev_->name(), size / 1048576.0, m.free / 1048576.0, m.total / 1048576.0,
+            cudaGetErrorString(e));
+    }
+    return std::unique_ptr<Buffer>(new CudaBuffer(this, dev_, static_cast<char*>(p), size));
+}
+
+CudaBuffer::~CudaBuffer() {
+    g_buffer_epoch.fetch_add(1);
+    if (dev_->activate()) cudaFree(ptr_);
+}
+
+Status CudaBuffer::check_range(const Tensor* t, size_t offset, size_t size) const {
+    size_t end = 0;
+    if (t->buffer != this) return Status::errorf("tensor '%s' is not in this buffer", t->name);
+    if (__builtin_add_overflow(t->offs, offset, &end) || __builtin_add_overflow(end, size, &end) ||
+        end > size_) {
+        return Status::errorf("%s: tensor '%s': range [%zu, +%zu) past its buffer of %zu bytes",
+                              dev_->name(), t->name, offset, size, size_);
+    }
+    return Status::ok();
+}
+
+Status CudaBuffer::set_tensor(Tensor* t, const void* src, size_t offset, size_t size) {
+    FERRY_TRY(check_range(t, offset, size));
+    if (size == 0) return Status::ok();
+    char* dst = ptr_ + t->offs + offset;
+    if (size >= kStagingChunk) {
+        // Earlier work of every stream that may read the old bytes finishes first.
+        FERRY_TRY(dev_->activate());
+        CUDA_TRY(cudaDeviceSynchronize(), "%s: set_tensor", dev_->name());
+        return dev_->upload(dst, src, size);
+    }
+    FERRY_TRY(dev_->activate());
+    CUDA_TRY(cudaMemcpy(dst, src, size, cudaMemcpyHostToDevice), "%s: set_tensor '%s'",
+             dev_->name(), t->name);
+    return Status::ok();
+}
+
+Status CudaBuffer::get_tensor(const Tensor* t, void* dst, size_t offset, size_t size) {
+    FERRY_TRY(check_range(t, offset, size));
+    if (size == 0) return Status::ok();
+    FERRY_TRY(dev_->activate());
+    // The legacy default stream waits for the work queued on every backend stream.
+    if (size >= kPinnedRead) {
+        FERRY_TRY(dev_->download(dst, ptr_ + t->offs + offset, size));
+    } else {
+        CUDA_TRY(cudaMemcpy(dst, ptr_ + t->offs + offset, size, cudaMemcpyDeviceToHost),
+                 "%s: get_tensor '%s'", dev_->name(), t->name);
+    }
+    return dev_->take_error();
+}
+
+Status CudaBuffer::memset_tensor(Tensor* t, uint8_t value, size_t offset, size_t size) {
+    FERRY_TRY(check_range(t, offset, size));
+    if (size == 0) return Status::ok();
+    FERRY_TRY(dev_->activate());
+    CUDA_TRY(cudaMemset(ptr_ + t->offs + offset, value, size), "%s: memset '%s'", dev_->name(),
+             t->name);
+    return Status::ok();
+}
+
+Status CudaBuffer::clear(uint8_t value) {
+    FERRY_TRY(dev_->activate());
+    CUDA_TRY(cudaMemset(ptr_, value, size_), "%s: clear", dev_->name());
+    return Status::ok();
+}
+
+CudaBuffer* cuda_buffer(const Tensor* t) {
+    return t->buffer ? dynamic_cast<CudaBuffer*>(t->buffer) : nullptr;
+}
+
+bool CudaBuffer::copy_tensor(const Tensor* src, Tensor* dst) {
+    const size_t n = src->nbytes();
+    if (n != dst->nbytes() || !src->is_contiguous() || !dst->is_contiguous()) return false;
+    if (!check_range(dst, 0, n)) return false;
+    if (!dev_->activate()) return false;
+    char* d = ptr_ + dst->offs;
+    if (CudaBuffer* sb = cuda_buffer(src)) {
+        const int sdev = sb->cuda_device()->index();
+        return cudaMemcpyPeer(d, dev_->index(), sb->dev_ptr() + src->offs, sdev, n) == cudaSuccess;
+    }
+    if (src->data) return cudaMemcpy(d, src->data, n, cudaMemcpyHostToDevice) == cudaSuccess;
+    return false;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The backend: a stream, the kernels, and CUDA-graph replay of repeated graphs.
+
+class CudaBackend : public Backend {
+  public:
+    CudaBackend(CudaDevice* dev, cudaStream_t s, DeviceError* err) : dev_(dev), stream_(s) {
+        ctx_.stream = s;
+        ctx_.device = dev->index();
+        ctx_.n_sm = dev->n_sm();
+        ctx_.err = err;
+        use_graphs_ = !env_off("FERRY_CUDA_GRAPH");
+        use_fusion_ = !env_off("FERRY_CUDA_FUSION");
+        const char* p = std::getenv("FERRY_CUDA_PROFILE");
+        profile_ = p && std::strcmp(p, "1") == 0;
+    }
+    ~CudaBackend() override {
+        if (!dev_->activate()) return;
+        cudaStreamSynchronize(stream_);
+        if (ctx_.counters) cudaFree(ctx_.counters);
+        if (profile_) print_profile();
+        for (cudaEvent_t e : prof_ev_) cudaEventDestroy(e);
+        if (exec_) cudaGraphExecDestroy(exec_);
+        if (cublas_) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
+        if (cublas_ws_) cudaFree(cublas_ws_);
+        if (scratch_) cudaFree(scratch_);
+        cudaStreamDestroy(stream_);
+    }
+    const char* name() const override { return dev_->name(); }
+    Device* device() const override { return dev_; }
+    void disable_graphs() { use_graphs_ = false; }
+
+    Status set_tensor_async(Tensor* t, const void* src, size_t offset, size_t size) override {
+        CudaBuffer* b = cuda_buffer(t);
+        if (!b || b->cuda_device() != dev_) return Backend::set_tensor_async(t, src, offset, size);
+        FERRY_TRY(b->check_range(t, offset, size));
+        if (size == 0) return Status::ok();
+        FERRY_TRY(dev_->activate());
+        CUDA_TRY(cudaMemcpyAsync(b->dev_ptr() + t->offs + offset, src, size, cudaMemcpyHostToDevice,
+                                 stream_),
+                 "%s: set_tensor_async '%s'", name(), t->name);
+        return Status::ok();
+    }
+    Status get_tensor_async(const Tensor* t, void* dst, size_t offset, size_t size) override {
+        CudaBuffer* b = cuda_buffer(t);
+        if (!b || b->cuda_device() != dev_) return Backend::get_tensor_async(t, dst, offset, size);
+        FERRY_TRY(b->check_range(t, offset, size));
+        if (size == 0) return Status::ok();
+        FERRY_TRY(dev_->activate());
+        CUDA_TRY(cudaMemcpyAsync(dst, b->dev_ptr() + t->offs + offset, size, cudaMemcpyDeviceToHost,
+                                 stream_),
+                 "%s: get_tensor_async '%s'", name(), t->name);
+        return Status::ok();
+    }
+    bool copy_tensor_async(const Tensor* src, Tensor* dst) override {
+        CudaBuffer* db = cuda_buffer(dst);
+        if (!db || db->cuda_device() != dev_) return false;
+        const size_t n = src->nbytes();
+        if (n != dst->nbytes() || !src->is_contiguous() || !dst->is_contiguous()) return false;
+        if (!db->check_range(dst, 0, n) || !dev_->activate()) return false;
+        char* d = db->dev_ptr() + dst->offs;
+        if (CudaBuffer* sb = cuda_buffer(src)) {
+            return cudaMemcpyPeerAsync(d, dev_->index(), sb->dev_ptr() + src->offs,
+                                       sb->cuda_device()->index(), n, stream_) == cudaSuccess;
+        }
+        if (src->data) {
+            return cudaMemcpyAsync(d, src->data, n, cudaMemcpyHostToDevice, stream_) == cudaSuccess;
+        }
+        return false;
+    }
+
+    Status compute(Graph& g) override;
+
+    Status synchronize() override {
+        FERRY_TRY(dev_->activate());
+        CUDA_TRY(cudaStreamSynchronize(stream_), "%s: synchronize", name());
+        return dev_->take_error();
+    }
+    Status record_event(Event* e) override {
+        CudaEvent* ce = dynamic_cast<CudaEvent*>(e);
+        if (!ce || ce->device() != dev_) {
+            return Status::errorf("%s: record_event: the event belongs to device %s", name(),
+                                  e && e->device() ? e->device()->name() : "?");
+        }
+        FERRY_TRY(dev_->activate());
+        CUDA_TRY(cudaEventRecord(ce->get(), stream_), "%s: record_event", name());
+        return Status::ok();
+    }
+    Status wait_event(Event* e) override {
+        CudaEvent* ce = dynamic_cast<CudaEvent*>(e);
+        if (!ce) {
+            // Another device's event: its work is waited for on the host.
+            return e ? e->synchronize() : Status::errorf("%s: wait_event: no event", name());
+        }
+        FERRY_TRY(dev_->activate());
+        CUDA_TRY(cudaStreamWaitEvent(stream_, ce->get(), 0), "%s: wait_event", name());
+        return Status::ok();
+    }
+
+  private:
+    // One kernel launch: a node, or a fused pair (node, second) whose result is second's.
+    struct Step {
+        const Tensor* node;
+        const Tensor* second;  // nullptr unless fused
+        int kind;              // 0 plain, 1 rms_norm+mul, 2 mul_mat+add, 3 gate+up+swiglu
+        const Tensor* third;   // kind 3: the SWIGLU (whose result is written)
+    };
+    Status plan(Graph& g);
+    void quick_key(const Graph& g, std::vector<uint64_t>& k) const;
+    Status run_steps();
+    Status run_profiled();
+    Status run_step(const Step& s);
+    Status ensure_scratch(size_t size);
+    Status ensure_cublas();
+
+    CudaDevice* dev_;
+    cudaStream_t stream_;
+    OpContext ctx_;
+    bool use_graphs_ = true, use_fusion_ = true;
+    std::vector<Step> steps_;
+    std::unordered_map<const Tensor*, int> consumers_;
+    char* scratch_ = nullptr;
+    size_t scratch_size_ = 0;
+    void* cublas_ = nullptr;
+    void* cublas_ws_ = nullptr;
+    // CUDA graphs: the structure (ops, shapes, addresses) of the last graph computed and of
+    // the one captured in exec_.
+    std::vector<uint64_t> last_key_, exec_key_;
+    std::vector<uint64_t> key_, planned_key_;
+    cudaGraphExec_t exec_ = nullptr;
+    // FERRY_CUDA_PROFILE=1: every step timed with events (no graphs), a table at the end.
+    bool profile_ = false;
+    struct ProfileRow {
+        double ms = 0.0;
+        int64_t calls = 0;
+        double bytes = 0.0;
+    };
+    std::unordered_map<std::string, ProfileRow> prof_;
+    std::vector<cudaEvent_t> prof_ev_;
+    double prof_total_ms_ = 0.0;
+    int64_t prof_graphs_ = 0;
+    void print_profile();
+};
+
+bool is_view_op(Op op) {
+    return op == Op::NONE || (op_info(op).flags & kOpView) != 0;
+}
+
+Status run_node(OpContext& ctx, const Tensor* n) {
+    switch (n->op) {
+        case Op::CPY:
+            return op_cpy(ctx, n);
+        case Op::CONT:
+            return op_cont(ctx, n);
+        case Op::GET_ROWS:
+            return op_get_rows(ctx, n);
+        case Op::SET_ROWS:
+            return op_set_rows(ctx, n);
+        case Op::ADD:
+            return op_add(ctx, n);
+        case Op::MUL:
+            return op_mul(ctx, n);
+        case Op::SCALE:
+            return op_scale(ctx, n);
+        case Op::RMS_NORM:
+            return op_rms_norm(ctx, n);
+        case Op::NORM:
+            return op_norm(ctx, n);
+        case Op::MUL_MAT:
+            return op_mul_mat(ctx, n);
+        case Op::SOFT_MAX:
+            return op_soft_max(ctx, n);
+        case Op::ROPE:
+            return op_rope(ctx, n);
+        case Op::FLASH_ATTN_EXT:
+            return op_flash_attn_ext(ctx, n);
+        case Op::SILU:
+            return op_silu(ctx, n);
+        case Op::GELU:
+            return op_gelu(ctx, n);
+        case Op::SWIGLU:
+            return op_swiglu(ctx, n);
+        case Op::GEGLU:
+            return op_geglu(ctx, n);
+        case Op::ARGMAX:
+            return op_argmax(ctx, n);
+        case Op::SUM_ROWS:
+            return op_sum_rows(ctx, n);
+        case Op::NONE:
+        case Op::RESHAPE:
+        case Op::VIEW:
+        case Op::PERMUTE:
+        case Op::TRANSPOSE:
+            return Status::ok();
+        case Op::COUNT:
+            break;
+    }
+    return Status::errorf("CUDA: op %s has no kernel", op_name(n->op));
+}
+
+Status CudaBackend::ensure_scratch(size_t size) {
+    if (size <= scratch_size_) return Status::ok();
+    CUDA_TRY(cudaStreamSynchronize(stream_), "%s: scratch", name());
+    if (scratch_) cudaFree(scratch_);
+    scratch_ = nullptr;
+    scratch_size_ = 0;
+    const size_t want = size + size / 4;
+    CUDA_TRY(cudaMalloc(&scratch_, want), "%s: %.1f MiB of scratch", name(), want / 1048576.0);
+    scratch_size_ = want;
+    ctx_.scratch = {scratch_, scratch_size_};
+    return Status::ok();
+}
+
+Status CudaBackend::ensure_cublas() {
+    if (cublas_) return Status::ok();
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+        return Status::errorf("%s: cannot create a cuBLAS handle", name());
+    }
+    cublas_ = h;
+    // An explicit workspace keeps cuBLAS from allocating while a CUDA graph is captured.
+    CUDA_TRY(cudaMalloc(&cublas_ws_, kCublasWorkspace), "%s: cuBLAS workspace", name());
+    if (cublasSetWorkspace(h, cublas_ws_, kCublasWorkspace) != CUBLAS_STATUS_SUCCESS) {
+        return Status::errorf("%s: cuBLAS workspace", name());
+    }
+    ctx_.cublas = cublas_;
+    return Status::ok();
+}
+
+Status CudaBackend::plan(Graph& g) {
+    steps_.clear();
+    consumers_.clear();
+    for (const Tensor* n : g.nodes) {
+        for (int s = 0; s < kMaxSrc; s++) {
+            if (n->src[s]) consumers_[n->src[s]->storage()]++;
+        }
+        if (n->view_src) consumers_[n->view_src]++;
+    }
+    // Non-view nodes in order; a node is fused with the next kernel node when that one is its
+    // only reader (and it is no output), so its own result is never needed.
+    std::vector<const Tensor*> kn;
+    kn.reserve(g.nodes.size());
+    for (const Tensor* n : g.nodes) {
+        if (is_view_op(n->op)) continue;
+        if (!device_ptr(n) || (n->view_src && !device_ptr(n->view_src))) {
+            return Status::errorf("%s: node %s is not in this device's memory", name(),
+                                  describe(n).c_str());
+        }
+        for (int s = 0; s < kMaxSrc; s++) {
+            if (n->src[s] && !device_ptr(n->src[s])) {
+                return Status::errorf("%s: source %d of %s is not in this device's memory", name(),
+                                      s, describe(n).c_str());
+            }
+        }
+        kn.push_back(n);
+    }
+    size_t scratch = 0;
+    bool cublas = false;
+    for (size_t i = 0; i < kn.size(); i++) {
+        const Tensor* n = kn[i];
+        const Tensor* next = i + 1 < kn.size() ? kn[i + 1] : nullptr;
+        const bool single = (n->flags & kTensorOutput) == 0 && consumers_[n] == 1;
+        const Tensor* next2 = i + 2 < kn.size() ? kn[i + 2] : nullptr;
+        if (use_fusion_ && next2 && single && (next->flags & kTensorOutput) == 0 &&
+            consumers_[next] == 1 && can_fuse_swiglu(n, next, next2)) {
+            steps_.push_back({n, next, 3, next2});
+            i += 2;
+            continue;
+        }
+        if (use_fusion_ && next && single && can_fuse_rms_norm_mul(n, next)) {
+            steps_.push_back({n, next, 1, nullptr});
+            i++;
+            continue;
+        }
+        if (use_fusion_ && next && single && can_fuse_mul_mat_add(n, next)) {
+            steps_.push_back({n, next, 2, nullptr});
+            i++;
+            continue;
+        }
+        steps_.push_back({n, nullptr, 0, nullptr});
+        scratch =
+            std::max(scratch, n->op == Op::MUL_MAT          ? mul_mat_scratch_size(n)
+                              : n->op == Op::FLASH_ATTN_EXT ? attn_scratch_size(n, dev_->n_sm())
+                                                            : size_t{0});
+        cublas |= needs_cublas(n);
+    }
+    FERRY_TRY(ensure_scratch(scratch));
+    if (cublas) FERRY_TRY(ensure_cublas());
+    return Status::ok();
+}
+
+Status CudaBackend::run_step(const Step& s) {
+    switch (s.kind) {
+        case 1:
+            return op_rms_norm_mul(ctx_, s.node, s.second);
+        case 2:
+            return op_mul_mat_add(ctx_, s.node, s.second);
+        case 3:
+            return op_mul_mat_swiglu(ctx_, s.node, s.second, s.third);
+        default:
+            return run_node(ctx_, s.node);
+    }
+}
+
+Status CudaBackend::run_steps() {
+    for (const Step& s : steps_) {
+        Status st = run_step(s);
+        if (!st) return st.context(strfmt("%s: %s", name(), describe(s.node).c_str()));
+    }
+    return Status::ok();
+}
+
+// The structure of a graph: for every kernel node and its sources, the tensor, op, type,
+// shape, strides, op parameters and storage (buffer, offset). Equal keys mean the same kernels
+// with the same arguments, so the last plan (and a captured CUDA graph) can be reused. Buffers
+// are compared by object; g_buffer_epoch tells when one went away.
+void CudaBackend::quick_key(const Graph& g, std::vector<uint64_t>& k) const {
+    k.clear();
+    k.push_back(g_buffer_epoch.load());
+    k.push_back(use_fusion_);
+    auto tensor = [&k](const Tensor* t) {
+        k.push_back(reinterpret_cast<uintptr_t>(t));
+        k.push_back(static_cast<uint64_t>(t->op) | (static_cast<uint64_t>(t->type) << 32));
+        for (int d = 0; d < kMaxDims; d++) {
+            k.push_back(static_cast<uint64_t>(t->ne[d]));
+            k.push_back(t->nb[d]);
+        }
+        k.push_back(reinterpret_cast<uintptr_t>(t->buffer));
+        k.push_back(t->offs);
+        k.push_back(t->flags);
+    };
+    for (const Tensor* n : g.nodes) {
+        if (is_view_op(n->op)) continue;
+        tensor(n);
+        for (int p = 0; p < kMaxOpParams; p += 2) {
+            k.push_back(static_cast<uint32_t>(n->op_params[p]) |
+                        (static_cast<uint64_t>(static_cast<uint32_t>(n->op_params[p + 1])) << 32));
+        }
+        for (int s = 0; s < kMaxSrc; s++) {
+            if (n->src[s]) {
+                tensor(n->src[s]);
+            } else {
+                k.push_back(0);
+            }
+        }
+    }
+}
+
+Status CudaBackend::compute(Graph& g) {
+    FERRY_TRY(dev_->activate());
+    if (!ctx_.counters) {
+        constexpr size_t kCounterBytes = sizeof(int32_t) << 16;
+        void* p = nullptr;
+        CUDA_TRY(cudaMalloc(&p, kCounterBytes), "%s: counters", name());
+        CUDA_TRY(cudaMemset(p, 0, kCounterBytes), "%s: counters", name());
+        ctx_.counters = static_cast<int32_t*>(p);
+    }
+    Expected<DeviceError*> err = dev_->error_word();
+    if (!err) return err.status();
+    ctx_.err = *err;
+    quick_key(g, key_);
+    if (key_ != planned_key_) {
+        planned_key_.clear();
+        FERRY_TRY(plan(g));
+        planned_key_ = key_;
+    }
+    if (steps_.empty()) return Status::ok();
+    // What a captured graph also bakes in: the scratch and cuBLAS workspace addresses.
+    key_.push_back(reinterpret_cast<uintptr_t>(scratch_));
+    key_.push_back(reinterpret_cast<uintptr_t>(cublas_ws_));
+    if (profile_) return run_profiled();
+    if (use_graphs_ && exec_ && key_ == exec_key_) {
+        CUDA_TRY(cudaGraphLaunch(exec_, stream_), "%s: graph launch", name());
+        last_key_ = key_;
+        return Status::ok();
+    }
+    // A structure seen twice in a row is captured and replayed from then on (decode steps);
+    // one-off graphs (prefill chunks) run directly.
+    if (!use_graphs_ || key_ != last_key_) {
+        last_key_ = key_;
+        return run_steps();
+    }
+    last_key_ = key_;
+    CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "%s: capture",
+             name());
+    Status st = run_steps();
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ce = cudaStreamEndCapture(stream_, &graph);
+    if (!st) {
+        if (graph) cudaGraphDestroy(graph);
+        return st;
+    }
+    if (ce != cudaSuccess) {
+        return Status::errorf("%s: graph capture: %s", name(), cudaGetErrorString(ce));
+    }
+    bool updated = false;
+    if (exec_) {
+        cudaGraphExecUpdateResultInfo info;
+        updated = cudaGraphExecUpdate(exec_, graph, &info) == cudaSuccess;
+        if (!updated) {
+            cudaGetLastError();
+            cudaGraphExecDestroy(exec_);
+            exec_ = nullptr;
+        }
+    }
+    if (!updated) {
+        const cudaError_t ie = cudaGraphInstantiate(&exec_, graph, 0);
+        if (ie != cudaSuccess) {
+            cudaGraphDestroy(graph);
+            exec_ = nullptr;
+            return Status::errorf("%s: graph instantiate: %s", name(), cudaGetErrorString(ie));
+        }
+    }
+    cudaGraphDestroy(graph);
+    exec_key_ = key_;
+    CUDA_TRY(cudaGraphLaunch(exec_, stream_), "%s: graph launch", name());
+    return Status::ok();
+}
+
+Status CudaBackend::run_profiled() {
+    while (prof_ev_.size() < steps_.size() + 1) {
+        cudaEvent_t e;
+        CUDA_TRY(cudaEventCreate(&e), "%s: profile event", name());
+        prof_ev_.push_back(e);
+    }
+    CUDA_TRY(cudaEventRecord(prof_ev_[0], stream_), "%s: profile", name());
+    for (size_t i = 0; i < steps_.size(); i++) {
+        Status st = run_step(steps_[i]);
+        if (!st) return st;
+        CUDA_TRY(cudaEventRecord(prof_ev_[i + 1], stream_), "%s: profile", name());
+    }
+    CUDA_TRY(cudaStreamSynchronize(stream_), "%s: profile", name());
+    prof_graphs_++;
+    for (size_t i = 0; i < steps_.size(); i++) {
+        float ms = 0.0f;
+        cudaEventElapsedTime(&ms, prof_ev_[i], prof_ev_[i + 1]);
+        const Step& s = steps_[i];
+        const Tensor* n = s.third ? s.third : (s.second ? s.second : s.node);
+        std::string k = op_name(s.node->op);
+        if (s.second) k += std::string("+") + op_name(s.second->op);
+        if (s.third) k += std::string("+") + op_name(s.third->op);
+        double bytes = static_cast<double>(n->nbytes());
+        for (const Tensor* t : {s.node, s.second, s.third}) {
+            if (!t) continue;
+            for (int j = 0; j < kMaxSrc; j++) {
+                if (t->src[j] && t->src[j] != s.node && t->src[j] != s.second)
+                    bytes += static_cast<double>(t->src[j]->nbytes());
+            }
+        }
+        if (s.node->op == Op::MUL_MAT || s.node->op == Op::GET_ROWS) {
+            k += strfmt(" %s", type_name(s.node->src[0]->type));
+        }
+        k +=
+            strfmt(" [%lld,%lld]x%lld", static_cast<long long>(s.node->src[0]->ne[0]),
+                   static_cast<long long>(s.node->src[0]->ne[1]), static_cast<long long>(n->ne[1]));
+        ProfileRow& r = prof_[k];
+        r.ms += ms;
+        r.calls++;
+        r.bytes += bytes;
+        prof_total_ms_ += ms;
+    }
+    return Status::ok();
+}
+
+void CudaBackend::print_profile() {
+    std::vector<std::pair<std::string, ProfileRow>> rows(prof_.begin(), prof_.end());
+    std::sort(rows.begin(), rows.end(),
+              [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    std::fprintf(stderr, "%s profile: %lld graphs, %.3f ms of kernels (%.4f ms per graph)\n",
+                 name(), static_cast<long long>(prof_graphs_), prof_total_ms_,
+                 prof_graphs_ ? prof_total_ms_ / static_cast<double>(prof_graphs_) : 0.0);
+    for (const auto& [k, r] : rows) {
+        std::fprintf(stderr, "  %8.3f ms %5.1f%% %7lld calls %8.2f us/call %7.0f GB/s  %s\n", r.ms,
+                     100.0 * r.ms / std::max(prof_total_ms_, 1e-9), static_cast<long long>(r.calls),
+                     1000.0 * r.ms / static_cast<double>(r.calls), r.bytes / (r.ms * 1e-3) / 1e9,
+                     k.c_str());
+    }
+}
+
+Expected<std::unique_ptr<Backend>> CudaDevice::make_backend(const BackendOptions& opts) {
+    FERRY_TRY(activate());
+    Expected<DeviceError*> err = error_word();
+    if (!err) return err.status();
+    cudaStream_t s;
+    // Always a blocking stream (whatever opts.blocking_stream says): Buffer::get_tensor's
+    // synchronous copy on the legacy default stream relies on waiting for this stream's work.
+    CUDA_TRY(cudaStreamCreateWithPriority(&s, cudaStreamDefault, opts.stream_priority),
+             "%s: stream", name());
+    auto* be = new CudaBackend(this, s, *err);
+    if (!opts.graph_capture) be->disable_graphs();
+    return std::unique_ptr<Backend>(be);
+}
+
+class CudaRegistry : public Registry {
+  public:
+    CudaRegistry() {
+        int n = 0;
+        if (cudaGetDeviceCount(&n) != cudaSuccess) {
+            cudaGetLastError();
+            n = 0;  // no driver or no GPU: no devices
+        }
+        for (int i = 0; i < n; i++) {
+            cudaDeviceProp prop;
+            if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
+            devices_.push_back(std::make_unique<CudaDevice>(i, prop));
+        }
+    }
+    const char* name() const override { return "CUDA"; }
+    std::vector<Device*> devices() override {
+        std::vector<Device*> out;
+        for (auto& d : devices_) out.push_back(d.get());
+        return out;
+    }
+
+  private:
+    std::vector<std::unique_ptr<CudaDevice>> devices_;
+};
+
+}  // namespace
+
+void set_declined_ops(const std::vector<Op>& ops) {
+    std::lock_guard<std::mutex> lock(g_declined_mu);
+    g_declined = ops;
+}
+
+char* device_ptr(const Tensor* t) {
+    CudaBuffer* b = cuda_buffer(t);
+    return b ? b->dev_ptr() + t->offs : nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// What the kernels handle (see ops/ for each).
+
+namespace {
+bool plain(Type t) {
+    return t == Type::F32 || t == Type::F16 || t == Type::BF16 || t == Type::I32;
+}
+bool quant_store(Type t) {
+    return t == Type::Q4_0 || t == Type::Q4_1 || t == Type::Q8_0;
+}
+}  // namespace
+
+bool supports(const Tensor* n) {
+    if (is_view_op(n->op)) return true;
+    switch (n->op) {
+        case Op::CPY:
+        case Op::CONT: {
+            const Tensor* s = n->src[0];
+            const Tensor* d = n->op == Op::CPY ? n->src[1] : n;
+            if (plain(s->type) && plain(d->type)) {
+                return s->type == d->type || (s->type != Type::I32 && d->type != Type::I32);
+            }
+            if (d->type == Type::I32 || s->type == Type::I32) return false;
+            // Block formats: whole rows, stored into a format the kernels can quantize to.
+            return s->ne[0] % 32 == 0 &&
+                   (s->type == d->type || plain(d->type) || quant_store(d->type));
+        }
+        case Op::SET_ROWS: {
+            const Type t = n->src[0]->type;
+            return t == Type::F32 || t == Type::F16 || t == Type::BF16 ||
+                   (quant_store(t) && n->src[0]->ne[0] % 32 == 0);
+        }
+        case Op::FLASH_ATTN_EXT:
+            return std::max(n->src[0]->ne[0], n->src[2]->ne[0]) <= 256;
+        case Op::COUNT:
+            return false;
+        default:
+            return true;
+    }
+}
+
+}  // namespace ferry::cuda
+
+namespace ferry {
+std::unique_ptr<Registry> make_cuda_registry() {
+    return std::make_unique<cuda::CudaRegistry>();
+}
+}  // namespace ferry

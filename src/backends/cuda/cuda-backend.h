@@ -1,0 +1,59 @@
+// The CUDA backend: every visible NVIDIA GPU as a device CUDA0, CUDA1, ...
+//
+// Device buffers (cudaMalloc), a pinned host buffer type, one stream per Backend with
+// asynchronous set/get/copy, real events, kernels for every op of the llama graph (ops/), and
+// decode steps replayed as CUDA graphs. With no GPU (or no driver) the registry lists nothing.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/backend.h"
+
+namespace ferry {
+// The registry of CUDA devices (never fails; zero devices without a GPU or driver).
+std::unique_ptr<Registry> make_cuda_registry();
+}  // namespace ferry
+
+namespace ferry::cuda {
+
+// Test hook: ops the CUDA devices decline in supports_op (so the scheduler runs them on the
+// CPU), e.g. to show the fallback working. Empty by default.
+void set_declined_ops(const std::vector<Op>& ops);
+
+// Device address of a tensor's element 0 (the tensor must be in a CUDA buffer), else nullptr.
+char* device_ptr(const Tensor* t);
+
+// Errors kernels find in data (an out-of-range row index) are reported through this word in
+// host-mapped memory: the first error wins. Read after the stream's work finished.
+struct DeviceError {
+    int32_t code;   // 0: none; otherwise the Op that failed + 1
+    int32_t value;  // the offending value (e.g. the index)
+    int64_t limit;  // the valid range's end
+    int64_t where;  // the flat position of the offending index
+};
+
+// Scratch device memory a kernel may use for one node (reused by the next node: the stream
+// orders them). Sized before launching, never grown while a graph is captured.
+struct Scratch {
+    char* ptr = nullptr;
+    size_t size = 0;
+};
+
+struct OpContext {
+    cudaStream_t stream = nullptr;
+    int device = 0;
+    int n_sm = 1;
+    DeviceError* err = nullptr;  // device-visible address of the error word
+    Scratch scratch;
+    void* cublas = nullptr;  // cublasHandle_t, created on first use by a prefill product
+    // 65536 zeroed ints kernels may count in (each leaves them zero again): the flash-attention
+    // splits of a row count themselves there so the last one merges.
+    int32_t* counters = nullptr;
+};
+
+}  // namespace ferry::cuda

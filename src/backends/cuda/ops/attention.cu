@@ -1,0 +1,251 @@
+// FLASH_ATTN_EXT: out = softmax(q k^T * scale + mask) v, one pass over the keys with an online
+// softmax (running max and sum), never materialising the scores.
+//
+// One block (4 warps) per (query, head, batch) row and KV split; the warps take every 4th key
+// of the split, each lane holding ceil(D/32) elements of q and of the output. Keys whose mask
+// is -inf are skipped before their dot product (the causal half of a prefill costs nothing).
+// Grouped-query heads read kv head h / (n_head / n_head_kv). When there are too few rows to
+// fill the GPU (decode: one query), the KV length is split across blocks and a second kernel
+// merges the partial (max, sum, output) triples.
+#include "backends/cuda/ops/common.cuh"
+#include "backends/cuda/ops/ops.h"
+
+namespace ferry::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int64_t kMaxCounters = 1 << 16;  // rows a split launch may have (OpContext::counters)
+
+struct AttnArgs {
+    TV q, k, v, mask, out;
+    Type kt, vt;
+    bool has_mask, mask_f16;
+    float scale;
+    int64_t n_head, n_q, n_kv, D, Dv;
+    int64_t rh, r3;  // n_head / n_head_kv, q.ne3 / k.ne3
+    int n_split;
+    float* partial;     // [n_split][rows][Dv + 2] when n_split > 1
+    int32_t* counters;  // [rows], zero between launches: splits of a row done so far
+};
+
+__device__ __forceinline__ float kv_at(Type t, const char* row, int64_t i) {
+    if (t == Type::F16) return h2f(reinterpret_cast<const uint16_t*>(row)[i]);
+    if (t == Type::BF16) return bf2f(reinterpret_cast<const uint16_t*>(row)[i]);
+    return reinterpret_cast<const float*>(row)[i];
+}
+
+template <int DT>
+__global__ void __launch_bounds__(32 * kWarps) k_attn(AttnArgs g) {
+    __shared__ float s_m[kWarps], s_l[kWarps];
+    __shared__ float s_acc[kWarps][DT * 32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int64_t r = blockIdx.x;
+    const int64_t h = r % g.n_head, iq = (r / g.n_head) % g.n_q, i3 = r / (g.n_head * g.n_q);
+    const int64_t hk = h / g.rh, k3 = i3 / g.r3;
+    const int split = blockIdx.y;
+    const int64_t per = (g.n_kv + g.n_split - 1) / g.n_split;
+    const int64_t j0 = split * per, j1 = min(g.n_kv, j0 + per);
+
+    float qv[DT], acc[DT];
+    const float* qrow =
+        reinterpret_cast<const float*>(g.q.p + iq * g.q.nb[1] + h * g.q.nb[2] + i3 * g.q.nb[3]);
+#pragma unroll
+    for (int t = 0; t < DT; t++) {
+        const int64_t d = lane + 32 * t;
+        qv[t] = d < g.D ? qrow[d] : 0.0f;
+        acc[t] = 0.0f;
+    }
+    const char* mrow = nullptr;
+    if (g.has_mask) {
+        mrow = g.mask.p + iq * g.mask.nb[1] + (h % g.mask.ne[2]) * g.mask.nb[2] +
+               (i3 % g.mask.ne[3]) * g.mask.nb[3];
+    }
+    const char* kbase = g.k.p + hk * g.k.nb[2] + k3 * g.k.nb[3];
+    const char* vbase = g.v.p + hk * g.v.nb[2] + k3 * g.v.nb[3];
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t j = j0 + warp; j < j1; j += kWarps) {
+        float mk = 0.0f;
+        if (g.has_mask) {
+            mk = g.mask_f16 ? h2f(reinterpret_cast<const uint16_t*>(mrow)[j])
+                            : reinterpret_cast<const float*>(mrow)[j];
+            if (mk == -INFINITY) continue;
+        }
+        const char* krow = kbase + j * g.k.nb[1];
+        float s = 0.0f;
+#pragma unroll
+        for (int t = 0; t < DT; t++) {
+            const int64_t d = lane + 32 * t;
+            if (d < g.D) s = fmaf(qv[t], kv_at(g.kt, krow, d), s);
+        }
+        s = warp_sum(s) * g.scale + mk;
+        if (s == -INFINITY) continue;
+        const float m_new = fmaxf(m, s);
+        const float corr = expf(m - m_new);  // 0 when m was -inf
+        const float p = expf(s - m_new);
+        l = l * corr + p;
+        m = m_new;
+        const char* vrow = vbase + j * g.v.nb[1];
+#pragma unroll
+        for (int t = 0; t < DT; t++) {
+            const int64_t d = lane + 32 * t;
+            const float vv = d < g.Dv ? kv_at(g.vt, vrow, d) : 0.0f;
+            acc[t] = fmaf(p, vv, acc[t] * corr);
+        }
+    }
+    // Merge the warps.
+    if (lane == 0) {
+        s_m[warp] = m;
+        s_l[warp] = l;
+    }
+#pragma unroll
+    for (int t = 0; t < DT; t++) s_acc[warp][lane + 32 * t] = acc[t];
+    __syncthreads();
+    if (warp != 0) return;
+    float M = -INFINITY;
+    for (int w = 0; w < kWarps; w++) M = fmaxf(M, s_m[w]);
+    float L = 0.0f;
+    float o[DT];
+#pragma unroll
+    for (int t = 0; t < DT; t++) o[t] = 0.0f;
+    if (M != -INFINITY) {
+        for (int w = 0; w < kWarps; w++) {
+            const float f = s_m[w] == -INFINITY ? 0.0f : expf(s_m[w] - M);
+            L += s_l[w] * f;
+#pragma unroll
+            for (int t = 0; t < DT; t++) o[t] += s_acc[w][lane + 32 * t] * f;
+        }
+    }
+    const int64_t rows = gridDim.x;
+    if (g.n_split == 1) {
+        float* out = reinterpret_cast<float*>(g.out.p) + ((i3 * g.n_q + iq) * g.n_head + h) * g.Dv;
+        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+#pragma unroll
+        for (int t = 0; t < DT; t++) {
+            const int64_t d = lane + 32 * t;
+            if (d < g.Dv) out[d] = o[t] * inv;
+        }
+    } else {
+        float* p = g.partial + (static_cast<int64_t>(split) * rows + r) * (g.Dv + 2);
+        if (lane == 0) {
+            p[0] = M;
+            p[1] = L;
+        }
+#pragma unroll
+        for (int t = 0; t < DT; t++) {
+            const int64_t d = lane + 32 * t;
+            if (d < g.Dv) p[2 + d] = o[t];
+        }
+        // The last split of this row to finish merges all of them (no second launch).
+        __threadfence();
+        int done = 0;
+        if (lane == 0) done = atomicAdd(&g.counters[r], 1);
+        done = __shfl_sync(0xffffffffu, done, 0);
+        if (done != g.n_split - 1) return;
+        __threadfence();
+        float MM = -INFINITY;
+        for (int sp = 0; sp < g.n_split; sp++) {
+            MM = fmaxf(MM, __ldcg(g.partial + (static_cast<int64_t>(sp) * rows + r) * (g.Dv + 2)));
+        }
+        float LL = 0.0f;
+        float acc_o[DT];
+#pragma unroll
+        for (int t = 0; t < DT; t++) acc_o[t] = 0.0f;
+        if (MM != -INFINITY) {
+            for (int sp = 0; sp < g.n_split; sp++) {
+                const float* q = g.partial + (static_cast<int64_t>(sp) * rows + r) * (g.Dv + 2);
+                const float qm = __ldcg(q);
+                if (qm == -INFINITY) continue;
+                const float f = expf(qm - MM);
+                LL += __ldcg(q + 1) * f;
+#pragma unroll
+                for (int t = 0; t < DT; t++) {
+                    const int64_t d = lane + 32 * t;
+                    if (d < g.Dv) acc_o[t] += __ldcg(q + 2 + d) * f;
+                }
+            }
+        }
+        float* out = reinterpret_cast<float*>(g.out.p) + ((i3 * g.n_q + iq) * g.n_head + h) * g.Dv;
+        const float inv = LL > 0.0f ? 1.0f / LL : 0.0f;
+#pragma unroll
+        for (int t = 0; t < DT; t++) {
+            const int64_t d = lane + 32 * t;
+            if (d < g.Dv) out[d] = acc_o[t] * inv;
+        }
+        if (lane == 0) g.counters[r] = 0;  // ready for the next launch (and graph replay)
+    }
+}
+
+int choose_split(const Tensor* node, int n_sm) {
+    const Tensor* q = node->src[0];
+    const Tensor* k = node->src[1];
+    const int64_t rows = q->ne[1] * q->ne[2] * q->ne[3];
+    const int64_t n_kv = k->ne[1];
+    const int64_t want = 2 * static_cast<int64_t>(n_sm);
+    if (rows >= want || n_kv < 16) return 1;
+    int64_t s = (want + rows - 1) / rows;
+    // At least 8 keys per split: a split's 4 warps then walk 2+ keys each, and the serial
+    // chain of dependent loads per warp stays short (decode is latency-bound, not bandwidth).
+    s = std::min<int64_t>(s, n_kv / 8);
+    s = std::min<int64_t>(s, 32);
+    if (rows > kMaxCounters) return 1;
+    return static_cast<int>(std::max<int64_t>(s, 1));
+}
+
+}  // namespace
+
+size_t attn_scratch_size(const Tensor* node, int n_sm) {
+    const int s = choose_split(node, n_sm);
+    if (s <= 1) return 0;
+    const Tensor* q = node->src[0];
+    const int64_t rows = q->ne[1] * q->ne[2] * q->ne[3];
+    return static_cast<size_t>(s) * static_cast<size_t>(rows) *
+           static_cast<size_t>(node->src[2]->ne[0] + 2) * sizeof(float);
+}
+
+Status op_flash_attn_ext(OpContext& ctx, const Tensor* dst) {
+    const Tensor* q = dst->src[0];
+    const Tensor* k = dst->src[1];
+    const Tensor* v = dst->src[2];
+    const Tensor* mask = dst->src[3];
+    AttnArgs g;
+    g.q = tv(q);
+    g.k = tv(k);
+    g.v = tv(v);
+    g.out = tv(dst);
+    g.mask = mask ? tv(mask) : g.q;
+    g.kt = k->type;
+    g.vt = v->type;
+    g.has_mask = mask != nullptr;
+    g.mask_f16 = mask && mask->type == Type::F16;
+    g.scale = dst->param_f(0);
+    g.n_head = q->ne[2];
+    g.n_q = q->ne[1];
+    g.n_kv = k->ne[1];
+    g.D = q->ne[0];
+    g.Dv = v->ne[0];
+    g.rh = q->ne[2] / k->ne[2];
+    g.r3 = q->ne[3] / k->ne[3];
+    g.n_split = choose_split(dst, ctx.n_sm);
+    g.partial = reinterpret_cast<float*>(ctx.scratch.ptr);
+    g.counters = ctx.counters;
+    const int64_t rows = q->ne[1] * q->ne[2] * q->ne[3];
+    if (rows == 0) return Status::ok();
+    const dim3 grid(n_blocks(rows, 1), static_cast<unsigned>(g.n_split));
+    const int64_t dmax = std::max(g.D, g.Dv);
+    if (dmax <= 32) {
+        k_attn<1><<<grid, 32 * kWarps, 0, ctx.stream>>>(g);
+    } else if (dmax <= 64) {
+        k_attn<2><<<grid, 32 * kWarps, 0, ctx.stream>>>(g);
+    } else if (dmax <= 128) {
+        k_attn<4><<<grid, 32 * kWarps, 0, ctx.stream>>>(g);
+    } else if (dmax <= 256) {
+        k_attn<8><<<grid, 32 * kWarps, 0, ctx.stream>>>(g);
+    } else {
+        return Status::errorf("CUDA: FLASH_ATTN_EXT head size %lld over 256",
+                              static_cast<long long>(dmax));
+    }
+    return launch_status("FLASH_ATTN_EXT");
+}
+
+}  // namespace ferry::cuda

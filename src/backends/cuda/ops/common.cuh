@@ -1,0 +1,265 @@
+// Shared device helpers for the CUDA kernels: tensor views, element loads/stores, block-format
+// decoding, warp/block reductions and the error word.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backends/cuda/cuda-backend.h"
+#include "ferry/tensor.h"
+
+namespace ferry::cuda {
+
+// A tensor as a kernel sees it: device address of element 0, elements per dim, byte strides.
+struct TV {
+    char* p;
+    int64_t ne[4];
+    int64_t nb[4];
+};
+
+inline TV tv(const Tensor* t) {
+    TV v;
+    v.p = device_ptr(t);
+    for (int d = 0; d < 4; d++) {
+        v.ne[d] = t->ne[d];
+        v.nb[d] = static_cast<int64_t>(t->nb[d]);
+    }
+    return v;
+}
+
+// Host: checks the launch that was just queued.
+inline Status launch_status(const char* what) {
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) {
+        return Status::errorf("CUDA: %s: kernel launch failed: %s", what, cudaGetErrorString(e));
+    }
+    return Status::ok();
+}
+
+inline unsigned n_blocks(int64_t n, int threads) {
+    const int64_t b = (n + threads - 1) / threads;
+    return static_cast<unsigned>(b < 1 ? 1 : (b > 0x7fffffff ? 0x7fffffff : b));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device side
+
+__device__ __forceinline__ float h2f(uint16_t h) {
+    return __half2float(__ushort_as_half(h));
+}
+__device__ __forceinline__ float bf2f(uint16_t h) {
+    return __uint_as_float(static_cast<uint32_t>(h) << 16);
+}
+__device__ __forceinline__ uint16_t f2h(float f) {
+    return __half_as_ushort(__float2half_rn(f));
+}
+__device__ __forceinline__ uint16_t f2bf(float f) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+__device__ __forceinline__ uint16_t ld16(const char* p) {
+    return *reinterpret_cast<const uint16_t*>(p);
+}
+// Four bytes at a 2-byte aligned address (block formats keep only fp16 alignment).
+__device__ __forceinline__ uint32_t ld32_a2(const char* p) {
+    const uint16_t* q = reinterpret_cast<const uint16_t*>(p);
+    return static_cast<uint32_t>(q[0]) | (static_cast<uint32_t>(q[1]) << 16);
+}
+
+// Records the first data error (op + 1, offending value, range end, position) and lets the
+// kernel skip the write.
+__device__ __forceinline__ void report_error(DeviceError* err, Op op, int64_t value, int64_t limit,
+                                             int64_t where) {
+    if (atomicCAS(&err->code, 0, static_cast<int32_t>(op) + 1) == 0) {
+        err->value = static_cast<int32_t>(value);
+        err->limit = limit;
+        err->where = where;
+        __threadfence_system();
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread gets it.
+__device__ __forceinline__ float block_sum(float v, float* sh /* >= 32 floats */) {
+    v = warp_sum(v);
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    __syncthreads();
+    if (l == 0) sh[w] = v;
+    __syncthreads();
+    const int nw = blockDim.x / 32;
+    v = l < nw ? sh[l] : 0.0f;
+    return warp_sum(v);
+}
+__device__ __forceinline__ float block_max(float v, float* sh) {
+    v = warp_max(v);
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    __syncthreads();
+    if (l == 0) sh[w] = v;
+    __syncthreads();
+    const int nw = blockDim.x / 32;
+    v = l < nw ? sh[l] : -INFINITY;
+    return warp_max(v);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Element i of a row of any storage type (block formats decoded with the GGUF formulas, the
+// same float operations as the reference dequantizers).
+
+__device__ __forceinline__ void k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+__device__ __forceinline__ float load_elem(Type t, const char* row, int64_t i) {
+    switch (t) {
+        case Type::F32:
+            return reinterpret_cast<const float*>(row)[i];
+        case Type::F16:
+            return h2f(reinterpret_cast<const uint16_t*>(row)[i]);
+        case Type::BF16:
+            return bf2f(reinterpret_cast<const uint16_t*>(row)[i]);
+        case Type::I32:
+            return static_cast<float>(reinterpret_cast<const int32_t*>(row)[i]);
+        case Type::Q4_0: {
+            const char* b = row + (i / 32) * 18;
+            const int j = i % 32;
+            const uint8_t q = static_cast<uint8_t>(b[2 + (j % 16)]);
+            const int v = j < 16 ? (q & 0x0f) : (q >> 4);
+            return static_cast<float>(v - 8) * h2f(ld16(b));
+        }
+        case Type::Q4_1: {
+            const char* b = row + (i / 32) * 20;
+            const int j = i % 32;
+            const uint8_t q = static_cast<uint8_t>(b[4 + (j % 16)]);
+            const int v = j < 16 ? (q & 0x0f) : (q >> 4);
+            return static_cast<float>(v) * h2f(ld16(b)) + h2f(ld16(b + 2));
+        }
+        case Type::Q8_0: {
+            const char* b = row + (i / 32) * 34;
+            return static_cast<float>(static_cast<int8_t>(b[2 + i % 32])) * h2f(ld16(b));
+        }
+        case Type::Q4_K:
+        case Type::Q5_K: {
+            const bool q5 = t == Type::Q5_K;
+            const char* b = row + (i / 256) * (q5 ? 176 : 144);
+            const int e = static_cast<int>(i % 256);
+            const int j = e / 32, l = e % 32, c = j / 2;
+            int sc, mn;
+            k_scale_min(reinterpret_cast<const uint8_t*>(b + 4), j, &sc, &mn);
+            const uint8_t* qs = reinterpret_cast<const uint8_t*>(b + (q5 ? 48 : 16));
+            const uint8_t byte = qs[32 * c + l];
+            int q = (j % 2 == 0) ? (byte & 0x0f) : (byte >> 4);
+            if (q5) {
+                const uint8_t hi = static_cast<uint8_t>(b[16 + l]);
+                q |= ((hi >> j) & 1) << 4;
+            }
+            const float ds = h2f(ld16(b)) * static_cast<float>(sc);
+            const float dm = h2f(ld16(b + 2)) * static_cast<float>(mn);
+            return ds * static_cast<float>(q) - dm;
+        }
+        case Type::Q6_K: {
+            const uint8_t* b = reinterpret_cast<const uint8_t*>(row + (i / 256) * 210);
+            const int e = static_cast<int>(i % 256);
+            const int h = e / 128, r = e % 128, part = r / 32, l = r % 32;
+            const uint8_t qlb = b[64 * h + l + ((part & 1) ? 32 : 0)];
+            const int lo = (part >= 2) ? (qlb >> 4) : (qlb & 0x0f);
+            const int hi = (b[128 + 32 * h + l] >> (2 * part)) & 3;
+            const int q = (lo | (hi << 4)) - 32;
+            const int8_t sc = static_cast<int8_t>(b[192 + e / 16]);
+            const float d = h2f(static_cast<uint16_t>(b[208] | (b[209] << 8)));
+            return d * static_cast<float>(sc) * static_cast<float>(q);
+        }
+        default:
+            return 0.0f;
+    }
+}
+
+__device__ __forceinline__ void store_plain(Type t, char* row, int64_t i, float v) {
+    switch (t) {
+        case Type::F32:
+            reinterpret_cast<float*>(row)[i] = v;
+            break;
+        case Type::F16:
+            reinterpret_cast<uint16_t*>(row)[i] = f2h(v);
+            break;
+        case Type::BF16:
+            reinterpret_cast<uint16_t*>(row)[i] = f2bf(v);
+            break;
+        case Type::I32:
+            reinterpret_cast<int32_t*>(row)[i] = static_cast<int32_t>(v);
+            break;
+        default:
+            break;
+    }
+}
+
+// Round to nearest even and clamp, as the reference quantizers do (NaN lands on lo).
+__device__ __forceinline__ int round_clamp(float v, int lo, int hi) {
+    if (!(v >= static_cast<float>(lo))) return lo;
+    if (v >= static_cast<float>(hi)) return hi;
+    return __float2int_rn(v);
+}
+
+// Quantizes one block of 32 floats into Q4_0 / Q4_1 / Q8_0 (the reference algorithms).
+__device__ inline void quantize_block(Type t, const float* x, char* dst) {
+    if (t == Type::Q8_0) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const uint16_t dh = f2h(amax / 127.0f);
+        const float d = h2f(dh);
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        *reinterpret_cast<uint16_t*>(dst) = dh;
+        for (int j = 0; j < 32; j++)
+            dst[2 + j] = static_cast<char>(round_clamp(x[j] * id, -127, 127));
+    } else if (t == Type::Q4_0) {
+        float best = 0.0f;
+        for (int j = 0; j < 32; j++) {
+            if (fabsf(x[j]) > fabsf(best)) best = x[j];
+        }
+        const uint16_t dh = f2h(best / -8.0f);
+        const float d = h2f(dh);
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        *reinterpret_cast<uint16_t*>(dst) = dh;
+        for (int j = 0; j < 16; j++) {
+            const int lo = round_clamp(x[j] * id, -8, 7) + 8;
+            const int hi = round_clamp(x[j + 16] * id, -8, 7) + 8;
+            dst[2 + j] = static_cast<char>(lo | (hi << 4));
+        }
+    } else if (t == Type::Q4_1) {
+        float lo = x[0], hi = x[0];
+        for (int j = 1; j < 32; j++) {
+            lo = fminf(lo, x[j]);
+            hi = fmaxf(hi, x[j]);
+        }
+        const uint16_t dh = f2h((hi - lo) / 15.0f);
+        const uint16_t mh = f2h(lo);
+        const float d = h2f(dh), m = h2f(mh);
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        reinterpret_cast<uint16_t*>(dst)[0] = dh;
+        reinterpret_cast<uint16_t*>(dst)[1] = mh;
+        for (int j = 0; j < 16; j++) {
+            const int q0 = round_clamp((x[j] - m) * id, 0, 15);
+            const int q1 = round_clamp((x[j + 16] - m) * id, 0, 15);
+            dst[4 + j] = static_cast<char>(q0 | (q1 << 4));
+        }
+    }
+}
+
+}  // namespace ferry::cuda

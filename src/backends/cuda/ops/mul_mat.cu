@@ -1,0 +1,810 @@
+// MUL_MAT: out[m, n] = sum_k a[k, m] * b[k, n] per matrix, a broadcast over dims 2-3.
+//
+// Decode (b has at most kMaxCols columns): a matrix-vector kernel built for memory bandwidth.
+// One warp per weight row; the warp walks the row in chunks of 256 elements, each lane taking
+// 8 of them, so that its 32 lanes read the chunk's weights (and the matching 1 KiB of b) as
+// contiguous, coalesced bytes. Block formats are decoded in registers: each lane's 8 weights
+// share one scale (and min), so the lane forms sum(q * x) and applies d (and m * sum(x)) once.
+// Small integers become floats through the exponent trick (0x4B000000 | q is 2^23 + q), which
+// costs one integer and one float add instead of a slow int-to-float conversion.
+//
+// Prefill: cuBLAS on tensor cores. F32 weights use SGEMM in pedantic (true fp32) mode; F16/BF16
+// weights multiply b rounded to the same type; block formats are first dequantized to F16
+// (scratch) — a measured first path, not the final one.
+//
+// Any layout the fast paths do not take (odd K, unaligned rows) goes through a generic warp-per-
+// row kernel that reads elements one by one.
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "backends/cuda/ops/common.cuh"
+#include "backends/cuda/ops/ops.h"
+
+namespace ferry::cuda {
+
+namespace {
+
+constexpr int kMaxCols = 8;  // b columns one matrix-vector launch handles per column group
+// Up to this many b columns run through the matrix-vector kernel (in groups of kMaxCols, the
+// weights read once per group) instead of cuBLAS: activations stay in fp32, and small batches
+// are bandwidth-bound anyway.
+constexpr int64_t kMaxVecCols = 64;
+constexpr int kRowsPerBlock = 4;
+
+__device__ __forceinline__ float small_u2f(uint32_t v) {  // exact for v < 2^23
+    return __uint_as_float(0x4B000000u | v) - 8388608.0f;
+}
+
+// The 8 weights a lane owns in 256-element chunk c of a row: q[0..3] at elements o0..o0+3 and
+// q[4..7] at o1..o1+3; weight = d * q + m. Returns false when the chunk ends before them.
+struct Lane8 {
+    float q[8];
+    float d, m;
+    int32_t o0, o1;  // element offsets in the row (rows are < 2^31 elements)
+};
+
+template <Type T>
+struct Dec;
+
+template <>
+struct Dec<Type::Q4_0> {
+    static constexpr bool kMin = false;
+    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+        const int64_t blk = c * 8 + lane / 4;
+        if (blk * 32 >= K) return false;
+        const char* bp = row + blk * 18;
+        const int p = lane % 4;
+        const uint32_t v = ld32_a2(bp + 2 + 4 * p);
+        w.d = h2f(ld16(bp));
+        w.m = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            w.q[k] = small_u2f((v >> (8 * k)) & 0x0f) - 8.0f;
+            w.q[4 + k] = small_u2f((v >> (8 * k + 4)) & 0x0f) - 8.0f;
+        }
+        w.o0 = blk * 32 + 4 * p;
+        w.o1 = w.o0 + 16;
+        return true;
+    }
+};
+
+template <>
+struct Dec<Type::Q4_1> {
+    static constexpr bool kMin = true;
+    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+        const int64_t blk = c * 8 + lane / 4;
+        if (blk * 32 >= K) return false;
+        const char* bp = row + blk * 20;
+        const int p = lane % 4;
+        const uint32_t v = ld32_a2(bp + 4 + 4 * p);
+        w.d = h2f(ld16(bp));
+        w.m = h2f(ld16(bp + 2));
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            w.q[k] = small_u2f((v >> (8 * k)) & 0x0f);
+            w.q[4 + k] = small_u2f((v >> (8 * k + 4)) & 0x0f);
+        }
+        w.o0 = blk * 32 + 4 * p;
+        w.o1 = w.o0 + 16;
+        return true;
+    }
+};
+
+template <>
+struct Dec<Type::Q8_0> {
+    static constexpr bool kMin = false;
+    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+        const int64_t blk = c * 8 + lane / 4;
+        if (blk * 32 >= K) return false;
+        const char* bp = row + blk * 34;
+        const int p = lane % 4;
+        const uint32_t v0 = ld32_a2(bp + 2 + 8 * p), v1 = ld32_a2(bp + 6 + 8 * p);
+        w.d = h2f(ld16(bp));
+        w.m = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            // (q ^ 0x80) is q + 128 as an unsigned byte.
+            w.q[k] = small_u2f(((v0 >> (8 * k)) & 0xff) ^ 0x80) - 128.0f;
+            w.q[4 + k] = small_u2f(((v1 >> (8 * k)) & 0xff) ^ 0x80) - 128.0f;
+        }
+        w.o0 = blk * 32 + 8 * p;
+        w.o1 = w.o0 + 4;
+        return true;
+    }
+};
+
+// K formats: chunk c is super-block c; lane -> sub-block j = lane / 4 (32 elements), part p.
+template <>
+struct Dec<Type::Q4_K> {
+    static constexpr bool kMin = true;
+    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+        if (c * 256 >= K) return false;
+        const char* bp = row + c * 144;
+        const int j = lane / 4, p = lane % 4;
+        int sc, mn;
+        k_scale_min(reinterpret_cast<const uint8_t*>(bp + 4), j, &sc, &mn);
+        w.d = h2f(ld16(bp)) * static_cast<float>(sc);
+        w.m = -h2f(ld16(bp + 2)) * static_cast<float>(mn);
+        const char* qs = bp + 16 + 32 * (j / 2) + 8 * p;
+        const uint32_t v0 = ld32_a2(qs), v1 = ld32_a2(qs + 4);
+        const int sh = (j % 2) * 4;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            w.q[k] = small_u2f((v0 >> (8 * k + sh)) & 0x0f);
+            w.q[4 + k] = small_u2f((v1 >> (8 * k + sh)) & 0x0f);
+        }
+        w.o0 = c * 256 + 32 * j + 8 * p;
+        w.o1 = w.o0 + 4;
+        return true;
+    }
+};
+
+template <>
+struct Dec<Type::Q5_K> {
+    static constexpr bool kMin = true;
+    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+        if (c * 256 >= K) return false;
+        const char* bp = row + c * 176;
+        const int j = lane / 4, p = lane % 4;
+        int sc, mn;
+        k_scale_min(reinterpret_cast<const uint8_t*>(bp + 4), j, &sc, &mn);
+        w.d = h2f(ld16(bp)) * static_cast<float>(sc);
+        w.m = -h2f(ld16(bp + 2)) * static_cast<float>(mn);
+        const char* qs = bp + 48 + 32 * (j / 2) + 8 * p;
+        const uint32_t v0 = ld32_a2(qs), v1 = ld32_a2(qs + 4);
+        const uint32_t h0 = ld32_a2(bp + 16 + 8 * p), h1 = ld32_a2(bp + 20 + 8 * p);
+        const int sh = (j % 2) * 4;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t hb0 = ((h0 >> (8 * k + j)) & 1) << 4;
+            const uint32_t hb1 = ((h1 >> (8 * k + j)) & 1) << 4;
+            w.q[k] = small_u2f(((v0 >> (8 * k + sh)) & 0x0f) | hb0);
+            w.q[4 + k] = small_u2f(((v1 >> (8 * k + sh)) & 0x0f) | hb1);
+        }
+        w.o0 = c * 256 + 32 * j + 8 * p;
+        w.o1 = w.o0 + 4;
+        return true;
+    }
+};
+
+template <>
+struct Dec<Type::Q6_K> {
+    static constexpr bool kMin = false;
+    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+        if (c * 256 >= K) return false;
+        const char* bp = row + c * 210;
+        const int j = lane / 4, p = lane % 4;
+        const int h = j / 4, part = j % 4;
+        const int l0 = 8 * p;  // first l of this lane (l < 32)
+        const char* ql = bp + 64 * h + l0 + ((part & 1) ? 32 : 0);
+        const char* qh = bp + 128 + 32 * h + l0;
+        const uint32_t a0 = ld32_a2(ql), a1 = ld32_a2(ql + 4);
+        const uint32_t b0 = ld32_a2(qh), b1 = ld32_a2(qh + 4);
+        const int lsh = part >= 2 ? 4 : 0;
+        const int hsh = 2 * part;
+        const int g = 8 * h + 2 * part + l0 / 16;
+        w.d = h2f(ld16(bp + 208)) * static_cast<float>(static_cast<int8_t>(bp[192 + g]));
+        w.m = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t q0 = ((a0 >> (8 * k + lsh)) & 0x0f) | (((b0 >> (8 * k + hsh)) & 3) << 4);
+            const uint32_t q1 = ((a1 >> (8 * k + lsh)) & 0x0f) | (((b1 >> (8 * k + hsh)) & 3) << 4);
+            w.q[k] = small_u2f(q0) - 32.0f;
+            w.q[4 + k] = small_u2f(q1) - 32.0f;
+        }
+        w.o0 = c * 256 + 32 * j + l0;
+        w.o1 = w.o0 + 4;
+        return true;
+    }
+};
+
+// Plain types: lane takes 8 consecutive elements (one 16-byte load for F16/BF16, two for F32);
+// the row must be 16-byte aligned and K a multiple of 8 (checked by the launcher).
+template <>
+struct Dec<Type::F16> {
+    static constexpr bool kMin = false;
+    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+        const int64_t e = c * 256 + 8 * lane;
+        if (e >= K) return false;
+        const uint4 v = *reinterpret_cast<const uint4*>(row + e * 2);
+        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u[k]));
+            w.q[2 * k] = f.x;
+            w.q[2 * k + 1] = f.y;
+        }
+        w.d = 1.0f;
+        w.m = 0.0f;
+        w.o0 = e;
+        w.o1 = e + 4;
+        return true;
+    }
+};
+
+template <>
+struct Dec<Type::BF16> {
+    static constexpr bool kMin = false;
+    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+        const int64_t e = c * 256 + 8 * lane;
+        if (e >= K) return false;
+        const uint4 v = *reinterpret_cast<const uint4*>(row + e * 2);
+        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            w.q[2 * k] = __uint_as_float(u[k] << 16);
+            w.q[2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
+        }
+        w.d = 1.0f;
+        w.m = 0.0f;
+        w.o0 = e;
+        w.o1 = e + 4;
+        return true;
+    }
+};
+
+template <>
+struct Dec<Type::F32> {
+    static constexpr bool kMin = false;
+    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+        const int64_t e = c * 256 + 8 * lane;
+        if (e >= K) return false;
+        const float4 a = *reinterpret_cast<const float4*>(row + e * 4);
+        const float4 b = *reinterpret_cast<const float4*>(row + e * 4 + 16);
+        w.q[0] = a.x;
+        w.q[1] = a.y;
+        w.q[2] = a.z;
+        w.q[3] = a.w;
+        w.q[4] = b.x;
+        w.q[5] = b.y;
+        w.q[6] = b.z;
+        w.q[7] = b.w;
+        w.d = 1.0f;
+        w.m = 0.0f;
+        w.o0 = e;
+        w.o1 = e + 4;
+        return true;
+    }
+};
+
+struct MvArgs {
+    const char* a;
+    const char* a2;  // GLU: the second ("up") matrix, same type and strides as a
+    int64_t a_nb1, a_nb2, a_nb3;
+    int64_t K, M;
+    const char* b;
+    int64_t b_nb1, b_nb2, b_nb3;
+    int64_t N;
+    int64_t ne2, ne3;  // result matrices (b's dims 2-3)
+    int64_t r2, r3;    // broadcast ratios b.ne / a.ne
+    float* out;        // contiguous [M, N, ne2, ne3]
+    const char* res;   // optional residual added to out (ADD fusion), rows like out
+    int64_t res_nb1, res_nb2, res_nb3;
+};
+
+template <bool aligned>
+__device__ __forceinline__ float4 ld_x4(const float* x) {
+    if constexpr (aligned) {
+        return *reinterpret_cast<const float4*>(x);
+    } else {
+        return make_float4(x[0], x[1], x[2], x[3]);
+    }
+}
+
+// Adds one chunk's contribution (8 weights of each of NC columns) to acc.
+template <Type T, int NC, bool x_aligned>
+__device__ __forceinline__ void mv_chunk(const Lane8& w, const char* bm, int64_t b_nb1, int n_cols,
+                                         float* acc) {
+#pragma unroll
+    for (int n = 0; n < NC; n++) {
+        if (NC > 1 && n >= n_cols) continue;  // a kernel for NC columns serves fewer too
+        const float* x = reinterpret_cast<const float*>(bm + n * b_nb1);
+        const float4 x0 = ld_x4<x_aligned>(x + w.o0);
+        const float4 x1 = ld_x4<x_aligned>(x + w.o1);
+        float s = w.q[0] * x0.x;
+        s = fmaf(w.q[1], x0.y, s);
+        s = fmaf(w.q[2], x0.z, s);
+        s = fmaf(w.q[3], x0.w, s);
+        s = fmaf(w.q[4], x1.x, s);
+        s = fmaf(w.q[5], x1.y, s);
+        s = fmaf(w.q[6], x1.z, s);
+        s = fmaf(w.q[7], x1.w, s);
+        if constexpr (Dec<T>::kMin) {
+            const float sx = (x0.x + x0.y) + (x0.z + x0.w) + (x1.x + x1.y) + (x1.z + x1.w);
+            acc[n] = fmaf(w.m, sx, fmaf(w.d, s, acc[n]));
+        } else {
+            acc[n] = fmaf(w.d, s, acc[n]);
+        }
+    }
+}
+
+constexpr int kMvWarps = 8;  // warps per block of the vector kernel
+
+// Matrix-vector product: S warps share a row (each takes every S-th 256-element chunk, so a
+// short matrix still puts enough loads in flight), kMvWarps / S rows per block. Chunks are
+// processed U at a time with every load issued before the first use. GLU: the row of a second
+// matrix (g.a2, the "up" weights) is multiplied too and the result is silu(a x) * (a2 x).
+// MINB > 1: the register cap that lets MINB blocks share an SM (more warps in flight, fewer
+// chunks in flight per warp); FERRY_CUDA_MV_OCC=0 picks MINB = 1 for decode, to compare.
+template <Type T, int NC, bool x_aligned, int S, bool glu, int MINB>
+__global__ void __launch_bounds__(32 * kMvWarps, MINB) k_mul_mat_vec(MvArgs g) {
+    constexpr int U = MINB > 1 ? (glu ? 1 : 2) : (glu ? 2 : 4);
+    __shared__ float sh[kMvWarps][glu ? 2 * NC : NC];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int part = warp % S;
+    const int64_t m = static_cast<int64_t>(blockIdx.x) * (kMvWarps / S) + warp / S;
+    const int64_t mat = blockIdx.y;
+    const int64_t i2 = mat % g.ne2, i3 = mat / g.ne2;
+    const bool valid = m < g.M;
+    const int64_t mm = valid ? m : 0;
+    const int64_t aoff = mm * g.a_nb1 + (i2 / g.r2) * g.a_nb2 + (i3 / g.r3) * g.a_nb3;
+    const char* row = g.a + aoff;
+    const char* row2 = glu ? g.a2 + aoff : nullptr;
+    const int64_t col0 = static_cast<int64_t>(blockIdx.z) * kMaxCols;
+    const int n_cols = static_cast<int>(min(static_cast<int64_t>(NC), g.N - col0));
+    const char* bm = g.b + i2 * g.b_nb2 + i3 * g.b_nb3 + col0 * g.b_nb1;
+    float acc[NC], acc2[glu ? NC : 1];
+#pragma unroll
+    for (int n = 0; n < NC; n++) acc[n] = 0.0f;
+#pragma unroll
+    for (int n = 0; n < (glu ? NC : 1); n++) acc2[n] = 0.0f;
+    const int64_t n_chunks = (g.K + 255) / 256;
+    const int64_t n_full = g.K / 256;
+    int64_t c = part;
+    if (valid) {
+        for (; c + (U - 1) * S < n_full; c += U * S) {
+            Lane8 w[U], w2[glu ? U : 1];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                Dec<T>::get(row, g.K, c + u * S, lane, w[u]);
+                if constexpr (glu) Dec<T>::get(row2, g.K, c + u * S, lane, w2[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                mv_chunk<T, NC, x_aligned>(w[u], bm, g.b_nb1, n_cols, acc);
+                if constexpr (glu) mv_chunk<T, NC, x_aligned>(w2[u], bm, g.b_nb1, n_cols, acc2);
+            }
+        }
+        for (; c < n_chunks; c += S) {
+            Lane8 w;
+            if (Dec<T>::get(row, g.K, c, lane, w)) {
+                mv_chunk<T, NC, x_aligned>(w, bm, g.b_nb1, n_cols, acc);
+                if constexpr (glu) {
+                    Dec<T>::get(row2, g.K, c, lane, w);
+                    mv_chunk<T, NC, x_aligned>(w, bm, g.b_nb1, n_cols, acc2);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < NC; n++) acc[n] = warp_sum(acc[n]);
+    if constexpr (glu) {
+#pragma unroll
+        for (int n = 0; n < NC; n++) acc2[n] = warp_sum(acc2[n]);
+    }
+    if constexpr (S > 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int n = 0; n < NC; n++) {
+                sh[warp][n] = acc[n];
+                if constexpr (glu) sh[warp][NC + n] = acc2[n];
+            }
+        }
+        __syncthreads();
+        if (part != 0) return;
+#pragma unroll
+        for (int n = 0; n < NC; n++) {
+            float t = 0.0f, t2 = 0.0f;
+#pragma unroll
+            for (int p = 0; p < S; p++) {
+                t += sh[warp + p][n];
+                if constexpr (glu) t2 += sh[warp + p][NC + n];
+            }
+            acc[n] = t;
+            if constexpr (glu) acc2[n] = t2;
+        }
+    }
+    if (!valid || lane >= n_cols) return;
+    float v = 0.0f, v2 = 0.0f;
+#pragma unroll
+    for (int n = 0; n < NC; n++) {
+        if (n == lane) {
+            v = acc[n];
+            if constexpr (glu) v2 = acc2[n];
+        }
+    }
+    const int64_t col = col0 + lane;
+    if constexpr (glu) v = v / (1.0f + expf(-v)) * v2;
+    if (g.res) {
+        v += reinterpret_cast<const float*>(g.res + col * g.res_nb1 + i2 * g.res_nb2 +
+                                            i3 * g.res_nb3)[m];
+    }
+    g.out[((i3 * g.ne2 + i2) * g.N + col) * g.M + m] = v;
+}
+
+// Any layout: warp per (row, matrix), lanes over elements, columns one after another.
+__global__ void k_mul_mat_generic(MvArgs g, Type t) {
+    const int lane = threadIdx.x % 32;
+    const int64_t m = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+    const int64_t mat = blockIdx.y;
+    const int64_t i2 = mat % g.ne2, i3 = mat / g.ne2;
+    if (m >= g.M) return;
+    const char* row = g.a + m * g.a_nb1 + (i2 / g.r2) * g.a_nb2 + (i3 / g.r3) * g.a_nb3;
+    for (int64_t n = blockIdx.z; n < g.N; n += gridDim.z) {
+        const float* x =
+            reinterpret_cast<const float*>(g.b + n * g.b_nb1 + i2 * g.b_nb2 + i3 * g.b_nb3);
+        float s = 0.0f;
+        for (int64_t k = lane; k < g.K; k += 32) s = fmaf(load_elem(t, row, k), x[k], s);
+        s = warp_sum(s);
+        if (lane == 0) {
+            if (g.res) {
+                s += reinterpret_cast<const float*>(g.res + n * g.res_nb1 + i2 * g.res_nb2 +
+                                                    i3 * g.res_nb3)[m];
+            }
+            g.out[((i3 * g.ne2 + i2) * g.N + n) * g.M + m] = s;
+        }
+    }
+}
+
+// Instantiated variants (compile time matters: CI builds every one): split-K (S > 1) and the
+// GLU pair for single-column products (decode), S = 1 for 2..8 columns; x rows 16-byte
+// aligned (the launcher sends other layouts to the generic kernel).
+bool occupancy_mode() {
+    static const bool on = [] {
+        const char* v = std::getenv("FERRY_CUDA_MV_OCC");
+        return !(v && v[0] == '0');
+    }();
+    return on;
+}
+
+template <Type T, int NC, int S, bool glu>
+void launch_vec_s(const MvArgs& g, dim3 grid, cudaStream_t st) {
+    grid.x = n_blocks(g.M, kMvWarps / S);
+    // Measured on the H200 (bench/results/cuda.md, 1B Q4_0 tg128, same machine): the cap for
+    // every split gave 504 t/s, for splits <= 2 only 473, none 428.
+    if (NC == 1 && occupancy_mode()) {
+        k_mul_mat_vec<T, NC, true, S, glu, 3><<<grid, 32 * kMvWarps, 0, st>>>(g);
+    } else {
+        k_mul_mat_vec<T, NC, true, S, glu, 1><<<grid, 32 * kMvWarps, 0, st>>>(g);
+    }
+}
+
+template <Type T, bool glu>
+void launch_vec(const MvArgs& g, dim3 grid, int split, cudaStream_t st) {
+    grid.z = static_cast<unsigned>((g.N + kMaxCols - 1) / kMaxCols);
+    if (g.N == 1) {
+        switch (split) {
+            case 1:
+                return launch_vec_s<T, 1, 1, glu>(g, grid, st);
+            case 2:
+                return launch_vec_s<T, 1, 2, glu>(g, grid, st);
+            case 4:
+                return launch_vec_s<T, 1, 4, glu>(g, grid, st);
+            default:
+                return launch_vec_s<T, 1, 8, glu>(g, grid, st);
+        }
+    }
+    if constexpr (!glu) {
+        switch (g.N) {
+            case 2:
+                return launch_vec_s<T, 2, 1, false>(g, grid, st);
+            case 3:
+            case 4:
+                return launch_vec_s<T, 4, 1, false>(g, grid, st);
+            default:
+                return launch_vec_s<T, 8, 1, false>(g, grid, st);
+        }
+    }
+}
+
+bool aligned16(const void* p, std::initializer_list<int64_t> strides) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+    for (int64_t s : strides) {
+        if (s % 16 != 0) return false;
+    }
+    return true;
+}
+
+MvArgs make_args(const Tensor* dst, const Tensor* res) {
+    const Tensor* a = dst->src[0];
+    const Tensor* b = dst->src[1];
+    MvArgs g;
+    g.a = device_ptr(a);
+    g.a2 = nullptr;
+    g.a_nb1 = static_cast<int64_t>(a->nb[1]);
+    g.a_nb2 = static_cast<int64_t>(a->nb[2]);
+    g.a_nb3 = static_cast<int64_t>(a->nb[3]);
+    g.K = a->ne[0];
+    g.M = a->ne[1];
+    g.b = device_ptr(b);
+    g.b_nb1 = static_cast<int64_t>(b->nb[1]);
+    g.b_nb2 = static_cast<int64_t>(b->nb[2]);
+    g.b_nb3 = static_cast<int64_t>(b->nb[3]);
+    g.N = b->ne[1];
+    g.ne2 = b->ne[2];
+    g.ne3 = b->ne[3];
+    g.r2 = b->ne[2] / a->ne[2];
+    g.r3 = b->ne[3] / a->ne[3];
+    g.out = reinterpret_cast<float*>(device_ptr(res ? res : dst));
+    g.res = nullptr;
+    g.res_nb1 = g.res_nb2 = g.res_nb3 = 0;
+    return g;
+}
+
+bool is_block_type(Type t) {
+    return t == Type::Q4_0 || t == Type::Q4_1 || t == Type::Q8_0 || t == Type::Q4_K ||
+           t == Type::Q5_K || t == Type::Q6_K;
+}
+
+// The fast matrix-vector kernel applies: plain weights need 16-byte rows and K % 8 == 0.
+bool fast_vec_ok(const MvArgs& g, Type t) {
+    if (is_block_type(t)) return true;
+    return g.K % 8 == 0 && aligned16(g.a, {g.a_nb1, g.a_nb2, g.a_nb3});
+}
+
+// Warps per row: enough rows x warps to give every SM ~32 warps, at most one per chunk.
+int choose_split(int64_t M, int64_t K, int n_sm) {
+    const int64_t target = 32 * static_cast<int64_t>(n_sm);
+    const int64_t chunks = (K + 255) / 256;
+    int s = 1;
+    while (s < kMvWarps && M * s < target && 2 * s <= chunks) s *= 2;
+    return s;
+}
+
+template <bool glu>
+Status dispatch_vec(OpContext& ctx, const MvArgs& g, Type t, dim3 grid, int split) {
+    switch (t) {
+        case Type::F32:
+            launch_vec<Type::F32, glu>(g, grid, split, ctx.stream);
+            break;
+        case Type::F16:
+            launch_vec<Type::F16, glu>(g, grid, split, ctx.stream);
+            break;
+        case Type::BF16:
+            launch_vec<Type::BF16, glu>(g, grid, split, ctx.stream);
+            break;
+        case Type::Q4_0:
+            launch_vec<Type::Q4_0, glu>(g, grid, split, ctx.stream);
+            break;
+        case Type::Q4_1:
+            launch_vec<Type::Q4_1, glu>(g, grid, split, ctx.stream);
+            break;
+        case Type::Q8_0:
+            launch_vec<Type::Q8_0, glu>(g, grid, split, ctx.stream);
+            break;
+        case Type::Q4_K:
+            launch_vec<Type::Q4_K, glu>(g, grid, split, ctx.stream);
+            break;
+        case Type::Q5_K:
+            launch_vec<Type::Q5_K, glu>(g, grid, split, ctx.stream);
+            break;
+        case Type::Q6_K:
+            launch_vec<Type::Q6_K, glu>(g, grid, split, ctx.stream);
+            break;
+        default:
+            return Status::errorf("CUDA: MUL_MAT weight type %s", type_name(t));
+    }
+    return launch_status(glu ? "MUL_MAT+MUL_MAT+SWIGLU" : "MUL_MAT (vec)");
+}
+
+Status launch_mat_vec(OpContext& ctx, const Tensor* dst, MvArgs g) {
+    const Type t = dst->src[0]->type;
+    const dim3 grid(n_blocks(g.M, kRowsPerBlock), static_cast<unsigned>(g.ne2 * g.ne3), 1);
+    if (!fast_vec_ok(g, t) || !aligned16(g.b, {g.b_nb1, g.b_nb2, g.b_nb3})) {
+        k_mul_mat_generic<<<dim3(grid.x, grid.y, static_cast<unsigned>(g.N < 32 ? g.N : 32)),
+                            32 * kRowsPerBlock, 0, ctx.stream>>>(g, t);
+        return launch_status("MUL_MAT (generic)");
+    }
+    return dispatch_vec<false>(ctx, g, t, grid, choose_split(g.M, g.K, ctx.n_sm));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prefill through cuBLAS
+
+// Converts rows of F32 (any row strides) into a contiguous [K, N] matrix of F16 or BF16.
+__global__ void k_to_half(const char* b, int64_t nb1, int64_t K, int64_t N, uint16_t* out,
+                          bool bf16) {
+    const int64_t n = K * N;
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t k = i % K, c = i / K;
+        const float v = reinterpret_cast<const float*>(b + c * nb1)[k];
+        out[i] = bf16 ? f2bf(v) : f2h(v);
+    }
+}
+
+// Dequantizes rows of a block format (rows at stride nb1) into a contiguous F16 [K, M].
+template <Type T>
+__global__ void k_dequant_f16(const char* a, int64_t nb1, int64_t K, int64_t M, uint16_t* out) {
+    const int64_t n_chunks = (K + 255) / 256;
+    const int64_t n = M * n_chunks;
+    const int lane = threadIdx.x % 32;
+    for (int64_t wi = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; wi < n;
+         wi += static_cast<int64_t>(gridDim.x) * blockDim.x / 32) {
+        const int64_t m = wi / n_chunks, c = wi % n_chunks;
+        Lane8 w;
+        if (!Dec<T>::get(a + m * nb1, K, c, lane, w)) continue;
+        uint16_t* o = out + m * K;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            o[w.o0 + k] = f2h(fmaf(w.d, w.q[k], w.m));
+            o[w.o1 + k] = f2h(fmaf(w.d, w.q[4 + k], w.m));
+        }
+    }
+}
+
+Status cublas_status(cublasStatus_t s, const char* what) {
+    if (s == CUBLAS_STATUS_SUCCESS) return Status::ok();
+    return Status::errorf("CUDA: MUL_MAT: %s failed: %s", what, cublasGetStatusString(s));
+}
+
+size_t round_up(size_t v) {
+    return (v + 255) / 256 * 256;
+}
+
+Status launch_gemm(OpContext& ctx, const Tensor* dst) {
+    const Tensor* a = dst->src[0];
+    const Tensor* b = dst->src[1];
+    cublasHandle_t h = static_cast<cublasHandle_t>(ctx.cublas);
+    if (!h) return Status::error("CUDA: MUL_MAT: no cuBLAS handle");
+    FERRY_TRY(cublas_status(cublasSetStream(h, ctx.stream), "cublasSetStream"));
+    const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
+    const int64_t r2 = b->ne[2] / a->ne[2], r3 = b->ne[3] / a->ne[3];
+    float* out = reinterpret_cast<float*>(device_ptr(dst));
+    const float one = 1.0f, zero = 0.0f;
+    const Type t = a->type;
+    for (int64_t i3 = 0; i3 < b->ne[3]; i3++) {
+        for (int64_t i2 = 0; i2 < b->ne[2]; i2++) {
+            const char* am = device_ptr(a) + (i2 / r2) * a->nb[2] + (i3 / r3) * a->nb[3];
+            const char* bm = device_ptr(b) + i2 * b->nb[2] + i3 * b->nb[3];
+            float* om = out + (i3 * b->ne[2] + i2) * M * N;
+            if (t == Type::F32) {
+                FERRY_TRY(cublas_status(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH), "math mode"));
+                FERRY_TRY(cublas_status(
+                    cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(M),
+                                static_cast<int>(N), static_cast<int>(K), &one,
+                                reinterpret_cast<const float*>(am), static_cast<int>(a->nb[1] / 4),
+                                reinterpret_cast<const float*>(bm), static_cast<int>(b->nb[1] / 4),
+                                &zero, om, static_cast<int>(M)),
+                    "cublasSgemm"));
+                continue;
+            }
+            FERRY_TRY(cublas_status(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "math mode"));
+            const bool bf16 = t == Type::BF16;
+            uint16_t* bh = reinterpret_cast<uint16_t*>(ctx.scratch.ptr);
+            const unsigned conv_grid = std::min(n_blocks(K * N, 256), 8192u);
+            k_to_half<<<conv_grid, 256, 0, ctx.stream>>>(bm, static_cast<int64_t>(b->nb[1]), K, N,
+                                                         bh, bf16);
+            FERRY_TRY(launch_status("MUL_MAT (convert b)"));
+            const void* aw = am;
+            int64_t lda = static_cast<int64_t>(a->nb[1] / 2);
+            if (is_block_type(t)) {
+                uint16_t* ah = bh + round_up(static_cast<size_t>(K * N) * 2) / 2;
+                const unsigned blocks = n_blocks(M * ((K + 255) / 256) * 32, 256) > 16384
+                                            ? 16384
+                                            : n_blocks(M * ((K + 255) / 256) * 32, 256);
+                const int64_t nb1 = static_cast<int64_t>(a->nb[1]);
+                switch (t) {
+                    case Type::Q4_0:
+                        k_dequant_f16<Type::Q4_0>
+                            <<<blocks, 256, 0, ctx.stream>>>(am, nb1, K, M, ah);
+                        break;
+                    case Type::Q4_1:
+                        k_dequant_f16<Type::Q4_1>
+                            <<<blocks, 256, 0, ctx.stream>>>(am, nb1, K, M, ah);
+                        break;
+                    case Type::Q8_0:
+                        k_dequant_f16<Type::Q8_0>
+                            <<<blocks, 256, 0, ctx.stream>>>(am, nb1, K, M, ah);
+                        break;
+                    case Type::Q4_K:
+                        k_dequant_f16<Type::Q4_K>
+                            <<<blocks, 256, 0, ctx.stream>>>(am, nb1, K, M, ah);
+                        break;
+                    case Type::Q5_K:
+                        k_dequant_f16<Type::Q5_K>
+                            <<<blocks, 256, 0, ctx.stream>>>(am, nb1, K, M, ah);
+                        break;
+                    case Type::Q6_K:
+                        k_dequant_f16<Type::Q6_K>
+                            <<<blocks, 256, 0, ctx.stream>>>(am, nb1, K, M, ah);
+                        break;
+                    default:
+                        return Status::errorf("CUDA: MUL_MAT weight type %s", type_name(t));
+                }
+                FERRY_TRY(launch_status("MUL_MAT (dequantize)"));
+                aw = ah;
+                lda = K;
+            }
+            const cudaDataType_t dt = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+            FERRY_TRY(cublas_status(
+                cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(M), static_cast<int>(N),
+                             static_cast<int>(K), &one, aw, dt, static_cast<int>(lda), bh, dt,
+                             static_cast<int>(K), &zero, om, CUDA_R_32F, static_cast<int>(M),
+                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                "cublasGemmEx"));
+        }
+    }
+    return Status::ok();
+}
+
+// cuBLAS takes over when b has more columns than the vector kernel handles and the layout
+// suits it (element strides of whole elements; int-sized dimensions).
+bool use_gemm(const Tensor* dst) {
+    const Tensor* a = dst->src[0];
+    const Tensor* b = dst->src[1];
+    // F32 weights: SGEMM (true fp32) past one column group; measured closer to the oracle on
+    // the f32 model than the vector kernel's column groups.
+    if (b->ne[1] <= (a->type == Type::F32 ? kMaxCols : kMaxVecCols)) return false;
+    if (a->ne[0] % 8 != 0) return false;
+    if (a->ne[0] > INT32_MAX || a->ne[1] > INT32_MAX || b->ne[1] > INT32_MAX) return false;
+    if (b->nb[1] % 4 != 0) return false;
+    if (!is_block_type(a->type) && a->nb[1] % type_size(a->type) != 0) return false;
+    return true;
+}
+
+}  // namespace
+
+bool needs_cublas(const Tensor* node) {
+    return node->op == Op::MUL_MAT && use_gemm(node);
+}
+
+size_t mul_mat_scratch_size(const Tensor* node) {
+    if (!use_gemm(node)) return 0;
+    const Tensor* a = node->src[0];
+    const Tensor* b = node->src[1];
+    if (a->type == Type::F32) return 0;
+    size_t s = round_up(static_cast<size_t>(b->ne[0] * b->ne[1]) * 2);
+    if (is_block_type(a->type)) s += round_up(static_cast<size_t>(a->ne[0] * a->ne[1]) * 2);
+    return s;
+}
+
+Status op_mul_mat(OpContext& ctx, const Tensor* dst) {
+    if (dst->nelements() == 0) return Status::ok();
+    if (use_gemm(dst)) return launch_gemm(ctx, dst);
+    return launch_mat_vec(ctx, dst, make_args(dst, nullptr));
+}
+
+bool can_fuse_mul_mat_add(const Tensor* mm, const Tensor* add) {
+    if (mm->op != Op::MUL_MAT || add->op != Op::ADD || add->src[0] != mm) return false;
+    const Tensor* r = add->src[1];
+    if (r == mm || !same_shape(r, mm) || r->nb[0] != sizeof(float)) return false;
+    return !use_gemm(mm);
+}
+
+Status op_mul_mat_add(OpContext& ctx, const Tensor* mm, const Tensor* add) {
+    if (add->nelements() == 0) return Status::ok();
+    MvArgs g = make_args(mm, add);
+    const Tensor* r = add->src[1];
+    g.res = device_ptr(r);
+    g.res_nb1 = static_cast<int64_t>(r->nb[1]);
+    g.res_nb2 = static_cast<int64_t>(r->nb[2]);
+    g.res_nb3 = static_cast<int64_t>(r->nb[3]);
+    return launch_mat_vec(ctx, mm, g);
+}
+
+bool can_fuse_swiglu(const Tensor* gate, const Tensor* up, const Tensor* glu) {
+    if (glu->op != Op::SWIGLU || glu->src[0] != gate || glu->src[1] != up) return false;
+    if (gate->op != Op::MUL_MAT || up->op != Op::MUL_MAT || gate == up) return false;
+    const Tensor* ga = gate->src[0];
+    const Tensor* ua = up->src[0];
+    if (gate->src[1] != up->src[1] || ga->type != ua->type || !same_shape(ga, ua)) return false;
+    for (int d = 0; d < kMaxDims; d++) {
+        if (ga->nb[d] != ua->nb[d]) return false;
+    }
+    if (use_gemm(gate) || gate->src[1]->ne[1] != 1) return false;  // decode: one column
+    MvArgs g = make_args(gate, nullptr);
+    return fast_vec_ok(g, ga->type) && aligned16(g.b, {g.b_nb1, g.b_nb2, g.b_nb3});
+}
+
+Status op_mul_mat_swiglu(OpContext& ctx, const Tensor* gate, const Tensor* up, const Tensor* glu) {
+    if (glu->nelements() == 0) return Status::ok();
+    MvArgs g = make_args(gate, glu);
+    g.a2 = device_ptr(up->src[0]);
+    const dim3 grid(1, static_cast<unsigned>(g.ne2 * g.ne3), 1);
+    return dispatch_vec<true>(ctx, g, gate->src[0]->type, grid, choose_split(g.M, g.K, ctx.n_sm));
+}
+
+}  // namespace ferry::cuda

@@ -1,0 +1,82 @@
+// RMS_NORM and NORM over ne0 (one block per row), and RMS_NORM fused with the MUL by its
+// weight that follows it in every llama layer (one pass over the row instead of two kernels).
+#include "backends/cuda/ops/common.cuh"
+#include "backends/cuda/ops/ops.h"
+
+namespace ferry::cuda {
+
+namespace {
+
+// mode 0: rms norm, 1: norm (mean removed). w (optional): multiplies the result, broadcast
+// by repetition like MUL's b.
+template <int mode, bool with_w>
+__global__ void k_norm(TV d, TV a, TV w, float eps) {
+    __shared__ float sh[32];
+    const int64_t r = blockIdx.x;
+    const int64_t i1 = r % d.ne[1], i2 = (r / d.ne[1]) % d.ne[2], i3 = r / (d.ne[1] * d.ne[2]);
+    const float* x =
+        reinterpret_cast<const float*>(a.p + i1 * a.nb[1] + i2 * a.nb[2] + i3 * a.nb[3]);
+    float* y = reinterpret_cast<float*>(d.p + i1 * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3]);
+    const int64_t n = d.ne[0];
+    float mean = 0.0f;
+    if (mode == 1) {
+        float s = 0.0f;
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
+        mean = block_sum(s, sh) / static_cast<float>(n);
+    }
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = x[i] - mean;
+        ss += v * v;
+    }
+    ss = block_sum(ss, sh);
+    const float inv = rsqrtf(ss / static_cast<float>(n) + eps);
+    const float* wr = nullptr;
+    if constexpr (with_w) {
+        wr = reinterpret_cast<const float*>(w.p + (i1 % w.ne[1]) * w.nb[1] +
+                                            (i2 % w.ne[2]) * w.nb[2] + (i3 % w.ne[3]) * w.nb[3]);
+    }
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = (x[i] - mean) * inv;
+        if constexpr (with_w) v *= wr[w.ne[0] == n ? i : i % w.ne[0]];
+        y[i] = v;
+    }
+}
+
+int threads_for(int64_t n) {
+    return n >= 1024 ? 1024 : (n >= 256 ? 256 : (n >= 64 ? 64 : 32));
+}
+
+}  // namespace
+
+Status op_rms_norm(OpContext& ctx, const Tensor* dst) {
+    if (dst->nrows() == 0) return Status::ok();
+    const TV d = tv(dst), a = tv(dst->src[0]);
+    k_norm<0, false><<<n_blocks(dst->nrows(), 1), threads_for(dst->ne[0]), 0, ctx.stream>>>(
+        d, a, a, dst->param_f(0));
+    return launch_status("RMS_NORM");
+}
+
+Status op_norm(OpContext& ctx, const Tensor* dst) {
+    if (dst->nrows() == 0) return Status::ok();
+    const TV d = tv(dst), a = tv(dst->src[0]);
+    k_norm<1, false><<<n_blocks(dst->nrows(), 1), threads_for(dst->ne[0]), 0, ctx.stream>>>(
+        d, a, a, dst->param_f(0));
+    return launch_status("NORM");
+}
+
+bool can_fuse_rms_norm_mul(const Tensor* norm, const Tensor* mul) {
+    return norm->op == Op::RMS_NORM && mul->op == Op::MUL && mul->src[0] == norm &&
+           mul->src[1] != norm && same_shape(norm, mul);
+}
+
+// Writes mul (the norm's own result is not kept: the caller checked nothing else reads it).
+Status op_rms_norm_mul(OpContext& ctx, const Tensor* norm, const Tensor* mul) {
+    if (mul->nrows() == 0) return Status::ok();
+    const TV d = tv(mul), a = tv(norm->src[0]), w = tv(mul->src[1]);
+    k_norm<0, true><<<n_blocks(mul->nrows(), 1), threads_for(mul->ne[0]), 0, ctx.stream>>>(
+        d, a, w, norm->param_f(0));
+    return launch_status("RMS_NORM+MUL");
+}
+
+}  // namespace ferry::cuda

@@ -1,0 +1,57 @@
+// CUDA kernels: one launcher per op (one file per op or op family in this folder), queued on
+// the context's stream. Launchers return an error (never abort) for a layout they do not
+// handle; supports() is the honest answer the device gives the scheduler before that.
+#pragma once
+
+#include "backends/cuda/cuda-backend.h"
+#include "ferry/tensor.h"
+
+namespace ferry::cuda {
+
+#define FERRY_CUDA_KERNELS(X) \
+    X(cpy)                    \
+    X(cont)                   \
+    X(get_rows)               \
+    X(set_rows)               \
+    X(add)                    \
+    X(mul)                    \
+    X(scale)                  \
+    X(rms_norm)               \
+    X(norm)                   \
+    X(mul_mat)                \
+    X(soft_max)               \
+    X(rope)                   \
+    X(flash_attn_ext)         \
+    X(silu)                   \
+    X(gelu)                   \
+    X(swiglu)                 \
+    X(geglu)                  \
+    X(argmax)                 \
+    X(sum_rows)
+
+#define X(name) Status op_##name(OpContext& ctx, const Tensor* dst);
+FERRY_CUDA_KERNELS(X)
+#undef X
+
+// Whether the kernels handle this node (types, layout, sizes). View ops are always fine.
+bool supports(const Tensor* node);
+
+// Scratch bytes a node needs (0 for most ops).
+size_t scratch_size(const Tensor* node, int n_sm);
+size_t mul_mat_scratch_size(const Tensor* node);
+size_t attn_scratch_size(const Tensor* node, int n_sm);
+// Whether a node calls cuBLAS (the backend creates its handle before running it).
+bool needs_cublas(const Tensor* node);
+
+// Fusions (fusion.cu): a node sequence the backend runs as one kernel.
+//   RMS_NORM(x) -> MUL(., w)          : rms_norm_mul
+//   MUL_MAT(a, x) -> ADD(., r)        : mul_mat with a residual added in its epilogue
+Status op_rms_norm_mul(OpContext& ctx, const Tensor* norm, const Tensor* mul);
+Status op_mul_mat_add(OpContext& ctx, const Tensor* mm, const Tensor* add);
+bool can_fuse_rms_norm_mul(const Tensor* norm, const Tensor* mul);
+bool can_fuse_mul_mat_add(const Tensor* mm, const Tensor* add);
+//   MUL_MAT(g, x), MUL_MAT(u, x) -> SWIGLU : both products and silu(g x) * (u x) in one pass
+Status op_mul_mat_swiglu(OpContext& ctx, const Tensor* gate, const Tensor* up, const Tensor* glu);
+bool can_fuse_swiglu(const Tensor* gate, const Tensor* up, const Tensor* glu);
+
+}  // namespace ferry::cuda

@@ -1,0 +1,48 @@
+// ROPE: rotary position embedding of the first n_dims elements of each row (normal mode:
+// adjacent pairs; NeoX: x[i] with x[i + n_dims/2]); elements past n_dims are copied. Angles
+// are computed in double from the exact power, as the reference and the CPU kernel do, so long
+// positions keep full precision.
+#include "backends/cuda/ops/common.cuh"
+#include "backends/cuda/ops/ops.h"
+
+namespace ferry::cuda {
+
+namespace {
+
+__global__ void k_rope(TV d, TV a, const int32_t* pos, int n_dims, int mode, double base,
+                       double fscale) {
+    const int64_t r = blockIdx.x;
+    const int64_t i1 = r % d.ne[1], i2 = (r / d.ne[1]) % d.ne[2], i3 = r / (d.ne[1] * d.ne[2]);
+    const float* x =
+        reinterpret_cast<const float*>(a.p + i1 * a.nb[1] + i2 * a.nb[2] + i3 * a.nb[3]);
+    float* y = reinterpret_cast<float*>(d.p + i1 * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3]);
+    const double p = static_cast<double>(pos[i2]);
+    const int half = n_dims / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const double theta = p * fscale * pow(base, -2.0 * i / static_cast<double>(n_dims));
+        double sd, cd;
+        sincos(theta, &sd, &cd);
+        const float cs = static_cast<float>(cd), sn = static_cast<float>(sd);
+        const int j0 = mode == kRopeNeox ? i : 2 * i;
+        const int j1 = mode == kRopeNeox ? i + half : 2 * i + 1;
+        const float x0 = x[j0], x1 = x[j1];
+        y[j0] = x0 * cs - x1 * sn;
+        y[j1] = x0 * sn + x1 * cs;
+    }
+    for (int64_t i = n_dims + threadIdx.x; i < d.ne[0]; i += blockDim.x) y[i] = x[i];
+}
+
+}  // namespace
+
+Status op_rope(OpContext& ctx, const Tensor* dst) {
+    if (dst->nrows() == 0) return Status::ok();
+    const int n_dims = dst->op_params[0];
+    const int threads = n_dims / 2 >= 64 ? 64 : 32;
+    k_rope<<<n_blocks(dst->nrows(), 1), threads, 0, ctx.stream>>>(
+        tv(dst), tv(dst->src[0]), reinterpret_cast<const int32_t*>(device_ptr(dst->src[1])), n_dims,
+        dst->op_params[1], static_cast<double>(dst->param_f(2)),
+        static_cast<double>(dst->param_f(3)));
+    return launch_status("ROPE");
+}
+
+}  // namespace ferry::cuda

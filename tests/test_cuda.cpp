@@ -1,0 +1,444 @@
+// The CUDA backend on a real GPU: every op against the float64 reference, the tiny-llama logits
+// against the oracle, the CPU fallback, device-side index checks, events, pinned buffers and
+// CUDA-graph replay. Without a GPU (or without the CUDA backend built) these report SKIPPED.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/cpu-backend.h"
+#include "ferry/backend.h"
+#include "ferry/llama.h"
+#include "ferry/op-tests.h"
+#include "ferry/scheduler.h"
+#include "json.h"
+#ifdef FERRY_HAVE_CUDA
+#include "backends/cuda/cuda-backend.h"
+#endif
+
+using namespace ferry;
+
+namespace {
+
+Device* gpu() {
+    return find_device("CUDA0");
+}
+
+#define REQUIRE_GPU()                                                 \
+    do {                                                              \
+        if (!gpu()) GTEST_SKIP() << "no CUDA device (CUDA0) present"; \
+    } while (0)
+
+TEST(CudaRegistry, ListsDevicesWithoutFailing) {
+    // Whatever the machine: listing devices never fails, and every CUDA device has memory.
+    for (Device* d : all_devices()) {
+        if (std::string(d->name()).rfind("CUDA", 0) != 0) continue;
+        EXPECT_EQ(d->type(), DeviceType::GPU);
+        const DeviceMemory m = d->memory();
+        EXPECT_GT(m.total, 0u) << d->name();
+        EXPECT_LE(m.free, m.total) << d->name();
+        std::printf("[ cuda     ] %s: %s, %.0f / %.0f MiB free\n", d->name(),
+                    d->description().c_str(), m.free / 1048576.0, m.total / 1048576.0);
+    }
+#ifndef FERRY_HAVE_CUDA
+    GTEST_SKIP() << "built without the CUDA backend";
+#endif
+}
+
+TEST(Cuda, EveryOpMatchesTheReference) {
+    REQUIRE_GPU();
+    Expected<std::unique_ptr<Backend>> be = gpu()->make_backend();
+    ASSERT_TRUE(be) << be.message();
+    int passed = 0, failed = 0, declined = 0;
+    for (const ferry::testing::OpTestCase& c : ferry::testing::make_op_tests()) {
+        const ferry::testing::OpTestResult r = ferry::testing::run_op_test(c, be->get());
+        if (r.passed) {
+            passed++;
+        } else if (!r.supported) {
+            declined++;
+            std::printf("[ cuda     ] declined: %s (%s)\n", c.name.c_str(), r.message.c_str());
+        } else {
+            failed++;
+            ADD_FAILURE() << c.name << ": " << r.message;
+        }
+    }
+    std::printf("[ cuda     ] op cases: %d passed, %d failed, %d declined (run on the CPU)\n",
+                passed, failed, declined);
+    EXPECT_EQ(failed, 0);
+    EXPECT_GT(passed, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// tiny-llama against the float64 oracle (as tests/test_llama.cpp, with the weights on CUDA0).
+
+const std::string kDir = std::string(FERRY_FIXTURES_DIR) + "/tiny-llama";
+constexpr int kVocab = 1024;
+
+struct Case {
+    std::vector<int32_t> tokens;
+    std::vector<float> logits;
+};
+
+const std::vector<Case>& cases() {
+    static const std::vector<Case> all = [] {
+        std::vector<Case> out;
+        Expected<json::Value> ref = json::parse_file(kDir + "/reference.json");
+        if (!ref) {
+            ADD_FAILURE() << ref.message();
+            return out;
+        }
+        for (const json::Value& c : (*ref)["cases"].as_array()) {
+            Case k;
+            for (const json::Value& t : c["tokens"].as_array()) {
+                k.tokens.push_back(static_cast<int32_t>(t.as_int()));
+            }
+            std::ifstream f(kDir + "/" + c["logits_file"].as_string(), std::ios::binary);
+            k.logits.resize(k.tokens.size() * kVocab);
+            f.read(reinterpret_cast<char*>(k.logits.data()),
+                   static_cast<std::streamsize>(k.logits.size() * sizeof(float)));
+            EXPECT_TRUE(f.good()) << c["logits_file"].as_string();
+            out.push_back(std::move(k));
+        }
+        return out;
+    }();
+    return all;
+}
+
+double kl_row(const float* p_logits, const float* q_logits, int n) {
+    auto lsm = [n](const float* x, std::vector<double>& out) {
+        double mx = -INFINITY;
+        for (int i = 0; i < n; i++) mx = std::max(mx, static_cast<double>(x[i]));
+        double s = 0.0;
+        for (int i = 0; i < n; i++) s += std::exp(x[i] - mx);
+        const double lse = mx + std::log(s);
+        out.resize(static_cast<size_t>(n));
+        for (int i = 0; i < n; i++) out[static_cast<size_t>(i)] = x[i] - lse;
+    };
+    std::vector<double> lp, lq;
+    lsm(p_logits, lp);
+    lsm(q_logits, lq);
+    double kl = 0.0;
+    for (size_t i = 0; i < lp.size(); i++) kl += std::exp(lp[i]) * (lp[i] - lq[i]);
+    return kl;
+}
+
+struct Metrics {
+    double kl_mean = 0.0, top1_min = 1.0, nmse_max = 0.0;
+    bool ok = false;
+};
+
+Metrics measure(const std::string& enc, Type kv, Device* dev) {
+    Metrics r;
+    ModelOptions mo;
+    mo.devices.push_back(dev);
+    Expected<std::unique_ptr<LlamaModel>> m =
+        LlamaModel::load(kDir + "/tiny-llama-" + enc + ".gguf", mo);
+    EXPECT_TRUE(m) << m.message();
+    if (!m) return r;
+    EXPECT_EQ((*m)->device(), dev);
+    SessionOptions so;
+    so.kv_type = kv;
+    so.n_threads = 2;
+    Expected<std::unique_ptr<LlamaSession>> s = LlamaSession::create(**m, so);
+    EXPECT_TRUE(s) << s.message();
+    if (!s) return r;
+    size_t rows = 0;
+    for (const Case& c : cases()) {
+        (*s)->reset();
+        Status st = (*s)->decode(c.tokens, true);
+        EXPECT_TRUE(st) << st.message();
+        if (!st) return r;
+        double err = 0.0, ref = 0.0;
+        int agree = 0;
+        for (size_t i = 0; i < c.tokens.size(); i++) {
+            const float* run = (*s)->logits(static_cast<int32_t>(i));
+            const float* orc = c.logits.data() + i * kVocab;
+            r.kl_mean += kl_row(orc, run, kVocab);
+            agree += std::max_element(run, run + kVocab) - run ==
+                     std::max_element(orc, orc + kVocab) - orc;
+            for (int j = 0; j < kVocab; j++) {
+                const double d = static_cast<double>(run[j]) - orc[j];
+                err += d * d;
+                ref += static_cast<double>(orc[j]) * orc[j];
+            }
+            rows++;
+        }
+        r.top1_min = std::min(r.top1_min, static_cast<double>(agree) / c.tokens.size());
+        r.nmse_max = std::max(r.nmse_max, err / ref);
+    }
+    r.kl_mean /= static_cast<double>(rows);
+    r.ok = true;
+    return r;
+}
+
+struct Peer {
+    const char* enc;
+    double kl_mean;
+    double top1_min;
+};
+// The fixture README's llama.cpp figures (CPU, f16 KV cache).
+constexpr Peer kPeers[] = {
+    {"f32", 8.32e-07, 1.000},  {"f16", 1.84e-06, 1.000},    {"q8_0", 1.14e-03, 0.846},
+    {"q6_k", 6.76e-03, 0.898}, {"q5_k_m", 2.10e-02, 0.692}, {"q4_k_m", 8.24e-02, 0.462},
+    {"q4_1", 1.03e-01, 0.615}, {"q4_0", 1.05e-01, 0.692},
+};
+
+void PrintTo(const Peer& p, std::ostream* os) {
+    *os << p.enc;
+}
+
+class CudaOracle : public ::testing::TestWithParam<Peer> {};
+
+TEST_P(CudaOracle, AtLeastAsCloseAsPeerWithF16Cache) {
+    REQUIRE_GPU();
+    const Peer& p = GetParam();
+    const Metrics r = measure(p.enc, Type::F16, gpu());
+    ASSERT_TRUE(r.ok);
+    std::printf(
+        "[ cuda     ] %-7s kv f16: nmse max %.2e  top1 min %.3f  KL mean %.2e (peer %.2e)\n", p.enc,
+        r.nmse_max, r.top1_min, r.kl_mean, p.kl_mean);
+    EXPECT_LE(r.kl_mean, p.kl_mean) << p.enc;
+    EXPECT_GE(r.top1_min, p.top1_min - 1e-3) << p.enc;
+}
+
+INSTANTIATE_TEST_SUITE_P(Encodings, CudaOracle, ::testing::ValuesIn(kPeers),
+                         [](const ::testing::TestParamInfo<Peer>& i) {
+                             return std::string(i.param.enc);
+                         });
+
+TEST(Cuda, F32WithF32CacheMatchesOracle) {
+    REQUIRE_GPU();
+    const Metrics r = measure("f32", Type::F32, gpu());
+    ASSERT_TRUE(r.ok);
+    std::printf("[ cuda     ] f32 kv f32: nmse max %.2e  top1 min %.3f  KL mean %.2e\n", r.nmse_max,
+                r.top1_min, r.kl_mean);
+    EXPECT_LE(r.nmse_max, 1e-8);
+    EXPECT_EQ(r.top1_min, 1.0);
+}
+
+#ifdef FERRY_HAVE_CUDA
+// An op the GPU declines runs on the CPU: the graph splits across the two devices and the
+// logits stay as close to the oracle.
+TEST(Cuda, DeclinedOpFallsBackToTheCpu) {
+    REQUIRE_GPU();
+    cuda::set_declined_ops({Op::RMS_NORM});
+    Tensor probe;
+    probe.op = Op::RMS_NORM;
+    EXPECT_FALSE(gpu()->supports_op(&probe));
+    const Metrics r = measure("f32", Type::F32, gpu());
+    cuda::set_declined_ops({});
+    ASSERT_TRUE(r.ok);
+    std::printf("[ cuda     ] f32 kv f32, RMS_NORM on the CPU: nmse max %.2e\n", r.nmse_max);
+    EXPECT_LE(r.nmse_max, 1e-8);
+}
+#endif
+
+// A row index out of range is reported as an error naming the op and the index; nothing is
+// written, and the device keeps working.
+TEST(Cuda, OutOfRangeIndexIsAnError) {
+    REQUIRE_GPU();
+    Expected<std::unique_ptr<Backend>> be = gpu()->make_backend();
+    ASSERT_TRUE(be) << be.message();
+    Context in, gc;
+    Tensor* a = in.new_tensor(Type::F32, {8, 11});
+    Tensor* idx = in.new_tensor(Type::I32, {3});
+    Expected<std::unique_ptr<Buffer>> buf = allocate_context_tensors(in, gpu()->buffer_type());
+    ASSERT_TRUE(buf) << buf.message();
+    std::vector<float> av(88);
+    for (size_t i = 0; i < av.size(); i++) av[i] = static_cast<float>(i) + 0.5f;
+    ASSERT_TRUE(tensor_set(a, av.data(), av.size() * 4));
+    Tensor* rows = gc.get_rows(a, idx);
+    rows->flags |= kTensorOutput;
+    Graph g;
+    g.build_forward(rows);
+    GraphAllocator alloc(gpu()->buffer_type());
+    ASSERT_TRUE(alloc.allocate(g));
+    for (int bad : {11, -1}) {
+        const int32_t iv[3] = {1, bad, 2};
+        ASSERT_TRUE(tensor_set(idx, iv, sizeof(iv)));
+        Status st = (*be)->compute(g);
+        if (st) st = (*be)->synchronize();
+        ASSERT_FALSE(st);
+        EXPECT_NE(st.message().find("GET_ROWS index " + std::to_string(bad)), std::string::npos)
+            << st.message();
+    }
+    const int32_t good[3] = {10, 0, 3};
+    ASSERT_TRUE(tensor_set(idx, good, sizeof(good)));
+    ASSERT_TRUE((*be)->compute(g));
+    std::vector<float> out(24);
+    ASSERT_TRUE(tensor_get(rows, out.data(), out.size() * 4));
+    EXPECT_EQ(out[0], av[80]);
+    EXPECT_EQ(out[8], av[0]);
+    EXPECT_EQ(out[16], av[24]);
+}
+
+// The same graph computed again with new inputs (replayed as a CUDA graph from the second
+// run on) gives each run's own answer.
+TEST(Cuda, ReplayedGraphSeesNewInputs) {
+    REQUIRE_GPU();
+    Expected<std::unique_ptr<Backend>> be = gpu()->make_backend();
+    ASSERT_TRUE(be) << be.message();
+    Context in, gc;
+    Tensor* w = in.new_tensor(Type::F32, {64, 16});
+    Tensor* x = in.new_tensor(Type::F32, {64, 1});
+    Tensor* r = in.new_tensor(Type::F32, {16, 1});
+    Expected<std::unique_ptr<Buffer>> buf = allocate_context_tensors(in, gpu()->buffer_type());
+    ASSERT_TRUE(buf) << buf.message();
+    std::vector<float> wv(64 * 16), xv(64), rv(16);
+    for (size_t i = 0; i < wv.size(); i++) wv[i] = std::sin(0.1f * static_cast<float>(i));
+    ASSERT_TRUE(tensor_set(w, wv.data(), wv.size() * 4));
+    Tensor* y = gc.add(gc.mul_mat(w, x), r);
+    Tensor* out = gc.rms_norm(y, 1e-5f);
+    out->flags |= kTensorOutput;
+    Graph g;
+    g.build_forward(out);
+    GraphAllocator alloc(gpu()->buffer_type());
+    ASSERT_TRUE(alloc.allocate(g));
+    for (int run = 0; run < 5; run++) {
+        for (size_t i = 0; i < xv.size(); i++) xv[i] = std::cos(0.3f * i + run);
+        for (size_t i = 0; i < rv.size(); i++) rv[i] = 0.25f * run - 0.1f * i;
+        ASSERT_TRUE((*be)->set_tensor_async(x, xv.data(), 0, xv.size() * 4));
+        ASSERT_TRUE((*be)->set_tensor_async(r, rv.data(), 0, rv.size() * 4));
+        ASSERT_TRUE((*be)->compute(g));
+        std::vector<float> got(16);
+        ASSERT_TRUE((*be)->get_tensor_async(out, got.data(), 0, got.size() * 4));
+        ASSERT_TRUE((*be)->synchronize());
+        std::vector<double> yv(16);
+        double ss = 0.0;
+        for (int m = 0; m < 16; m++) {
+            double s = rv[static_cast<size_t>(m)];
+            for (int k = 0; k < 64; k++) s += static_cast<double>(wv[m * 64 + k]) * xv[k];
+            yv[static_cast<size_t>(m)] = s;
+            ss += s * s;
+        }
+        const double inv = 1.0 / std::sqrt(ss / 16 + 1e-5);
+        for (int m = 0; m < 16; m++) {
+            // float sums: the error scales with the terms' magnitudes, not with the result's
+            // (row 0 nearly cancels).
+            double mag = std::fabs(rv[static_cast<size_t>(m)]);
+            for (int k = 0; k < 64; k++)
+                mag += std::fabs(static_cast<double>(wv[m * 64 + k]) * xv[k]);
+            EXPECT_NEAR(got[static_cast<size_t>(m)], yv[static_cast<size_t>(m)] * inv,
+                        1e-6 * mag * inv + 1e-6)
+                << "run " << run << " row " << m;
+        }
+    }
+}
+
+// Products in the shapes of a model's layers (every path: vector kernel with split-K and
+// column groups, fused residual add, cuBLAS) agree with the CPU backend on the same inputs.
+TEST(Cuda, ModelShapedProductsMatchTheCpu) {
+    REQUIRE_GPU();
+    Expected<std::unique_ptr<Backend>> gbe = gpu()->make_backend();
+    ASSERT_TRUE(gbe) << gbe.message();
+    std::unique_ptr<Backend> cbe = cpu::make_cpu_backend(2);
+    const int64_t shapes[][2] = {{256, 768}, {768, 256}, {256, 1024}, {2048, 512}, {8192, 64}};
+    uint32_t seed = 1;
+    auto rnd = [&seed]() {
+        seed = seed * 1664525u + 1013904223u;
+        return static_cast<float>(seed >> 8) / 16777216.0f * 2.0f - 1.0f;
+    };
+    for (Type t : {Type::F32, Type::F16, Type::Q8_0, Type::Q4_0, Type::Q6_K}) {
+        for (const auto& sh : shapes) {
+            for (int64_t n : {1, 5, 13, 40, 100}) {
+                for (bool with_add : {false, true}) {
+                    const int64_t K = sh[0], M = sh[1];
+                    std::vector<float> wf(static_cast<size_t>(K * M)),
+                        xv(static_cast<size_t>(K * n)), rv(static_cast<size_t>(M * n));
+                    for (float& v : wf) v = rnd();
+                    for (float& v : xv) v = rnd();
+                    for (float& v : rv) v = rnd();
+                    std::vector<uint8_t> wb(static_cast<size_t>(M) * row_size(t, K));
+                    ASSERT_TRUE(from_float_row(t, wf.data(), wb.data(), K * M));
+                    std::vector<float> outs[2];
+                    for (int d = 0; d < 2; d++) {
+                        Backend* be = d == 0 ? gbe->get() : cbe.get();
+                        BufferType* bt = d == 0 ? gpu()->buffer_type() : cpu::host_buffer_type();
+                        Context in, gc;
+                        Tensor* w = in.new_tensor(t, {K, M});
+                        Tensor* x = in.new_tensor(Type::F32, {K, n});
+                        Tensor* r = in.new_tensor(Type::F32, {M, n});
+                        Expected<std::unique_ptr<Buffer>> buf = allocate_context_tensors(in, bt);
+                        ASSERT_TRUE(buf) << buf.message();
+                        ASSERT_TRUE(tensor_set(w, wb.data(), wb.size()));
+                        ASSERT_TRUE(tensor_set(x, xv.data(), xv.size() * 4));
+                        ASSERT_TRUE(tensor_set(r, rv.data(), rv.size() * 4));
+                        Tensor* y = gc.mul_mat(w, x);
+                        if (with_add) y = gc.add(y, r);
+                        y->flags |= kTensorOutput;
+                        Graph g;
+                        g.build_forward(y);
+                        GraphAllocator alloc(bt);
+                        ASSERT_TRUE(alloc.allocate(g));
+                        ASSERT_TRUE(be->compute(g));
+                        ASSERT_TRUE(be->synchronize());
+                        outs[d].resize(static_cast<size_t>(M * n));
+                        ASSERT_TRUE(tensor_get(y, outs[d].data(), outs[d].size() * 4));
+                    }
+                    double err = 0.0, ref = 0.0;
+                    for (size_t i = 0; i < outs[0].size(); i++) {
+                        const double dd = static_cast<double>(outs[0][i]) - outs[1][i];
+                        err += dd * dd;
+                        ref += static_cast<double>(outs[1][i]) * outs[1][i];
+                    }
+                    // CPU: block formats multiply q8-quantized activations, F16 may round x.
+                    const double bound = t == Type::F32 ? 1e-10 : (t == Type::F16 ? 1e-6 : 1e-4);
+                    EXPECT_LE(err / ref, bound) << type_name(t) << " K=" << K << " M=" << M
+                                                << " N=" << n << " add=" << with_add;
+                }
+            }
+        }
+    }
+}
+
+TEST(Cuda, EventsAndPinnedUploads) {
+    REQUIRE_GPU();
+    Expected<std::unique_ptr<Backend>> be = gpu()->make_backend();
+    ASSERT_TRUE(be) << be.message();
+    BufferType* pinned = gpu()->host_buffer_type();
+    ASSERT_NE(pinned, nullptr);
+    EXPECT_TRUE(pinned->is_host());
+    Context hc, dc;
+    Tensor* h = hc.new_tensor(Type::F32, {1 << 20});
+    Tensor* d = dc.new_tensor(Type::F32, {1 << 20});
+    Expected<std::unique_ptr<Buffer>> hb = allocate_context_tensors(hc, pinned);
+    ASSERT_TRUE(hb) << hb.message();
+    ASSERT_NE(h->data, nullptr);
+    Expected<std::unique_ptr<Buffer>> db = allocate_context_tensors(dc, gpu()->buffer_type());
+    ASSERT_TRUE(db) << db.message();
+    EXPECT_EQ(d->data, nullptr);  // device memory is not host-addressable
+    float* hv = static_cast<float*>(h->data);
+    for (int i = 0; i < (1 << 20); i++) hv[i] = static_cast<float>(i) * 0.5f;
+    ASSERT_TRUE((*be)->copy_tensor_async(h, d));
+    Expected<std::unique_ptr<Event>> ev = gpu()->make_event();
+    ASSERT_TRUE(ev) << ev.message();
+    ASSERT_TRUE((*be)->record_event(ev->get()));
+    ASSERT_TRUE((*ev)->synchronize());
+    std::vector<float> back(1 << 20);
+    ASSERT_TRUE(tensor_get(d, back.data(), back.size() * 4));
+    EXPECT_EQ(back[12345], 12345 * 0.5f);
+    EXPECT_EQ(back.back(), static_cast<float>((1 << 20) - 1) * 0.5f);
+    // A second backend (stream) waits for the first one's event.
+    Expected<std::unique_ptr<Backend>> be2 = gpu()->make_backend();
+    ASSERT_TRUE(be2) << be2.message();
+    ASSERT_TRUE((*be2)->wait_event(ev->get()));
+    ASSERT_TRUE((*be2)->synchronize());
+}
+
+TEST(Cuda, TooLargeAllocationNamesTheDeviceAndSizes) {
+    REQUIRE_GPU();
+    const DeviceMemory m = gpu()->memory();
+    Expected<std::unique_ptr<Buffer>> b = gpu()->buffer_type()->allocate(m.total * 2);
+    ASSERT_FALSE(b);
+    EXPECT_NE(b.message().find("CUDA0"), std::string::npos) << b.message();
+    EXPECT_NE(b.message().find("MiB"), std::string::npos) << b.message();
+    // The device still works after the refusal.
+    Expected<std::unique_ptr<Buffer>> ok = gpu()->buffer_type()->allocate(1 << 20);
+    EXPECT_TRUE(ok) << ok.message();
+}
+
+}  // namespace
