@@ -15,7 +15,7 @@
 #include "ferry/llama.h"
 #include "ferry/op-tests.h"
 #include "ferry/scheduler.h"
-#include "json.h"
+#include "core/json.h"
 #ifdef FERRY_HAVE_CUDA
 #include "backends/cuda/cuda-backend.h"
 #endif
