@@ -47,13 +47,7 @@ BELOW = {
     "tools": ["core", "backend", "backends", "remote-client", "server", "model", "testing"],
 }
 # Known exceptions, each with its reason; keep this list empty or shrinking.
-ALLOWED_PRIVATE_IN_TOOLS = {
-    # `ferry serve` drives the server through its private header until the server has a
-    # public facade (ferry/server.h); the server's internals are being reworked.
-    "server/server.h",
-    # and serves ivshmem windows beside it (same reason).
-    "server/ivshmem-server.h",
-}
+ALLOWED_PRIVATE_IN_TOOLS: set = set()
 
 
 def layer_of_file(rel):

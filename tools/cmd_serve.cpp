@@ -2,13 +2,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
-#include <thread>
+#include <string>
 #include <vector>
 
 #include "cli.h"
 #include "ferry/backend.h"
-#include "server/ivshmem-server.h"
-#include "server/server.h"
+#include "ferry/server.h"
 
 namespace ferry::cli {
 namespace {
@@ -82,20 +81,8 @@ int cmd_serve(int argc, char** argv) {
         return fail("serve",
                     "--listen ADDR is required (unix:PATH, tcp:HOST:PORT or ivshmem:PATH)");
     }
-    std::optional<std::string> listen;
-    std::vector<std::string> windows;
-    for (const std::string& l : listens) {
-        if (l.rfind("ivshmem:", 0) == 0) {
-            windows.push_back(l.substr(8));
-        } else if (listen) {
-            return fail("serve", "at most one unix: or tcp: address per server ('" + *listen +
-                                     "' and '" + l + "')");
-        } else {
-            listen = l;
-        }
-    }
-
-    server::ServerOptions opts;
+    ServeOptions opts;
+    opts.listen = listens;
     opts.verbose = verbose;
     if (threads) {
         if (*threads <= 0 || *threads > 1024) return fail("serve", "--threads must be 1..1024");
@@ -109,11 +96,7 @@ int cmd_serve(int argc, char** argv) {
     if (max_mem) {
         if (*max_mem <= 0) return fail("serve", "--max-memory must be positive");
         opts.max_memory = static_cast<uint64_t>(*max_mem);
-    } else {
-        const DeviceMemory m = cpu_device()->memory();
-        opts.max_memory = m.total;
     }
-    opts.max_work = 1ull << 48;
     if (max_work) {
         if (*max_work < 0) return fail("serve", "--max-work must be 0 (no limit) or positive");
         opts.max_work = static_cast<uint64_t>(*max_work);
@@ -122,69 +105,42 @@ int cmd_serve(int argc, char** argv) {
         if (*max_scratch <= 0) return fail("serve", "--max-scratch must be positive");
         opts.max_scratch = static_cast<uint64_t>(*max_scratch);
     }
-    if (names.empty()) {
-        for (Device* d : all_devices()) {
-            if (d->type() != DeviceType::REMOTE) opts.devices.push_back(d);
-        }
-    } else {
-        for (const std::string& n : names) {
-            Device* d = find_device(n);
-            if (!d) return fail("serve", "no device named '" + n + "' (see `ferry devices`)");
-            if (d->type() == DeviceType::REMOTE) {
-                return fail("serve", "cannot serve remote device '" + n + "'");
-            }
-            opts.devices.push_back(d);
-        }
+    for (const std::string& n : names) {
+        Device* d = find_device(n);
+        if (!d) return fail("serve", "no device named '" + n + "' (see `ferry devices`)");
+        opts.devices.push_back(d);
     }
-    server::ConnectionLimits limits;
     if (max_sessions) {
         if (*max_sessions <= 0 || *max_sessions > 100000) {
             return fail("serve", "--max-sessions must be 1..100000");
         }
-        limits.max_sessions = static_cast<int>(*max_sessions);
+        opts.max_sessions = static_cast<int>(*max_sessions);
     }
     if (per_client) {
         if (*per_client <= 0 || *per_client > 100000) {
             return fail("serve", "--max-sessions-per-client must be 1..100000");
         }
-        limits.max_sessions_per_client = static_cast<int>(*per_client);
+        opts.max_sessions_per_client = static_cast<int>(*per_client);
     }
     if (io_timeout) {
         if (*io_timeout < 0 || *io_timeout > 86400) {
             return fail("serve", "--io-timeout must be 0..86400 seconds");
         }
-        limits.io_timeout_ms = static_cast<int>(*io_timeout * 1000);
+        opts.io_timeout_ms = static_cast<int>(*io_timeout * 1000);
     }
     if (hello_timeout) {
         if (*hello_timeout <= 0 || *hello_timeout > 3600) {
             return fail("serve", "--hello-timeout must be 1..3600 seconds");
         }
-        limits.hello_timeout_ms = static_cast<int>(*hello_timeout * 1000);
+        opts.hello_timeout_ms = static_cast<int>(*hello_timeout * 1000);
     }
-    // Windows first (each on a thread of its own), then the socket, if any, on this thread.
-    server::Server srv(std::move(opts), limits);
-    std::vector<std::unique_ptr<server::IvshmemServer>> served;
-    std::vector<std::thread> window_threads;
-    for (const std::string& w : windows) {
-        Expected<std::unique_ptr<server::IvshmemServer>> s =
-            server::IvshmemServer::open(w, srv.options(), srv.counters_ptr(), limits.io_timeout_ms);
-        if (!s) return fail("serve", s.message());
-        served.push_back(std::move(*s));
+    Expected<std::unique_ptr<RemoteServer>> srv = RemoteServer::start(std::move(opts));
+    if (!srv) return fail("serve", srv.message());
+    for (const std::string& a : (*srv)->addresses()) {
+        std::printf("ferry serve: listening on %s\n", a.c_str());
     }
-    std::string bound;
-    if (listen) {
-        if (Status st = srv.listen(*listen, &bound); !st) return fail("serve", st.message());
-    }
-    for (auto& s : served) {
-        std::printf("ferry serve: listening on %s\n", s->address().c_str());
-        window_threads.emplace_back([p = s.get()] { p->run(); });
-    }
-    if (listen) std::printf("ferry serve: listening on %s\n", bound.c_str());
     std::fflush(stdout);
-    if (listen) {
-        if (Status st = srv.run(); !st) return fail("serve", st.message());
-    }
-    for (std::thread& t : window_threads) t.join();
+    if (Status st = (*srv)->run(); !st) return fail("serve", st.message());
     return 0;
 }
 
