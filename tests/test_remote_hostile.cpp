@@ -1289,6 +1289,57 @@ TEST_P(Hardening, AllocSizeAndInitTensorAreValidated) {
     EXPECT_EQ(r.payload.size(), 11u * 8);
 }
 
+// Protocol version 3: PREPARE_WEIGHTS checks its entries as graph leaves with storage, and a
+// version 2 client never gets it (nor the device caps bit that asks for it).
+TEST_P(Hardening, PrepareWeightsIsValidatedAndVersionGated) {
+    start();
+    RawClient c = hello();
+    const uint64_t h = alloc(c, 4096);
+    ASSERT_NE(h, 0u);
+    auto prepare = [&](uint32_t dev, uint32_t count, const std::vector<Entry>& es) {
+        return c.request(Cmd::PREPARE_WEIGHTS, payload([&](wire::Writer& w) {
+                             w.u32(dev);
+                             w.u32(count);
+                             for (const Entry& e : es) remote::write_entry(w, e);
+                         }));
+    };
+    const Entry good = leaf(Type::F32, {1024}, h, 0);
+    auto r = prepare(0, 1, {good});
+    EXPECT_TRUE(r.ok && !r.is_error()) << r.message();
+    auto refused = [&](const RawClient::Reply& rr, const char* what) {
+        ASSERT_TRUE(rr.is_error()) << what;
+        EXPECT_NE(rr.message().find(what), std::string::npos) << rr.message();
+    };
+    refused(prepare(0, 1, {leaf(Type::F32, {1024}, h, 4)}), "reaches past its buffer");
+    refused(prepare(0, 1, {leaf(Type::F32, {16}, h + 1000, 0)}), "unknown buffer handle");
+    refused(prepare(0, 0, {}), "0 weights (1..65536)");
+    refused(prepare(0, 70000, {good}), "70000 weights (1..65536)");
+    refused(prepare(0, 2, {good}), "weight table size does not match its count");
+    refused(prepare(9, 1, {good}), "device index 9 out of range");
+    Entry node = good;
+    node.op = static_cast<uint32_t>(Op::CONT);
+    node.src[0] = 0;
+    refused(prepare(0, 2, {good, node}), "a weight must be a leaf");
+    Entry wrapped = with_strides(leaf(Type::F32, {1024}, h, 0), {4, 0, 0, 0});
+    wrapped.ne[1] = 3;
+    wrapped.ne[2] = 0x2AAAAAAAAAAAABll;
+    refused(prepare(0, 1, {wrapped}), "overflow");
+    // The session goes on: a good request after the bad ones.
+    r = prepare(0, 1, {good});
+    EXPECT_TRUE(r.ok && !r.is_error()) << r.message();
+    RawClient v2;
+    ASSERT_TRUE(v2.connect(srv_.addr()));
+    r = v2.hello("", 2);
+    ASSERT_TRUE(r.ok && !r.is_error()) << r.message();
+    r = v2.request(Cmd::PREPARE_WEIGHTS, payload([&](wire::Writer& w) {
+                       w.u32(0);
+                       w.u32(1);
+                       remote::write_entry(w, leaf(Type::F32, {16}, 0, 0));
+                   }));
+    refused(r, "unknown command 23");
+    EXPECT_TRUE(srv_.alive());
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, Hardening, ::testing::Values("unix", "tcp"));
 
 }  // namespace

@@ -2,6 +2,7 @@
 // signature, and reads ordered by the interface (a device whose stream runs on its own thread,
 // with memory the CPU backend cannot read).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -19,7 +20,9 @@
 #include "ferry/backend.h"
 #include "ferry/graph.h"
 #include "ferry/llama.h"
+#include "ferry/remote.h"
 #include "ferry/scheduler.h"
+#include "ferry/server.h"
 
 namespace ferry {
 namespace {
@@ -478,6 +481,122 @@ TEST(Scheduler, DecodeStepsOfTheLlamaGraphShareOneSignature) {
         sigs.push_back(graph_signature(g));
     }
     EXPECT_TRUE(sigs[0] == sigs[1]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// prepare_weights: a FAR device that "repacks" every weight once (its extra holds a checksum of
+// the weight's bytes) and whose computes check every leaf that carries an extra against its
+// bytes. Locally, and through `ferry serve` (PREPARE_WEIGHTS), every prepared weight must reach
+// the computes with its own extra, and the logits stay the CPU's.
+
+uint64_t checksum(const Tensor* t) {
+    const auto* p = static_cast<const uint8_t*>(t->data);
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < t->nbytes(); i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+struct Prepared {
+    uint64_t sum = 0;
+};
+
+struct PrepStats {
+    std::mutex mu;
+    size_t calls = 0, prepared = 0, mismatches = 0;
+    std::set<const void*> seen;  // extras that reached a compute
+};
+
+class PrepBackend : public FarBackend {
+  public:
+    PrepBackend(Device* dev, int n_threads, PrepStats* stats)
+        : FarBackend(dev, n_threads, {}), stats_(stats) {}
+    Status compute(Graph& g) override {
+        std::lock_guard<std::mutex> l(stats_->mu);
+        for (const Tensor* leaf : g.leafs) {
+            if (!leaf->extra) continue;
+            stats_->seen.insert(leaf->extra);
+            if (static_cast<const Prepared*>(leaf->extra)->sum != checksum(leaf)) {
+                stats_->mismatches++;
+            }
+        }
+        return FarBackend::compute(g);
+    }
+
+  private:
+    PrepStats* stats_;
+};
+
+class PrepDevice : public FarDevice {
+  public:
+    DeviceCaps caps() const override {
+        DeviceCaps c = FarDevice::caps();
+        c.prepare_weights = true;
+        return c;
+    }
+    Status prepare_weights(std::span<Tensor* const> weights) override {
+        std::lock_guard<std::mutex> l(stats.mu);
+        stats.calls++;
+        for (Tensor* t : weights) {
+            if (!supports_buffer_type(t->buffer->type())) {
+                return Status::errorf("%s is not in this device's memory", t->name);
+            }
+            Prepared& p = store_.emplace_back();
+            p.sum = checksum(t);
+            t->extra = &p;
+            stats.prepared++;
+        }
+        return Status::ok();
+    }
+    Expected<std::unique_ptr<Backend>> make_backend(const BackendOptions& o = {}) override {
+        return std::unique_ptr<Backend>(
+            new PrepBackend(this, o.n_threads > 0 ? o.n_threads : 2, &stats));
+    }
+    PrepStats stats;
+
+  private:
+    std::deque<Prepared> store_;  // outlives every model of the test
+};
+
+TEST(Scheduler, PreparedWeightsReachTheDevicesComputesLocallyAndThroughFerryServe) {
+    const std::vector<float> cpu = run_logits(fixture("q4_0"), nullptr, kTokens);
+    ASSERT_FALSE(cpu.empty());
+
+    PrepDevice local;
+    const std::vector<float> got = run_logits(fixture("q4_0"), &local, kTokens);
+    ASSERT_EQ(got.size(), cpu.size());
+    for (size_t i = 0; i < got.size(); i++) ASSERT_EQ(got[i], cpu[i]) << i;
+    EXPECT_EQ(local.stats.calls, 1u);
+    ASSERT_GT(local.stats.prepared, 10u);  // tiny-llama: 4 layers of 9 weights and 3 more
+    EXPECT_EQ(local.stats.seen.size(), local.stats.prepared);
+    EXPECT_EQ(local.stats.mismatches, 0u);
+
+    // The same device served by an in-process `ferry serve` on a unix socket.
+    PrepDevice served;
+    char dir[] = "/tmp/ferry-prep-XXXXXX";
+    ASSERT_TRUE(mkdtemp(dir));
+    ServeOptions so;
+    so.listen = {std::string("unix:") + dir + "/s"};
+    so.devices = {&served};
+    Expected<std::unique_ptr<RemoteServer>> srv = RemoteServer::start(so);
+    ASSERT_TRUE(srv) << srv.message();
+    std::thread serving([&] { (void)(*srv)->run(); });
+    {
+        Expected<std::unique_ptr<Registry>> reg = remote_open((*srv)->addresses()[0]);
+        ASSERT_TRUE(reg) << reg.message();
+        ASSERT_EQ((*reg)->devices().size(), 1u);
+        Device* remote = (*reg)->devices()[0];
+        const std::vector<float> far = run_logits(fixture("q4_0"), remote, kTokens);
+        ASSERT_EQ(far.size(), cpu.size());
+        for (size_t i = 0; i < far.size(); i++) ASSERT_EQ(far[i], cpu[i]) << i;
+    }
+    (*srv)->stop();
+    serving.join();
+    EXPECT_EQ(served.stats.calls, 1u);  // one PREPARE_WEIGHTS: a model's weights fit one request
+    EXPECT_EQ(served.stats.prepared, local.stats.prepared);
+    EXPECT_EQ(served.stats.seen.size(), served.stats.prepared);
+    EXPECT_EQ(served.stats.mismatches, 0u);
+    std::string rm = std::string("rm -rf ") + dir;
+    EXPECT_EQ(std::system(rm.c_str()), 0);
 }
 
 }  // namespace

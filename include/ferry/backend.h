@@ -54,9 +54,10 @@ struct DeviceCaps {
     bool events = false;
     // What a remote client must forward for this device (each is one more round trip or
     // request, so devices that need none, like the CPU, cost the remote protocol nothing):
-    bool padded_alloc = false;    // BufferType::alloc_size may exceed nbytes for some tensor
-    bool init_tensor = false;     // Buffer::init_tensor does something
-    bool size_dependent = false;  // supports_op may answer differently for other sizes
+    bool padded_alloc = false;     // BufferType::alloc_size may exceed nbytes for some tensor
+    bool init_tensor = false;      // Buffer::init_tensor does something
+    bool size_dependent = false;   // supports_op may answer differently for other sizes
+    bool prepare_weights = false;  // prepare_weights does something (sets Tensor::extra)
 };
 
 // Limits a host puts on one backend's compute (the remote server, for each session).
@@ -195,7 +196,10 @@ class Device {
     // Called once every weight of a model is in this device's buffers (after set_tensor), so
     // the device can convert or repack them once (into its own memory or Tensor::extra)
     // instead of on every compute. Weights keep their contents and layout as far as every
-    // other reader is concerned. Default: nothing to do.
+    // other reader is concerned. A device that does something here says so in
+    // caps().prepare_weights, so that a remote client forwards the call (PREPARE_WEIGHTS): the
+    // server keeps the tensors it passed and gives each graph leaf that is the same weight
+    // (buffer, offset, type, shape, strides) that tensor's `extra`. Default: nothing to do.
     virtual Status prepare_weights(std::span<Tensor* const> weights) {
         (void)weights;
         return Status::ok();

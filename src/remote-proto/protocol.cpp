@@ -27,6 +27,7 @@ const char* cmd_name(uint16_t cmd) {
         "EVENT_SYNCHRONIZE",
         "ALLOC_SIZE",
         "INIT_TENSOR",
+        "PREPARE_WEIGHTS",
     };
     static_assert(sizeof(kNames) / sizeof(kNames[0]) == kCmdMax + 1);
     return cmd <= kCmdMax ? kNames[cmd] : "UNKNOWN";

@@ -6,16 +6,17 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "remote-proto/wire.h"
 #include "ferry/tensor.h"
+#include "remote-proto/wire.h"
 
 namespace ferry::remote {
 
 constexpr uint32_t kMagic = 0x31595246u;  // "FRY1" little-endian
 // Version 2 added ALLOC_SIZE, INIT_TENSOR, the device caps bits 8/16/32 and the longer
 // SESSION_STATS record. A version 2 server still serves version 1 clients (answering their
-// SESSION_STATS with the 11 fields they expect).
-constexpr uint32_t kProtocolVersion = 2;
+// SESSION_STATS with the 11 fields they expect). Version 3 added PREPARE_WEIGHTS and the
+// device caps bit 64. A server serves every version from kMinProtocolVersion to its own.
+constexpr uint32_t kProtocolVersion = 3;
 constexpr uint32_t kMinProtocolVersion = 1;
 
 // Frame header (24 bytes, little-endian), followed by `len` payload bytes.
@@ -56,8 +57,10 @@ enum class Cmd : uint16_t {
     // Version 2.
     ALLOC_SIZE = 21,   // u32 dev, u8 kind, entry (a leaf) -> u64 bytes the tensor needs
     INIT_TENSOR = 22,  // u64 handle, entry (a leaf at entry offset) -> (empty)
+    // Version 3.
+    PREPARE_WEIGHTS = 23,  // u32 dev, u32 n, n entries (leaves in dev's buffers) -> (empty)
 };
-constexpr uint16_t kCmdMax = 22;
+constexpr uint16_t kCmdMax = 23;
 const char* cmd_name(uint16_t cmd);
 
 // Capability bits (HELLO). The server answers with the intersection of what both offer.
@@ -68,12 +71,13 @@ enum Caps : uint64_t {
 };
 
 // Device record caps bits (LIST_DEVICES, u8).
-constexpr uint8_t kDeviceCapAsync = 1;           // the device's caps().async
-constexpr uint8_t kDeviceCapEvents = 2;          // caps().events: EVENT_* work on this device
-constexpr uint8_t kDeviceCapSharedMemory = 4;    // host buffers are shared memory (unix sockets)
-constexpr uint8_t kDeviceCapPaddedAlloc = 8;     // caps().padded_alloc: ask ALLOC_SIZE
-constexpr uint8_t kDeviceCapInitTensor = 16;     // caps().init_tensor: send INIT_TENSOR
-constexpr uint8_t kDeviceCapSizeDependent = 32;  // caps().size_dependent: supports_op by size
+constexpr uint8_t kDeviceCapAsync = 1;            // the device's caps().async
+constexpr uint8_t kDeviceCapEvents = 2;           // caps().events: EVENT_* work on this device
+constexpr uint8_t kDeviceCapSharedMemory = 4;     // host buffers are shared memory (unix sockets)
+constexpr uint8_t kDeviceCapPaddedAlloc = 8;      // caps().padded_alloc: ask ALLOC_SIZE
+constexpr uint8_t kDeviceCapInitTensor = 16;      // caps().init_tensor: send INIT_TENSOR
+constexpr uint8_t kDeviceCapSizeDependent = 32;   // caps().size_dependent: supports_op by size
+constexpr uint8_t kDeviceCapPrepareWeights = 64;  // caps().prepare_weights: PREPARE_WEIGHTS
 
 // BUFFER_ALLOC kinds.
 constexpr uint8_t kBufferDevice = 0;  // the device's buffer_type()
@@ -90,6 +94,9 @@ constexpr uint8_t kGraphDelta =
 
 // Limits the server enforces on tables.
 constexpr uint32_t kMaxTableEntries = 1u << 18;  // 262144 tensors
+// Prepared weights a session may hold (PREPARE_WEIGHTS beyond it is an error); each is
+// charged kTensorCharge.
+constexpr uint32_t kMaxPreparedWeights = 1u << 16;
 // Graph tables a session keeps (LRU). Clients track at most kClientGraphCache of them so a
 // base they name is always still cached on the server.
 constexpr size_t kServerGraphCache = 16;

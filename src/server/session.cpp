@@ -91,6 +91,7 @@ Session::Session(const ServerOptions& opts, ServerCounters* counters, bool share
 Session::~Session() {
     events_.clear();  // before the backends and buffers they may refer to
     cache_.clear();   // holds pointers to buffers
+    prepared_.clear();
     cache_charge_ = 0;
     for (auto& [h, b] : buffers_) free_buffer(b);
     buffers_.clear();
@@ -140,6 +141,7 @@ uint64_t Session::scratch() const {
 
 uint64_t Session::charged() const {
     uint64_t n = saturating_add(buffer_charge_, cache_charge_);
+    n = saturating_add(n, prepared_.size() * remote::kTensorCharge);
     n = saturating_add(n, events_.size() * remote::kEventCharge);
     return saturating_add(n, scratch());
 }
@@ -150,7 +152,7 @@ Status Session::charge_ok(uint64_t more, const char* what) const {
     if (saturating_add(now, more) > opts_.max_memory) {
         return Status::errorf(
             "%s of %llu bytes would exceed the session memory limit (%llu of %llu bytes "
-            "charged: buffers, scratch, cached graphs, events)",
+            "charged: buffers, scratch, cached graphs, events, prepared weights)",
             what, static_cast<unsigned long long>(more), static_cast<unsigned long long>(now),
             static_cast<unsigned long long>(opts_.max_memory));
     }
@@ -224,6 +226,9 @@ Status Session::dispatch(uint16_t cmd, const uint8_t* p, size_t n, Reply* out) {
             return cmd_alloc_size(p, n, out);
         case Cmd::INIT_TENSOR:
             return cmd_init_tensor(p, n);
+        case Cmd::PREPARE_WEIGHTS:
+            if (version_ < 3) break;
+            return cmd_prepare_weights(p, n);
     }
     return Status::errorf("unknown command %u", cmd);
 }
@@ -293,6 +298,7 @@ Status Session::cmd_list_devices(Reply* out) {
                                          (c.init_tensor ? remote::kDeviceCapInitTensor : 0) |
                                          (c.size_dependent ? remote::kDeviceCapSizeDependent : 0));
         }
+        if (version_ >= 3 && c.prepare_weights) bits |= remote::kDeviceCapPrepareWeights;
         w.u8(bits);
         const DeviceMemory m = d->memory();
         w.u64(m.free);
@@ -519,6 +525,8 @@ Status Session::cmd_buffer_free(const uint8_t* p, size_t n) {
     cache_.clear();
     cache_charge_ = 0;
     auto it = buffers_.find(h);
+    const Buffer* gone = it->second.buf.get();
+    std::erase_if(prepared_, [&](const auto& kv) { return kv.first.first == gone; });
     free_buffer(it->second);
     buffers_.erase(it);
     return Status::ok();
@@ -707,8 +715,21 @@ Status Session::build_table(const uint8_t* bytes, uint32_t n, bool with_storage,
         }
         uint8_t* base = static_cast<uint8_t*>(t.buffer->base());
         t.data = base ? base + t.offs : nullptr;
+        if (t.op == Op::NONE && !t.view_src) attach_prepared(&t);
     }
     return Status::ok();
+}
+
+void Session::attach_prepared(Tensor* leaf) const {
+    if (prepared_.empty()) return;
+    auto it = prepared_.find({leaf->buffer, leaf->offs});
+    if (it == prepared_.end()) return;
+    const Tensor& w = it->second;
+    if (w.type != leaf->type || std::memcmp(w.ne, leaf->ne, sizeof(w.ne)) != 0 ||
+        std::memcmp(w.nb, leaf->nb, sizeof(w.nb)) != 0) {
+        return;  // other bytes at the same place: not the weight the device prepared
+    }
+    leaf->extra = w.extra;
 }
 
 Status Session::cmd_supports_op(const uint8_t* p, size_t n, Reply* out) {
@@ -930,6 +951,53 @@ Status Session::cmd_init_tensor(const uint8_t* p, size_t n) {
     FERRY_TRY(build_table(entry, 1, true, (*b)->dev, &ts));
     if (ts[0].op != Op::NONE) return Status::error("the tensor must be a leaf (op NONE)");
     return (*b)->buf->init_tensor(&ts[0]);
+}
+
+// PREPARE_WEIGHTS: the device's prepare_weights for leaves in its buffers (weights, written
+// already). The tensors are kept, so that the device may refer to them, until their buffer is
+// freed; leaves of graphs that are the same weights get their `extra` (see attach_prepared).
+Status Session::cmd_prepare_weights(const uint8_t* p, size_t n) {
+    Reader r(p, n);
+    const uint32_t dev = r.u32();
+    const uint32_t count = r.u32();
+    if (!r.ok()) return Status::error("malformed request");
+    Expected<Device*> d = device(dev);
+    if (!d) return d.status();
+    if (count == 0 || count > remote::kMaxPreparedWeights) {
+        return Status::errorf("%u weights (1..%u)", count, remote::kMaxPreparedWeights);
+    }
+    const uint8_t* table = r.bytes(static_cast<uint64_t>(count) * remote::kEntrySize);
+    if (!table || !r.done()) return Status::error("weight table size does not match its count");
+    if (prepared_.size() + count > remote::kMaxPreparedWeights) {
+        return Status::errorf("%zu prepared weights and %u more: over the limit of %u per session",
+                              prepared_.size(), count, remote::kMaxPreparedWeights);
+    }
+    FERRY_TRY(charge_ok(saturating_mul(count, remote::kTensorCharge), "prepared weights"));
+    std::vector<Tensor> ts;
+    FERRY_TRY(build_table(table, count, true, dev, &ts));
+    for (uint32_t i = 0; i < count; i++) {
+        const Tensor& t = ts[i];
+        if (t.op != Op::NONE || t.view_src) {
+            return Status::errorf("entry %u: a weight must be a leaf (op NONE, not a view)", i);
+        }
+    }
+    std::vector<Tensor*> weights;
+    weights.reserve(count);
+    for (uint32_t i = 0; i < count; i++) {
+        Tensor& kept = prepared_[{ts[i].buffer, ts[i].offs}];
+        kept = ts[i];
+        kept.extra = nullptr;
+        weights.push_back(&kept);
+    }
+    FERRY_TRY((*d)->prepare_weights(weights));
+    // Graphs cached before this request get the new extras too.
+    for (CachedGraph& g : cache_) {
+        if (g.dev != dev) continue;
+        for (Tensor* l : g.graph.leafs) {
+            if (!l->view_src) attach_prepared(l);
+        }
+    }
+    return Status::ok();
 }
 
 }  // namespace ferry::server

@@ -123,6 +123,10 @@ class Session {
     Status cmd_event(uint16_t cmd, const uint8_t* p, size_t n, Reply* out);
     Status cmd_alloc_size(const uint8_t* p, size_t n, Reply* out);
     Status cmd_init_tensor(const uint8_t* p, size_t n);
+    Status cmd_prepare_weights(const uint8_t* p, size_t n);
+    // Gives a leaf that is a prepared weight (same buffer, offset, type, shape and strides)
+    // that weight's Tensor::extra.
+    void attach_prepared(Tensor* leaf) const;
     // Fails, naming what and how much, when charging `more` bytes would pass max_memory.
     Status charge_ok(uint64_t more, const char* what) const;
     uint64_t scratch() const;
@@ -145,6 +149,9 @@ class Session {
     uint32_t version_ = 0;  // protocol version of the client (HELLO)
     std::function<bool()> abort_check_;
     uint64_t buffer_charge_ = 0, cache_charge_ = 0;
+    // Weights given to a device's prepare_weights (PREPARE_WEIGHTS), by (buffer, offset):
+    // the device may keep pointers to them and sets their `extra`. Dropped with their buffer.
+    std::map<std::pair<const Buffer*, uint64_t>, Tensor> prepared_;
     uint64_t caps_ = 0;
     std::map<uint64_t, SrvBuffer> buffers_;
     uint64_t next_handle_;  // buffer and event handles (one counter: never equal)

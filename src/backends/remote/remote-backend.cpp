@@ -11,8 +11,8 @@
 #include <unordered_set>
 
 #include "backends/remote/connection.h"
-#include "remote-proto/protocol.h"
 #include "ferry/remote.h"
+#include "remote-proto/protocol.h"
 
 namespace ferry {
 namespace remote {
@@ -382,6 +382,9 @@ class RemoteDevice : public Device {
         return bt && bt->remote_device() == this;
     }
     Expected<std::unique_ptr<Backend>> make_backend(const BackendOptions& opts = {}) override;
+    // PREPARE_WEIGHTS when the server's device prepares weights (device caps bit 64);
+    // otherwise nothing, with no request.
+    Status prepare_weights(std::span<Tensor* const> weights) override;
     Expected<std::unique_ptr<Event>> make_event() override {
         if (!(caps_bits_ & kDeviceCapEvents)) return Device::make_event();
         wire::Writer w;
@@ -488,6 +491,41 @@ size_t RemoteBufferType::alloc_size(const Tensor* t) const {
     if (size_cache_.size() > 65536) size_cache_.clear();  // bounded
     size_cache_[k] = static_cast<size_t>(n);
     return static_cast<size_t>(n);
+}
+
+Status RemoteDevice::prepare_weights(std::span<Tensor* const> weights) {
+    if (!(caps_bits_ & kDeviceCapPrepareWeights)) return Status::ok();
+    // In requests of at most kChunk entries (a few MiB), each answered before the next.
+    constexpr size_t kChunk = 16384;
+    std::vector<const Tensor*> list;
+    for (const Tensor* t : weights) {
+        if (t->view_src || !t->buffer || !supports_buffer_type(t->buffer->type())) {
+            return Status::errorf(ErrorCode::InvalidArgument,
+                                  "prepare_weights on %s: '%s' is not a tensor in its buffers",
+                                  name_.c_str(), t->name);
+        }
+        list.push_back(t);
+    }
+    if (list.size() > kMaxPreparedWeights) {
+        return Status::errorf(ErrorCode::InvalidArgument,
+                              "prepare_weights on %s: %zu weights, over the protocol's %u",
+                              name_.c_str(), list.size(), kMaxPreparedWeights);
+    }
+    for (size_t at = 0; at < list.size(); at += kChunk) {
+        const size_t n = std::min(kChunk, list.size() - at);
+        wire::Writer w;
+        w.u32(index_);
+        w.u32(static_cast<uint32_t>(n));
+        for (size_t i = at; i < at + n; i++) {
+            const Tensor* t = list[i];
+            Entry e = shape_entry(t);
+            e.handle = static_cast<const RemoteBuffer*>(t->buffer)->handle();
+            e.offs = t->offs;
+            write_entry(w, e);
+        }
+        FERRY_TRY(conn_->call(Cmd::PREPARE_WEIGHTS, w).status());
+    }
+    return Status::ok();
 }
 
 Status RemoteBuffer::init_tensor(Tensor* t) {
