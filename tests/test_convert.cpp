@@ -67,30 +67,9 @@ std::string convert(const std::string& arch, const std::string& type) {
     return r.rc == 0 ? out : "";
 }
 
-// TODO(bpe): remove once main loads byte-level BPE ("gpt2") vocabularies. Until then a
-// converted file's vocabulary is swapped for a SentencePiece one of the same size, so that the
-// weights, hyperparameters and graph can be checked now; logits do not depend on the vocabulary.
-std::string loadable(const std::string& path) {
-    Expected<std::unique_ptr<GgufFile>> f = GgufFile::open(path);
-    if (!f) return path;
-    Expected<Vocab> v = Vocab::from_gguf(**f);
-    if (v || v.message().find("gpt2") == std::string::npos) return path;
-    GgufWriter w = gguf_writer_from(**f);
-    const size_t n = (*f)->find_kv("tokenizer.ggml.tokens")->value.arr.size();
-    std::vector<std::string> tokens;
-    for (size_t i = 0; i < n; i++) tokens.push_back("<t" + std::to_string(i) + ">");
-    w.add_string("tokenizer.ggml.model", "llama");
-    w.add_string_array("tokenizer.ggml.tokens", tokens);
-    w.add_f32_array("tokenizer.ggml.scores", std::vector<float>(n, 0.0f));
-    w.add_i32_array("tokenizer.ggml.token_type", std::vector<int32_t>(n, 1));
-    const std::string out = path + ".spm.gguf";
-    EXPECT_TRUE(w.write(out).is_ok());
-    return out;
-}
-
 // NMSE of ferry's logits for every position against the oracle.
 double logits_nmse(const std::string& gguf, const Oracle& o, Type kv = Type::F32) {
-    Expected<std::unique_ptr<LlamaModel>> m = LlamaModel::load(loadable(gguf), {});
+    Expected<std::unique_ptr<LlamaModel>> m = LlamaModel::load(gguf, {});
     EXPECT_TRUE(m.has_value()) << m.message();
     if (!m) return INFINITY;
     SessionOptions so;
@@ -455,7 +434,7 @@ TEST(ConvertRemote, LogitsThroughServeAreLocalBits) {
         }
         const std::string f = convert(arch, "q8_0");
         ASSERT_FALSE(f.empty());
-        const std::string m = loadable(f);
+        const std::string& m = f;
         const std::string local = tmp_dir() + "/" + arch + ".local", remote = local + ".remote";
         auto a = sh(kBin + " logits -m " + m + " --tokens " + toks + " --out " + local);
         ASSERT_EQ(a.rc, 0) << a.out;
@@ -553,7 +532,7 @@ TEST(GenModel, EveryArchitectureLoadsAndRuns) {
 TEST(Arch, RejectsNonPositiveRopeFactors) {
     const std::string f = convert("llama", "f32");
     ASSERT_FALSE(f.empty());
-    Expected<std::unique_ptr<GgufFile>> g = GgufFile::open(loadable(f));
+    Expected<std::unique_ptr<GgufFile>> g = GgufFile::open(f);
     ASSERT_TRUE(g.has_value());
     std::vector<float> zeros(8, 0.0f);
     // Rebuild with rope_freqs replaced: copy every tensor, swapping the one.
@@ -579,7 +558,8 @@ TEST(Arch, RejectsNonPositiveRopeFactors) {
 namespace {
 
 // The tokenizer step on the real Llama 3 and Qwen3 tokenizers (../shared/fixtures/tokenizers):
-// every id in place, the added tokens typed as control, padding up to the model's vocab_size.
+// every id in place, the pre-tokenizer recognised from its regex, the added tokens typed as
+// control, padding up to the model's vocab_size.
 TEST(ConvertTokenizer, RealVocabularies) {
     const std::string fx = std::string(FERRY_FIXTURES_DIR) + "/tokenizers";
     struct C {
@@ -600,7 +580,7 @@ TEST(ConvertTokenizer, RealVocabularies) {
                     d + "/");
         ASSERT_EQ(r.rc, 0) << r.out;
         GgufWriter w;
-        Status st = convert_tokenizer(d, c.pre, c.n_vocab, w);
+        Status st = convert_tokenizer(d, c.n_vocab, w);
         ASSERT_TRUE(st.is_ok()) << st.message();
         const std::vector<uint8_t> bytes = w.to_bytes();
         Expected<std::unique_ptr<GgufFile>> g =
@@ -624,7 +604,7 @@ TEST(ConvertTokenizer, RealVocabularies) {
     }
     // Qwen3 has fewer tokens than its vocab_size: the rest are unused padding.
     GgufWriter w;
-    ASSERT_TRUE(convert_tokenizer(tmp_dir() + "/tok-qwen3", "qwen2", 151936, w).is_ok());
+    ASSERT_TRUE(convert_tokenizer(tmp_dir() + "/tok-qwen3", 151936, w).is_ok());
     const std::vector<uint8_t> bytes = w.to_bytes();
     Expected<std::unique_ptr<GgufFile>> g =
         GgufFile::from_memory(bytes.data(), bytes.size(), "tok.gguf");

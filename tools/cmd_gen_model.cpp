@@ -22,15 +22,12 @@ int cmd_gen_model(int argc, char** argv) {
                    "types, as llama.cpp's quantizer makes them; the weight type otherwise)"},
                   {{"-s", "--seed"}, "N", "random seed"},
                   {{"-t", "--threads"}, "N", "threads (default: all cores)"},
-                  {{"--vocab"},
-                   "FILE",
-                   "a Hugging Face tokenizer.json (byte-level BPE) whose vocabulary,\n"
-                   "special tokens and chat template (tokenizer_config.json in the same\n"
-                   "folder) the model gets instead of the generated one"},
-                  {{"--tokenizer"},
-                   "DIR",
-                   "carry the vocabulary of a Hugging Face tokenizer folder\n"
-                   "(tokenizer.json, tokenizer_config.json) instead of a synthetic one"},
+                  {{"--tokenizer", "--vocab"},
+                   "PATH",
+                   "a Hugging Face tokenizer.json (byte-level BPE), or a folder holding\n"
+                   "one: the model gets its vocabulary, special tokens and chat template\n"
+                   "(tokenizer_config.json beside it) instead of the generated ones, with\n"
+                   "max(preset, tokenizer) token rows (the rest unused padding)"},
               },
               argc, argv);
     if (args.help()) {
@@ -56,8 +53,7 @@ int cmd_gen_model(int argc, char** argv) {
     const std::optional<std::string> embd = args.value({"--embd-type"});
     const std::optional<long long> seed = args.integer({"-s", "--seed"});
     const std::optional<long long> threads = args.integer({"-t", "--threads"});
-    const std::optional<std::string> vocab = args.value({"--vocab"});
-    const std::optional<std::string> tokenizer = args.value({"--tokenizer"});
+    const std::optional<std::string> tokenizer = args.value({"--tokenizer", "--vocab"});
     if (Status st = args.finish(); !st) return fail("gen-model", st.message());
     if (!preset || !out) return fail("gen-model", "--preset and -o are required (see --help)");
     Expected<ModelPreset> p = find_preset(*preset);
@@ -76,8 +72,7 @@ int cmd_gen_model(int argc, char** argv) {
     }
     if (seed) opts.seed = static_cast<uint64_t>(*seed);
     if (threads) opts.n_threads = static_cast<int>(*threads);
-    if (vocab) opts.vocab_json = *vocab;
-    if (tokenizer) opts.tokenizer_dir = *tokenizer;
+    if (tokenizer) opts.tokenizer = *tokenizer;
     const auto t0 = std::chrono::steady_clock::now();
     if (Status st = generate_model(*p, opts, *out); !st) return fail("gen-model", st.message());
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -52,11 +52,10 @@ std::vector<float> llama3_rope_factors(int64_t head_dim, double rope_theta, doub
 // tests/test_convert.cpp.
 Type convert_fallback_type(Type want, int64_t ne0);
 
-// Adds the tokenizer.* keys for dir/tokenizer.json + dir/tokenizer_config.json (byte-level BPE:
-// tokenizer.ggml.model "gpt2", pre-tokenizer `pre`, tokens padded to n_vocab with [PADi]).
-// MINIMAL STAND-IN: to be replaced by tokenizer_json_to_gguf_kv() from the tokenizer work (bpe
-// branch); convert calls only this function for the tokenizer.
-Status convert_tokenizer(const std::string& dir, const std::string& pre, int64_t n_vocab,
-                         GgufWriter& w);
+// Adds the tokenizer.* keys the public converter writes for dir/tokenizer.json (byte-level BPE:
+// tokenizer.ggml.model "gpt2", the pre-tokenizer recognised from its regex, tokens padded to
+// n_vocab with [PADi]) and dir/tokenizer_config.json when present (special ids, add_bos,
+// chat template). Errors name the file and the field.
+Status convert_tokenizer(const std::string& dir, int64_t n_vocab, GgufWriter& w);
 
 }  // namespace ferry

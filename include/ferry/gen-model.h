@@ -40,15 +40,13 @@ struct GenModelOptions {
     Type embd_type = Type::Q6_K;
     uint64_t seed = 1;
     int n_threads = 0;  // quantization threads (0: all cores)
-    // A Hugging Face tokenizer.json (byte-level BPE) whose vocabulary the model gets instead of
-    // the generated SentencePiece one, with special token ids and chat template from the
-    // tokenizer_config.json beside it (when present); the model then has as many tokens as
-    // the tokenizer. Empty: the generated vocabulary of preset.n_vocab tokens.
-    std::string vocab_json;
-    // A Hugging Face tokenizer folder (tokenizer.json + tokenizer_config.json) whose
-    // vocabulary the file carries instead of the synthetic one (its size must not exceed the
-    // preset's n_vocab); empty: the synthetic SentencePiece vocabulary.
-    std::string tokenizer_dir;
+    // A Hugging Face tokenizer.json (byte-level BPE), or a folder holding one, whose vocabulary
+    // the model gets instead of the generated SentencePiece one, with special token ids and
+    // chat template from the tokenizer_config.json beside it (when present). The model has
+    // max(preset.n_vocab, the tokenizer's tokens) token rows; ids the tokenizer lacks are
+    // unused padding, as in the public models (Qwen3: 151669 tokens, 151936 rows). Empty: the
+    // generated vocabulary of preset.n_vocab tokens.
+    std::string tokenizer;
 };
 
 // Sets opts.type / opts.mixture from a --type value: a storage type name ("q4_k", "mxfp4", ...)

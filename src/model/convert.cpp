@@ -392,7 +392,7 @@ Status convert_hf_to_gguf(const ConvertOptions& o) {
         w.add_f32(a + ".rope.scaling.factor", static_cast<float>(c.rope_factor));
     }
     w.add_u32("general.quantization_version", 2);
-    FERRY_TRY(convert_tokenizer(o.hf_dir, a == "llama" ? "llama-bpe" : "qwen2", c.n_vocab, w));
+    FERRY_TRY(convert_tokenizer(o.hf_dir, c.n_vocab, w));
 
     if (c.rope_type == "llama3") {
         const std::vector<float> f =

@@ -1,5 +1,6 @@
 #include "ferry/gen-model.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -253,19 +254,30 @@ Status generate_model(const ModelPreset& preset, const GenModelOptions& opts,
                       const std::string& path) {
     ModelPreset p = preset;
     std::vector<GgufKV> vocab_kv;
-    if (!opts.vocab_json.empty()) {
-        const size_t slash = opts.vocab_json.rfind('/');
+    if (!opts.tokenizer.empty()) {
+        struct stat st {};
+        const bool dir = ::stat(opts.tokenizer.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+        const std::string json = dir ? opts.tokenizer + "/tokenizer.json" : opts.tokenizer;
+        const size_t slash = json.rfind('/');
         const std::string config =
-            (slash == std::string::npos ? std::string(".") : opts.vocab_json.substr(0, slash)) +
+            (slash == std::string::npos ? std::string(".") : json.substr(0, slash)) +
             "/tokenizer_config.json";
-        Expected<std::vector<GgufKV>> kv = tokenizer_json_to_gguf_kv(
-            opts.vocab_json, access(config.c_str(), R_OK) == 0 ? config : std::string());
+        const std::string cfg = access(config.c_str(), R_OK) == 0 ? config : std::string();
+        Expected<std::vector<GgufKV>> kv = tokenizer_json_to_gguf_kv(json, cfg);
         if (!kv) return kv.status();
+        int64_t n = 0;
+        for (const GgufKV& e : *kv) {
+            if (e.key == "tokenizer.ggml.tokens") n = static_cast<int64_t>(e.value.arr.size());
+        }
+        if (n < p.n_vocab) {  // padded up to the preset's embedding rows
+            TokenizerJsonOptions o;
+            o.vocab_size = p.n_vocab;
+            kv = tokenizer_json_to_gguf_kv(json, cfg, o);
+            if (!kv) return kv.status();
+        } else {
+            p.n_vocab = static_cast<int32_t>(n);
+        }
         vocab_kv = std::move(*kv);
-    }
-    for (const GgufKV& kv : vocab_kv) {
-        if (kv.key == "tokenizer.ggml.tokens")
-            p.n_vocab = static_cast<int32_t>(kv.value.arr.size());
     }
     const Type wt = opts.type;
     if (wt == Type::I32 || wt == Type::Q8_K ||
@@ -302,11 +314,8 @@ Status generate_model(const ModelPreset& preset, const GenModelOptions& opts,
     }
     if (!vocab_kv.empty()) {
         for (GgufKV& kv : vocab_kv) w.add_kv(kv.key, std::move(kv.value));
-    } else if (opts.tokenizer_dir.empty()) {
-        add_vocab(w, p.n_vocab);
     } else {
-        FERRY_TRY(convert_tokenizer(opts.tokenizer_dir, a == "llama" ? "llama-bpe" : "qwen2",
-                                    p.n_vocab, w));
+        add_vocab(w, p.n_vocab);
     }
     if (p.llama3_rope_factor > 0.0f) {
         // Llama 3.1/3.2's published rope scaling (low 1, high 4, original context 8192).

@@ -1,10 +1,13 @@
 #include "model/tokenizer-json.h"
 
+#include <unistd.h>
+
 #include <fstream>
 #include <sstream>
 #include <unordered_map>
 
 #include "core/json.h"
+#include "ferry/convert.h"
 
 namespace ferry {
 
@@ -258,6 +261,17 @@ Expected<std::vector<GgufKV>> tokenizer_json_to_gguf_kv(const std::string& token
         kv.push_back({"tokenizer.chat_template", str_value(std::move(chat_template))});
     }
     return kv;
+}
+
+Status convert_tokenizer(const std::string& dir, int64_t n_vocab, GgufWriter& w) {
+    const std::string config = dir + "/tokenizer_config.json";
+    TokenizerJsonOptions o;
+    o.vocab_size = n_vocab;
+    Expected<std::vector<GgufKV>> kv = tokenizer_json_to_gguf_kv(
+        dir + "/tokenizer.json", access(config.c_str(), R_OK) == 0 ? config : std::string(), o);
+    if (!kv) return kv.status();
+    for (GgufKV& e : *kv) w.add_kv(e.key, std::move(e.value));
+    return Status::ok();
 }
 
 }  // namespace ferry
