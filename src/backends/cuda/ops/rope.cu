@@ -11,6 +11,8 @@ namespace {
 
 __global__ void k_rope(TV d, TV a, const int32_t* pos, int n_dims, int mode, double base,
                        double fscale) {
+    pdl_wait();  // launched with launch_pdl: nothing before this touches memory
+    pdl_trigger();
     const int64_t r = blockIdx.x;
     const int64_t i1 = r % d.ne[1], i2 = (r / d.ne[1]) % d.ne[2], i3 = r / (d.ne[1] * d.ne[2]);
     const float* x =
@@ -38,10 +40,10 @@ Status op_rope(OpContext& ctx, const Tensor* dst) {
     if (dst->nrows() == 0) return Status::ok();
     const int n_dims = dst->op_params[0];
     const int threads = n_dims / 2 >= 64 ? 64 : 32;
-    k_rope<<<n_blocks(dst->nrows(), 1), threads, 0, ctx.stream>>>(
-        tv(dst), tv(dst->src[0]), reinterpret_cast<const int32_t*>(device_ptr(dst->src[1])), n_dims,
-        dst->op_params[1], static_cast<double>(dst->param_f(2)),
-        static_cast<double>(dst->param_f(3)));
+    launch_pdl(k_rope, dim3(n_blocks(dst->nrows(), 1)), dim3(threads), 0, ctx.stream, tv(dst),
+               tv(dst->src[0]), reinterpret_cast<const int32_t*>(device_ptr(dst->src[1])), n_dims,
+               dst->op_params[1], static_cast<double>(dst->param_f(2)),
+               static_cast<double>(dst->param_f(3)));
     return launch_status("ROPE");
 }
 
