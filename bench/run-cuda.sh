@@ -4,7 +4,10 @@
 #
 #   FIXTURES=path/to/fixtures   the ../shared/fixtures tree (tiny-llama), copied next to the source
 #   GTEST_SRC=path/to/googletest  GoogleTest sources, built first when the machine has no GTest
-#   STEPS="build ops tests bench serve"  which parts to run (default: all)
+#   STEPS="build ops tests bench serve"  which parts to run (default: those five); also
+#         "tg" (tg128 only, no variants), "positions" (per-position flips against the oracle,
+#         CPU and CUDA0), "profile" (FERRY_CUDA_PROFILE), "ncu" (per-kernel times under ncu)
+#   TARGETS="ferry test_cuda test_ops"  what the build step builds
 #
 # Results are recorded by hand in bench/results/cuda.md with the date and the machine.
 set -uo pipefail
@@ -25,7 +28,9 @@ fi
 if has build; then
   log build
   prefix=()
-  if [ -n "${GTEST_SRC:-}" ]; then
+  if [ -n "${GTEST_SRC:-}" ] && [ -d /tmp/gtest/lib ]; then
+    prefix=(-DCMAKE_PREFIX_PATH=/tmp/gtest)  # built by an earlier run on this machine
+  elif [ -n "${GTEST_SRC:-}" ]; then
     cmake -S "$GTEST_SRC" -B /tmp/gtest-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_INSTALL_PREFIX=/tmp/gtest >/tmp/gtest.log 2>&1 &&
       cmake --build /tmp/gtest-build -j "$JOBS" >>/tmp/gtest.log 2>&1 &&
@@ -34,7 +39,7 @@ if has build; then
   fi
   cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O3 -DNDEBUG" \
     -DFERRY_CUDA=ON -DFERRY_BENCH=OFF "${prefix[@]}" >"$OUT/build.log" 2>&1 &&
-    cmake --build "$B" -j "$JOBS" --target ferry test_cuda test_ops >>"$OUT/build.log" 2>&1 ||
+    cmake --build "$B" -j "$JOBS" --target ${TARGETS:-ferry test_cuda test_ops} >>"$OUT/build.log" 2>&1 ||
     { log "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1; }
   log "built"
 fi
@@ -68,20 +73,72 @@ if has bench; then
   for m in /tmp/llama-1b-q4_0.gguf /tmp/llama-1b-f16.gguf ../shared/fixtures/tiny-llama/tiny-llama-q8_0.gguf; do
     log "bench $m"
     mem_watch "$OUT/mem.tmp" & mw=$!
-    "$F" bench -m "$m" --device CUDA0 -p 512 -n 128 -r 5 2>&1 | tee -a "$OUT/summary.txt"
+    "$F" bench -m "$m" --device CUDA0 -p 512 -n 128 -r "${REPS:-5}" 2>&1 | tee -a "$OUT/summary.txt"
     kill $mw 2>/dev/null; wait $mw 2>/dev/null
     echo "peak GPU memory used: $(peak "$OUT/mem.tmp") MiB" | tee -a "$OUT/summary.txt"
   done
   rm -f "$OUT/mem.tmp"
-  for v in "FERRY_CUDA_GRAPH=0" "FERRY_CUDA_FUSION=0" "FERRY_CUDA_MV_OCC=0"; do
+  # VARIANTS: ';'-separated environment settings, each benchmarked (tg128) against the default.
+  IFS=';' read -r -a variants <<<"${VARIANTS:-FERRY_CUDA_GRAPH=0;FERRY_CUDA_FUSION=0;FERRY_CUDA_MV_OCC=0;FERRY_CUDA_PDL=0;FERRY_CUDA_MV_Q8=0;FERRY_CUDA_MV_Q8=0 FERRY_CUDA_PDL=0}"
+  for v in "${variants[@]}"; do
     for m in /tmp/llama-1b-q4_0.gguf /tmp/llama-1b-f16.gguf; do
       log "bench $m tg128 with $v"
-      env "$v" "$F" bench -m "$m" --device CUDA0 -p 0 -n 128 -r 3 2>&1 | grep tg128 | tee -a "$OUT/summary.txt"
+      env $v "$F" bench -m "$m" --device CUDA0 -p 0 -n 128 -r 3 2>&1 | grep tg128 | tee -a "$OUT/summary.txt"
     done
   done
 fi
 
+gen_models() {
+  for t in q4_0 f16; do
+    [ -f /tmp/llama-1b-$t.gguf ] ||
+      "$F" gen-model --preset llama-3.2-1b --type $t -o /tmp/llama-1b-$t.gguf >/dev/null 2>&1
+  done
+}
+
+if has positions; then
+  # The q5_k_m file with every block-format tensor dequantized to F32: the quantized model
+  # computed with fp32 activations (no activation quantization anywhere).
+  g++ -std=c++20 -O2 -Iinclude -Isrc bench/tools/dequant-gguf.cpp -Wl,--start-group \
+    "$B"/libferry_model.a "$B"/libferry_backend.a "$B"/libferry_core.a -Wl,--end-group \
+    -lpthread -o /tmp/dequant-gguf >"$OUT/dequant.log" 2>&1 || log "dequant-gguf: build failed"
+  /tmp/dequant-gguf ../shared/fixtures/tiny-llama/tiny-llama-q5_k_m.gguf /tmp/q5_k_m-deq.gguf \
+    >>"$OUT/dequant.log" 2>&1
+  for dev in CPU CUDA0; do
+    log "oracle positions q5_k_m dequantized to f32 $dev"
+    python3 bench/oracle-positions.py "$F" /tmp/q5_k_m-deq.gguf --device $dev 2>&1 |
+      tee -a "$OUT/summary.txt"
+  done
+  for enc in q5_k_m q6_k q4_k_m; do
+    for dev in CPU CUDA0; do
+      log "oracle positions $enc $dev"
+      python3 bench/oracle-positions.py "$F" ../shared/fixtures/tiny-llama/tiny-llama-$enc.gguf \
+        --device $dev 2>&1 | tee -a "$OUT/summary.txt"
+    done
+  done
+fi
+
+if has tg; then
+  gen_models
+  for m in /tmp/llama-1b-q4_0.gguf /tmp/llama-1b-f16.gguf ../shared/fixtures/tiny-llama/tiny-llama-q8_0.gguf; do
+    log "bench tg $m"
+    "$F" bench -m "$m" --device CUDA0 -p 0 -n 128 -r 5 2>&1 | grep tg128 | tee -a "$OUT/summary.txt"
+  done
+fi
+
+if has ncu; then
+  gen_models
+  for m in ${NCU_MODELS:-/tmp/llama-1b-q4_0.gguf /tmp/llama-1b-f16.gguf ../shared/fixtures/tiny-llama/tiny-llama-q8_0.gguf}; do
+    log "ncu decode kernels $m"
+    b=$(basename "$m" .gguf)
+    timeout 100 ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum \
+      --csv --print-units base --launch-skip 600 --launch-count 300 "$F" bench -m "$m" --device CUDA0 -p 0 -n 8 -r 1 \
+      >"$OUT/ncu-$b.csv" 2>"$OUT/ncu-$b.err"
+    python3 bench/ncu-summary.py "$OUT/ncu-$b.csv" 2>&1 | tee -a "$OUT/summary.txt"
+  done
+fi
+
 if has profile; then
+  gen_models
   for m in /tmp/llama-1b-q4_0.gguf; do
     log "kernel profile (FERRY_CUDA_PROFILE=1) tg32 $m"
     FERRY_CUDA_PROFILE=1 "$F" bench -m "$m" --device CUDA0 -p 0 -n 32 -r 1 2>&1 | head -40 | tee -a "$OUT/summary.txt"
@@ -96,8 +153,10 @@ if has serve; then
   sleep 2
   "$F" devices --remote unix:/tmp/ferry-cuda.sock 2>&1 | tee -a "$OUT/summary.txt"
   "$F" bench -m /tmp/llama-1b-q4_0.gguf --remote unix:/tmp/ferry-cuda.sock -p 512 -n 128 -r 3 2>&1 | tee -a "$OUT/summary.txt"
-  "$F" test-ops --remote unix:/tmp/ferry-cuda.sock --backend unix:/tmp/ferry-cuda.sock/CUDA0 >"$OUT/test-ops-remote.txt" 2>&1
-  tail -2 "$OUT/test-ops-remote.txt" | tee -a "$OUT/summary.txt"
+  if [ "${SERVE_OPS:-1}" != 0 ]; then
+    "$F" test-ops --remote unix:/tmp/ferry-cuda.sock --backend unix:/tmp/ferry-cuda.sock/CUDA0 >"$OUT/test-ops-remote.txt" 2>&1
+    tail -2 "$OUT/test-ops-remote.txt" | tee -a "$OUT/summary.txt"
+  fi
   kill $sp 2>/dev/null
 fi
 log done

@@ -11,11 +11,12 @@
 #include <vector>
 
 #include "backends/cpu/cpu-backend.h"
+#include "core/json.h"
 #include "ferry/backend.h"
+#include "ferry/gguf.h"
 #include "ferry/llama.h"
 #include "ferry/op-tests.h"
 #include "ferry/scheduler.h"
-#include "core/json.h"
 #ifdef FERRY_HAVE_CUDA
 #include "backends/cuda/cuda-backend.h"
 #endif
@@ -218,6 +219,101 @@ TEST(Cuda, F32WithF32CacheMatchesOracle) {
                 r.top1_min, r.kl_mean);
     EXPECT_LE(r.nmse_max, 1e-8);
     EXPECT_EQ(r.top1_min, 1.0);
+}
+
+// Every position's logits of every prompt, one model path, one device, one KV type.
+std::vector<std::vector<float>> prompt_logits(const std::string& path, Type kv, Device* dev) {
+    std::vector<std::vector<float>> out;
+    ModelOptions mo;
+    mo.devices.push_back(dev);
+    Expected<std::unique_ptr<LlamaModel>> m = LlamaModel::load(path, mo);
+    EXPECT_TRUE(m) << m.message();
+    if (!m) return out;
+    SessionOptions so;
+    so.kv_type = kv;
+    so.n_threads = 2;
+    Expected<std::unique_ptr<LlamaSession>> s = LlamaSession::create(**m, so);
+    EXPECT_TRUE(s) << s.message();
+    if (!s) return out;
+    for (const Case& c : cases()) {
+        (*s)->reset();
+        Status st = (*s)->decode(c.tokens, true);
+        EXPECT_TRUE(st) << st.message();
+        if (!st) return {};
+        std::vector<float> rows;
+        for (size_t i = 0; i < c.tokens.size(); i++) {
+            const float* r = (*s)->logits(static_cast<int32_t>(i));
+            rows.insert(rows.end(), r, r + kVocab);
+        }
+        out.push_back(std::move(rows));
+    }
+    return out;
+}
+
+// Why q5_k_m lands one top-1 position under the peer: the GPU multiplies fp32 activations
+// with the exact dequantized weights, and so does the CPU when handed the same weights as F32
+// (no activation quantization anywhere). Both give the same logits and the same argmax at
+// every position, so the GPU's top-1 is what exact arithmetic on these weights gives: the
+// position it loses (prompt 0, position 2) is a near-tie in the oracle itself (margin 0.0074),
+// which the peer's and the CPU's q8 activation rounding happen to resolve the other way.
+TEST(Cuda, KQuantLogitsAreExactArithmeticOnTheSameWeights) {
+    REQUIRE_GPU();
+    Device* cpu = find_device("CPU");
+    ASSERT_NE(cpu, nullptr);
+    const std::string src = kDir + "/tiny-llama-q5_k_m.gguf";
+    const std::string deq = ::testing::TempDir() + "/tiny-llama-q5_k_m-as-f32.gguf";
+    {
+        Expected<std::unique_ptr<GgufFile>> f = GgufFile::open(src);
+        ASSERT_TRUE(f) << f.message();
+        GgufWriter w;
+        for (const GgufKV& kv : (*f)->kvs()) w.add_kv(kv.key, kv.value);
+        for (const GgufTensorInfo& t : (*f)->tensors()) {
+            const uint8_t* p = (*f)->tensor_data(t);
+            if (!is_quantized(t.type)) {
+                ASSERT_TRUE(w.add_tensor(t.name, t.type, t.n_dims, t.ne, p, t.nbytes));
+                continue;
+            }
+            const int64_t n = t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3];
+            std::vector<float> v(static_cast<size_t>(n));
+            ASSERT_TRUE(to_float_row(t.type, p, v.data(), n));
+            ASSERT_TRUE(w.add_tensor(t.name, Type::F32, t.n_dims, t.ne, v.data(),
+                                     v.size() * sizeof(float)));
+        }
+        ASSERT_TRUE(w.write(deq));
+    }
+    const std::vector<std::vector<float>> g = prompt_logits(src, Type::F32, gpu());
+    const std::vector<std::vector<float>> c = prompt_logits(deq, Type::F32, cpu);
+    std::remove(deq.c_str());
+    ASSERT_EQ(g.size(), cases().size());
+    ASSERT_EQ(c.size(), cases().size());
+    for (size_t k = 0; k < cases().size(); k++) {
+        double err = 0.0, ref = 0.0;
+        int agree_gc = 0, agree_go = 0, agree_co = 0;
+        const size_t n = cases()[k].tokens.size();
+        for (size_t i = 0; i < n; i++) {
+            const float* gr = g[k].data() + i * kVocab;
+            const float* cr = c[k].data() + i * kVocab;
+            const float* orc = cases()[k].logits.data() + i * kVocab;
+            const auto ag = std::max_element(gr, gr + kVocab) - gr;
+            const auto ac = std::max_element(cr, cr + kVocab) - cr;
+            const auto ao = std::max_element(orc, orc + kVocab) - orc;
+            agree_gc += ag == ac;
+            agree_go += ag == ao;
+            agree_co += ac == ao;
+            for (int j = 0; j < kVocab; j++) {
+                const double d = static_cast<double>(gr[j]) - cr[j];
+                err += d * d;
+                ref += static_cast<double>(cr[j]) * cr[j];
+            }
+        }
+        std::printf(
+            "[ cuda     ] q5_k_m prompt %zu: GPU vs CPU-on-F32-weights nmse %.2e, "
+            "top1 vs oracle GPU %d/%zu CPU-on-F32-weights %d/%zu\n",
+            k, err / ref, agree_go, n, agree_co, n);
+        EXPECT_LE(err / ref, 1e-8) << "prompt " << k;
+        EXPECT_EQ(static_cast<size_t>(agree_gc), n) << "prompt " << k;
+        EXPECT_EQ(agree_go, agree_co) << "prompt " << k;
+    }
 }
 
 #ifdef FERRY_HAVE_CUDA

@@ -977,11 +977,24 @@ bool plain(Type t) {
 bool quant_store(Type t) {
     return t == Type::Q4_0 || t == Type::Q4_1 || t == Type::Q8_0;
 }
+
+// Storage types the kernels decode (load_elem, the matrix-vector decoders): the block formats
+// added since (Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4) are not among them yet and go to
+// the CPU.
+bool decodable(Type t) {
+    return plain(t) || t == Type::Q4_0 || t == Type::Q4_1 || t == Type::Q8_0 || t == Type::Q4_K ||
+           t == Type::Q5_K || t == Type::Q6_K;
+}
 }  // namespace
 
 bool supports(const Tensor* n) {
     if (is_view_op(n->op)) return true;
     switch (n->op) {
+        case Op::MUL_MAT:
+        case Op::GET_ROWS:
+            return decodable(n->src[0]->type);
+        case Op::ROPE:
+            return !n->src[2] || n->src[2]->type == Type::F32;
         case Op::CPY:
         case Op::CONT: {
             const Tensor* s = n->src[0];
@@ -990,6 +1003,7 @@ bool supports(const Tensor* n) {
                 return s->type == d->type || (s->type != Type::I32 && d->type != Type::I32);
             }
             if (d->type == Type::I32 || s->type == Type::I32) return false;
+            if (!decodable(s->type)) return false;
             // Block formats: whole rows, stored into a format the kernels can quantize to.
             return s->ne[0] % 32 == 0 &&
                    (s->type == d->type || plain(d->type) || quant_store(d->type));

@@ -39,6 +39,8 @@ template <int DT>
 __global__ void __launch_bounds__(32 * kWarps) k_attn(AttnArgs g) {
     __shared__ float s_m[kWarps], s_l[kWarps];
     __shared__ float s_acc[kWarps][DT * 32];
+    pdl_wait();     // launched with launch_pdl: nothing before this touches memory
+    pdl_trigger();  // the output projection that follows may start prefetching its weights
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int64_t r = blockIdx.x;
     const int64_t h = r % g.n_head, iq = (r / g.n_head) % g.n_q, i3 = r / (g.n_head * g.n_q);
@@ -234,13 +236,13 @@ Status op_flash_attn_ext(OpContext& ctx, const Tensor* dst) {
     const dim3 grid(n_blocks(rows, 1), static_cast<unsigned>(g.n_split));
     const int64_t dmax = std::max(g.D, g.Dv);
     if (dmax <= 32) {
-        k_attn<1><<<grid, 32 * kWarps, 0, ctx.stream>>>(g);
+        launch_pdl(k_attn<1>, grid, dim3(32 * kWarps), 0, ctx.stream, g);
     } else if (dmax <= 64) {
-        k_attn<2><<<grid, 32 * kWarps, 0, ctx.stream>>>(g);
+        launch_pdl(k_attn<2>, grid, dim3(32 * kWarps), 0, ctx.stream, g);
     } else if (dmax <= 128) {
-        k_attn<4><<<grid, 32 * kWarps, 0, ctx.stream>>>(g);
+        launch_pdl(k_attn<4>, grid, dim3(32 * kWarps), 0, ctx.stream, g);
     } else if (dmax <= 256) {
-        k_attn<8><<<grid, 32 * kWarps, 0, ctx.stream>>>(g);
+        launch_pdl(k_attn<8>, grid, dim3(32 * kWarps), 0, ctx.stream, g);
     } else {
         return Status::errorf("CUDA: FLASH_ATTN_EXT head size %lld over 256",
                               static_cast<long long>(dmax));

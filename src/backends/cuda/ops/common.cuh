@@ -44,6 +44,48 @@ inline unsigned n_blocks(int64_t n, int threads) {
     return static_cast<unsigned>(b < 1 ? 1 : (b > 0x7fffffff ? 0x7fffffff : b));
 }
 
+// Programmatic dependent launch (sm_90; FERRY_CUDA_PDL=0 turns it off): a kernel launched
+// with launch_pdl may start while the kernel before it in the stream is still running (once
+// every block of that one has called pdl_trigger), so its launch and whatever it does before
+// pdl_wait (prefetching weights) overlap that kernel's tail. It must call pdl_wait before it
+// reads anything an earlier kernel wrote or writes anything; pdl_wait returns once the
+// previous kernel has completed and its writes are visible. Both are no-ops in a kernel
+// launched without the attribute.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+// Asks for the 128-byte lines of [p, p + n) in L2 (a hint; lanes of a warp share the work).
+__device__ __forceinline__ void prefetch_l2(const char* p, int64_t n, int lane) {
+    for (int64_t o = static_cast<int64_t>(lane) * 128; o < n; o += 32 * 128) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+    }
+}
+
+bool pdl_enabled();
+
+template <typename... KArgs, typename... Args>
+cudaError_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                       cudaStream_t st, Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Device side
 

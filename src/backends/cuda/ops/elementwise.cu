@@ -19,6 +19,8 @@ __device__ __forceinline__ float gelu_f(float x) {
 
 template <EW op>
 __global__ void k_elementwise(TV d, TV a, TV b, float p0, float p1) {
+    pdl_wait();  // launched with launch_pdl: nothing before this touches memory
+    pdl_trigger();
     const int64_t r = blockIdx.x;
     const int64_t i1 = r % d.ne[1], i2 = (r / d.ne[1]) % d.ne[2], i3 = r / (d.ne[1] * d.ne[2]);
     float* out = reinterpret_cast<float*>(d.p + i1 * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3]);
@@ -61,9 +63,9 @@ Status launch(OpContext& ctx, const Tensor* dst, const char* name) {
     const int64_t rows = dst->nrows();
     if (rows == 0 || dst->ne[0] == 0) return Status::ok();
     const int threads = dst->ne[0] >= 256 ? 256 : (dst->ne[0] >= 64 ? 64 : 32);
-    k_elementwise<op><<<n_blocks(rows, 1), threads, 0, ctx.stream>>>(
-        d, a, b, dst->op == Op::SCALE ? dst->param_f(0) : 0.0f,
-        dst->op == Op::SCALE ? dst->param_f(1) : 0.0f);
+    launch_pdl(k_elementwise<op>, dim3(n_blocks(rows, 1)), dim3(threads), 0, ctx.stream, d, a, b,
+               dst->op == Op::SCALE ? dst->param_f(0) : 0.0f,
+               dst->op == Op::SCALE ? dst->param_f(1) : 0.0f);
     return launch_status(name);
 }
 

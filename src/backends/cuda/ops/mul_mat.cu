@@ -274,6 +274,7 @@ struct MvArgs {
     const char* a2;  // GLU: the second ("up") matrix, same type and strides as a
     int64_t a_nb1, a_nb2, a_nb3;
     int64_t K, M;
+    int64_t a_row_bytes;  // bytes of one row of a (K elements)
     const char* b;
     int64_t b_nb1, b_nb2, b_nb3;
     int64_t N;
@@ -345,6 +346,14 @@ __global__ void __launch_bounds__(32 * kMvWarps, MINB) k_mul_mat_vec(MvArgs g) {
     const int64_t col0 = static_cast<int64_t>(blockIdx.z) * kMaxCols;
     const int n_cols = static_cast<int>(min(static_cast<int64_t>(NC), g.N - col0));
     const char* bm = g.b + i2 * g.b_nb2 + i3 * g.b_nb3 + col0 * g.b_nb1;
+    pdl_trigger();
+    if (valid && part == 0 && blockIdx.z == 0) {
+        // Weights never depend on the kernel before: the row's bytes are on their way to L2
+        // while that kernel finishes.
+        prefetch_l2(row, g.a_row_bytes, lane);
+        if constexpr (glu) prefetch_l2(row2, g.a_row_bytes, lane);
+    }
+    pdl_wait();
     float acc[NC], acc2[glu ? NC : 1];
 #pragma unroll
     for (int n = 0; n < NC; n++) acc[n] = 0.0f;
@@ -465,9 +474,9 @@ void launch_vec_s(const MvArgs& g, dim3 grid, cudaStream_t st) {
     // Measured on the H200 (bench/results/cuda.md, 1B Q4_0 tg128, same machine): the cap for
     // every split gave 504 t/s, for splits <= 2 only 473, none 428.
     if (NC == 1 && occupancy_mode()) {
-        k_mul_mat_vec<T, NC, true, S, glu, 3><<<grid, 32 * kMvWarps, 0, st>>>(g);
+        launch_pdl(k_mul_mat_vec<T, NC, true, S, glu, 3>, grid, dim3(32 * kMvWarps), 0, st, g);
     } else {
-        k_mul_mat_vec<T, NC, true, S, glu, 1><<<grid, 32 * kMvWarps, 0, st>>>(g);
+        launch_pdl(k_mul_mat_vec<T, NC, true, S, glu, 1>, grid, dim3(32 * kMvWarps), 0, st, g);
     }
 }
 
@@ -518,6 +527,7 @@ MvArgs make_args(const Tensor* dst, const Tensor* res) {
     g.a_nb3 = static_cast<int64_t>(a->nb[3]);
     g.K = a->ne[0];
     g.M = a->ne[1];
+    g.a_row_bytes = static_cast<int64_t>(row_size(a->type, a->ne[0]));
     g.b = device_ptr(b);
     g.b_nb1 = static_cast<int64_t>(b->nb[1]);
     g.b_nb2 = static_cast<int64_t>(b->nb[2]);
@@ -589,6 +599,328 @@ Status dispatch_vec(OpContext& ctx, const MvArgs& g, Type t, dim3 grid, int spli
     return launch_status(glu ? "MUL_MAT+MUL_MAT+SWIGLU" : "MUL_MAT (vec)");
 }
 
+// ---------------------------------------------------------------------------------------------
+// Decode with block-format weights: b quantized to int8 and integer dot products (dp4a).
+//
+// Measured first (bench/results/cuda.md, ncu): the float kernel above reaches only 360-830 GB/s
+// on Q4_0/Q6_K rows because it spends ~7 instructions per weight (unpack, int-to-float, FMA,
+// and 4 bytes of b per weight from L1) — instruction-bound far below the memory's rate. Here
+// each block first quantizes its column of b into shared memory (int8, one float scale per 32
+// elements: the Q8_0 scheme of the CPU backend with an unrounded scale), then a lane's 8
+// weights take 2 dp4a (4 products each) against the matching b words, and one FMA applies the
+// weight scale times b's scale: ~1.5 instructions per weight. The quantized b's rounding is
+// what kMulMatQ in the op tests bounds (NMSE ~1.6e-5). A lane's 8 weights always lie in one
+// 32-element block of b (the layouts of Dec above), so one b scale applies to them.
+
+// The 8 weights of a lane in chunk c as two words of 4 signed bytes: v0 at elements o0..o0+3,
+// v1 at o1..o1+3; weight = d * q + m (m only for the types with a min).
+struct Lane8i {
+    int32_t v0, v1;
+    float d, m;
+    int32_t o0, o1;
+};
+
+template <Type T>
+struct IDec;
+
+template <>
+struct IDec<Type::Q4_0> {
+    static constexpr bool kMin = false;
+    __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
+        const int64_t blk = c * 8 + lane / 4;
+        const char* bp = row + blk * 18;
+        const int p = lane % 4;
+        const uint32_t v = ld32_a2(bp + 2 + 4 * p);
+        w.v0 = static_cast<int32_t>(__vsub4(v & 0x0f0f0f0fu, 0x08080808u));
+        w.v1 = static_cast<int32_t>(__vsub4((v >> 4) & 0x0f0f0f0fu, 0x08080808u));
+        w.d = h2f(ld16(bp));
+        w.m = 0.0f;
+        w.o0 = static_cast<int32_t>(blk * 32 + 4 * p);
+        w.o1 = w.o0 + 16;
+    }
+};
+
+template <>
+struct IDec<Type::Q4_1> {
+    static constexpr bool kMin = true;
+    __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
+        const int64_t blk = c * 8 + lane / 4;
+        const char* bp = row + blk * 20;
+        const int p = lane % 4;
+        const uint32_t v = ld32_a2(bp + 4 + 4 * p);
+        w.v0 = static_cast<int32_t>(v & 0x0f0f0f0fu);
+        w.v1 = static_cast<int32_t>((v >> 4) & 0x0f0f0f0fu);
+        w.d = h2f(ld16(bp));
+        w.m = h2f(ld16(bp + 2));
+        w.o0 = static_cast<int32_t>(blk * 32 + 4 * p);
+        w.o1 = w.o0 + 16;
+    }
+};
+
+template <>
+struct IDec<Type::Q8_0> {
+    static constexpr bool kMin = false;
+    __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
+        const int64_t blk = c * 8 + lane / 4;
+        const char* bp = row + blk * 34;
+        const int p = lane % 4;
+        w.v0 = static_cast<int32_t>(ld32_a2(bp + 2 + 8 * p));
+        w.v1 = static_cast<int32_t>(ld32_a2(bp + 6 + 8 * p));
+        w.d = h2f(ld16(bp));
+        w.m = 0.0f;
+        w.o0 = static_cast<int32_t>(blk * 32 + 8 * p);
+        w.o1 = w.o0 + 4;
+    }
+};
+
+template <>
+struct IDec<Type::Q4_K> {
+    static constexpr bool kMin = true;
+    __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
+        const char* bp = row + c * 144;
+        const int j = lane / 4, p = lane % 4;
+        int sc, mn;
+        k_scale_min(reinterpret_cast<const uint8_t*>(bp + 4), j, &sc, &mn);
+        w.d = h2f(ld16(bp)) * static_cast<float>(sc);
+        w.m = -h2f(ld16(bp + 2)) * static_cast<float>(mn);
+        const char* qs = bp + 16 + 32 * (j / 2) + 8 * p;
+        const int sh = (j % 2) * 4;
+        w.v0 = static_cast<int32_t>((ld32_a2(qs) >> sh) & 0x0f0f0f0fu);
+        w.v1 = static_cast<int32_t>((ld32_a2(qs + 4) >> sh) & 0x0f0f0f0fu);
+        w.o0 = static_cast<int32_t>(c * 256 + 32 * j + 8 * p);
+        w.o1 = w.o0 + 4;
+    }
+};
+
+template <>
+struct IDec<Type::Q5_K> {
+    static constexpr bool kMin = true;
+    __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
+        const char* bp = row + c * 176;
+        const int j = lane / 4, p = lane % 4;
+        int sc, mn;
+        k_scale_min(reinterpret_cast<const uint8_t*>(bp + 4), j, &sc, &mn);
+        w.d = h2f(ld16(bp)) * static_cast<float>(sc);
+        w.m = -h2f(ld16(bp + 2)) * static_cast<float>(mn);
+        const char* qs = bp + 48 + 32 * (j / 2) + 8 * p;
+        const int sh = (j % 2) * 4;
+        const uint32_t h0 = ld32_a2(bp + 16 + 8 * p), h1 = ld32_a2(bp + 20 + 8 * p);
+        w.v0 = static_cast<int32_t>(((ld32_a2(qs) >> sh) & 0x0f0f0f0fu) |
+                                    (((h0 >> j) & 0x01010101u) << 4));
+        w.v1 = static_cast<int32_t>(((ld32_a2(qs + 4) >> sh) & 0x0f0f0f0fu) |
+                                    (((h1 >> j) & 0x01010101u) << 4));
+        w.o0 = static_cast<int32_t>(c * 256 + 32 * j + 8 * p);
+        w.o1 = w.o0 + 4;
+    }
+};
+
+template <>
+struct IDec<Type::Q6_K> {
+    static constexpr bool kMin = false;
+    __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
+        const char* bp = row + c * 210;
+        const int j = lane / 4, p = lane % 4;
+        const int h = j / 4, part = j % 4;
+        const int l0 = 8 * p;
+        const char* ql = bp + 64 * h + l0 + ((part & 1) ? 32 : 0);
+        const char* qh = bp + 128 + 32 * h + l0;
+        const int lsh = part >= 2 ? 4 : 0;
+        const int hsh = 2 * part;
+        const uint32_t q0 =
+            ((ld32_a2(ql) >> lsh) & 0x0f0f0f0fu) | (((ld32_a2(qh) >> hsh) & 0x03030303u) << 4);
+        const uint32_t q1 = ((ld32_a2(ql + 4) >> lsh) & 0x0f0f0f0fu) |
+                            (((ld32_a2(qh + 4) >> hsh) & 0x03030303u) << 4);
+        w.v0 = static_cast<int32_t>(__vsub4(q0, 0x20202020u));
+        w.v1 = static_cast<int32_t>(__vsub4(q1, 0x20202020u));
+        const int g = 8 * h + 2 * part + l0 / 16;
+        w.d = h2f(ld16(bp + 208)) * static_cast<float>(static_cast<int8_t>(bp[192 + g]));
+        w.m = 0.0f;
+        w.o0 = static_cast<int32_t>(c * 256 + 32 * j + l0);
+        w.o1 = w.o0 + 4;
+    }
+};
+
+// Bytes of one 256-element chunk of a row.
+template <Type T>
+struct Chunk;
+template <>
+struct Chunk<Type::Q4_0> {
+    static constexpr int64_t kBytes = 8 * 18;
+};
+template <>
+struct Chunk<Type::Q4_1> {
+    static constexpr int64_t kBytes = 8 * 20;
+};
+template <>
+struct Chunk<Type::Q8_0> {
+    static constexpr int64_t kBytes = 8 * 34;
+};
+template <>
+struct Chunk<Type::Q4_K> {
+    static constexpr int64_t kBytes = 144;
+};
+template <>
+struct Chunk<Type::Q5_K> {
+    static constexpr int64_t kBytes = 176;
+};
+template <>
+struct Chunk<Type::Q6_K> {
+    static constexpr int64_t kBytes = 210;
+};
+
+constexpr int kQ8Warps = 8;
+constexpr int kQ8MinBlocks = 4;
+
+template <Type T>
+__device__ __forceinline__ float q8_dot(const Lane8i& w, const int32_t* xq, const float* xd) {
+    const int32_t a = xq[w.o0 / 4], b = xq[w.o1 / 4];
+    const int s = __dp4a(w.v1, b, __dp4a(w.v0, a, 0));
+    const float dx = xd[w.o0 / 32];
+    float r = w.d * dx * static_cast<float>(s);
+    if constexpr (IDec<T>::kMin) {
+        const int sx = __dp4a(0x01010101, b, __dp4a(0x01010101, a, 0));
+        r = fmaf(w.m * dx, static_cast<float>(sx), r);
+    }
+    return r;
+}
+
+// One column of b (N == 1), K a multiple of 256, b 16-byte aligned. Dynamic shared memory:
+// K / 4 words of int8 quants, then K / 32 float scales. Blocks loop over rows (grid capped so
+// that each block's quantization of b is shared by several rows).
+template <Type T, bool glu>
+__global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(MvArgs g) {
+    constexpr int U = glu ? 2 : 4;
+    extern __shared__ int32_t q8_smem[];
+    int32_t* xq = q8_smem;
+    float* xd = reinterpret_cast<float*>(q8_smem + g.K / 4);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int64_t mat = blockIdx.y;
+    const int64_t i2 = mat % g.ne2, i3 = mat / g.ne2;
+    const float4* x4 = reinterpret_cast<const float4*>(g.b + i2 * g.b_nb2 + i3 * g.b_nb3);
+    const int64_t a_mat = (i2 / g.r2) * g.a_nb2 + (i3 / g.r3) * g.a_nb3;
+    pdl_trigger();
+    {
+        // Weights never depend on the kernel before: the first row's bytes are on their way
+        // to L2 while that kernel finishes.
+        const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kQ8Warps + warp;
+        const int64_t row_bytes = g.K / 256 * Chunk<T>::kBytes;
+        if (m0 < g.M) {
+            prefetch_l2(g.a + a_mat + m0 * g.a_nb1, row_bytes, lane);
+            if constexpr (glu) prefetch_l2(g.a2 + a_mat + m0 * g.a_nb1, row_bytes, lane);
+        }
+    }
+    pdl_wait();
+    // 8 consecutive threads quantize one block of 32 (K / 4 is a multiple of the block size,
+    // so every warp runs each iteration whole).
+    for (int64_t i = threadIdx.x; i < g.K / 4; i += blockDim.x) {
+        const float4 v = x4[i];
+        float a = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
+        const float d = a / 127.0f;
+        const float id = a > 0.0f ? 127.0f / a : 0.0f;
+        const uint32_t q0 = static_cast<uint32_t>(round_clamp(v.x * id, -127, 127)) & 0xffu;
+        const uint32_t q1 = static_cast<uint32_t>(round_clamp(v.y * id, -127, 127)) & 0xffu;
+        const uint32_t q2 = static_cast<uint32_t>(round_clamp(v.z * id, -127, 127)) & 0xffu;
+        const uint32_t q3 = static_cast<uint32_t>(round_clamp(v.w * id, -127, 127)) & 0xffu;
+        xq[i] = static_cast<int32_t>(q0 | (q1 << 8) | (q2 << 16) | (q3 << 24));
+        if (lane % 8 == 0) xd[i / 8] = d;
+    }
+    __syncthreads();
+    const int64_t n_chunks = g.K / 256;
+    for (int64_t m = static_cast<int64_t>(blockIdx.x) * kQ8Warps + warp; m < g.M;
+         m += static_cast<int64_t>(gridDim.x) * kQ8Warps) {
+        const char* row = g.a + a_mat + m * g.a_nb1;
+        const char* row2 = glu ? g.a2 + a_mat + m * g.a_nb1 : nullptr;
+        float acc = 0.0f, acc2 = 0.0f;
+        int64_t c = 0;
+        for (; c + U <= n_chunks; c += U) {
+            Lane8i w[U], w2[glu ? U : 1];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                IDec<T>::get(row, c + u, lane, w[u]);
+                if constexpr (glu) IDec<T>::get(row2, c + u, lane, w2[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                acc += q8_dot<T>(w[u], xq, xd);
+                if constexpr (glu) acc2 += q8_dot<T>(w2[u], xq, xd);
+            }
+        }
+        for (; c < n_chunks; c++) {
+            Lane8i w;
+            IDec<T>::get(row, c, lane, w);
+            acc += q8_dot<T>(w, xq, xd);
+            if constexpr (glu) {
+                IDec<T>::get(row2, c, lane, w);
+                acc2 += q8_dot<T>(w, xq, xd);
+            }
+        }
+        acc = warp_sum(acc);
+        if constexpr (glu) acc2 = warp_sum(acc2);
+        if (lane == 0) {
+            float v = acc;
+            if constexpr (glu) v = v / (1.0f + expf(-v)) * acc2;
+            if (g.res) {
+                v += reinterpret_cast<const float*>(g.res + i2 * g.res_nb2 + i3 * g.res_nb3)[m];
+            }
+            g.out[(i3 * g.ne2 + i2) * g.M + m] = v;
+        }
+    }
+}
+
+bool q8_mode() {
+    static const bool on = [] {
+        const char* v = std::getenv("FERRY_CUDA_MV_Q8");
+        return !(v && v[0] == '0');
+    }();
+    return on;
+}
+
+// The dp4a path takes single-column products of block-format weights whose rows are whole
+// 256-element chunks, with b's column 16-byte aligned; FERRY_CUDA_MV_Q8=0 turns it off.
+bool q8_vec_ok(const MvArgs& g, Type t) {
+    return q8_mode() && is_block_type(t) && g.N == 1 && g.K % 256 == 0 && g.K <= 32768 &&
+           aligned16(g.b, {g.b_nb2, g.b_nb3});
+}
+
+template <Type T, bool glu>
+void launch_q8(const MvArgs& g, unsigned mats, int n_sm, cudaStream_t st) {
+    const size_t smem = static_cast<size_t>(g.K) + static_cast<size_t>(g.K) / 8;
+    const unsigned cap = static_cast<unsigned>(n_sm) * kQ8MinBlocks;
+    const unsigned blocks = std::min(n_blocks(g.M, kQ8Warps), std::max(1u, cap / mats));
+    launch_pdl(k_mul_mat_vec_q8<T, glu>, dim3(blocks, mats, 1), dim3(32 * kQ8Warps), smem, st, g);
+}
+
+template <bool glu>
+Status dispatch_q8(OpContext& ctx, const MvArgs& g, Type t) {
+    const unsigned mats = static_cast<unsigned>(g.ne2 * g.ne3);
+    switch (t) {
+        case Type::Q4_0:
+            launch_q8<Type::Q4_0, glu>(g, mats, ctx.n_sm, ctx.stream);
+            break;
+        case Type::Q4_1:
+            launch_q8<Type::Q4_1, glu>(g, mats, ctx.n_sm, ctx.stream);
+            break;
+        case Type::Q8_0:
+            launch_q8<Type::Q8_0, glu>(g, mats, ctx.n_sm, ctx.stream);
+            break;
+        case Type::Q4_K:
+            launch_q8<Type::Q4_K, glu>(g, mats, ctx.n_sm, ctx.stream);
+            break;
+        case Type::Q5_K:
+            launch_q8<Type::Q5_K, glu>(g, mats, ctx.n_sm, ctx.stream);
+            break;
+        case Type::Q6_K:
+            launch_q8<Type::Q6_K, glu>(g, mats, ctx.n_sm, ctx.stream);
+            break;
+        default:
+            return Status::errorf("CUDA: MUL_MAT weight type %s", type_name(t));
+    }
+    return launch_status(glu ? "MUL_MAT+MUL_MAT+SWIGLU (q8)" : "MUL_MAT (vec q8)");
+}
+
 Status launch_mat_vec(OpContext& ctx, const Tensor* dst, MvArgs g) {
     const Type t = dst->src[0]->type;
     const dim3 grid(n_blocks(g.M, kRowsPerBlock), static_cast<unsigned>(g.ne2 * g.ne3), 1);
@@ -597,6 +929,7 @@ Status launch_mat_vec(OpContext& ctx, const Tensor* dst, MvArgs g) {
                             32 * kRowsPerBlock, 0, ctx.stream>>>(g, t);
         return launch_status("MUL_MAT (generic)");
     }
+    if (q8_vec_ok(g, t)) return dispatch_q8<false>(ctx, g, t);
     return dispatch_vec<false>(ctx, g, t, grid, choose_split(g.M, g.K, ctx.n_sm));
 }
 
@@ -747,6 +1080,14 @@ bool use_gemm(const Tensor* dst) {
 
 }  // namespace
 
+bool pdl_enabled() {
+    static const bool on = [] {
+        const char* v = std::getenv("FERRY_CUDA_PDL");
+        return !(v && v[0] == '0');
+    }();
+    return on;
+}
+
 bool needs_cublas(const Tensor* node) {
     return node->op == Op::MUL_MAT && use_gemm(node);
 }
@@ -803,6 +1144,7 @@ Status op_mul_mat_swiglu(OpContext& ctx, const Tensor* gate, const Tensor* up, c
     if (glu->nelements() == 0) return Status::ok();
     MvArgs g = make_args(gate, glu);
     g.a2 = device_ptr(up->src[0]);
+    if (q8_vec_ok(g, gate->src[0]->type)) return dispatch_q8<true>(ctx, g, gate->src[0]->type);
     const dim3 grid(1, static_cast<unsigned>(g.ne2 * g.ne3), 1);
     return dispatch_vec<true>(ctx, g, gate->src[0]->type, grid, choose_split(g.M, g.K, ctx.n_sm));
 }

@@ -12,6 +12,8 @@ namespace {
 template <int mode, bool with_w>
 __global__ void k_norm(TV d, TV a, TV w, float eps) {
     __shared__ float sh[32];
+    pdl_wait();     // launched with launch_pdl: nothing before this touches memory
+    pdl_trigger();  // the matrix-vector product that follows may start prefetching its weights
     const int64_t r = blockIdx.x;
     const int64_t i1 = r % d.ne[1], i2 = (r / d.ne[1]) % d.ne[2], i3 = r / (d.ne[1] * d.ne[2]);
     const float* x =
@@ -52,16 +54,16 @@ int threads_for(int64_t n) {
 Status op_rms_norm(OpContext& ctx, const Tensor* dst) {
     if (dst->nrows() == 0) return Status::ok();
     const TV d = tv(dst), a = tv(dst->src[0]);
-    k_norm<0, false><<<n_blocks(dst->nrows(), 1), threads_for(dst->ne[0]), 0, ctx.stream>>>(
-        d, a, a, dst->param_f(0));
+    launch_pdl(k_norm<0, false>, dim3(n_blocks(dst->nrows(), 1)), dim3(threads_for(dst->ne[0])), 0,
+               ctx.stream, d, a, a, dst->param_f(0));
     return launch_status("RMS_NORM");
 }
 
 Status op_norm(OpContext& ctx, const Tensor* dst) {
     if (dst->nrows() == 0) return Status::ok();
     const TV d = tv(dst), a = tv(dst->src[0]);
-    k_norm<1, false><<<n_blocks(dst->nrows(), 1), threads_for(dst->ne[0]), 0, ctx.stream>>>(
-        d, a, a, dst->param_f(0));
+    launch_pdl(k_norm<1, false>, dim3(n_blocks(dst->nrows(), 1)), dim3(threads_for(dst->ne[0])), 0,
+               ctx.stream, d, a, a, dst->param_f(0));
     return launch_status("NORM");
 }
 
@@ -74,8 +76,8 @@ bool can_fuse_rms_norm_mul(const Tensor* norm, const Tensor* mul) {
 Status op_rms_norm_mul(OpContext& ctx, const Tensor* norm, const Tensor* mul) {
     if (mul->nrows() == 0) return Status::ok();
     const TV d = tv(mul), a = tv(norm->src[0]), w = tv(mul->src[1]);
-    k_norm<0, true><<<n_blocks(mul->nrows(), 1), threads_for(mul->ne[0]), 0, ctx.stream>>>(
-        d, a, w, norm->param_f(0));
+    launch_pdl(k_norm<0, true>, dim3(n_blocks(mul->nrows(), 1)), dim3(threads_for(mul->ne[0])), 0,
+               ctx.stream, d, a, w, norm->param_f(0));
     return launch_status("RMS_NORM+MUL");
 }
 

@@ -1,7 +1,8 @@
 // ROPE: rotary position embedding of the first n_dims elements of each row (normal mode:
 // adjacent pairs; NeoX: x[i] with x[i + n_dims/2]); elements past n_dims are copied. Angles
 // are computed in double from the exact power, as the reference and the CPU kernel do, so long
-// positions keep full precision.
+// positions keep full precision. Optional frequency factors (Llama 3's rope_freqs.weight,
+// src[2]) divide the angles.
 #include "backends/cuda/ops/common.cuh"
 #include "backends/cuda/ops/ops.h"
 
@@ -9,8 +10,10 @@ namespace ferry::cuda {
 
 namespace {
 
-__global__ void k_rope(TV d, TV a, const int32_t* pos, int n_dims, int mode, double base,
-                       double fscale) {
+__global__ void k_rope(TV d, TV a, const int32_t* pos, const char* ff, int64_t ff_nb0, int n_dims,
+                       int mode, double base, double fscale) {
+    pdl_wait();  // launched with launch_pdl: nothing before this touches memory
+    pdl_trigger();
     const int64_t r = blockIdx.x;
     const int64_t i1 = r % d.ne[1], i2 = (r / d.ne[1]) % d.ne[2], i3 = r / (d.ne[1] * d.ne[2]);
     const float* x =
@@ -19,7 +22,9 @@ __global__ void k_rope(TV d, TV a, const int32_t* pos, int n_dims, int mode, dou
     const double p = static_cast<double>(pos[i2]);
     const int half = n_dims / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const double theta = p * fscale * pow(base, -2.0 * i / static_cast<double>(n_dims));
+        const double f =
+            ff ? static_cast<double>(*reinterpret_cast<const float*>(ff + i * ff_nb0)) : 1.0;
+        const double theta = p * fscale * pow(base, -2.0 * i / static_cast<double>(n_dims)) / f;
         double sd, cd;
         sincos(theta, &sd, &cd);
         const float cs = static_cast<float>(cd), sn = static_cast<float>(sd);
@@ -38,10 +43,12 @@ Status op_rope(OpContext& ctx, const Tensor* dst) {
     if (dst->nrows() == 0) return Status::ok();
     const int n_dims = dst->op_params[0];
     const int threads = n_dims / 2 >= 64 ? 64 : 32;
-    k_rope<<<n_blocks(dst->nrows(), 1), threads, 0, ctx.stream>>>(
-        tv(dst), tv(dst->src[0]), reinterpret_cast<const int32_t*>(device_ptr(dst->src[1])), n_dims,
-        dst->op_params[1], static_cast<double>(dst->param_f(2)),
-        static_cast<double>(dst->param_f(3)));
+    const Tensor* ff = dst->src[2];
+    launch_pdl(k_rope, dim3(n_blocks(dst->nrows(), 1)), dim3(threads), 0, ctx.stream, tv(dst),
+               tv(dst->src[0]), reinterpret_cast<const int32_t*>(device_ptr(dst->src[1])),
+               ff ? static_cast<const char*>(device_ptr(ff)) : nullptr,
+               ff ? static_cast<int64_t>(ff->nb[0]) : int64_t{0}, n_dims, dst->op_params[1],
+               static_cast<double>(dst->param_f(2)), static_cast<double>(dst->param_f(3)));
     return launch_status("ROPE");
 }
 

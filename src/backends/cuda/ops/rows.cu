@@ -10,6 +10,8 @@ namespace {
 
 // One block per output row (i, j, k) = blockIdx.x flattened over [idx.ne0, idx.ne1, idx.ne2].
 __global__ void k_get_rows(TV d, TV a, TV idx, Type t, DeviceError* err) {
+    pdl_wait();  // launched with launch_pdl: nothing before this touches memory
+    pdl_trigger();
     const int64_t r = blockIdx.x;
     const int64_t i = r % idx.ne[0], j = (r / idx.ne[0]) % idx.ne[1],
                   k = r / (idx.ne[0] * idx.ne[1]);
@@ -35,6 +37,8 @@ __global__ void k_get_rows(TV d, TV a, TV idx, Type t, DeviceError* err) {
 // One block per source row; plain destinations: threads over elements; block formats: one
 // thread per 32-element block.
 __global__ void k_set_rows(TV d, TV s, TV idx, Type t, DeviceError* err) {
+    pdl_wait();  // launched with launch_pdl: nothing before this touches memory
+    pdl_trigger();
     const int64_t r = blockIdx.x;
     const int64_t i = r % s.ne[1], j = (r / s.ne[1]) % s.ne[2], k = r / (s.ne[1] * s.ne[2]);
     const int32_t row =
@@ -62,8 +66,8 @@ Status op_get_rows(OpContext& ctx, const Tensor* dst) {
     const Tensor* idx = dst->src[1];
     const int64_t n = idx->ne[0] * idx->ne[1] * idx->ne[2];
     if (n == 0) return Status::ok();
-    k_get_rows<<<n_blocks(n, 1), dst->ne[0] >= 256 ? 256 : 32, 0, ctx.stream>>>(
-        tv(dst), tv(a), tv(idx), a->type, ctx.err);
+    launch_pdl(k_get_rows, dim3(n_blocks(n, 1)), dim3(dst->ne[0] >= 256 ? 256 : 32), 0, ctx.stream,
+               tv(dst), tv(a), tv(idx), a->type, ctx.err);
     return launch_status("GET_ROWS");
 }
 
@@ -73,8 +77,8 @@ Status op_set_rows(OpContext& ctx, const Tensor* dst) {
     const Tensor* idx = dst->src[2];
     const int64_t n = s->nrows();
     if (n == 0) return Status::ok();
-    k_set_rows<<<n_blocks(n, 1), s->ne[0] >= 256 ? 256 : 32, 0, ctx.stream>>>(tv(d), tv(s), tv(idx),
-                                                                              d->type, ctx.err);
+    launch_pdl(k_set_rows, dim3(n_blocks(n, 1)), dim3(s->ne[0] >= 256 ? 256 : 32), 0, ctx.stream,
+               tv(d), tv(s), tv(idx), d->type, ctx.err);
     return launch_status("SET_ROWS");
 }
 
