@@ -1,7 +1,5 @@
 #include "backends/cuda/cuda-backend.h"
 
-#include <cublas_v2.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -10,6 +8,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "backends/cuda/cublas-api.h"
 #include "backends/cuda/ops/ops.h"
 
 namespace ferry::cuda {
@@ -460,7 +459,7 @@ class CudaBackend : public Backend {
         if (profile_) print_profile();
         for (cudaEvent_t e : prof_ev_) cudaEventDestroy(e);
         if (exec_) cudaGraphExecDestroy(exec_);
-        if (cublas_) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
+        if (cublas_) ctx_.cublas_api->destroy(static_cast<cublasHandle_t>(cublas_));
         if (cublas_ws_) cudaFree(cublas_ws_);
         if (scratch_) cudaFree(scratch_);
         cudaStreamDestroy(stream_);
@@ -652,14 +651,18 @@ Status CudaBackend::ensure_scratch(size_t size) {
 
 Status CudaBackend::ensure_cublas() {
     if (cublas_) return Status::ok();
+    std::string why;
+    const CublasApi* api = cublas_api(&why);
+    if (!api) return Status::errorf(ErrorCode::Unsupported, "%s: %s", name(), why.c_str());
     cublasHandle_t h;
-    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+    if (api->create(&h) != CUBLAS_STATUS_SUCCESS) {
         return Status::errorf("%s: cannot create a cuBLAS handle", name());
     }
     cublas_ = h;
+    ctx_.cublas_api = api;
     // An explicit workspace keeps cuBLAS from allocating while a CUDA graph is captured.
     CUDA_TRY(cudaMalloc(&cublas_ws_, kCublasWorkspace), "%s: cuBLAS workspace", name());
-    if (cublasSetWorkspace(h, cublas_ws_, kCublasWorkspace) != CUBLAS_STATUS_SUCCESS) {
+    if (api->set_workspace(h, cublas_ws_, kCublasWorkspace) != CUBLAS_STATUS_SUCCESS) {
         return Status::errorf("%s: cuBLAS workspace", name());
     }
     ctx_.cublas = cublas_;

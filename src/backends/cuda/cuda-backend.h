@@ -51,6 +51,7 @@ struct OpContext {
     DeviceError* err = nullptr;  // device-visible address of the error word
     Scratch scratch;
     void* cublas = nullptr;  // cublasHandle_t, created on first use by a prefill product
+    const struct CublasApi* cublas_api = nullptr;  // loaded with it (cublas-api.h)
     // 65536 zeroed ints kernels may count in (each leaves them zero again): the flash-attention
     // splits of a row count themselves there so the last one merges.
     int32_t* counters = nullptr;

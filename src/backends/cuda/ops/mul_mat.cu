@@ -14,11 +14,10 @@
 //
 // Any layout the fast paths do not take (odd K, unaligned rows) goes through a generic warp-per-
 // row kernel that reads elements one by one.
-#include <cublas_v2.h>
-
 #include <algorithm>
 #include <cstdlib>
 
+#include "backends/cuda/cublas-api.h"
 #include "backends/cuda/ops/common.cuh"
 #include "backends/cuda/ops/ops.h"
 
@@ -968,9 +967,9 @@ __global__ void k_dequant_f16(const char* a, int64_t nb1, int64_t K, int64_t M, 
     }
 }
 
-Status cublas_status(cublasStatus_t s, const char* what) {
+Status cublas_status(const CublasApi* api, cublasStatus_t s, const char* what) {
     if (s == CUBLAS_STATUS_SUCCESS) return Status::ok();
-    return Status::errorf("CUDA: MUL_MAT: %s failed: %s", what, cublasGetStatusString(s));
+    return Status::errorf("CUDA: MUL_MAT: %s failed: %s", what, api->status_string(s));
 }
 
 size_t round_up(size_t v) {
@@ -981,8 +980,9 @@ Status launch_gemm(OpContext& ctx, const Tensor* dst) {
     const Tensor* a = dst->src[0];
     const Tensor* b = dst->src[1];
     cublasHandle_t h = static_cast<cublasHandle_t>(ctx.cublas);
-    if (!h) return Status::error("CUDA: MUL_MAT: no cuBLAS handle");
-    FERRY_TRY(cublas_status(cublasSetStream(h, ctx.stream), "cublasSetStream"));
+    const CublasApi* api = ctx.cublas_api;
+    if (!h || !api) return Status::error("CUDA: MUL_MAT: no cuBLAS handle");
+    FERRY_TRY(cublas_status(api, api->set_stream(h, ctx.stream), "cublasSetStream"));
     const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
     const int64_t r2 = b->ne[2] / a->ne[2], r3 = b->ne[3] / a->ne[3];
     float* out = reinterpret_cast<float*>(device_ptr(dst));
@@ -994,17 +994,19 @@ Status launch_gemm(OpContext& ctx, const Tensor* dst) {
             const char* bm = device_ptr(b) + i2 * b->nb[2] + i3 * b->nb[3];
             float* om = out + (i3 * b->ne[2] + i2) * M * N;
             if (t == Type::F32) {
-                FERRY_TRY(cublas_status(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH), "math mode"));
+                FERRY_TRY(
+                    cublas_status(api, api->set_math_mode(h, CUBLAS_PEDANTIC_MATH), "math mode"));
                 FERRY_TRY(cublas_status(
-                    cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(M),
-                                static_cast<int>(N), static_cast<int>(K), &one,
-                                reinterpret_cast<const float*>(am), static_cast<int>(a->nb[1] / 4),
-                                reinterpret_cast<const float*>(bm), static_cast<int>(b->nb[1] / 4),
-                                &zero, om, static_cast<int>(M)),
+                    api,
+                    api->sgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(M),
+                               static_cast<int>(N), static_cast<int>(K), &one,
+                               reinterpret_cast<const float*>(am), static_cast<int>(a->nb[1] / 4),
+                               reinterpret_cast<const float*>(bm), static_cast<int>(b->nb[1] / 4),
+                               &zero, om, static_cast<int>(M)),
                     "cublasSgemm"));
                 continue;
             }
-            FERRY_TRY(cublas_status(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "math mode"));
+            FERRY_TRY(cublas_status(api, api->set_math_mode(h, CUBLAS_DEFAULT_MATH), "math mode"));
             const bool bf16 = t == Type::BF16;
             uint16_t* bh = reinterpret_cast<uint16_t*>(ctx.scratch.ptr);
             const unsigned conv_grid = std::min(n_blocks(K * N, 256), 8192u);
@@ -1053,7 +1055,8 @@ Status launch_gemm(OpContext& ctx, const Tensor* dst) {
             }
             const cudaDataType_t dt = bf16 ? CUDA_R_16BF : CUDA_R_16F;
             FERRY_TRY(cublas_status(
-                cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(M), static_cast<int>(N),
+                api,
+                api->gemm_ex(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(M), static_cast<int>(N),
                              static_cast<int>(K), &one, aw, dt, static_cast<int>(lda), bh, dt,
                              static_cast<int>(K), &zero, om, CUDA_R_32F, static_cast<int>(M),
                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
