@@ -166,8 +166,8 @@ int cmd_serve(int argc, char** argv) {
     std::vector<std::unique_ptr<server::IvshmemServer>> served;
     std::vector<std::thread> window_threads;
     for (const std::string& w : windows) {
-        Expected<std::unique_ptr<server::IvshmemServer>> s =
-            server::IvshmemServer::open(w, srv.options(), srv.counters_ptr(), limits.io_timeout_ms);
+        Expected<std::unique_ptr<server::IvshmemServer>> s = server::IvshmemServer::open(
+            w, srv.options(), srv.counters_ptr(), limits.io_timeout_ms, limits.hello_timeout_ms);
         if (!s) return fail("serve", s.message());
         served.push_back(std::move(*s));
     }
