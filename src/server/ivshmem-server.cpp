@@ -48,10 +48,23 @@ void publish_header(const Window& win, const Geometry& geo) {
 }
 
 // A guest that scribbled over the header gets it back, so that its next attach finds the
-// window (the host itself never reads the geometry from the window).
+// window (the host itself never reads the geometry from the window). Every host-owned word is
+// compared with the private copy: a scribbled version or geometry word under an intact magic
+// would otherwise turn the next client away.
 void repair_header(const Window& win, const Geometry& geo) {
-    if (win.word(kMagicWord).load(std::memory_order_relaxed) != kWindowMagic) {
-        publish_header(win, geo);
+    const uint64_t want[][2] = {{kVersionWord, uint64_t{kWindowVersion} | (kHeaderBytes << 32)},
+                                {kSizeWord, win.size()},
+                                {kReqOffWord, geo.req_off},
+                                {kReqCapWord, geo.req_cap},
+                                {kRepOffWord, geo.rep_off},
+                                {kRepCapWord, geo.rep_cap},
+                                {kMagicWord, kWindowMagic}};
+    for (const auto& [word, value] : want) {
+        if (win.word(word).load(std::memory_order_relaxed) != value) {
+            win.word(kMagicWord).store(0, std::memory_order_relaxed);
+            publish_header(win, geo);
+            return;
+        }
     }
 }
 
@@ -363,8 +376,8 @@ void IvshmemServer::serve_frames(Link& io, Session& session, std::string* why) {
         size_t hdr_got = 0;
         Status st = io.read(hdr, sizeof(hdr), /*idle_ok=*/true, &hdr_got);
         if (!st) {
-            if (io.left && hdr_got == 0) {
-                *why = st.message();
+            if (hdr_got == 0) {
+                *why = st.message();  // between frames: the guest left or stopped
             } else {
                 fatal(Header{}, "truncated frame header: " + st.message());
             }
