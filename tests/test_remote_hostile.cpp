@@ -200,12 +200,9 @@ TEST_P(Hostile, EveryBadRequestGetsAnErrorAndNobodyElseNotices) {
         RawClient c;
         ASSERT_TRUE(c.connect(next_addr()));
         expect_error(c, cmd, p, want, what);
-        // A socket is closed so that unauthenticated connections hold no slot. An ivshmem
-        // window is one the host made for one guest: there is nothing to close, and the
-        // window's session stays without state until a HELLO comes.
-        if (GetParam() != "ivshmem") {
-            EXPECT_TRUE(c.closed_by_server()) << what;
-        }
+        // A socket is closed so that unauthenticated connections hold no slot; a window's
+        // session ends the same way (the guest attaches again to retry).
+        EXPECT_TRUE(c.closed_by_server()) << what;
     };
     before_hello(Cmd::LIST_DEVICES, {}, "HELLO must be the first", "list before hello");
     before_hello(Cmd::BUFFER_ALLOC, payload([](wire::Writer& w) {
@@ -1097,6 +1094,204 @@ TEST_P(Hardening, ComputeIsBoundedAndStopsWithItsClient) {
     EXPECT_LT(now, sessions) << "the session outlived its client";
     EXPECT_LT(waited, 5.0) << "the compute went on after its client left";
     std::printf("compute stopped %.3f s after its client disconnected\n", waited);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The ivshmem window's deadlines (issues 9 and 13): a window has no socket to close, so the
+// host ends a session by its deadlines and by the guest's epoch and heartbeat. Each test uses
+// windows of its own: w1 for the guest under test, w2 for a watcher that reads the server's
+// totals through SESSION_STATS.
+
+enum ServerStat { kStatServerSessionsNow = 8, kStatServerBytesNow = 9 };
+
+class IvshmemDeadlines : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        dir_ = ferry::test::make_temp_dir();
+        std::string err;
+        ASSERT_TRUE(
+            srv_.start(addr(1) + ",size=1M",
+                       {"--listen", addr(2) + ",size=1M", "--hello-timeout", "1", "--io-timeout",
+                        "2", "--max-work", std::to_string(1ull << 38), "-t", "2"},
+                       &err))
+            << err;
+        ASSERT_TRUE(watcher_.connect(addr(2)));
+        ASSERT_TRUE(watcher_.hello().ok);
+        base_bytes_ = watcher_.stat(kStatServerBytesNow);
+        base_sessions_ = watcher_.stat(kStatServerSessionsNow);
+    }
+    std::string addr(int i) const { return "ivshmem:" + dir_ + "/w" + std::to_string(i); }
+    // Seconds until the server is back to the watcher's baseline (sessions and bytes), at
+    // most `limit` s; the time waited is returned either way.
+    double until_baseline(double limit) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (;;) {
+            const double t =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            if ((watcher_.stat(kStatServerSessionsNow) == base_sessions_ &&
+                 watcher_.stat(kStatServerBytesNow) == base_bytes_) ||
+                t > limit) {
+                return t;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+    }
+    bool at_baseline() {
+        return watcher_.stat(kStatServerSessionsNow) == base_sessions_ &&
+               watcher_.stat(kStatServerBytesNow) == base_bytes_;
+    }
+    uint64_t alloc(RawClient& c, uint64_t size) {
+        auto r = c.request(Cmd::BUFFER_ALLOC, payload([&](wire::Writer& w) {
+                               w.u32(0);
+                               w.u8(remote::kBufferDevice);
+                               w.u64(size);
+                           }));
+        EXPECT_TRUE(r.ok && !r.is_error()) << r.message();
+        return r.ok && !r.is_error() && r.payload.size() >= 8 ? u64_of(r.payload) : 0;
+    }
+    // The window serves a fresh guest correctly afterwards.
+    void expect_window_serves_again() {
+        RawClient c;
+        ASSERT_TRUE(c.connect(addr(1)));
+        auto r = c.hello();
+        ASSERT_TRUE(r.ok && !r.is_error()) << r.message();
+        r = c.request(Cmd::PING, {});
+        EXPECT_TRUE(r.ok && !r.is_error()) << r.message();
+        EXPECT_TRUE(srv_.alive());
+    }
+
+    std::string dir_;
+    ServerProcess srv_;
+    RawClient watcher_;
+    uint64_t base_bytes_ = 0, base_sessions_ = 0;
+};
+
+// A guest that attaches and never says HELLO loses the session at the hello deadline (1 s),
+// before it holds anything; its window serves the next guest.
+TEST_F(IvshmemDeadlines, SilentGuestIsDroppedAtTheHelloDeadline) {
+    RawClient c;
+    ASSERT_TRUE(c.connect(addr(1)));
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_TRUE(c.closed_by_server()) << "a guest without HELLO kept its session";
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("silent guest dropped after %.2f s (--hello-timeout 1)\n", t);
+    EXPECT_GT(t, 0.5);
+    EXPECT_LT(t, 3.0);
+    // A HELLO trickled a byte at a time past the deadline is refused the same way.
+    RawClient slow;
+    ASSERT_TRUE(slow.connect(addr(1)));
+    wire::Writer w;
+    w.u32(remote::kProtocolVersion);
+    w.u64(0);
+    w.str("");
+    remote::Header h;
+    h.cmd = static_cast<uint16_t>(Cmd::HELLO);
+    h.id = 1;
+    h.len = w.size();
+    std::vector<uint8_t> frame(remote::kHeaderSize);
+    remote::write_header(frame.data(), h);
+    frame.insert(frame.end(), w.buf().begin(), w.buf().end());
+    size_t sent = 0;
+    const auto t1 = std::chrono::steady_clock::now();
+    while (sent < frame.size() && slow.ring()->check_alive()) {
+        ASSERT_TRUE(slow.send_raw(&frame[sent++], 1));
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    EXPECT_LT(sent, frame.size()) << "a HELLO trickled over " << frame.size() * 0.2
+                                  << " s was accepted";
+    auto r = slow.read_reply();
+    ASSERT_TRUE(r.is_error()) << "no error for the late HELLO";
+    EXPECT_NE(r.message().find("no HELLO within"), std::string::npos) << r.message();
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count(), 3.0);
+    EXPECT_TRUE(at_baseline());
+    expect_window_serves_again();
+}
+
+// Once a frame has begun, all of it must arrive within the I/O deadline (2 s): a byte every
+// 300 ms (which a per-gap timeout would allow for 20 s) ends the session at the deadline, and
+// the buffer the guest allocated is freed with it.
+TEST_F(IvshmemDeadlines, TrickledFrameEndsAtTheFrameDeadlineAndFreesItsMemory) {
+    RawClient c;
+    ASSERT_TRUE(c.connect(addr(1)));
+    ASSERT_TRUE(c.hello().ok);
+    ASSERT_NE(alloc(c, 256u << 10), 0u);
+    EXPECT_GE(watcher_.stat(kStatServerBytesNow), base_bytes_ + (256u << 10));
+    remote::Header h;
+    h.cmd = static_cast<uint16_t>(Cmd::PING);
+    h.id = 99;
+    h.len = 64;
+    uint8_t frame[remote::kHeaderSize + 64] = {};
+    remote::write_header(frame, h);
+    const auto t0 = std::chrono::steady_clock::now();
+    size_t sent = 0;
+    while (sent < sizeof(frame) && c.ring()->check_alive()) {
+        ASSERT_TRUE(c.send_raw(&frame[sent++], 1));
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+    auto r = c.read_reply();
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(r.is_error()) << "no error for the stalled frame";
+    EXPECT_NE(r.message().find("timed out"), std::string::npos) << r.message();
+    EXPECT_LT(sent, sizeof(frame)) << "the trickled frame was taken in full";
+    std::printf("trickled frame ended after %.2f s, %zu of %zu bytes (--io-timeout 2)\n", t, sent,
+                sizeof(frame));
+    EXPECT_LT(t, 4.0);
+    EXPECT_TRUE(c.closed_by_server());
+    EXPECT_LT(until_baseline(2.0), 2.0) << "the session's buffer outlived it";
+    expect_window_serves_again();
+}
+
+// A long compute (attention over 2^30 stride-0 positions: minutes of work, inside the work
+// budget) stops once its guest is gone: when it detaches, and when it is killed (a VM that
+// died: no detach, its heartbeat stops) within the I/O timeout.
+TEST_F(IvshmemDeadlines, ComputeStopsWhenItsGuestIsGone) {
+    for (const bool kill_it : {false, true}) {
+        SCOPED_TRACE(kill_it ? "killed guest" : "detached guest");
+        int ready[2];
+        ASSERT_EQ(pipe(ready), 0);
+        const pid_t child = fork();
+        if (child == 0) {
+            // The guest: a process of its own, so that killing it stops its heartbeat.
+            close(ready[0]);
+            RawClient c;
+            if (!c.connect(addr(1)) || !c.hello().ok) _exit(1);
+            auto a = c.request(Cmd::BUFFER_ALLOC, payload([](wire::Writer& w) {
+                                   w.u32(0);
+                                   w.u8(remote::kBufferDevice);
+                                   w.u64(4096);
+                               }));
+            if (!a.ok || a.is_error()) _exit(2);
+            std::vector<Entry> es;
+            attention_graph(&es, u64_of(a.payload), 1ll << 30);
+            if (!c.send_frame(static_cast<uint16_t>(Cmd::GRAPH_COMPUTE), graph(es))) _exit(3);
+            std::this_thread::sleep_for(std::chrono::milliseconds(700));
+            const char answered = c.ring()->readable() ? 'A' : 'R';
+            (void)!write(ready[1], &answered, 1);
+            if (!kill_it) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(100));
+                c.shutdown_write();
+            }
+            pause();
+            _exit(0);
+        }
+        close(ready[1]);
+        char answered = 0;
+        ASSERT_EQ(read(ready[0], &answered, 1), 1) << "the guest failed before its compute";
+        close(ready[0]);
+        EXPECT_EQ(answered, 'R') << "the compute already answered: it was not a long one";
+        EXPECT_EQ(watcher_.stat(kStatServerSessionsNow), base_sessions_ + 1);
+        if (kill_it) kill(child, SIGKILL);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        const double t = until_baseline(30.0);
+        std::printf("%s: its compute stopped and its session was freed after %.2f s\n",
+                    kill_it ? "guest killed" : "guest detached", t);
+        EXPECT_TRUE(at_baseline()) << "the session outlived its guest";
+        // Detached: the next poll (10 ms) stops it; killed: the heartbeat's 2 s timeout.
+        EXPECT_LT(t, kill_it ? 4.0 : 1.5);
+        kill(child, SIGKILL);
+        waitpid(child, nullptr, 0);
+        expect_window_serves_again();
+    }
 }
 
 // 4. Kernel scratch: a product whose second operand declares many stride-0 columns would size

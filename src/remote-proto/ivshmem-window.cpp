@@ -226,7 +226,17 @@ void Backoff::wait() {
     // Phases (why these numbers: a pipelined reply from the host usually follows within a few
     // microseconds; a decode step of a small model takes around a millisecond, so sleeps stay
     // short while a wait is young; a wait of more than 50 ms is a compute or an idle client).
-    constexpr int64_t kSpinUs = 20, kYieldUs = 100, kLongUs = 50000;
+    // No sched_yield() phase by default: on a loaded machine a yield hands the core to another
+    // process's CPU-bound thread for a whole scheduler slice (milliseconds), while a sleeping
+    // waiter is woken with preemption; measured, the yield phase cost tiny-llama decode through
+    // the window 1.2-6x (bench/results/ivshmem.md). FERRY_IVSHMEM_YIELD_US=N brings a yield
+    // phase back, up to N microseconds into a wait (for that comparison).
+    constexpr int64_t kSpinUs = 20, kLongUs = 50000;
+    static const int64_t kYieldUs = [] {
+        const char* e = std::getenv("FERRY_IVSHMEM_YIELD_US");
+        const int64_t spin = 20;  // kSpinUs (a lambda may not odr-use the local constant)
+        return e ? std::max<int64_t>(spin, std::atoll(e)) : spin;
+    }();
     constexpr uint32_t kShortSleepMaxUs = 100;
     if (!started_) {
         started_ = true;

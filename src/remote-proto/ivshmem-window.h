@@ -107,8 +107,8 @@ void ring_read(const uint8_t* ring, uint64_t cap, uint64_t pos, void* dst, size_
 void ring_write(uint8_t* ring, uint64_t cap, uint64_t pos, const void* src, size_t n);
 
 // Waiting without a doorbell: spins first (a reply usually comes within microseconds), then
-// yields, then sleeps for growing short periods (longer ones once the wait is long, so an
-// idle window costs little CPU).
+// sleeps for growing short periods (longer ones once the wait is long, so an idle window costs
+// little CPU). No yield phase (see Backoff::wait; FERRY_IVSHMEM_YIELD_US restores one).
 class Backoff {
   public:
     // long_sleep_us: the sleep once a wait is long (over 50 ms).

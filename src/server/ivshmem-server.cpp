@@ -3,12 +3,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "remote-proto/protocol.h"
+#include "server/server.h"
 
 namespace ferry::server {
 
@@ -44,10 +48,23 @@ void publish_header(const Window& win, const Geometry& geo) {
 }
 
 // A guest that scribbled over the header gets it back, so that its next attach finds the
-// window (the host itself never reads the geometry from the window).
+// window (the host itself never reads the geometry from the window). Every host-owned word is
+// compared with the private copy: a scribbled version or geometry word under an intact magic
+// would otherwise turn the next client away.
 void repair_header(const Window& win, const Geometry& geo) {
-    if (win.word(kMagicWord).load(std::memory_order_relaxed) != kWindowMagic) {
-        publish_header(win, geo);
+    const uint64_t want[][2] = {{kVersionWord, uint64_t{kWindowVersion} | (kHeaderBytes << 32)},
+                                {kSizeWord, win.size()},
+                                {kReqOffWord, geo.req_off},
+                                {kReqCapWord, geo.req_cap},
+                                {kRepOffWord, geo.rep_off},
+                                {kRepCapWord, geo.rep_cap},
+                                {kMagicWord, kWindowMagic}};
+    for (const auto& [word, value] : want) {
+        if (win.word(word).load(std::memory_order_relaxed) != value) {
+            win.word(kMagicWord).store(0, std::memory_order_relaxed);
+            publish_header(win, geo);
+            return;
+        }
     }
 }
 
@@ -56,6 +73,7 @@ void repair_header(const Window& win, const Geometry& geo) {
 // One session's view of the rings. Positions are private; the window's copies are only
 // written (ours) or loaded and checked (the guest's).
 struct IvshmemServer::Link {
+    using Clock = std::chrono::steady_clock;
     const Window& win;
     const Geometry& geo;
     const std::atomic<bool>& stop;
@@ -64,39 +82,68 @@ struct IvshmemServer::Link {
     uint64_t req_tail = 0;  // request bytes consumed
     uint64_t rep_head = 0;  // reply bytes written
     uint64_t beat = 0;
-    std::chrono::steady_clock::time_point beat_seen = std::chrono::steady_clock::now();
+    Clock::time_point beat_seen = Clock::now();
     bool left = false;  // the client detached or another took the window (not an error)
+    // The deadline of the frame being received or sent (none between frames): the whole
+    // frame must pass within it, however its bytes trickle in.
+    bool has_deadline = false;
+    Clock::time_point deadline{};
+    std::string deadline_what{};  // what the deadline was for, for its error
 
-    // Why waiting must stop now (empty: keep waiting).
-    Status keep_waiting(const Backoff& bo, bool idle) {
+    void set_deadline(Clock::time_point at, std::string what) {
+        has_deadline = true;
+        deadline = at;
+        deadline_what = std::move(what);
+    }
+    // Starts a frame's deadline (the I/O timeout from now) unless one runs already.
+    void start_frame() {
+        if (has_deadline || timeout_ms <= 0) return;
+        set_deadline(Clock::now() + std::chrono::milliseconds(timeout_ms),
+                     strfmt("a frame must pass in full within %d ms (--io-timeout)", timeout_ms));
+    }
+    void end_frame() { has_deadline = false; }
+
+    // Why waiting must stop now (empty: keep waiting). idle: between frames, where only the
+    // client's heartbeat must go on.
+    Status keep_waiting(bool idle) {
         if (stop.load(std::memory_order_relaxed)) return Status::error("the server is stopping");
         repair_header(win, geo);
         if (win.word(kClientEpoch).load(std::memory_order_acquire) != epoch) {
             left = true;
             return Status::error("the client detached");
         }
-        if (timeout_ms <= 0) return Status::ok();
-        if (!idle && bo.waited_ms() > timeout_ms) {
-            return Status::errorf("timed out: no progress for %d ms", timeout_ms);
+        const auto now = Clock::now();
+        if (!idle && has_deadline && now > deadline) {
+            return Status::errorf("timed out: %s", deadline_what.c_str());
         }
-        const uint64_t b = win.word(kClientBeat).load(std::memory_order_relaxed);
-        const auto now = std::chrono::steady_clock::now();
-        if (b != beat) {
-            beat = b;
-            beat_seen = now;
-        } else if (now - beat_seen > std::chrono::milliseconds(timeout_ms)) {
+        if (heartbeat_stopped(now)) {
             return Status::errorf("the client stopped (no heartbeat for %d ms)", timeout_ms);
         }
         return Status::ok();
     }
 
+    // True once the guest's heartbeat has not moved for the I/O timeout (never when that is
+    // 0). Called by the session's thread and, while it waits for a compute, by the compute.
+    bool heartbeat_stopped(Clock::time_point now) {
+        if (timeout_ms <= 0) return false;
+        const uint64_t b = win.word(kClientBeat).load(std::memory_order_relaxed);
+        if (b != beat) {
+            beat = b;
+            beat_seen = now;
+            return false;
+        }
+        return now - beat_seen > std::chrono::milliseconds(timeout_ms);
+    }
+
     // Copies exactly n request bytes into private memory at dst. idle_ok: before the first
-    // byte, any wait is fine while the client's heartbeat goes on. *got: bytes copied.
+    // byte, any wait is fine while the client's heartbeat goes on; the first byte starts the
+    // frame's deadline. *got: bytes copied.
     Status read(void* dst, size_t n, bool idle_ok, size_t* got_out = nullptr) {
         uint8_t* out = static_cast<uint8_t*>(dst);
         size_t got = 0;
         Backoff bo;
         Status st;
+        if (!idle_ok) start_frame();
         while (got < n) {
             const uint64_t head = win.word(kReqHead).load(std::memory_order_acquire);
             if (head < req_tail || head - req_tail > geo.req_cap) {
@@ -110,11 +157,12 @@ struct IvshmemServer::Link {
             }
             const uint64_t avail = head - req_tail;
             if (avail == 0) {
-                if (st = keep_waiting(bo, idle_ok && got == 0); !st) break;
+                if (st = keep_waiting(idle_ok && got == 0 && !has_deadline); !st) break;
                 bo.wait();
                 continue;
             }
             bo.reset();
+            start_frame();
             const size_t take = static_cast<size_t>(std::min<uint64_t>(avail, n - got));
             ring_read(win.base() + geo.req_off, geo.req_cap, req_tail, out + got, take);
             got += take;
@@ -125,7 +173,7 @@ struct IvshmemServer::Link {
         return st;
     }
 
-    // Writes the pieces into the reply ring, waiting (for the I/O timeout) for room.
+    // Writes the pieces into the reply ring, waiting for room until the frame's deadline.
     Status write(std::initializer_list<std::pair<const void*, size_t>> pieces) {
         Backoff bo;
         for (auto [p, n] : pieces) {
@@ -139,7 +187,7 @@ struct IvshmemServer::Link {
                 }
                 const uint64_t room = geo.rep_cap - (rep_head - tail);
                 if (room == 0) {
-                    FERRY_TRY(keep_waiting(bo, false));
+                    FERRY_TRY(keep_waiting(false));
                     bo.wait();
                     continue;
                 }
@@ -155,6 +203,7 @@ struct IvshmemServer::Link {
         return Status::ok();
     }
 
+    // Sends one reply frame, all of it within its own deadline.
     Status reply(const Header& req, const Reply& r) {
         const uint8_t* body = r.data ? r.data : r.payload.data();
         const size_t len = r.data ? r.data_len : r.payload.size();
@@ -165,14 +214,39 @@ struct IvshmemServer::Link {
         h.len = len;
         uint8_t hdr[remote::kHeaderSize];
         remote::write_header(hdr, h);
-        return write({{hdr, sizeof(hdr)}, {body, len}});
+        end_frame();
+        start_frame();
+        Status st = write({{hdr, sizeof(hdr)}, {body, len}});
+        end_frame();
+        return st;
     }
 };
+
+namespace {
+
+// A running compute's view of the guest (called from one compute thread, at most every
+// 10 ms, while the session's thread waits for the compute): true once the guest detached,
+// another client took the window, the guest's heartbeat stopped for the I/O timeout (a killed
+// or frozen VM), or the server is stopping.
+std::function<bool()> guest_gone_check(IvshmemServer::Link* io) {
+    auto last = std::make_shared<std::chrono::steady_clock::time_point>();
+    return [io, last]() {
+        const auto now = std::chrono::steady_clock::now();
+        if (now - *last < std::chrono::milliseconds(10)) return false;
+        *last = now;
+        return io->stop.load(std::memory_order_relaxed) ||
+               io->win.word(kClientEpoch).load(std::memory_order_acquire) != io->epoch ||
+               io->heartbeat_stopped(now);
+    };
+}
+
+}  // namespace
 
 Expected<std::unique_ptr<IvshmemServer>> IvshmemServer::open(const std::string& spec,
                                                              const ServerOptions& opts,
                                                              ServerCounters* counters,
-                                                             int io_timeout_ms) {
+                                                             int io_timeout_ms,
+                                                             int hello_timeout_ms) {
     std::string path;
     uint64_t size = 0;
     FERRY_TRY(parse_listen_spec(spec, &path, &size));
@@ -180,6 +254,7 @@ Expected<std::unique_ptr<IvshmemServer>> IvshmemServer::open(const std::string& 
     if (!w) return w.status();
     std::unique_ptr<IvshmemServer> s(new IvshmemServer(opts, counters));
     s->io_timeout_ms_ = io_timeout_ms;
+    s->hello_timeout_ms_ = hello_timeout_ms;
     s->address_ = "ivshmem:" + path;
     s->win_ = std::move(*w);
     s->geo_ = geometry_for(s->win_.size());
@@ -225,6 +300,169 @@ void IvshmemServer::run() {
     running_.store(false);
 }
 
+// The first frame of a session must be a HELLO of at most kMaxHelloFrame bytes, all of it
+// within the hello deadline of the attach, as on a socket; anything else is answered with an
+// error and ends the session (the guest attaches again with a new epoch to retry).
+bool IvshmemServer::hello(Link& io, Session& session, std::string* why) {
+    auto refuse = [&](const Header& h, const std::string& msg) {
+        *why = msg;
+        if (!io.left) (void)io.reply(h, error_reply(msg));
+        return false;
+    };
+    if (hello_timeout_ms_ > 0) {
+        io.set_deadline(
+            Link::Clock::now() + std::chrono::milliseconds(hello_timeout_ms_),
+            strfmt("no HELLO within %d ms of attaching (--hello-timeout)", hello_timeout_ms_));
+    }
+    uint8_t hdr[remote::kHeaderSize];
+    if (Status st = io.read(hdr, sizeof(hdr), /*idle_ok=*/hello_timeout_ms_ <= 0); !st) {
+        return refuse(Header{}, "HELLO: " + st.message());
+    }
+    const Header h = remote::read_header(hdr);
+    if (h.magic != remote::kMagic) {
+        return refuse(h, strfmt("bad frame magic 0x%08x (not a ferry client?)", h.magic));
+    }
+    uint8_t body[kMaxHelloFrame];
+    if (h.len <= kMaxHelloFrame) {
+        if (Status st = io.read(body, static_cast<size_t>(h.len), false); !st) {
+            return refuse(h, "truncated HELLO: " + st.message());
+        }
+    }
+    if (h.cmd != static_cast<uint16_t>(remote::Cmd::HELLO) || h.flags != 0 ||
+        h.len > kMaxHelloFrame) {
+        return refuse(
+            h, strfmt("%s: HELLO must be the first request of a connection, at most "
+                      "%llu bytes (got %llu)",
+                      remote::cmd_name(h.cmd), static_cast<unsigned long long>(kMaxHelloFrame),
+                      static_cast<unsigned long long>(h.len)));
+    }
+    io.end_frame();
+    Reply reply;
+    session.handle(h.cmd, body, static_cast<size_t>(h.len), &reply);
+    if (Status st = io.reply(h, reply); !st) {
+        *why = st.message();
+        return false;
+    }
+    if (reply.error) {
+        wire::Reader r(reply.payload.data(), reply.payload.size());
+        *why = r.str(4096);
+        return false;
+    }
+    return true;
+}
+
+// Every frame after the HELLO, until the session ends (*why says how).
+void IvshmemServer::serve_frames(Link& io, Session& session, std::string* why) {
+    // Answers with an error and ends the session (the stream cannot be trusted further).
+    auto fatal = [&](const Header& h, const std::string& msg) {
+        *why = msg;
+        (void)io.reply(h, error_reply(msg));
+    };
+    std::unique_ptr<uint8_t[]> buf;
+    size_t cap = 0;
+    // Makes room for n bytes, keeping the first `keep` (grows geometrically).
+    auto ensure = [&](size_t n, size_t keep, size_t limit) {
+        if (n <= cap) return;
+        size_t c = std::max<size_t>(cap * 2, 64u << 10);
+        c = std::max(std::min(c, limit), n);
+        std::unique_ptr<uint8_t[]> q(new uint8_t[c]);
+        if (keep) std::memcpy(q.get(), buf.get(), keep);
+        buf = std::move(q);
+        cap = c;
+    };
+    Reply reply;
+    for (;;) {
+        uint8_t hdr[remote::kHeaderSize];
+        size_t hdr_got = 0;
+        Status st = io.read(hdr, sizeof(hdr), /*idle_ok=*/true, &hdr_got);
+        if (!st) {
+            if (hdr_got == 0) {
+                *why = st.message();  // between frames: the guest left or stopped
+            } else {
+                fatal(Header{}, "truncated frame header: " + st.message());
+            }
+            break;
+        }
+        // The header is in private memory now: what is checked is what is used.
+        const Header h = remote::read_header(hdr);
+        if (h.magic != remote::kMagic) {
+            fatal(h, strfmt("bad frame magic 0x%08x (not a ferry client?)", h.magic));
+            break;
+        }
+        if (h.len > remote::kMaxPayload) {
+            fatal(h, strfmt("frame of %llu bytes exceeds the limit of %llu",
+                            static_cast<unsigned long long>(h.len),
+                            static_cast<unsigned long long>(remote::kMaxPayload)));
+            break;
+        }
+        uint64_t got = 0;
+        Status rst;
+        // Bulk TENSOR_SET into host-addressable memory: once its prefix checks out, the
+        // data is copied from the ring straight into the buffer (no staging copy).
+        if (h.cmd == static_cast<uint16_t>(remote::Cmd::TENSOR_SET) && h.flags == 0 &&
+            h.len >= kSetPrefix + kDirectMin) {
+            ensure(kSetPrefix, 0, static_cast<size_t>(h.len));
+            if (rst = io.read(buf.get(), kSetPrefix, false); !rst) {
+                fatal(h, "truncated frame: TENSOR_SET prefix: " + rst.message());
+                break;
+            }
+            got = kSetPrefix;
+            if (uint8_t* dst = session.direct_set_target(buf.get(), h.len)) {
+                rst = io.read(dst, static_cast<size_t>(h.len - kSetPrefix), false);
+                if (!rst) {
+                    fatal(h, "truncated frame: TENSOR_SET data: " + rst.message());
+                    break;
+                }
+                io.end_frame();
+                if (Status ws = io.reply(h, Reply()); !ws) {
+                    *why = ws.message();
+                    break;
+                }
+                continue;
+            }
+        }
+        while (got < h.len) {
+            const size_t step = static_cast<size_t>(std::min<uint64_t>(kReadStep, h.len - got));
+            ensure(static_cast<size_t>(got) + step, static_cast<size_t>(got),
+                   static_cast<size_t>(h.len));
+            size_t part = 0;
+            rst = io.read(buf.get() + got, step, false, &part);
+            got += part;
+            if (!rst) break;
+        }
+        if (!rst) {
+            fatal(h, strfmt("truncated frame: %llu of %llu payload bytes, then %s",
+                            static_cast<unsigned long long>(got),
+                            static_cast<unsigned long long>(h.len), rst.message().c_str()));
+            break;
+        }
+        io.end_frame();
+        if (h.flags != 0) {
+            reply = error_reply(strfmt("request with flags 0x%x (requests carry none)", h.flags));
+        } else {
+            try {
+                session.handle(h.cmd, buf.get(), static_cast<size_t>(h.len), &reply);
+            } catch (const std::exception& e) {
+                reply = error_reply(strfmt("%s: %s", remote::cmd_name(h.cmd), e.what()));
+            }
+        }
+        st = io.reply(h, reply);
+        if (reply.pass_fd >= 0) ::close(reply.pass_fd);
+        if (!st) {
+            *why = st.message();
+            break;
+        }
+        if (reply.close) {
+            *why = "closed after an error";
+            break;
+        }
+        if (cap > kKeepBytes) {
+            buf.reset();
+            cap = 0;
+        }
+    }
+}
+
 void IvshmemServer::serve_session(uint32_t epoch) {
     // A fresh pair of rings, then the acknowledgement (release: the zeroed counters are
     // visible before it).
@@ -240,112 +478,9 @@ void IvshmemServer::serve_session(uint32_t epoch) {
         if (opts_.verbose)
             std::fprintf(stderr, "ferry serve: %s: session %llu opened (epoch %08x)\n",
                          address_.c_str(), static_cast<unsigned long long>(session.id()), epoch);
-        // Answers with an error and ends the session (the stream cannot be trusted further).
-        auto fatal = [&](const Header& h, const std::string& msg) {
-            why = msg;
-            (void)io.reply(h, error_reply(msg));
-        };
-        std::unique_ptr<uint8_t[]> buf;
-        size_t cap = 0;
-        // Makes room for n bytes, keeping the first `keep` (grows geometrically).
-        auto ensure = [&](size_t n, size_t keep, size_t limit) {
-            if (n <= cap) return;
-            size_t c = std::max<size_t>(cap * 2, 64u << 10);
-            c = std::max(std::min(c, limit), n);
-            std::unique_ptr<uint8_t[]> q(new uint8_t[c]);
-            if (keep) std::memcpy(q.get(), buf.get(), keep);
-            buf = std::move(q);
-            cap = c;
-        };
-        Reply reply;
-        for (;;) {
-            uint8_t hdr[remote::kHeaderSize];
-            size_t hdr_got = 0;
-            Status st = io.read(hdr, sizeof(hdr), /*idle_ok=*/true, &hdr_got);
-            if (!st) {
-                if (io.left && hdr_got == 0) {
-                    why = st.message();
-                } else {
-                    fatal(Header{}, "truncated frame header: " + st.message());
-                }
-                break;
-            }
-            // The header is in private memory now: what is checked is what is used.
-            const Header h = remote::read_header(hdr);
-            if (h.magic != remote::kMagic) {
-                fatal(h, strfmt("bad frame magic 0x%08x (not a ferry client?)", h.magic));
-                break;
-            }
-            if (h.len > remote::kMaxPayload) {
-                fatal(h, strfmt("frame of %llu bytes exceeds the limit of %llu",
-                                static_cast<unsigned long long>(h.len),
-                                static_cast<unsigned long long>(remote::kMaxPayload)));
-                break;
-            }
-            uint64_t got = 0;
-            Status rst;
-            // Bulk TENSOR_SET into host-addressable memory: once its prefix checks out, the
-            // data is copied from the ring straight into the buffer (no staging copy).
-            if (h.cmd == static_cast<uint16_t>(remote::Cmd::TENSOR_SET) && h.flags == 0 &&
-                h.len >= kSetPrefix + kDirectMin) {
-                ensure(kSetPrefix, 0, static_cast<size_t>(h.len));
-                if (rst = io.read(buf.get(), kSetPrefix, false); !rst) {
-                    fatal(h, "truncated frame: TENSOR_SET prefix: " + rst.message());
-                    break;
-                }
-                got = kSetPrefix;
-                if (uint8_t* dst = session.direct_set_target(buf.get(), h.len)) {
-                    rst = io.read(dst, static_cast<size_t>(h.len - kSetPrefix), false);
-                    if (!rst) {
-                        fatal(h, "truncated frame: TENSOR_SET data: " + rst.message());
-                        break;
-                    }
-                    if (Status ws = io.reply(h, Reply()); !ws) {
-                        why = ws.message();
-                        break;
-                    }
-                    continue;
-                }
-            }
-            while (got < h.len) {
-                const size_t step = static_cast<size_t>(std::min<uint64_t>(kReadStep, h.len - got));
-                ensure(static_cast<size_t>(got) + step, static_cast<size_t>(got),
-                       static_cast<size_t>(h.len));
-                size_t part = 0;
-                rst = io.read(buf.get() + got, step, false, &part);
-                got += part;
-                if (!rst) break;
-            }
-            if (!rst) {
-                fatal(h, strfmt("truncated frame: %llu of %llu payload bytes, then %s",
-                                static_cast<unsigned long long>(got),
-                                static_cast<unsigned long long>(h.len), rst.message().c_str()));
-                break;
-            }
-            if (h.flags != 0) {
-                reply =
-                    error_reply(strfmt("request with flags 0x%x (requests carry none)", h.flags));
-            } else {
-                try {
-                    session.handle(h.cmd, buf.get(), static_cast<size_t>(h.len), &reply);
-                } catch (const std::exception& e) {
-                    reply = error_reply(strfmt("%s: %s", remote::cmd_name(h.cmd), e.what()));
-                }
-            }
-            st = io.reply(h, reply);
-            if (reply.pass_fd >= 0) ::close(reply.pass_fd);
-            if (!st) {
-                why = st.message();
-                break;
-            }
-            if (reply.close) {
-                why = "closed after an error";
-                break;
-            }
-            if (cap > kKeepBytes) {
-                buf.reset();
-                cap = 0;
-            }
+        if (hello(io, session, &why)) {
+            session.set_abort_check(guest_gone_check(&io));
+            serve_frames(io, session, &why);
         }
         if (opts_.verbose)
             std::fprintf(stderr, "ferry serve: %s: session %llu closed: %s\n", address_.c_str(),

@@ -23,8 +23,9 @@ class RemoteServerImpl final : public RemoteServer {
     Status bind(const ServeOptions& o) {
         for (const std::string& l : o.listen) {
             if (l.rfind("ivshmem:", 0) == 0) {
-                Expected<std::unique_ptr<server::IvshmemServer>> w = server::IvshmemServer::open(
-                    l.substr(8), srv_.options(), srv_.counters_ptr(), limits_.io_timeout_ms);
+                Expected<std::unique_ptr<server::IvshmemServer>> w =
+                    server::IvshmemServer::open(l.substr(8), srv_.options(), srv_.counters_ptr(),
+                                                limits_.io_timeout_ms, limits_.hello_timeout_ms);
                 if (!w) return w.status();
                 addresses_.push_back((*w)->address());
                 windows_.push_back(std::move(*w));
