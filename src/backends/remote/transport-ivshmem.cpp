@@ -14,12 +14,15 @@ Expected<std::unique_ptr<IvshmemChannel>> IvshmemChannel::attach(const std::stri
     c->win_ = std::move(*w);
     const Window& win = c->win_;
     // The host may be setting the window up (or repairing a header a previous user
-    // scribbled over): give it a moment.
+    // scribbled over, which can leave the magic intact and another word not): give it a
+    // moment to show a whole, consistent header.
+    auto header_ok = [&] {
+        if (win.word(kMagicWord).load(std::memory_order_acquire) != kWindowMagic) return false;
+        const uint64_t v = win.word(kVersionWord).load(std::memory_order_relaxed);
+        return static_cast<uint32_t>(v) == kWindowVersion && (v >> 32) == kHeaderBytes;
+    };
     Backoff wait_magic;
-    while (win.word(kMagicWord).load(std::memory_order_acquire) != kWindowMagic &&
-           wait_magic.waited_ms() < kMagicWaitMs) {
-        wait_magic.wait();
-    }
+    while (!header_ok() && wait_magic.waited_ms() < kMagicWaitMs) wait_magic.wait();
     if (win.word(kMagicWord).load(std::memory_order_acquire) != kWindowMagic) {
         return Status::errorf(
             "ivshmem window %s: not set up by a ferry server (no FERRYWIN magic; is `ferry "
