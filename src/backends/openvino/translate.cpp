@@ -387,7 +387,6 @@ Status tr_get_rows(Tr& tr, const Tensor* t) {
                 ov::Shape{static_cast<size_t>(A->ne[3]), static_cast<size_t>(A->ne[2]), 1}, base));
     }
     Val r = std::make_shared<op::v8::Gather>(a, idx, i64s(0), 0);  // [I2, I1, I0, A0]
-    r = std::make_shared<op::v0::Unsqueeze>(r, i64c({0}));
     tr.val[t] = t->type == Type::I32 ? r : f32(r);
     return Status::ok();
 }
@@ -714,6 +713,19 @@ Expected<ModelPlan> translate_graph(const Graph& g) {
         }
         Status st = translator(t->op).translate(tr, t);
         if (!st) return st.context(strfmt("node '%s' (%s)", t->name, op_name(t->op)));
+        // Every value is [ne3, ne2, ne1, ne0]: a translator that gets a shape wrong fails here,
+        // naming the node, instead of computing something else.
+        const ov::PartialShape ps = tr.val.at(t).get_partial_shape();
+        bool ok = ps.rank().is_static() && ps.rank().get_length() == 4;
+        for (int d = 0; ok && d < kMaxDims; d++) {
+            const ov::Dimension& dim = ps[static_cast<size_t>(3 - d)];
+            if (t->dim_sym[d] == kDimFixed && dim.is_static()) ok = dim.get_length() == t->ne[d];
+        }
+        if (!ok) {
+            return Status::errorf("OPENVINO: node '%s' (%s) translated to shape %s, expected %s",
+                                  t->name, op_name(t->op), ps.to_string().c_str(),
+                                  describe(t).c_str());
+        }
     }
     // Results: every node read after the graph, whose storage is a node computed here
     // (outputs that are views of leaves are in place already, written after the run).
