@@ -25,6 +25,8 @@ constexpr size_t kAlign = 64;
 std::atomic<uint64_t> g_compiles{0};
 std::atomic<uint64_t> g_hits{0};
 std::atomic<uint64_t> g_compile_us{0};
+std::atomic<uint64_t> g_declined{0};  // bit per Op (test hook)
+static_assert(static_cast<size_t>(Op::COUNT) <= 64);
 
 // One ov::Core for the process (it loads the plugins), created on first use.
 ov::Core* core(std::string* err = nullptr) {
@@ -214,7 +216,31 @@ class OvBackend : public Backend {
                 static_cast<size_t>(t->ne[1]), static_cast<size_t>(t->ne[0])};
     }
 
+    // Row indices that come from the caller are checked before the run: OpenVINO's Gather
+    // answers zeros for an index out of range instead of failing.
+    Status check_indices(const Graph& g) {
+        for (const Tensor* t : g.nodes) {
+            const Tensor* idx = t->op == Op::GET_ROWS   ? t->src[1]
+                                : t->op == Op::SET_ROWS ? t->src[2]
+                                                        : nullptr;
+            if (!idx || idx->op != Op::NONE || !idx->data || !idx->is_contiguous()) continue;
+            const int64_t rows = t->op == Op::GET_ROWS ? t->src[0]->ne[1] : t->src[0]->ne[1];
+            const auto* v = static_cast<const int32_t*>(idx->data);
+            for (int64_t i = 0; i < idx->nelements(); i++) {
+                if (v[i] < 0 || v[i] >= rows) {
+                    return Status::errorf(ErrorCode::InvalidArgument,
+                                          "%s: %s index %d at %lld out of range [0, %lld) in '%s'",
+                                          dev_->name(), op_name(t->op), v[i],
+                                          static_cast<long long>(i), static_cast<long long>(rows),
+                                          t->name);
+                }
+            }
+        }
+        return Status::ok();
+    }
+
     Status bind(const Graph& g, Compiled& cm) {
+        FERRY_TRY(check_indices(g));
         int64_t sym[256] = {};
         auto scan = [&sym](const Tensor* t) {
             for (int d = 0; d < kMaxDims; d++) {
@@ -248,8 +274,22 @@ class OvBackend : public Backend {
                 cm.req.set_tensor(inputs[i], ov::Tensor(ov::element::f32, shape_of(t), buf.data()));
                 continue;
             }
-            cm.req.set_tensor(inputs[i],
-                              ov::Tensor(inputs[i].get_element_type(), shape_of(t), t->data));
+            if (in.kind == ModelPlan::Input::StridedLeaf) {
+                size_t span = 0;
+                if (!tensor_span(t, &span))
+                    return Status::errorf("leaf '%s' is malformed", t->name);
+                cm.req.set_tensor(inputs[i],
+                                  ov::Tensor(inputs[i].get_element_type(),
+                                             ov::Shape{span / type_size(t->type)}, t->data));
+            } else if (t->is_contiguous()) {
+                cm.req.set_tensor(inputs[i],
+                                  ov::Tensor(inputs[i].get_element_type(), shape_of(t), t->data));
+            } else {
+                // A strided leaf (another split's view): read in place through its strides.
+                const ov::Strides st{t->nb[3], t->nb[2], t->nb[1], t->nb[0]};
+                cm.req.set_tensor(
+                    inputs[i], ov::Tensor(inputs[i].get_element_type(), shape_of(t), t->data, st));
+            }
         }
         return Status::ok();
     }
@@ -333,6 +373,7 @@ class OvDevice : public Device {
     BufferType* buffer_type() override { return &bt_; }
     bool supports_op(const Tensor* node) override {
         if (node->op == Op::NONE) return true;
+        if (g_declined.load() & (uint64_t{1} << static_cast<unsigned>(node->op))) return false;
         return translatable(node);
     }
     bool supports_buffer_type(const BufferType* type) override { return type->is_host(); }
@@ -387,6 +428,12 @@ class OvRegistry : public Registry {
 };
 
 }  // namespace
+
+void set_declined_ops(const std::vector<Op>& ops) {
+    uint64_t m = 0;
+    for (Op op : ops) m |= uint64_t{1} << static_cast<unsigned>(op);
+    g_declined = m;
+}
 
 Stats stats() {
     Stats s;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "ferry/backend.h"
 
@@ -22,6 +23,10 @@ struct Stats {
     double compile_ms = 0.0;  // time spent translating and compiling
 };
 Stats stats();
+
+// Test hook: ops the OpenVINO devices decline in supports_op (so the scheduler runs them on
+// the CPU), e.g. to show a split graph working. Empty by default.
+void set_declined_ops(const std::vector<Op>& ops);
 
 }  // namespace openvino
 }  // namespace ferry

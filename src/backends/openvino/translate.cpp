@@ -160,7 +160,13 @@ struct Tr {
         // last rows) reads past the end of a whole row: pad the storage with zeros there
         // (never read: the inner slices stop before them).
         const int64_t need = offs + ds[0].stride * t->ne[ds[0].d];
-        const int64_t have = s->nelements();
+        int64_t have = s->nelements();
+        if (s->op == Op::NONE && !s->is_contiguous()) {
+            size_t span = 0;
+            if (!tensor_span(s, &span))
+                return Status::errorf("OPENVINO: leaf '%s' malformed", s->name);
+            have = static_cast<int64_t>(span / es);
+        }
         if (need > have) {
             if (any_dynamic(s) || any_dynamic(t)) {
                 return Status::errorf("OPENVINO: view '%s' past its dynamic storage", t->name);
@@ -688,8 +694,21 @@ Expected<ModelPlan> translate_graph(const Graph& g) {
             continue;
         }
         if (!t->is_contiguous()) {
-            return Status::errorf(ErrorCode::Unsupported, "OPENVINO: leaf '%s' is not contiguous",
-                                  t->name);
+            // Another split's strided view: its bytes as a flat parameter, read through its
+            // strides like any view.
+            if (!plain(t->type)) {
+                return Status::errorf(ErrorCode::Unsupported,
+                                      "OPENVINO: quantized leaf '%s' is not contiguous", t->name);
+            }
+            auto p = std::make_shared<op::v0::Parameter>(ov_type(t->type), ov::PartialShape{-1});
+            p->set_friendly_name(std::string("leaf_") + std::to_string(i));
+            tr.params.push_back(p);
+            tr.plan.inputs.push_back({ModelPlan::Input::StridedLeaf, static_cast<int>(i), 0});
+            tr.val[t] = p;
+            Expected<Val> v = tr.strided(t);
+            if (!v) return v.status();
+            tr.val[t] = *v;
+            continue;
         }
         ov::PartialShape ps{t->ne[3], t->ne[2], t->ne[1], t->ne[0]};
         for (int d = 0; d < kMaxDims; d++) {

@@ -24,8 +24,8 @@ struct ModelPlan {
     std::shared_ptr<ov::Model> model;
     // What each parameter (model->get_parameters() order) is bound to.
     struct Input {
-        enum Kind { Leaf, DequantLeaf, Symbol } kind = Leaf;
-        int leaf = -1;  // index in Graph::leafs (Leaf, DequantLeaf)
+        enum Kind { Leaf, DequantLeaf, Symbol, StridedLeaf } kind = Leaf;
+        int leaf = -1;  // index in Graph::leafs (Leaf, DequantLeaf, StridedLeaf: its bytes, flat)
         int sym = 0;    // DimSymbol (Symbol)
     };
     std::vector<Input> inputs;
