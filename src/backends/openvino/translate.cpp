@@ -249,6 +249,10 @@ Val expand(Val v, const Tensor* from, const int64_t* to_ne, bool interleave, int
     return v;
 }
 
+bool is_weight(const Tensor* t) {
+    return (t->flags & kTensorParam) || (t->storage()->flags & kTensorParam);
+}
+
 using TranslateFn = Status (*)(Tr&, const Tensor*);
 using SupportsFn = bool (*)(const Tensor*, std::string*);
 
@@ -469,7 +473,10 @@ Status tr_mul_mat(Tr& tr, const Tensor* t) {
     const Tensor* A = t->src[0];
     const Tensor* B = t->src[1];
     Val a = tr.vf(A);
-    if (A->ne[2] == 1 && A->ne[3] == 1 && !A->dim_sym[2] && !A->dim_sym[3]) {
+    if (A->extra && is_weight(A) && A->ne[2] == 1 && A->ne[3] == 1) {
+        // A converted weight straight into the product, as the plugin's pattern wants it.
+        a = weight_node(A, *static_cast<const PreparedWeight*>(A->extra), true);
+    } else if (A->ne[2] == 1 && A->ne[3] == 1 && !A->dim_sym[2] && !A->dim_sym[3]) {
         // A plain matrix (a weight): 2-D, so the plugin sees a fully connected layer.
         a = reshape(
             a, std::make_shared<op::v0::Concat>(ov::OutputVector{tr.dim(A, 1), tr.dim(A, 0)}, 0));
@@ -652,10 +659,6 @@ static_assert(sizeof(kTranslators) / sizeof(kTranslators[0]) == static_cast<size
 
 const Translator& translator(Op op) {
     return kTranslators[static_cast<size_t>(op)];
-}
-
-bool is_weight(const Tensor* t) {
-    return (t->flags & kTensorParam) || (t->storage()->flags & kTensorParam);
 }
 
 }  // namespace

@@ -90,10 +90,12 @@ Expected<std::unique_ptr<PreparedWeight>> prepare_weight(const Tensor* t) {
     }
 }
 
-ov::Output<ov::Node> weight_node(const Tensor* t, const PreparedWeight& w) {
+ov::Output<ov::Node> weight_node(const Tensor* t, const PreparedWeight& w, bool matrix) {
     using namespace ov;
-    const Shape full{static_cast<size_t>(t->ne[3]), static_cast<size_t>(t->ne[2]),
-                     static_cast<size_t>(t->ne[1]), static_cast<size_t>(t->ne[0])};
+    const Shape full = matrix
+                           ? Shape{static_cast<size_t>(t->nrows()), static_cast<size_t>(t->ne[0])}
+                           : Shape{static_cast<size_t>(t->ne[3]), static_cast<size_t>(t->ne[2]),
+                                   static_cast<size_t>(t->ne[1]), static_cast<size_t>(t->ne[0])};
     // The constants share the converted memory (no copy here; the plugin may repack it).
     auto share = [](element::Type et, const Shape& s, const void* p) {
         return std::make_shared<op::v0::Constant>(ov::Tensor(et, s, const_cast<void*>(p)));
@@ -104,7 +106,8 @@ ov::Output<ov::Node> weight_node(const Tensor* t, const PreparedWeight& w) {
     } else {
         const size_t n = static_cast<size_t>(t->nelements());
         const size_t g = static_cast<size_t>(w.group);
-        const Shape grouped{n / g, g};
+        const size_t rows = static_cast<size_t>(t->nrows());
+        const Shape grouped{rows, n / rows / g, g};
         Output<Node> q = share(w.kind == PreparedWeight::U4 ? element::u4 : element::i8, grouped,
                                w.values.data());
         q = std::make_shared<op::v0::Convert>(q, element::f16);
@@ -113,10 +116,11 @@ ov::Output<ov::Node> weight_node(const Tensor* t, const PreparedWeight& w) {
             q = std::make_shared<op::v1::Subtract>(
                 q, std::make_shared<op::v0::Convert>(zp, element::f16));
         }
-        auto sc = share(element::f16, Shape{n / g, 1}, w.scales.data());
+        auto sc = share(element::f16, Shape{rows, n / rows / g, 1}, w.scales.data());
         q = std::make_shared<op::v1::Multiply>(q, sc);
-        auto shape = op::v0::Constant::create(
-            element::i64, Shape{4}, std::vector<int64_t>{t->ne[3], t->ne[2], t->ne[1], t->ne[0]});
+        std::vector<int64_t> dims;
+        for (size_t d : full) dims.push_back(static_cast<int64_t>(d));
+        auto shape = op::v0::Constant::create(element::i64, Shape{dims.size()}, dims);
         v = std::make_shared<op::v1::Reshape>(q, shape, false);
     }
     return std::make_shared<op::v0::Convert>(v, element::f32);

@@ -26,7 +26,9 @@ struct PreparedWeight {
 // Converts a quantized weight's blocks. Fails for types it has no conversion for.
 Expected<std::unique_ptr<PreparedWeight>> prepare_weight(const Tensor* t);
 
-// The decompression subgraph of a prepared weight: F32 [ne3, ne2, ne1, ne0].
-ov::Output<ov::Node> weight_node(const Tensor* t, const PreparedWeight& w);
+// The decompression subgraph of a prepared weight: F32 [ne3, ne2, ne1, ne0], or with
+// `matrix` F32 [ne3*ne2*ne1, ne0], the form the CPU plugin fuses into a low-bit matrix product
+// (constant -> convert -> subtract -> multiply -> reshape -> convert -> MatMul).
+ov::Output<ov::Node> weight_node(const Tensor* t, const PreparedWeight& w, bool matrix = false);
 
 }  // namespace ferry::openvino
