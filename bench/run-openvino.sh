@@ -3,12 +3,14 @@
 # (issue 12). Usage: bench/run-openvino.sh [FERRY_BIN] [MODEL_DIR] [REPS]  (MODEL_DIR holds
 # gen-model outputs, made there when missing). Prints a markdown report to stdout: for each
 # file, the two devices interleaved (CPU, OpenVINO, CPU, OpenVINO...), each `ferry bench`
-# printing tokens/s and the process's peak resident memory; then OpenVINO's compile time and
-# first-token latency (one 1-token decode after load, from `ferry run` timing).
+# printing tokens/s and the process's peak resident memory (and /usr/bin/time's wall time).
+# TYPES (default "q4_0 q8_0") and ROUNDS (default 2) narrow a run.
 set -euo pipefail
 ferry="${1:-build/release/bin/ferry}"
 models="${2:-build/models}"
 reps="${3:-3}"
+types="${TYPES:-q4_0 q8_0}"
+rounds="${ROUNDS:-2}"
 mkdir -p "$models"
 for t in q4_0 q8_0; do
   [ -f "$models/llama-3.2-1b-$t.gguf" ] ||
@@ -17,11 +19,11 @@ done
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); commit: $(git rev-parse --short HEAD)"
 echo
-for t in q4_0 q8_0; do
+for t in $types; do
   m="$models/llama-3.2-1b-$t.gguf"
   echo "file: llama-3.2-1b-$t.gguf, $(($(stat -c %s "$m") / 1048576)) MiB"
   echo
-  for round in 1 2; do
+  for round in $(seq "$rounds"); do
     for dev in CPU OPENVINO:CPU; do
       args=()
       [ "$dev" = CPU ] || args=(-d "$dev")
