@@ -9,13 +9,13 @@
 #include <random>
 #include <thread>
 
-#include "ferry/remote.h"
 #include "ferry/allocator.h"
 #include "ferry/backend.h"
 #include "ferry/graph.h"
+#include "ferry/op-tests.h"
+#include "ferry/remote.h"
 #include "shell.h"
 #include "test_remote_util.h"
-#include "ferry/op-tests.h"
 
 using namespace ferry;
 using ferry::test::ServerProcess;
@@ -35,8 +35,12 @@ class RemoteEnv : public ::testing::Environment {
         g_servers = new Servers();
         g_servers->dir = ferry::test::make_temp_dir();
         std::string err;
-        ASSERT_TRUE(g_servers->unix_srv.start("unix:" + g_servers->dir + "/s", {}, &err)) << err;
-        ASSERT_TRUE(g_servers->tcp_srv.start("tcp:127.0.0.1:0", {}, &err)) << err;
+        // The suite checks the served CPU; a build with more local devices (OPENVINO:CPU)
+        // would serve those too by default.
+        ASSERT_TRUE(
+            g_servers->unix_srv.start("unix:" + g_servers->dir + "/s", {"--device", "CPU"}, &err))
+            << err;
+        ASSERT_TRUE(g_servers->tcp_srv.start("tcp:127.0.0.1:0", {"--device", "CPU"}, &err)) << err;
     }
     void TearDown() override {
         delete g_servers;

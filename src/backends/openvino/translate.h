@@ -1,0 +1,48 @@
+// Translation of a ferry graph (or the split of one the scheduler hands over) into an
+// ov::Model. One translator per op, in a table generated from ferry/ops.def (translate.cpp).
+//
+// Every ferry tensor becomes a dense OpenVINO value of shape [ne3, ne2, ne1, ne0]. Leaves are
+// parameters bound to ferry's memory at run time (weights: constants over the converted
+// memory of prepare_weights), dimensions the model marked dynamic are left open (their sizes
+// are scalar parameters), views and permutes are reshapes/slices/transposes of values, never
+// copies of memory. In-place writes (SET_ROWS, CPY) into ferry memory come out of the model as
+// (flat element index, value) pairs that the backend stores after the run: a decode step
+// writes its new KV rows, never the whole cache.
+#pragma once
+
+#include <memory>
+#include <openvino/core/model.hpp>
+#include <string>
+#include <vector>
+
+#include "ferry/graph.h"
+#include "ferry/status.h"
+
+namespace ferry::openvino {
+
+struct ModelPlan {
+    std::shared_ptr<ov::Model> model;
+    // What each parameter (model->get_parameters() order) is bound to.
+    struct Input {
+        enum Kind { Leaf, DequantLeaf, Symbol, StridedLeaf } kind = Leaf;
+        int leaf = -1;  // index in Graph::leafs (Leaf, DequantLeaf, StridedLeaf: its bytes, flat)
+        int sym = 0;    // DimSymbol (Symbol)
+    };
+    std::vector<Input> inputs;
+    // What each result (model->get_results() order) is copied into.
+    struct Output {
+        enum Kind { Node, WriteIndex, WriteValue } kind = Node;
+        int node = -1;  // Node: index in Graph::nodes, copied into its contiguous storage.
+                        // WriteIndex/WriteValue: a pair of results (indices, then values) of the
+                        // storage owner at leaf index `node`, elements stored after the run.
+    };
+    std::vector<Output> outputs;
+};
+
+// Whether a translator takes this node (types and shapes it handles). Cheap.
+bool translatable(const Tensor* node, std::string* why = nullptr);
+
+// Builds the model for g. Fails (naming the node) when a node cannot be translated.
+Expected<ModelPlan> translate_graph(const Graph& g);
+
+}  // namespace ferry::openvino
