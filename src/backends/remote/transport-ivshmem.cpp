@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <ctime>
 
 namespace ferry::remote {
 
@@ -146,9 +147,12 @@ void IvshmemChannel::detach() {
 }
 
 Status IvshmemChannel::read(void* dst, size_t n, int timeout_ms) {
+    using Clock = std::chrono::steady_clock;
     uint8_t* out = static_cast<uint8_t*>(dst);
     size_t got = 0;
     Backoff bo;
+    bool waited = false, predicted = false, polled = false;
+    Clock::time_point t0;
     while (got < n) {
         const uint64_t head = win_.word(kRepHead).load(std::memory_order_acquire);
         if (head < rep_tail_ || head - rep_tail_ > geo_.rep_cap) {
@@ -165,8 +169,33 @@ Status IvshmemChannel::read(void* dst, size_t n, int timeout_ms) {
             if (timeout_ms > 0 && bo.waited_ms() > timeout_ms) {
                 return violation("timed out waiting for a reply");
             }
+            if (!waited) {
+                waited = true;
+                t0 = Clock::now();
+                constexpr uint32_t kMinPredictUs = 60, kWakeUs = 30;
+                if (expect_us_ >= kMinPredictUs) {
+                    predicted = true;
+                    timespec ts{0, static_cast<long>(expect_us_ - kWakeUs) * 1000};
+                    nanosleep(&ts, nullptr);
+                    continue;
+                }
+            }
+            polled = true;
             bo.wait();
             continue;
+        }
+        if (waited) {
+            // Learn the next wait's length from this one (only the first wait of a read).
+            constexpr uint32_t kMaxPredictUs = 20000;
+            if (predicted && !polled) {
+                expect_us_ /= 2;  // the reply was there when the sleep ended: maybe earlier
+            } else {
+                const auto us =
+                    std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0)
+                        .count();
+                expect_us_ = static_cast<uint32_t>(std::min<int64_t>(kMaxPredictUs, us * 3 / 4));
+            }
+            waited = false;
         }
         bo.reset();
         const size_t take = static_cast<size_t>(std::min<uint64_t>(avail, n - got));
