@@ -1,8 +1,5 @@
 #include "ferry/gen-model.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -255,27 +252,13 @@ Status generate_model(const ModelPreset& preset, const GenModelOptions& opts,
     ModelPreset p = preset;
     std::vector<GgufKV> vocab_kv;
     if (!opts.tokenizer.empty()) {
-        struct stat st {};
-        const bool dir = ::stat(opts.tokenizer.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-        const std::string json = dir ? opts.tokenizer + "/tokenizer.json" : opts.tokenizer;
-        const size_t slash = json.rfind('/');
-        const std::string config =
-            (slash == std::string::npos ? std::string(".") : json.substr(0, slash)) +
-            "/tokenizer_config.json";
-        const std::string cfg = access(config.c_str(), R_OK) == 0 ? config : std::string();
-        Expected<std::vector<GgufKV>> kv = tokenizer_json_to_gguf_kv(json, cfg);
+        TokenizerJsonOptions o;
+        o.min_vocab_size = p.n_vocab;  // padded up to the preset's embedding rows
+        Expected<std::vector<GgufKV>> kv = tokenizer_to_gguf_kv(opts.tokenizer, o);
         if (!kv) return kv.status();
-        int64_t n = 0;
         for (const GgufKV& e : *kv) {
-            if (e.key == "tokenizer.ggml.tokens") n = static_cast<int64_t>(e.value.arr.size());
-        }
-        if (n < p.n_vocab) {  // padded up to the preset's embedding rows
-            TokenizerJsonOptions o;
-            o.vocab_size = p.n_vocab;
-            kv = tokenizer_json_to_gguf_kv(json, cfg, o);
-            if (!kv) return kv.status();
-        } else {
-            p.n_vocab = static_cast<int32_t>(n);
+            if (e.key == "tokenizer.ggml.tokens")
+                p.n_vocab = static_cast<int32_t>(e.value.arr.size());
         }
         vocab_kv = std::move(*kv);
     }

@@ -1,5 +1,6 @@
 #include "model/tokenizer-json.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -178,9 +179,11 @@ Expected<std::vector<GgufKV>> tokenizer_json_to_gguf_kv(const std::string& token
                                tokens.size(), static_cast<long long>(opts.vocab_size)));
         }
         tokens.resize(static_cast<size_t>(opts.vocab_size));
-        types.resize(tokens.size(), 5);
-        present.resize(tokens.size(), false);
+    } else if (opts.min_vocab_size > static_cast<int64_t>(tokens.size())) {
+        tokens.resize(static_cast<size_t>(opts.min_vocab_size));
     }
+    types.resize(tokens.size(), 5);
+    present.resize(tokens.size(), false);
     for (size_t i = 0; i < tokens.size(); i++) {
         if (!present[i]) tokens[i] = strfmt("[PAD%zu]", i);
     }
@@ -263,12 +266,22 @@ Expected<std::vector<GgufKV>> tokenizer_json_to_gguf_kv(const std::string& token
     return kv;
 }
 
+Expected<std::vector<GgufKV>> tokenizer_to_gguf_kv(const std::string& file_or_dir,
+                                                   const TokenizerJsonOptions& opts) {
+    struct stat st {};
+    const bool dir = ::stat(file_or_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+    const std::string json = dir ? file_or_dir + "/tokenizer.json" : file_or_dir;
+    const size_t slash = json.rfind('/');
+    const std::string config =
+        (slash == std::string::npos ? std::string(".") : json.substr(0, slash)) +
+        "/tokenizer_config.json";
+    return tokenizer_json_to_gguf_kv(json, access(config.c_str(), R_OK) == 0 ? config : "", opts);
+}
+
 Status convert_tokenizer(const std::string& dir, int64_t n_vocab, GgufWriter& w) {
-    const std::string config = dir + "/tokenizer_config.json";
     TokenizerJsonOptions o;
     o.vocab_size = n_vocab;
-    Expected<std::vector<GgufKV>> kv = tokenizer_json_to_gguf_kv(
-        dir + "/tokenizer.json", access(config.c_str(), R_OK) == 0 ? config : std::string(), o);
+    Expected<std::vector<GgufKV>> kv = tokenizer_to_gguf_kv(dir, o);
     if (!kv) return kv.status();
     for (GgufKV& e : *kv) w.add_kv(e.key, std::move(e.value));
     return Status::ok();

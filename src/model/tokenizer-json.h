@@ -46,6 +46,9 @@ struct TokenizerJsonOptions {
     // padding with "[PAD<id>]" UNUSED tokens. 0: the tokenizer's own count (highest id + 1).
     // Smaller than the tokenizer's count is an error.
     int64_t vocab_size = 0;
+    // Instead of vocab_size: pad up to at least this many tokens; a tokenizer with more keeps
+    // its own count (gen-model: the preset's rows or the tokenizer's, whichever is larger).
+    int64_t min_vocab_size = 0;
 };
 
 // tokenizer_config_path may be empty (no config: no special ids, no chat template).
@@ -53,5 +56,10 @@ struct TokenizerJsonOptions {
 Expected<std::vector<GgufKV>> tokenizer_json_to_gguf_kv(const std::string& tokenizer_json_path,
                                                         const std::string& tokenizer_config_path,
                                                         const TokenizerJsonOptions& opts = {});
+
+// The same for a tokenizer.json file or a folder holding one, with the tokenizer_config.json
+// beside it when that file exists.
+Expected<std::vector<GgufKV>> tokenizer_to_gguf_kv(const std::string& file_or_dir,
+                                                   const TokenizerJsonOptions& opts = {});
 
 }  // namespace ferry
