@@ -12,6 +12,7 @@
 
 #include "backends/cpu/cpu-backend.h"
 #include "core/json.h"
+#include "device-checks.h"
 #include "ferry/backend.h"
 #include "ferry/gguf.h"
 #include "ferry/llama.h"
@@ -22,6 +23,7 @@
 #endif
 
 using namespace ferry;
+using namespace ferry::test;
 
 namespace {
 
@@ -54,143 +56,13 @@ TEST(Cuda, EveryOpMatchesTheReference) {
     REQUIRE_GPU();
     Expected<std::unique_ptr<Backend>> be = gpu()->make_backend();
     ASSERT_TRUE(be) << be.message();
-    int passed = 0, failed = 0, declined = 0;
-    for (const ferry::testing::OpTestCase& c : ferry::testing::make_op_tests()) {
-        const ferry::testing::OpTestResult r = ferry::testing::run_op_test(c, be->get());
-        if (r.passed) {
-            passed++;
-        } else if (!r.supported) {
-            declined++;
-            std::printf("[ cuda     ] declined: %s (%s)\n", c.name.c_str(), r.message.c_str());
-        } else {
-            failed++;
-            ADD_FAILURE() << c.name << ": " << r.message;
-        }
-    }
-    std::printf("[ cuda     ] op cases: %d passed, %d failed, %d declined (run on the CPU)\n",
-                passed, failed, declined);
-    EXPECT_EQ(failed, 0);
-    EXPECT_GT(passed, 0);
+    const test::OpSuiteCounts n = test::run_op_suite(be->get(), "cuda");
+    EXPECT_EQ(n.failed, 0);
+    EXPECT_GT(n.passed, 0);
 }
 
 // ---------------------------------------------------------------------------------------------
 // tiny-llama against the float64 oracle (as tests/test_llama.cpp, with the weights on CUDA0).
-
-const std::string kDir = std::string(FERRY_FIXTURES_DIR) + "/tiny-llama";
-constexpr int kVocab = 1024;
-
-struct Case {
-    std::vector<int32_t> tokens;
-    std::vector<float> logits;
-};
-
-const std::vector<Case>& cases() {
-    static const std::vector<Case> all = [] {
-        std::vector<Case> out;
-        Expected<json::Value> ref = json::parse_file(kDir + "/reference.json");
-        if (!ref) {
-            ADD_FAILURE() << ref.message();
-            return out;
-        }
-        for (const json::Value& c : (*ref)["cases"].as_array()) {
-            Case k;
-            for (const json::Value& t : c["tokens"].as_array()) {
-                k.tokens.push_back(static_cast<int32_t>(t.as_int()));
-            }
-            std::ifstream f(kDir + "/" + c["logits_file"].as_string(), std::ios::binary);
-            k.logits.resize(k.tokens.size() * kVocab);
-            f.read(reinterpret_cast<char*>(k.logits.data()),
-                   static_cast<std::streamsize>(k.logits.size() * sizeof(float)));
-            EXPECT_TRUE(f.good()) << c["logits_file"].as_string();
-            out.push_back(std::move(k));
-        }
-        return out;
-    }();
-    return all;
-}
-
-double kl_row(const float* p_logits, const float* q_logits, int n) {
-    auto lsm = [n](const float* x, std::vector<double>& out) {
-        double mx = -INFINITY;
-        for (int i = 0; i < n; i++) mx = std::max(mx, static_cast<double>(x[i]));
-        double s = 0.0;
-        for (int i = 0; i < n; i++) s += std::exp(x[i] - mx);
-        const double lse = mx + std::log(s);
-        out.resize(static_cast<size_t>(n));
-        for (int i = 0; i < n; i++) out[static_cast<size_t>(i)] = x[i] - lse;
-    };
-    std::vector<double> lp, lq;
-    lsm(p_logits, lp);
-    lsm(q_logits, lq);
-    double kl = 0.0;
-    for (size_t i = 0; i < lp.size(); i++) kl += std::exp(lp[i]) * (lp[i] - lq[i]);
-    return kl;
-}
-
-struct Metrics {
-    double kl_mean = 0.0, top1_min = 1.0, nmse_max = 0.0;
-    bool ok = false;
-};
-
-Metrics measure(const std::string& enc, Type kv, Device* dev) {
-    Metrics r;
-    ModelOptions mo;
-    mo.devices.push_back(dev);
-    Expected<std::unique_ptr<LlamaModel>> m =
-        LlamaModel::load(kDir + "/tiny-llama-" + enc + ".gguf", mo);
-    EXPECT_TRUE(m) << m.message();
-    if (!m) return r;
-    EXPECT_EQ((*m)->device(), dev);
-    SessionOptions so;
-    so.kv_type = kv;
-    so.n_threads = 2;
-    Expected<std::unique_ptr<LlamaSession>> s = LlamaSession::create(**m, so);
-    EXPECT_TRUE(s) << s.message();
-    if (!s) return r;
-    size_t rows = 0;
-    for (const Case& c : cases()) {
-        (*s)->reset();
-        Status st = (*s)->decode(c.tokens, true);
-        EXPECT_TRUE(st) << st.message();
-        if (!st) return r;
-        double err = 0.0, ref = 0.0;
-        int agree = 0;
-        for (size_t i = 0; i < c.tokens.size(); i++) {
-            const float* run = (*s)->logits(static_cast<int32_t>(i));
-            const float* orc = c.logits.data() + i * kVocab;
-            r.kl_mean += kl_row(orc, run, kVocab);
-            agree += std::max_element(run, run + kVocab) - run ==
-                     std::max_element(orc, orc + kVocab) - orc;
-            for (int j = 0; j < kVocab; j++) {
-                const double d = static_cast<double>(run[j]) - orc[j];
-                err += d * d;
-                ref += static_cast<double>(orc[j]) * orc[j];
-            }
-            rows++;
-        }
-        r.top1_min = std::min(r.top1_min, static_cast<double>(agree) / c.tokens.size());
-        r.nmse_max = std::max(r.nmse_max, err / ref);
-    }
-    r.kl_mean /= static_cast<double>(rows);
-    r.ok = true;
-    return r;
-}
-
-struct Peer {
-    const char* enc;
-    double kl_mean;
-    double top1_min;
-};
-// The fixture README's llama.cpp figures (CPU, f16 KV cache).
-constexpr Peer kPeers[] = {
-    {"f32", 8.32e-07, 1.000},  {"f16", 1.84e-06, 1.000},    {"q8_0", 1.14e-03, 0.846},
-    {"q6_k", 6.76e-03, 0.898}, {"q5_k_m", 2.10e-02, 0.692}, {"q4_k_m", 8.24e-02, 0.462},
-    {"q4_1", 1.03e-01, 0.615}, {"q4_0", 1.05e-01, 0.692},
-};
-
-void PrintTo(const Peer& p, std::ostream* os) {
-    *os << p.enc;
-}
 
 class CudaOracle : public ::testing::TestWithParam<Peer> {};
 
@@ -206,10 +78,7 @@ TEST_P(CudaOracle, AtLeastAsCloseAsPeerWithF16Cache) {
     EXPECT_GE(r.top1_min, p.top1_min - 1e-3) << p.enc;
 }
 
-INSTANTIATE_TEST_SUITE_P(Encodings, CudaOracle, ::testing::ValuesIn(kPeers),
-                         [](const ::testing::TestParamInfo<Peer>& i) {
-                             return std::string(i.param.enc);
-                         });
+INSTANTIATE_TEST_SUITE_P(Encodings, CudaOracle, ::testing::ValuesIn(kPeers), peer_name);
 
 TEST(Cuda, F32WithF32CacheMatchesOracle) {
     REQUIRE_GPU();
