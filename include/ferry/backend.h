@@ -227,6 +227,9 @@ std::vector<Device*> all_devices();
 Device* find_device(const std::string& name);  // nullptr if none
 // The first device of type CPU (the CPU backend's); nullptr before init_backends().
 Device* cpu_device();
+// The host's memory (/proc/meminfo: MemAvailable as free, MemTotal as total; 0 where
+// unknown), for every device whose memory is the host's.
+DeviceMemory host_memory();
 
 // Convenience for whole tensors.
 Status tensor_set(Tensor* t, const void* src, size_t size);

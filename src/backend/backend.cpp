@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 
 namespace ferry {
@@ -65,6 +66,18 @@ Device* find_device(const std::string& name) {
         if (name == d->name()) return d;
     }
     return nullptr;
+}
+
+DeviceMemory host_memory() {
+    std::ifstream f("/proc/meminfo");
+    DeviceMemory m;
+    std::string key, unit;
+    size_t kib = 0;
+    while (f >> key >> kib >> unit) {
+        if (key == "MemAvailable:") m.free = kib * 1024;
+        if (key == "MemTotal:") m.total = kib * 1024;
+    }
+    return m;
 }
 
 Device* cpu_device() {

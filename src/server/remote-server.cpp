@@ -96,7 +96,7 @@ Expected<std::unique_ptr<RemoteServer>> RemoteServer::start(ServeOptions o) {
     }
     server::ServerOptions so;
     so.token = o.token;
-    so.max_memory = o.max_memory ? o.max_memory : cpu_device()->memory().total;
+    so.max_memory = o.max_memory ? o.max_memory : host_memory().total;
     so.max_scratch = o.max_scratch;
     so.max_work = o.max_work;
     so.n_threads = o.n_threads;

@@ -336,17 +336,6 @@ class CpuBackend : public Backend {
     ComputeLimits limits_;  // the nodes to run, with their kernels (reused across calls)
 };
 
-size_t read_meminfo(const char* key) {
-    std::ifstream f("/proc/meminfo");
-    std::string k;
-    size_t v = 0;
-    std::string unit;
-    while (f >> k >> v >> unit) {
-        if (k == key) return v * 1024;
-    }
-    return 0;
-}
-
 class CpuDevice : public Device {
   public:
     const char* name() const override { return "CPU"; }
@@ -362,9 +351,7 @@ class CpuDevice : public Device {
         return "CPU";
     }
     DeviceType type() const override { return DeviceType::CPU; }
-    DeviceMemory memory() const override {
-        return {read_meminfo("MemAvailable:"), read_meminfo("MemTotal:")};
-    }
+    DeviceMemory memory() const override { return host_memory(); }
     DeviceCaps caps() const override {
         DeviceCaps c;
         c.buffer_from_host_ptr = true;

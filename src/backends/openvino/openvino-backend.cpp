@@ -44,17 +44,6 @@ ov::Core* core(std::string* err = nullptr) {
     return c.get();
 }
 
-size_t meminfo(const char* key) {
-    std::ifstream f("/proc/meminfo");
-    std::string k;
-    size_t v = 0;
-    std::string unit;
-    while (f >> k >> v >> unit) {
-        if (k == key) return v * 1024;
-    }
-    return 0;
-}
-
 class OvDevice;
 
 // Host memory: OpenVINO reads and writes it in place (tensors wrap it, nothing is copied).
@@ -362,9 +351,7 @@ class OvDevice : public Device {
         return "OpenVINO " + ov_name_;
     }
     DeviceType type() const override { return DeviceType::ACCEL; }
-    DeviceMemory memory() const override {
-        return {meminfo("MemAvailable:"), meminfo("MemTotal:")};
-    }
+    DeviceMemory memory() const override { return host_memory(); }
     DeviceCaps caps() const override {
         DeviceCaps c;
         c.size_dependent = false;
