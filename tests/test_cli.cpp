@@ -215,5 +215,19 @@ TEST(Cli, OutputAndDeviceMeanOneThingAcrossCommands) {
     EXPECT_EQ(run("test-ops --backend CPU --op scale").out, d.out);
     EXPECT_EQ(run("test-ops -b CPU --op scale").out, d.out);
     EXPECT_EQ(run("test-ops -d CPU --op scale").out, d.out);
+    // Repeated, it tests each device named, in order: here the CPU twice, so every case line
+    // appears twice and the counts double.
+    Output twice = run("test-ops -d CPU --backend CPU --op scale");
+    ASSERT_EQ(twice.rc, 0) << twice.out;
+    auto count_lines = [](const std::string& s, const std::string& prefix) {
+        size_t n = 0;
+        for (size_t at = 0; (at = s.find("\n" + prefix, at)) != std::string::npos; at++) n++;
+        return n + (s.rfind(prefix, 0) == 0 ? 1 : 0);
+    };
+    const size_t once = count_lines(d.out, "CPU ");
+    ASSERT_GT(once, 0u) << d.out;
+    EXPECT_EQ(count_lines(twice.out, "CPU "), 2 * once) << twice.out;
+    EXPECT_NE(twice.out.find(std::to_string(2 * once) + " passed, 0 failed"), std::string::npos)
+        << twice.out;
     ferry::testing::run_shell("rm -rf " + dir);
 }

@@ -22,8 +22,8 @@ int cmd_test_ops(int argc, char** argv) {
               {
                   {{"-d", "--device", "--backend", "-b"},
                    "NAME",
-                   "device to test, as listed by `ferry devices` (default: every\n"
-                   "device); --backend and -b are older names of this option"},
+                   "device to test, as listed by `ferry devices` (repeatable; default:\n"
+                   "every device); --backend and -b are older names of this option"},
                   {{"--op"},
                    "NAME",
                    "only cases of these ops (comma-separated), or whose name\n"
@@ -42,7 +42,7 @@ int cmd_test_ops(int argc, char** argv) {
         args.print_help();
         return 0;
     }
-    const std::optional<std::string> backend_name = args.value({"-d", "--device"});
+    const std::vector<std::string> device_names = args.values({"-d", "--device"});
     const std::string filter = args.value({"--op"}).value_or("");
     const std::optional<long long> threads = args.integer({"-t", "--threads"});
     const std::vector<std::string> remotes = args.values({"--remote"});
@@ -56,19 +56,17 @@ int cmd_test_ops(int argc, char** argv) {
     }
 
     std::vector<Device*> devices;
-    if (backend_name) {
-        Device* d = find_device(*backend_name);
+    for (const std::string& name : device_names) {
+        Device* d = find_device(name);
         if (!d) {
             std::string known;
             for (Device* x : all_devices())
                 known += std::string(known.empty() ? "" : ", ") + x->name();
-            return fail("test-ops",
-                        "no device named '" + *backend_name + "' (devices: " + known + ")");
+            return fail("test-ops", "no device named '" + name + "' (devices: " + known + ")");
         }
         devices.push_back(d);
-    } else {
-        devices = all_devices();
     }
+    if (device_names.empty()) devices = all_devices();
 
     const std::vector<testing::OpTestCase> cases = testing::make_op_tests(filter);
     if (cases.empty()) return fail("test-ops", "no test case matches --op " + filter);
