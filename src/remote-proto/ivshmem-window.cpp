@@ -222,20 +222,53 @@ int64_t Backoff::waited_ms() const {
         .count();
 }
 
+int64_t Backoff::spin_us() {
+    // Spinning costs a core. Where the process may use four or more, a waiter has one to
+    // spare beside a two-thread compute and the other side of the window, and spinning through
+    // a decode step's wait (a few hundred microseconds) removes the sleep's wake-up latency:
+    // tiny-llama decode through the window went from 0.74 to 0.89 of local on a 16-core host.
+    // With fewer, a spinning waiter takes the core the compute or the client needs (0.63 ->
+    // 0.18 on the same host pinned to 2 cores), so it spins briefly and then sleeps
+    // (bench/results/ivshmem.md). FERRY_IVSHMEM_SPIN_US=N overrides (0 to 50000).
+    static const int64_t us = [] {
+        if (const char* e = std::getenv("FERRY_IVSHMEM_SPIN_US")) {
+            return std::clamp<int64_t>(std::atoll(e), 0, 50000);
+        }
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+        return int64_t{cpus >= 4 ? 300 : 20};
+    }();
+    return us;
+}
+
+void sleep_us(uint32_t us) {
+    // The default timer slack (50 us) would stretch every short sleep to ~60 us: a thread
+    // that waits for the other side of a window asks for 1 us (once per thread).
+    thread_local bool slack_set = false;
+    if (!slack_set) {
+        prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+        slack_set = true;
+    }
+    timespec ts{static_cast<time_t>(us / 1000000), static_cast<long>(us % 1000000) * 1000};
+    nanosleep(&ts, nullptr);
+}
+
 void Backoff::wait() {
     // Phases (why these numbers: a pipelined reply from the host usually follows within a few
     // microseconds; a decode step of a small model takes around a millisecond, so sleeps stay
     // short while a wait is young; a wait of more than 50 ms is a compute or an idle client).
+    // The spin phase's length: spin_us().
     // No sched_yield() phase by default: on a loaded machine a yield hands the core to another
     // process's CPU-bound thread for a whole scheduler slice (milliseconds), while a sleeping
     // waiter is woken with preemption; measured, the yield phase cost tiny-llama decode through
     // the window 1.2-6x (bench/results/ivshmem.md). FERRY_IVSHMEM_YIELD_US=N brings a yield
     // phase back, up to N microseconds into a wait (for that comparison).
-    constexpr int64_t kSpinUs = 20, kLongUs = 50000;
+    constexpr int64_t kLongUs = 50000;
+    static const int64_t kSpinUs = spin_us();
     static const int64_t kYieldUs = [] {
         const char* e = std::getenv("FERRY_IVSHMEM_YIELD_US");
-        const int64_t spin = 20;  // kSpinUs (a lambda may not odr-use the local constant)
-        return e ? std::max<int64_t>(spin, std::atoll(e)) : spin;
+        return e ? std::max<int64_t>(kSpinUs, std::atoll(e)) : kSpinUs;
     }();
     constexpr uint32_t kShortSleepMaxUs = 100;
     if (!started_) {
@@ -264,15 +297,7 @@ void Backoff::wait() {
     } else {
         sleep_us_ = std::min(kShortSleepMaxUs, std::max<uint32_t>(10, sleep_us_ * 2));
     }
-    // The default timer slack (50 us) would stretch every short sleep to ~60 us: this thread
-    // waits for a reply, so it asks for 1 us (once per thread).
-    thread_local bool slack_set = false;
-    if (!slack_set) {
-        prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
-        slack_set = true;
-    }
-    timespec ts{0, static_cast<long>(sleep_us_) * 1000};
-    nanosleep(&ts, nullptr);
+    sleep_us(sleep_us_);
 }
 
 Status parse_listen_spec(const std::string& spec, std::string* path, uint64_t* size) {

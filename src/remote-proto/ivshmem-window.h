@@ -106,8 +106,9 @@ Geometry geometry_for(uint64_t size);
 void ring_read(const uint8_t* ring, uint64_t cap, uint64_t pos, void* dst, size_t n);
 void ring_write(uint8_t* ring, uint64_t cap, uint64_t pos, const void* src, size_t n);
 
-// Waiting without a doorbell: spins first (a reply usually comes within microseconds), then
-// sleeps for growing short periods (longer ones once the wait is long, so an idle window costs
+// Waiting without a doorbell: spins first (a reply usually comes within microseconds; a
+// decode step's within hundreds where a core is to spare: spin_us()), then sleeps for growing
+// short periods (longer ones once the wait is long, so an idle window costs
 // little CPU). No yield phase (see Backoff::wait; FERRY_IVSHMEM_YIELD_US restores one).
 class Backoff {
   public:
@@ -117,6 +118,9 @@ class Backoff {
     void reset() { started_ = false; }
     // Milliseconds since the first wait() after the last reset.
     int64_t waited_ms() const;
+    // How long a wait spins before it sleeps, in microseconds: 300 where the process may run
+    // on four or more CPUs, else 20; FERRY_IVSHMEM_SPIN_US overrides.
+    static int64_t spin_us();
 
   private:
     bool started_ = false;
@@ -125,6 +129,9 @@ class Backoff {
     uint32_t sleep_us_ = 0;
     uint32_t long_sleep_us_;
 };
+
+// Sleeps `us` microseconds with a 1 us timer slack (set once per thread).
+void sleep_us(uint32_t us);
 
 // Parses "PATH[,size=BYTES]" (BYTES may end in K, M or G) for `ferry serve --listen ivshmem:`.
 Status parse_listen_spec(const std::string& spec, std::string* path, uint64_t* size);

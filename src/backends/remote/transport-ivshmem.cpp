@@ -1,8 +1,9 @@
 #include "backends/remote/transport-ivshmem.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
-#include <ctime>
+#include <string>
 
 namespace ferry::remote {
 
@@ -172,11 +173,14 @@ Status IvshmemChannel::read(void* dst, size_t n, int timeout_ms) {
             if (!waited) {
                 waited = true;
                 t0 = Clock::now();
+                // Sleep through most of a predicted wait that is longer than the spin phase
+                // would cover (a wait the spin covers is answered soonest by spinning).
                 constexpr uint32_t kMinPredictUs = 60, kWakeUs = 30;
-                if (expect_us_ >= kMinPredictUs) {
+                static const int64_t min_predict =
+                    std::max<int64_t>(kMinPredictUs, Backoff::spin_us());
+                if (expect_us_ >= min_predict) {
                     predicted = true;
-                    timespec ts{0, static_cast<long>(expect_us_ - kWakeUs) * 1000};
-                    nanosleep(&ts, nullptr);
+                    sleep_us(expect_us_ - kWakeUs);
                     continue;
                 }
             }
