@@ -319,23 +319,14 @@ bool IvshmemServer::hello(Link& io, Session& session, std::string* why) {
         return refuse(Header{}, "HELLO: " + st.message());
     }
     const Header h = remote::read_header(hdr);
-    if (h.magic != remote::kMagic) {
-        return refuse(h, strfmt("bad frame magic 0x%08x (not a ferry client?)", h.magic));
-    }
+    if (h.magic != remote::kMagic) return refuse(h, check_hello(h).message());
     uint8_t body[kMaxHelloFrame];
     if (h.len <= kMaxHelloFrame) {
         if (Status st = io.read(body, static_cast<size_t>(h.len), false); !st) {
             return refuse(h, "truncated HELLO: " + st.message());
         }
     }
-    if (h.cmd != static_cast<uint16_t>(remote::Cmd::HELLO) || h.flags != 0 ||
-        h.len > kMaxHelloFrame) {
-        return refuse(
-            h, strfmt("%s: HELLO must be the first request of a connection, at most "
-                      "%llu bytes (got %llu)",
-                      remote::cmd_name(h.cmd), static_cast<unsigned long long>(kMaxHelloFrame),
-                      static_cast<unsigned long long>(h.len)));
-    }
+    if (Status st = check_hello(h); !st) return refuse(h, st.message());
     io.end_frame();
     Reply reply;
     session.handle(h.cmd, body, static_cast<size_t>(h.len), &reply);
@@ -385,14 +376,8 @@ void IvshmemServer::serve_frames(Link& io, Session& session, std::string* why) {
         }
         // The header is in private memory now: what is checked is what is used.
         const Header h = remote::read_header(hdr);
-        if (h.magic != remote::kMagic) {
-            fatal(h, strfmt("bad frame magic 0x%08x (not a ferry client?)", h.magic));
-            break;
-        }
-        if (h.len > remote::kMaxPayload) {
-            fatal(h, strfmt("frame of %llu bytes exceeds the limit of %llu",
-                            static_cast<unsigned long long>(h.len),
-                            static_cast<unsigned long long>(remote::kMaxPayload)));
+        if (Status st = check_frame(h); !st) {
+            fatal(h, st.message());
             break;
         }
         uint64_t got = 0;

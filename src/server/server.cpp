@@ -21,6 +21,32 @@
 
 namespace ferry::server {
 
+Status check_frame(const remote::Header& h) {
+    if (h.magic != remote::kMagic) {
+        return Status::errorf("bad frame magic 0x%08x (not a ferry client?)", h.magic);
+    }
+    if (h.len > remote::kMaxPayload) {
+        return Status::errorf("frame of %llu bytes exceeds the limit of %llu",
+                              static_cast<unsigned long long>(h.len),
+                              static_cast<unsigned long long>(remote::kMaxPayload));
+    }
+    return Status::ok();
+}
+
+Status check_hello(const remote::Header& h) {
+    if (h.magic != remote::kMagic) {
+        return Status::errorf("bad frame magic 0x%08x (not a ferry client?)", h.magic);
+    }
+    if (h.cmd != static_cast<uint16_t>(remote::Cmd::HELLO) || h.flags != 0 ||
+        h.len > kMaxHelloFrame) {
+        return Status::errorf(
+            "%s: HELLO must be the first request of a connection, at most %llu bytes (got %llu)",
+            remote::cmd_name(h.cmd), static_cast<unsigned long long>(kMaxHelloFrame),
+            static_cast<unsigned long long>(h.len));
+    }
+    return Status::ok();
+}
+
 using remote::Header;
 using remote::Socket;
 
@@ -243,15 +269,8 @@ void serve_session(Socket& sock, Stream& io, Session& session, const ServerOptio
             break;
         }
         const Header h = remote::read_header(hdr);
-        if (h.magic != remote::kMagic) {
-            fatal(h, strfmt("bad frame magic 0x%08x (not a ferry client?)", h.magic));
-            break;
-        }
-        if (h.len > remote::kMaxPayload) {
-            // The stream cannot be resynchronized without reading the payload: answer, close.
-            fatal(h, strfmt("frame of %llu bytes exceeds the limit of %llu",
-                            static_cast<unsigned long long>(h.len),
-                            static_cast<unsigned long long>(remote::kMaxPayload)));
+        if (Status st = check_frame(h); !st) {
+            fatal(h, st.message());
             break;
         }
         Status rst;  // how receiving the payload failed (closed, timed out)
@@ -365,8 +384,7 @@ void serve_connection_impl(Socket& sock, const ServerOptions& opts, ServerCounte
     if (!io.read(hdr, sizeof(hdr), /*idle_ok=*/false)) return;  // silent, late or gone
     const Header h = remote::read_header(hdr);
     if (h.magic != remote::kMagic) {
-        (void)io.reply(
-            h, error_reply(strfmt("bad frame magic 0x%08x (not a ferry client?)", h.magic)));
+        (void)io.reply(h, error_reply(check_hello(h).message()));
         return;
     }
     uint8_t body[kMaxHelloFrame];
@@ -378,13 +396,8 @@ void serve_connection_impl(Socket& sock, const ServerOptions& opts, ServerCounte
             return;
         }
     }
-    if (h.cmd != static_cast<uint16_t>(remote::Cmd::HELLO) || h.flags != 0 ||
-        h.len > kMaxHelloFrame) {
-        (void)io.reply(h, error_reply(strfmt("%s: HELLO must be the first request of a connection, "
-                                             "at most %llu bytes (got %llu)",
-                                             remote::cmd_name(h.cmd),
-                                             static_cast<unsigned long long>(kMaxHelloFrame),
-                                             static_cast<unsigned long long>(h.len))));
+    if (Status st = check_hello(h); !st) {
+        (void)io.reply(h, error_reply(st.message()));
         return;
     }
     sock.end_frame();

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 
+#include "remote-proto/protocol.h"
 #include "remote-proto/transport.h"
 #include "server/session.h"
 
@@ -35,6 +36,14 @@ struct ConnectionLimits {
 
 // Largest frame accepted before HELLO succeeds (a HELLO is 4 + 8 + 4 + token bytes).
 constexpr uint64_t kMaxHelloFrame = 4096;
+
+// The checks every transport makes on a frame header it has copied into private memory, with
+// the error a client is told. check_frame: the magic and the payload limit (a stream cannot be
+// resynchronized after either fails: answer, then close). check_hello: the first frame of a
+// connection must be a HELLO, unflagged, of at most kMaxHelloFrame bytes (its magic checked
+// first).
+Status check_frame(const remote::Header& h);
+Status check_hello(const remote::Header& h);
 
 class Server {
   public:
