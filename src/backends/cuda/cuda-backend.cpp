@@ -544,6 +544,8 @@ class CudaBackend : public Backend {
         const Tensor* third;   // kind 3: the SWIGLU (whose result is written)
     };
     Status plan(Graph& g);
+    static bool fusion_is_safe(int kind, const Tensor* n, const Tensor* second,
+                               const Tensor* third);
     void quick_key(const Graph& g, std::vector<uint64_t>& k) const;
     Status run_steps();
     Status run_profiled();
@@ -669,6 +671,50 @@ Status CudaBackend::ensure_cublas() {
     return Status::ok();
 }
 
+namespace {
+
+// Whether two tensors' device storage shares a byte.
+bool overlaps(const Tensor* a, const Tensor* b) {
+    const char* pa = device_ptr(a);
+    const char* pb = device_ptr(b);
+    return pa < pb + b->nbytes() && pb < pa + a->nbytes();
+}
+
+// Whether two tensors are the same elements at the same place (an element read and written
+// by the same thread).
+bool same_place(const Tensor* a, const Tensor* b) {
+    if (device_ptr(a) != device_ptr(b) || !same_shape(a, b)) return false;
+    for (int d = 0; d < kMaxDims; d++) {
+        if (a->nb[d] != b->nb[d]) return false;
+    }
+    return true;
+}
+
+}  // namespace
+
+// The graph allocator frees a tensor's storage once its last reader ran, so the node after
+// that reader may be placed over it: unfused, harmless; fused into one kernel with that reader,
+// the kernel would write over what its other blocks are still reading (seen: the attention
+// output projection + residual ADD of every llama layer wrote its result over the attention
+// output it multiplies, and the logits changed from run to run). Each fusion is taken only
+// when its result cannot be read by another block of the same kernel.
+bool CudaBackend::fusion_is_safe(int kind, const Tensor* n, const Tensor* second,
+                                 const Tensor* third) {
+    switch (kind) {
+        case 1:  // rms_norm+mul: a block normalises one row and each thread writes only the
+                 // elements it read itself, so the output may be the input, exactly
+            return (!overlaps(second, n->src[0]) || same_place(second, n->src[0])) &&
+                   !overlaps(second, second->src[1]);
+        case 2:  // mul_mat+add: every block reads all of b; the residual is read per element
+            return !overlaps(second, n->src[1]) &&
+                   (!overlaps(second, second->src[1]) || same_place(second, second->src[1]));
+        case 3:  // gate+up+swiglu: every block reads all of b
+            return !overlaps(third, n->src[1]);
+        default:
+            return true;
+    }
+}
+
 Status CudaBackend::plan(Graph& g) {
     steps_.clear();
     consumers_.clear();
@@ -704,17 +750,20 @@ Status CudaBackend::plan(Graph& g) {
         const bool single = (n->flags & kTensorOutput) == 0 && consumers_[n] == 1;
         const Tensor* next2 = i + 2 < kn.size() ? kn[i + 2] : nullptr;
         if (use_fusion_ && next2 && single && (next->flags & kTensorOutput) == 0 &&
-            consumers_[next] == 1 && can_fuse_swiglu(n, next, next2)) {
+            consumers_[next] == 1 && can_fuse_swiglu(n, next, next2) &&
+            fusion_is_safe(3, n, next, next2)) {
             steps_.push_back({n, next, 3, next2});
             i += 2;
             continue;
         }
-        if (use_fusion_ && next && single && can_fuse_rms_norm_mul(n, next)) {
+        if (use_fusion_ && next && single && can_fuse_rms_norm_mul(n, next) &&
+            fusion_is_safe(1, n, next, nullptr)) {
             steps_.push_back({n, next, 1, nullptr});
             i++;
             continue;
         }
-        if (use_fusion_ && next && single && can_fuse_mul_mat_add(n, next)) {
+        if (use_fusion_ && next && single && can_fuse_mul_mat_add(n, next) &&
+            fusion_is_safe(2, n, next, nullptr)) {
             steps_.push_back({n, next, 2, nullptr});
             i++;
             continue;
