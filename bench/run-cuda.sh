@@ -133,10 +133,15 @@ if has positions; then
 fi
 
 if has tg; then
+  # TG_VARIANTS: ';'-separated environment settings, each run after the default (interleaved
+  # per model, so that A and B are side by side).
   gen_models
+  IFS=';' read -r -a tgv <<<"${TG_VARIANTS:-}"
   for m in /tmp/llama-1b-q4_0.gguf /tmp/llama-1b-f16.gguf ../shared/fixtures/tiny-llama/tiny-llama-q8_0.gguf; do
-    log "bench tg $m"
-    "$F" bench -m "$m" --device CUDA0 -p 0 -n 128 -r 5 2>&1 | grep tg128 | tee -a "$OUT/summary.txt"
+    for v in "FERRY_CUDA_DEFAULTS=1" "${tgv[@]}"; do
+      log "bench tg $m with $v"
+      env $v "$F" bench -m "$m" --device CUDA0 -p 0 -n 128 -r 5 2>&1 | grep tg128 | tee -a "$OUT/summary.txt"
+    done
   done
 fi
 

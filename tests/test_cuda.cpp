@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -130,6 +132,74 @@ TEST(Cuda, SameLogitsEveryRun) {
         for (int rep = 1; rep < 4; rep++) {
             EXPECT_EQ(prompt_logits(path, Type::F16, gpu()), first) << enc << " run " << rep;
         }
+    }
+}
+
+// Every position of every prompt decoded one token at a time (the decode kernels and their
+// fusions, CUDA-graph replay), with the backend's environment switches `env` set while the
+// session is made.
+std::vector<std::vector<float>> step_logits(const std::string& enc,
+                                            const std::vector<std::string>& env) {
+    for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
+    std::vector<std::vector<float>> out;
+    Expected<std::unique_ptr<LlamaModel>> m = load(enc, gpu());
+    EXPECT_TRUE(m) << m.message();
+    SessionOptions so;
+    so.kv_type = Type::F16;
+    so.n_threads = 2;
+    Expected<std::unique_ptr<LlamaSession>> s =
+        m ? LlamaSession::create(**m, so) : Expected<std::unique_ptr<LlamaSession>>(m.status());
+    for (const std::string& e : env) unsetenv(e.substr(0, e.find('=')).c_str());
+    EXPECT_TRUE(s) << s.message();
+    if (!s) return out;
+    for (const Case& c : cases()) {
+        (*s)->reset();
+        std::vector<float> rows;
+        for (int32_t t : c.tokens) {
+            Status st = (*s)->decode(std::span<const int32_t>(&t, 1), false);
+            EXPECT_TRUE(st) << st.message();
+            if (!st) return {};
+            rows.insert(rows.end(), (*s)->logits(0), (*s)->logits(0) + kVocab);
+        }
+        out.push_back(std::move(rows));
+    }
+    return out;
+}
+
+// Token-by-token decode with every fusion on gives what it gives with none (the fused
+// kernels do the same arithmetic), and lands as close to the oracle as the peer.
+TEST(Cuda, FusedDecodeMatchesUnfusedAndTheOracle) {
+    REQUIRE_GPU();
+    for (const Peer& p : kPeers) {
+        const std::string enc = p.enc;
+        if (enc != "q8_0" && enc != "q4_0" && enc != "q4_k_m" && enc != "f16") continue;
+        static const std::vector<std::string> kOff = {"FERRY_CUDA_FUSION=0"};
+        const std::vector<std::vector<float>> on = step_logits(enc, {});
+        const std::vector<std::vector<float>> off = step_logits(enc, kOff);
+        ASSERT_EQ(on.size(), cases().size()) << enc;
+        ASSERT_EQ(off.size(), cases().size()) << enc;
+        double kl = 0.0, worst = 0.0;
+        size_t rows = 0;
+        for (size_t k = 0; k < cases().size(); k++) {
+            double err = 0.0, ref = 0.0;
+            for (size_t i = 0; i < on[k].size(); i++) {
+                const double d = static_cast<double>(on[k][i]) - off[k][i];
+                err += d * d;
+                ref += static_cast<double>(off[k][i]) * off[k][i];
+            }
+            worst = std::max(worst, err / ref);
+            for (size_t i = 0; i < cases()[k].tokens.size(); i++, rows++) {
+                kl += kl_row(cases()[k].logits.data() + i * kVocab, on[k].data() + i * kVocab,
+                             kVocab);
+            }
+        }
+        kl /= static_cast<double>(rows);
+        std::printf(
+            "[ cuda     ] %-7s step by step: fused vs unfused nmse max %.2e, KL mean %.2e "
+            "(peer %.2e)\n",
+            enc.c_str(), worst, kl, p.kl_mean);
+        EXPECT_LE(worst, 1e-10) << enc;
+        EXPECT_LE(kl, p.kl_mean) << enc;
     }
 }
 

@@ -449,6 +449,8 @@ class CudaBackend : public Backend {
         ctx_.err = err;
         use_graphs_ = !env_off("FERRY_CUDA_GRAPH");
         use_fusion_ = !env_off("FERRY_CUDA_FUSION");
+        use_add_norm_ = !env_off("FERRY_CUDA_FUSE_ADD_NORM");
+        use_epilogue_ = !env_off("FERRY_CUDA_FUSE_EPILOGUE");
         const char* p = std::getenv("FERRY_CUDA_PROFILE");
         profile_ = p && std::strcmp(p, "1") == 0;
     }
@@ -540,8 +542,11 @@ class CudaBackend : public Backend {
     struct Step {
         const Tensor* node;
         const Tensor* second;  // nullptr unless fused
-        int kind;              // 0 plain, 1 rms_norm+mul, 2 mul_mat+add, 3 gate+up+swiglu
+        int kind;              // 0 plain, 1 rms_norm+mul, 2 mul_mat+add, 3 gate+up+swiglu,
+                               // 4 add+rms_norm+mul (third: the MUL),
+                               // 5 mul_mat+rope (second, may be null)+set_rows (third, may be null)
         const Tensor* third;   // kind 3: the SWIGLU (whose result is written)
+        bool write_out = false;  // kind 5: the rope's result is written too
     };
     Status plan(Graph& g);
     static bool fusion_is_safe(int kind, const Tensor* n, const Tensor* second,
@@ -556,9 +561,10 @@ class CudaBackend : public Backend {
     CudaDevice* dev_;
     cudaStream_t stream_;
     OpContext ctx_;
-    bool use_graphs_ = true, use_fusion_ = true;
+    bool use_graphs_ = true, use_fusion_ = true, use_add_norm_ = true, use_epilogue_ = true;
     std::vector<Step> steps_;
     std::unordered_map<const Tensor*, int> consumers_;
+    std::unordered_map<const Tensor*, int> kconsumers_;  // readers that are not views, by storage
     char* scratch_ = nullptr;
     size_t scratch_size_ = 0;
     void* cublas_ = nullptr;
@@ -710,6 +716,23 @@ bool CudaBackend::fusion_is_safe(int kind, const Tensor* n, const Tensor* second
                    (!overlaps(second, second->src[1]) || same_place(second, second->src[1]));
         case 3:  // gate+up+swiglu: every block reads all of b
             return !overlaps(third, n->src[1]);
+        case 5: {  // mul_mat epilogue: every block reads all of b; writes rows of its own
+            const Tensor* b = n->src[1];
+            if (second && overlaps(second, b)) return false;
+            if (third && overlaps(third->src[0], b)) return false;
+            return !(!second && !third);
+        }
+        case 4: {  // add+rms_norm+mul: per row and per element, as kind 1; the sum is kept
+            const Tensor* add = n;
+            const Tensor* mul = third;
+            for (const Tensor* src : {add->src[0], add->src[1]}) {
+                for (const Tensor* out : {add, mul}) {
+                    if (overlaps(out, src) && !same_place(out, src)) return false;
+                }
+            }
+            return !overlaps(mul, add) && !overlaps(mul, mul->src[1]) &&
+                   !overlaps(add, mul->src[1]);
+        }
         default:
             return true;
     }
@@ -718,9 +741,11 @@ bool CudaBackend::fusion_is_safe(int kind, const Tensor* n, const Tensor* second
 Status CudaBackend::plan(Graph& g) {
     steps_.clear();
     consumers_.clear();
+    kconsumers_.clear();
     for (const Tensor* n : g.nodes) {
         for (int s = 0; s < kMaxSrc; s++) {
             if (n->src[s]) consumers_[n->src[s]->storage()]++;
+            if (n->src[s] && !is_view_op(n->op)) kconsumers_[n->src[s]->storage()]++;
         }
         if (n->view_src) consumers_[n->view_src]++;
     }
@@ -749,6 +774,33 @@ Status CudaBackend::plan(Graph& g) {
         const Tensor* next = i + 1 < kn.size() ? kn[i + 1] : nullptr;
         const bool single = (n->flags & kTensorOutput) == 0 && consumers_[n] == 1;
         const Tensor* next2 = i + 2 < kn.size() ? kn[i + 2] : nullptr;
+        if (use_fusion_ && use_epilogue_ && n->op == Op::MUL_MAT && next &&
+            (n->flags & kTensorOutput) == 0 && kconsumers_[n] == 1) {
+            // MUL_MAT -> ROPE [-> SET_ROWS] or MUL_MAT -> SET_ROWS, each the only reader of
+            // the one before (views aside).
+            const Tensor* rope = next->op == Op::ROPE ? next : nullptr;
+            const Tensor* sr = rope ? (next2 && next2->op == Op::SET_ROWS ? next2 : nullptr)
+                                    : (next->op == Op::SET_ROWS ? next : nullptr);
+            if (rope && sr && (sr->src[1]->storage() != rope || kconsumers_[rope] != 1)) {
+                sr = nullptr;  // the rope alone
+            }
+            if ((rope || sr) && can_fuse_mul_mat_epilogue(n, rope, sr) &&
+                fusion_is_safe(5, n, rope, sr)) {
+                Step st{n, rope, 5, sr};
+                // The rope's result is written unless the fused store is its only reader.
+                st.write_out = rope && (!sr || (rope->flags & kTensorOutput) != 0);
+                steps_.push_back(st);
+                i += static_cast<size_t>(rope != nullptr) + static_cast<size_t>(sr != nullptr);
+                continue;
+            }
+        }
+        if (use_fusion_ && use_add_norm_ && next2 && (next->flags & kTensorOutput) == 0 &&
+            consumers_[next] == 1 && can_fuse_add_rms_norm_mul(n, next, next2) &&
+            fusion_is_safe(4, n, next, next2)) {
+            steps_.push_back({n, next, 4, next2});
+            i += 2;
+            continue;
+        }
         if (use_fusion_ && next2 && single && (next->flags & kTensorOutput) == 0 &&
             consumers_[next] == 1 && can_fuse_swiglu(n, next, next2) &&
             fusion_is_safe(3, n, next, next2)) {
@@ -788,6 +840,10 @@ Status CudaBackend::run_step(const Step& s) {
             return op_mul_mat_add(ctx_, s.node, s.second);
         case 3:
             return op_mul_mat_swiglu(ctx_, s.node, s.second, s.third);
+        case 4:
+            return op_add_rms_norm_mul(ctx_, s.node, s.second, s.third);
+        case 5:
+            return op_mul_mat_epilogue(ctx_, s.node, s.second, s.third, s.write_out);
         default:
             return run_node(ctx_, s.node);
     }
