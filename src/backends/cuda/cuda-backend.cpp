@@ -1,6 +1,7 @@
 #include "backends/cuda/cuda-backend.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -451,6 +452,7 @@ class CudaBackend : public Backend {
         use_fusion_ = !env_off("FERRY_CUDA_FUSION");
         use_add_norm_ = !env_off("FERRY_CUDA_FUSE_ADD_NORM");
         use_epilogue_ = !env_off("FERRY_CUDA_FUSE_EPILOGUE");
+        use_qkv_ = !env_off("FERRY_CUDA_FUSE_QKV");
         const char* p = std::getenv("FERRY_CUDA_PROFILE");
         profile_ = p && std::strcmp(p, "1") == 0;
     }
@@ -544,10 +546,14 @@ class CudaBackend : public Backend {
         const Tensor* second;  // nullptr unless fused
         int kind;              // 0 plain, 1 rms_norm+mul, 2 mul_mat+add, 3 gate+up+swiglu,
                                // 4 add+rms_norm+mul (third: the MUL),
-                               // 5 mul_mat+rope (second, may be null)+set_rows (third, may be null)
+                               // 5 products with their rope and/or set_rows (units)
         const Tensor* third;   // kind 3: the SWIGLU (whose result is written)
-        bool write_out = false;  // kind 5: the rope's result is written too
+        // kind 5: the products (each with its ROPE and/or SET_ROWS) of one launch
+        std::array<EpilogueUnit, 3> units{};
+        int n_units = 0;
     };
+    bool match_epilogue(const std::vector<const Tensor*>& kn, size_t i, EpilogueUnit* u,
+                        size_t* len);
     Status plan(Graph& g);
     static bool fusion_is_safe(int kind, const Tensor* n, const Tensor* second,
                                const Tensor* third);
@@ -561,7 +567,8 @@ class CudaBackend : public Backend {
     CudaDevice* dev_;
     cudaStream_t stream_;
     OpContext ctx_;
-    bool use_graphs_ = true, use_fusion_ = true, use_add_norm_ = true, use_epilogue_ = true;
+    bool use_graphs_ = true, use_fusion_ = true, use_add_norm_ = true, use_epilogue_ = true,
+         use_qkv_ = true;
     std::vector<Step> steps_;
     std::unordered_map<const Tensor*, int> consumers_;
     std::unordered_map<const Tensor*, int> kconsumers_;  // readers that are not views, by storage
@@ -738,6 +745,35 @@ bool CudaBackend::fusion_is_safe(int kind, const Tensor* n, const Tensor* second
     }
 }
 
+// A product at kn[i] whose epilogue can take the ROPE and/or SET_ROWS after it: fills the
+// unit and the number of kernel nodes it covers.
+bool CudaBackend::match_epilogue(const std::vector<const Tensor*>& kn, size_t i, EpilogueUnit* u,
+                                 size_t* len) {
+    const Tensor* n = kn[i];
+    const Tensor* next = i + 1 < kn.size() ? kn[i + 1] : nullptr;
+    const Tensor* next2 = i + 2 < kn.size() ? kn[i + 2] : nullptr;
+    if (n->op != Op::MUL_MAT || !next || (n->flags & kTensorOutput) != 0 || kconsumers_[n] != 1) {
+        return false;
+    }
+    const Tensor* rope = next->op == Op::ROPE ? next : nullptr;
+    const Tensor* sr = rope ? (next2 && next2->op == Op::SET_ROWS ? next2 : nullptr)
+                            : (next->op == Op::SET_ROWS ? next : nullptr);
+    if (rope && sr && (sr->src[1]->storage() != rope || kconsumers_[rope] != 1)) {
+        sr = nullptr;  // the rope alone
+    }
+    if ((!rope && !sr) || !can_fuse_mul_mat_epilogue(n, rope, sr) ||
+        !fusion_is_safe(5, n, rope, sr)) {
+        return false;
+    }
+    u->mm = n;
+    u->rope = rope;
+    u->set_rows = sr;
+    // The rope's result is written unless the fused store is its only reader.
+    u->write_out = rope && (!sr || (rope->flags & kTensorOutput) != 0);
+    *len = 1 + static_cast<size_t>(rope != nullptr) + static_cast<size_t>(sr != nullptr);
+    return true;
+}
+
 Status CudaBackend::plan(Graph& g) {
     steps_.clear();
     consumers_.clear();
@@ -774,23 +810,25 @@ Status CudaBackend::plan(Graph& g) {
         const Tensor* next = i + 1 < kn.size() ? kn[i + 1] : nullptr;
         const bool single = (n->flags & kTensorOutput) == 0 && consumers_[n] == 1;
         const Tensor* next2 = i + 2 < kn.size() ? kn[i + 2] : nullptr;
-        if (use_fusion_ && use_epilogue_ && n->op == Op::MUL_MAT && next &&
-            (n->flags & kTensorOutput) == 0 && kconsumers_[n] == 1) {
-            // MUL_MAT -> ROPE [-> SET_ROWS] or MUL_MAT -> SET_ROWS, each the only reader of
-            // the one before (views aside).
-            const Tensor* rope = next->op == Op::ROPE ? next : nullptr;
-            const Tensor* sr = rope ? (next2 && next2->op == Op::SET_ROWS ? next2 : nullptr)
-                                    : (next->op == Op::SET_ROWS ? next : nullptr);
-            if (rope && sr && (sr->src[1]->storage() != rope || kconsumers_[rope] != 1)) {
-                sr = nullptr;  // the rope alone
+        if (use_fusion_ && use_epilogue_ && n->op == Op::MUL_MAT) {
+            // MUL_MAT -> ROPE [-> SET_ROWS] or MUL_MAT -> SET_ROWS, each the only reader of the
+            // one before (views aside); up to three such products of one b in a row (q, k, v)
+            // run as one launch.
+            Step st{n, nullptr, 5, nullptr};
+            size_t j = i;
+            while (st.n_units < static_cast<int>(st.units.size()) && j < kn.size()) {
+                EpilogueUnit u;
+                size_t len = 0;
+                if (!match_epilogue(kn, j, &u, &len)) break;
+                if (st.n_units > 0 && (!use_qkv_ || !can_join_mul_mat_epilogues(st.units[0], u))) {
+                    break;
+                }
+                st.units[static_cast<size_t>(st.n_units++)] = u;
+                j += len;
             }
-            if ((rope || sr) && can_fuse_mul_mat_epilogue(n, rope, sr) &&
-                fusion_is_safe(5, n, rope, sr)) {
-                Step st{n, rope, 5, sr};
-                // The rope's result is written unless the fused store is its only reader.
-                st.write_out = rope && (!sr || (rope->flags & kTensorOutput) != 0);
+            if (st.n_units > 0) {
                 steps_.push_back(st);
-                i += static_cast<size_t>(rope != nullptr) + static_cast<size_t>(sr != nullptr);
+                i = j - 1;
                 continue;
             }
         }
@@ -843,7 +881,7 @@ Status CudaBackend::run_step(const Step& s) {
         case 4:
             return op_add_rms_norm_mul(ctx_, s.node, s.second, s.third);
         case 5:
-            return op_mul_mat_epilogue(ctx_, s.node, s.second, s.third, s.write_out);
+            return op_mul_mat_epilogue(ctx_, s.units.data(), s.n_units);
         default:
             return run_node(ctx_, s.node);
     }

@@ -268,6 +268,21 @@ struct Dec<Type::F32> {
     }
 };
 
+// One segment of a decode epilogue: its rows' weights, where the result goes, whether it is
+// rotated (ROPE), and the KV cache it is stored into as row kv_idx[0] (SET_ROWS; kv nullptr:
+// none); out is written only when write_out.
+constexpr int kMaxSeg = 3;
+struct MvSeg {
+    const char* a;
+    float* out;
+    char* kv;
+    int64_t kv_nb1, kv_rows;
+    int64_t end;  // one past the segment's last row, counted over all segments
+    const int32_t* kv_idx;
+    Type kv_type;
+    bool rope, write_out;
+};
+
 struct MvArgs {
     const char* a;
     const char* a2;  // GLU: the second ("up") matrix, same type and strides as a
@@ -282,19 +297,18 @@ struct MvArgs {
     float* out;        // contiguous [M, N, ne2, ne3]
     const char* res;   // optional residual added to out (ADD fusion), rows like out
     int64_t res_nb1, res_nb2, res_nb3;
-    // Decode epilogue (the int8 kernel, one column; Epi below): ROPE of the result (normal
-    // mode: rows 2i, 2i+1 of each head of rope_head rows rotate together) and/or the result
-    // stored as row kv_idx[0] of a KV cache (SET_ROWS); out is written only when write_out.
-    const int32_t* rope_pos;  // nullptr: no rope
-    const char* rope_ff;      // frequency factors (F32) or nullptr
+    // Decode epilogue (the int8 kernel, one column; epi below): the rows are those of up to
+    // kMaxSeg matrices of the same type and row size multiplied by the same b (segments: rows
+    // [seg[s - 1].end, seg[s].end), each a multiple of kQ8Warps), each with its own epilogue.
+    MvSeg seg[kMaxSeg];
+    int n_seg;
+    // ROPE shared by the segments with rope (normal mode: rows 2i, 2i+1 of each head of
+    // rope_head rows rotate together).
+    const int32_t* rope_pos;
+    const char* rope_ff;  // frequency factors (F32) or nullptr
     int64_t rope_ff_nb0;
     int rope_dims, rope_head;
     double rope_base, rope_fscale;
-    char* kv;  // cache row 0 (nullptr: no store)
-    int64_t kv_nb1, kv_rows;
-    const int32_t* kv_idx;
-    Type kv_type;
-    bool write_out;
     DeviceError* err;
 };
 
@@ -553,16 +567,14 @@ MvArgs make_args(const Tensor* dst, const Tensor* res) {
     g.out = reinterpret_cast<float*>(device_ptr(res ? res : dst));
     g.res = nullptr;
     g.res_nb1 = g.res_nb2 = g.res_nb3 = 0;
+    g.n_seg = 0;
+    for (MvSeg& sg : g.seg)
+        sg = MvSeg{nullptr, nullptr, nullptr, 0, 0, 0, nullptr, Type::F32, false, false};
     g.rope_pos = nullptr;
     g.rope_ff = nullptr;
     g.rope_ff_nb0 = 0;
     g.rope_dims = g.rope_head = 0;
     g.rope_base = g.rope_fscale = 0.0;
-    g.kv = nullptr;
-    g.kv_nb1 = g.kv_rows = 0;
-    g.kv_idx = nullptr;
-    g.kv_type = Type::F32;
-    g.write_out = true;
     g.err = nullptr;
     return g;
 }
@@ -809,16 +821,17 @@ __device__ __forceinline__ float q8_dot(const Lane8i& w, const int32_t* xq, cons
 }
 
 // The decode epilogue, called by every warp of the block for each row group (the rows loop
-// is the same for all of them: M % (kQ8Warps / S) == 0); v is row m's sum, in every lane of
-// the row's leading warp (part 0). Row pairs (2i, 2i+1) are rows rl and rl ^ 1 of the block.
-__device__ __forceinline__ void q8_epilogue(const MvArgs& g, int64_t m, int rl, bool leader,
-                                            int lane, float v, float* pair) {
-    if (g.rope_pos) {
+// is the same for all of them: M % (kQ8Warps / S) == 0); v is the sum of row m (row ms of
+// segment sg), in every lane of the row's leading warp (part 0). Row pairs (2i, 2i+1) are rows
+// rl and rl ^ 1 of the block (segments hold whole row groups).
+__device__ __forceinline__ void q8_epilogue(const MvArgs& g, const MvSeg& sg, int64_t ms, int rl,
+                                            bool leader, int lane, float v, float* pair) {
+    if (sg.rope) {
         if (leader && lane == 0) pair[rl] = v;
         __syncthreads();
         const float x0 = pair[rl & ~1], x1 = pair[rl | 1];
         __syncthreads();  // the next row group's pair may be written after this
-        const int e = static_cast<int>(m % g.rope_head);
+        const int e = static_cast<int>(ms % g.rope_head);
         if (leader && lane == 0 && e < g.rope_dims) {
             // The same double angle as the ROPE kernel and the reference.
             const int i = e / 2;
@@ -834,15 +847,23 @@ __device__ __forceinline__ void q8_epilogue(const MvArgs& g, int64_t m, int rl, 
         }
     }
     if (!leader || lane != 0) return;
-    if (g.write_out) g.out[m] = v;
-    if (g.kv) {
-        const int32_t row = g.kv_idx[0];
-        if (row < 0 || row >= g.kv_rows) {
-            report_error(g.err, Op::SET_ROWS, row, g.kv_rows, 0);
+    if (sg.write_out) sg.out[ms] = v;
+    if (sg.kv) {
+        const int32_t row = sg.kv_idx[0];
+        if (row < 0 || row >= sg.kv_rows) {
+            report_error(g.err, Op::SET_ROWS, row, sg.kv_rows, 0);
         } else {
-            store_plain(g.kv_type, g.kv + row * g.kv_nb1, m, v);
+            store_plain(sg.kv_type, sg.kv + row * sg.kv_nb1, ms, v);
         }
     }
+}
+
+// The segment holding row m (of all segments) and m's row within it.
+__device__ __forceinline__ int seg_of(const MvArgs& g, int64_t m, int64_t* ms) {
+    int s = 0;
+    while (s + 1 < g.n_seg && m >= g.seg[s].end) s++;
+    *ms = m - (s > 0 ? g.seg[s - 1].end : 0);
+    return s;
 }
 
 // One column of b (N == 1), K a multiple of 256, b 16-byte aligned. Dynamic shared memory:
@@ -876,7 +897,12 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
         const int64_t off = part * part_bytes;
         if (m0 < g.M && off < row_bytes) {
             const int64_t n = min(part_bytes, row_bytes - off);
-            prefetch_l2(g.a + a_mat + m0 * g.a_nb1 + off, n, lane);
+            const char* a0 = g.a + a_mat + m0 * g.a_nb1;
+            if constexpr (epi) {
+                int64_t ms = 0;
+                a0 = g.seg[seg_of(g, m0, &ms)].a + ms * g.a_nb1;
+            }
+            prefetch_l2(a0 + off, n, lane);
             if constexpr (glu) prefetch_l2(g.a2 + a_mat + m0 * g.a_nb1 + off, n, lane);
         }
     }
@@ -905,6 +931,12 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
         const int64_t m = mb + rl;
         const bool valid = m < g.M;  // always, when S > 1 or epi
         const char* row = g.a + a_mat + (valid ? m : 0) * g.a_nb1;
+        int64_t ms = m;
+        int sg = 0;
+        if constexpr (epi) {
+            sg = seg_of(g, m, &ms);
+            row = g.seg[sg].a + ms * g.a_nb1;
+        }
         const char* row2 = glu ? g.a2 + a_mat + (valid ? m : 0) * g.a_nb1 : nullptr;
         float acc = 0.0f, acc2 = 0.0f;
         for (int64_t gi = valid ? part : n_groups; gi < n_groups; gi += S) {
@@ -948,7 +980,7 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
         }
         const bool leader = part == 0 && valid;
         if constexpr (epi) {
-            q8_epilogue(g, m, rl, leader, lane, acc, pair);
+            q8_epilogue(g, g.seg[sg], ms, rl, leader, lane, acc, pair);
             continue;
         }
         if (leader && lane == 0) {
@@ -1271,6 +1303,7 @@ bool can_fuse_mul_mat_epilogue(const Tensor* mm, const Tensor* rope, const Tenso
     if (mm->op != Op::MUL_MAT || (!rope && !set_rows) || use_gemm(mm)) return false;
     const Tensor* b = mm->src[1];
     if (b->ne[1] != 1 || b->ne[2] != 1 || b->ne[3] != 1) return false;  // decode: one column
+    if (mm->src[0]->ne[2] != 1 || mm->src[0]->ne[3] != 1) return false;
     MvArgs g = make_args(mm, nullptr);
     if (!fast_vec_ok(g, mm->src[0]->type) || !aligned16(g.b, {g.b_nb1, g.b_nb2, g.b_nb3}) ||
         !q8_vec_ok(g, mm->src[0]->type) || g.M % kQ8Warps != 0 || !mm->is_contiguous()) {
@@ -1307,31 +1340,60 @@ bool can_fuse_mul_mat_epilogue(const Tensor* mm, const Tensor* rope, const Tenso
     return true;
 }
 
-Status op_mul_mat_epilogue(OpContext& ctx, const Tensor* mm, const Tensor* rope,
-                           const Tensor* set_rows, bool write_out) {
-    MvArgs g = make_args(mm, nullptr);
-    g.out = reinterpret_cast<float*>(device_ptr(rope ? rope : mm));
-    g.write_out = write_out;
+bool can_join_mul_mat_epilogues(const EpilogueUnit& a, const EpilogueUnit& b) {
+    const Tensor* ma = a.mm;
+    const Tensor* mb = b.mm;
+    if (ma->src[1] != mb->src[1] || ma->src[0]->type != mb->src[0]->type ||
+        ma->src[0]->ne[0] != mb->src[0]->ne[0] || ma->src[0]->nb[1] != mb->src[0]->nb[1]) {
+        return false;
+    }
+    if (!a.rope || !b.rope) return true;
+    const Tensor* ra = a.rope;
+    const Tensor* rb = b.rope;
+    for (int p = 0; p < 4; p++) {
+        if (ra->op_params[p] != rb->op_params[p]) return false;
+    }
+    return ra->src[1] == rb->src[1] && ra->src[2] == rb->src[2] && ra->ne[0] == rb->ne[0];
+}
+
+Status op_mul_mat_epilogue(OpContext& ctx, const EpilogueUnit* units, int n_units) {
+    if (n_units < 1 || n_units > kMaxSeg) {
+        return Status::errorf("CUDA: MUL_MAT epilogue of %d products", n_units);
+    }
+    MvArgs g = make_args(units[0].mm, nullptr);
     g.err = ctx.err;
-    if (rope) {
-        const Tensor* ff = rope->src[2];
-        g.rope_pos = reinterpret_cast<const int32_t*>(device_ptr(rope->src[1]));
-        g.rope_ff = ff ? device_ptr(ff) : nullptr;
-        g.rope_ff_nb0 = ff ? static_cast<int64_t>(ff->nb[0]) : 0;
-        g.rope_dims = rope->op_params[0];
-        g.rope_head = static_cast<int>(rope->ne[0]);
-        g.rope_base = static_cast<double>(rope->param_f(2));
-        g.rope_fscale = static_cast<double>(rope->param_f(3));
+    g.n_seg = n_units;
+    int64_t rows = 0;
+    for (int u = 0; u < n_units; u++) {
+        const EpilogueUnit& e = units[u];
+        MvSeg& sg = g.seg[u];
+        rows += e.mm->src[0]->ne[1];
+        sg.a = device_ptr(e.mm->src[0]);
+        sg.end = rows;
+        sg.out = reinterpret_cast<float*>(device_ptr(e.rope ? e.rope : e.mm));
+        sg.write_out = e.write_out;
+        sg.rope = e.rope != nullptr;
+        if (e.rope) {
+            const Tensor* ff = e.rope->src[2];
+            g.rope_pos = reinterpret_cast<const int32_t*>(device_ptr(e.rope->src[1]));
+            g.rope_ff = ff ? device_ptr(ff) : nullptr;
+            g.rope_ff_nb0 = ff ? static_cast<int64_t>(ff->nb[0]) : 0;
+            g.rope_dims = e.rope->op_params[0];
+            g.rope_head = static_cast<int>(e.rope->ne[0]);
+            g.rope_base = static_cast<double>(e.rope->param_f(2));
+            g.rope_fscale = static_cast<double>(e.rope->param_f(3));
+        }
+        if (e.set_rows) {
+            const Tensor* d = e.set_rows->src[0];
+            sg.kv = device_ptr(d);
+            sg.kv_nb1 = static_cast<int64_t>(d->nb[1]);
+            sg.kv_rows = d->ne[1];
+            sg.kv_idx = reinterpret_cast<const int32_t*>(device_ptr(e.set_rows->src[2]));
+            sg.kv_type = d->type;
+        }
     }
-    if (set_rows) {
-        const Tensor* d = set_rows->src[0];
-        g.kv = device_ptr(d);
-        g.kv_nb1 = static_cast<int64_t>(d->nb[1]);
-        g.kv_rows = d->ne[1];
-        g.kv_idx = reinterpret_cast<const int32_t*>(device_ptr(set_rows->src[2]));
-        g.kv_type = d->type;
-    }
-    return dispatch_q8<false, true>(ctx, g, mm->src[0]->type);
+    g.M = rows;
+    return dispatch_q8<false, true>(ctx, g, units[0].mm->src[0]->type);
 }
 
 Status op_mul_mat_swiglu(OpContext& ctx, const Tensor* gate, const Tensor* up, const Tensor* glu) {
