@@ -5,7 +5,8 @@
 #   FIXTURES=path/to/fixtures   the ../shared/fixtures tree (tiny-llama), copied next to the source
 #   GTEST_SRC=path/to/googletest  GoogleTest sources, built first when the machine has no GTest
 #   STEPS="build ops tests bench serve"  which parts to run (default: those five); also
-#         "tg" (tg128 only, no variants), "positions" (per-position flips against the oracle,
+#         "tg" (tg128 only, no variants), "repeat" (the q8_0/q4_0 oracle cases REPEAT times under
+#         each decode switch: a moving result is a race), "positions" (per-position flips against the oracle,
 #         CPU and CUDA0), "profile" (FERRY_CUDA_PROFILE), "ncu" (per-kernel times under ncu)
 #   TARGETS="ferry test_cuda test_ops"  what the build step builds
 #
@@ -56,6 +57,20 @@ if has tests; then
   log "test_cuda"
   "$B/tests/test_cuda" >"$OUT/test_cuda.txt" 2>&1
   grep -E "^\[ cuda|FAILED|PASSED|Failure|error|Expected|Which is|actual|run " "$OUT/test_cuda.txt" | head -60 | tee -a "$OUT/summary.txt"
+fi
+
+if has repeat; then
+  # The q8_0 and q4_0 oracle cases again and again, under each decode switch: a result that
+  # moves between runs of one binary is a race (REPEAT runs of each).
+  for v in "FERRY_CUDA_MV_Q8=1 FERRY_CUDA_PDL=1" "FERRY_CUDA_MV_Q8=1 FERRY_CUDA_PDL=0" \
+           "FERRY_CUDA_MV_Q8=0 FERRY_CUDA_PDL=1" "FERRY_CUDA_MV_Q8=0 FERRY_CUDA_PDL=0" \
+           "FERRY_CUDA_FUSION=0"; do
+    log "oracle q8_0/q4_0 x${REPEAT:-10} with $v"
+    for i in $(seq "${REPEAT:-10}"); do
+      env $v "$B/tests/test_cuda" --gtest_filter='Encodings/CudaOracle.*q8_0:Encodings/CudaOracle.*q4_0' 2>&1 |
+        grep -E "kv f16|FAILED  \]" | grep -v "listed below"
+    done | sort | uniq -c | tee -a "$OUT/summary.txt"
+  done
 fi
 
 mem_watch() {  # samples used GPU memory (MiB) every 100 ms into $1 until killed
@@ -118,10 +133,15 @@ if has positions; then
 fi
 
 if has tg; then
+  # TG_VARIANTS: ';'-separated environment settings, each run after the default (interleaved
+  # per model, so that A and B are side by side).
   gen_models
+  IFS=';' read -r -a tgv <<<"${TG_VARIANTS:-}"
   for m in /tmp/llama-1b-q4_0.gguf /tmp/llama-1b-f16.gguf ../shared/fixtures/tiny-llama/tiny-llama-q8_0.gguf; do
-    log "bench tg $m"
-    "$F" bench -m "$m" --device CUDA0 -p 0 -n 128 -r 5 2>&1 | grep tg128 | tee -a "$OUT/summary.txt"
+    for v in "FERRY_CUDA_DEFAULTS=1" "${tgv[@]}"; do
+      log "bench tg $m with $v"
+      env $v "$F" bench -m "$m" --device CUDA0 -p 0 -n 128 -r 5 2>&1 | grep tg128 | tee -a "$OUT/summary.txt"
+    done
   done
 fi
 
@@ -139,12 +159,14 @@ fi
 
 if has profile; then
   gen_models
-  for m in /tmp/llama-1b-q4_0.gguf; do
+  for m in ${PROFILE_MODELS:-/tmp/llama-1b-q4_0.gguf}; do
     log "kernel profile (FERRY_CUDA_PROFILE=1) tg32 $m"
     FERRY_CUDA_PROFILE=1 "$F" bench -m "$m" --device CUDA0 -p 0 -n 32 -r 1 2>&1 | head -40 | tee -a "$OUT/summary.txt"
   done
-  log "kernel profile pp512 q4_0"
-  FERRY_CUDA_PROFILE=1 "$F" bench -m /tmp/llama-1b-q4_0.gguf --device CUDA0 -p 512 -n 0 -r 1 2>&1 | head -30 | tee -a "$OUT/summary.txt"
+  if [ "${PROFILE_PP:-1}" != 0 ]; then
+    log "kernel profile pp512 q4_0"
+    FERRY_CUDA_PROFILE=1 "$F" bench -m /tmp/llama-1b-q4_0.gguf --device CUDA0 -p 512 -n 0 -r 1 2>&1 | head -30 | tee -a "$OUT/summary.txt"
+  fi
 fi
 
 if has serve; then

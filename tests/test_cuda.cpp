@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -117,6 +119,88 @@ std::vector<std::vector<float>> prompt_logits(const std::string& path, Type kv, 
         out.push_back(std::move(rows));
     }
     return out;
+}
+
+// The same model, prompts and binary give the same logits, bit for bit, every time (a race
+// showed first as q8_0's distance to the oracle moving between runs).
+TEST(Cuda, SameLogitsEveryRun) {
+    REQUIRE_GPU();
+    for (const char* enc : {"q8_0", "q4_0", "f16"}) {
+        const std::string path = kDir + "/tiny-llama-" + enc + ".gguf";
+        const std::vector<std::vector<float>> first = prompt_logits(path, Type::F16, gpu());
+        ASSERT_EQ(first.size(), cases().size()) << enc;
+        for (int rep = 1; rep < 4; rep++) {
+            EXPECT_EQ(prompt_logits(path, Type::F16, gpu()), first) << enc << " run " << rep;
+        }
+    }
+}
+
+// Every position of every prompt decoded one token at a time (the decode kernels and their
+// fusions, CUDA-graph replay), with the backend's environment switches `env` set while the
+// session is made.
+std::vector<std::vector<float>> step_logits(const std::string& enc,
+                                            const std::vector<std::string>& env) {
+    for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
+    std::vector<std::vector<float>> out;
+    Expected<std::unique_ptr<LlamaModel>> m = load(enc, gpu());
+    EXPECT_TRUE(m) << m.message();
+    SessionOptions so;
+    so.kv_type = Type::F16;
+    so.n_threads = 2;
+    Expected<std::unique_ptr<LlamaSession>> s =
+        m ? LlamaSession::create(**m, so) : Expected<std::unique_ptr<LlamaSession>>(m.status());
+    for (const std::string& e : env) unsetenv(e.substr(0, e.find('=')).c_str());
+    EXPECT_TRUE(s) << s.message();
+    if (!s) return out;
+    for (const Case& c : cases()) {
+        (*s)->reset();
+        std::vector<float> rows;
+        for (int32_t t : c.tokens) {
+            Status st = (*s)->decode(std::span<const int32_t>(&t, 1), false);
+            EXPECT_TRUE(st) << st.message();
+            if (!st) return {};
+            rows.insert(rows.end(), (*s)->logits(0), (*s)->logits(0) + kVocab);
+        }
+        out.push_back(std::move(rows));
+    }
+    return out;
+}
+
+// Token-by-token decode with every fusion on gives what it gives with none (the fused
+// kernels do the same arithmetic), and lands as close to the oracle as the peer.
+TEST(Cuda, FusedDecodeMatchesUnfusedAndTheOracle) {
+    REQUIRE_GPU();
+    for (const Peer& p : kPeers) {
+        const std::string enc = p.enc;
+        if (enc != "q8_0" && enc != "q4_0" && enc != "q4_k_m" && enc != "f16") continue;
+        static const std::vector<std::string> kOff = {"FERRY_CUDA_FUSION=0"};
+        const std::vector<std::vector<float>> on = step_logits(enc, {});
+        const std::vector<std::vector<float>> off = step_logits(enc, kOff);
+        ASSERT_EQ(on.size(), cases().size()) << enc;
+        ASSERT_EQ(off.size(), cases().size()) << enc;
+        double kl = 0.0, worst = 0.0;
+        size_t rows = 0;
+        for (size_t k = 0; k < cases().size(); k++) {
+            double err = 0.0, ref = 0.0;
+            for (size_t i = 0; i < on[k].size(); i++) {
+                const double d = static_cast<double>(on[k][i]) - off[k][i];
+                err += d * d;
+                ref += static_cast<double>(off[k][i]) * off[k][i];
+            }
+            worst = std::max(worst, err / ref);
+            for (size_t i = 0; i < cases()[k].tokens.size(); i++, rows++) {
+                kl += kl_row(cases()[k].logits.data() + i * kVocab, on[k].data() + i * kVocab,
+                             kVocab);
+            }
+        }
+        kl /= static_cast<double>(rows);
+        std::printf(
+            "[ cuda     ] %-7s step by step: fused vs unfused nmse max %.2e, KL mean %.2e "
+            "(peer %.2e)\n",
+            enc.c_str(), worst, kl, p.kl_mean);
+        EXPECT_LE(worst, 1e-10) << enc;
+        EXPECT_LE(kl, p.kl_mean) << enc;
+    }
 }
 
 // Why q5_k_m lands one top-1 position under the peer: the GPU multiplies fp32 activations
@@ -355,6 +439,91 @@ TEST(Cuda, ModelShapedProductsMatchTheCpu) {
                     EXPECT_LE(err / ref, bound) << type_name(t) << " K=" << K << " M=" << M
                                                 << " N=" << n << " add=" << with_add;
                 }
+            }
+        }
+    }
+}
+
+// The graph allocator may place a node over the storage its predecessor's inputs just freed:
+// here the residual ADD's result lands on the activation the product multiplies, and the
+// SWIGLU's on the activation gate and up multiply. Fused into one kernel with that product,
+// the result would be written while other blocks still read the activation (the llama
+// layers' output projection did this, and its logits moved from run to run). Whatever the
+// backend fuses, the results match the CPU's on the same graph, every time.
+TEST(Cuda, FusedKernelsNeverOverwriteWhatTheyRead) {
+    REQUIRE_GPU();
+    Expected<std::unique_ptr<Backend>> gbe = gpu()->make_backend();
+    ASSERT_TRUE(gbe) << gbe.message();
+    std::unique_ptr<Backend> cbe = cpu::make_cpu_backend(2);
+    uint32_t seed = 7;
+    auto rnd = [&seed]() {
+        seed = seed * 1664525u + 1013904223u;
+        return static_cast<float>(seed >> 8) / 16777216.0f * 2.0f - 1.0f;
+    };
+    // K > M: the result fits in the freed activation's place. Enough blocks for several
+    // waves, so that late blocks read b after early ones wrote.
+    const int64_t K = 8192, M = 2048;
+    for (Type t : {Type::F16, Type::Q8_0, Type::Q4_0}) {
+        std::vector<float> wf(static_cast<size_t>(K * M));
+        std::vector<uint8_t> wb[2];
+        for (auto& w : wb) {
+            for (float& v : wf) v = rnd();
+            w.resize(static_cast<size_t>(M) * row_size(t, K));
+            ASSERT_TRUE(from_float_row(t, wf.data(), w.data(), K * M));
+        }
+        for (int64_t n : {1, 13}) {
+            for (bool glu : {false, true}) {
+                if (glu && n != 1) continue;  // gate+up+swiglu fuses for decode only
+                std::vector<float> xv(static_cast<size_t>(K * n)), rv(static_cast<size_t>(M * n));
+                for (float& v : xv) v = rnd();
+                for (float& v : rv) v = rnd();
+                std::vector<float> outs[2];
+                for (int d = 0; d < 2; d++) {
+                    Backend* be = d == 0 ? gbe->get() : cbe.get();
+                    BufferType* bt = d == 0 ? gpu()->buffer_type() : cpu::host_buffer_type();
+                    Context in, gc;
+                    Tensor* w0 = in.new_tensor(t, {K, M});
+                    Tensor* w1 = in.new_tensor(t, {K, M});
+                    Tensor* x = in.new_tensor(Type::F32, {K, n});
+                    Tensor* r = in.new_tensor(Type::F32, {M, n});
+                    Expected<std::unique_ptr<Buffer>> buf = allocate_context_tensors(in, bt);
+                    ASSERT_TRUE(buf) << buf.message();
+                    ASSERT_TRUE(tensor_set(w0, wb[0].data(), wb[0].size()));
+                    ASSERT_TRUE(tensor_set(w1, wb[1].data(), wb[1].size()));
+                    ASSERT_TRUE(tensor_set(x, xv.data(), xv.size() * 4));
+                    ASSERT_TRUE(tensor_set(r, rv.data(), rv.size() * 4));
+                    Tensor* b = gc.scale(x, 0.5f);  // [K, n], an intermediate
+                    Tensor* y = glu ? gc.swiglu(gc.mul_mat(w0, b), gc.mul_mat(w1, b))
+                                    : gc.add(gc.mul_mat(w0, b), r);  // [M, n]
+                    y->flags |= kTensorOutput;
+                    Graph g;
+                    g.build_forward(y);
+                    GraphAllocator alloc(bt);
+                    ASSERT_TRUE(alloc.allocate(g));
+                    // The case this test is about: the result placed over b.
+                    ASSERT_EQ(y->buffer, b->buffer);
+                    ASSERT_EQ(y->offs, b->offs) << "the allocator no longer reuses b's place";
+                    for (int rep = 0; rep < (d == 0 ? 3 : 1); rep++) {
+                        ASSERT_TRUE(be->compute(g));
+                        ASSERT_TRUE(be->synchronize());
+                        std::vector<float> got(static_cast<size_t>(M * n));
+                        ASSERT_TRUE(tensor_get(y, got.data(), got.size() * 4));
+                        if (rep == 0) {
+                            outs[d] = got;
+                        } else {
+                            EXPECT_EQ(got, outs[d]) << "run " << rep << " differs";
+                        }
+                    }
+                }
+                double err = 0.0, ref = 0.0;
+                for (size_t i = 0; i < outs[0].size(); i++) {
+                    const double dd = static_cast<double>(outs[0][i]) - outs[1][i];
+                    err += dd * dd;
+                    ref += static_cast<double>(outs[1][i]) * outs[1][i];
+                }
+                const double bound = t == Type::F16 ? 1e-6 : 1e-4;  // as in the test above
+                EXPECT_LE(err / ref, bound)
+                    << type_name(t) << " N=" << n << (glu ? " gate+up+swiglu" : " +add");
             }
         }
     }

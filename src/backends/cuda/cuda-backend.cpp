@@ -1,6 +1,7 @@
 #include "backends/cuda/cuda-backend.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -449,6 +450,9 @@ class CudaBackend : public Backend {
         ctx_.err = err;
         use_graphs_ = !env_off("FERRY_CUDA_GRAPH");
         use_fusion_ = !env_off("FERRY_CUDA_FUSION");
+        use_add_norm_ = !env_off("FERRY_CUDA_FUSE_ADD_NORM");
+        use_epilogue_ = !env_off("FERRY_CUDA_FUSE_EPILOGUE");
+        use_qkv_ = !env_off("FERRY_CUDA_FUSE_QKV");
         const char* p = std::getenv("FERRY_CUDA_PROFILE");
         profile_ = p && std::strcmp(p, "1") == 0;
     }
@@ -540,10 +544,19 @@ class CudaBackend : public Backend {
     struct Step {
         const Tensor* node;
         const Tensor* second;  // nullptr unless fused
-        int kind;              // 0 plain, 1 rms_norm+mul, 2 mul_mat+add, 3 gate+up+swiglu
+        int kind;              // 0 plain, 1 rms_norm+mul, 2 mul_mat+add, 3 gate+up+swiglu,
+                               // 4 add+rms_norm+mul (third: the MUL),
+                               // 5 products with their rope and/or set_rows (units)
         const Tensor* third;   // kind 3: the SWIGLU (whose result is written)
+        // kind 5: the products (each with its ROPE and/or SET_ROWS) of one launch
+        std::array<EpilogueUnit, 3> units{};
+        int n_units = 0;
     };
+    bool match_epilogue(const std::vector<const Tensor*>& kn, size_t i, EpilogueUnit* u,
+                        size_t* len);
     Status plan(Graph& g);
+    static bool fusion_is_safe(int kind, const Tensor* n, const Tensor* second,
+                               const Tensor* third);
     void quick_key(const Graph& g, std::vector<uint64_t>& k) const;
     Status run_steps();
     Status run_profiled();
@@ -554,9 +567,11 @@ class CudaBackend : public Backend {
     CudaDevice* dev_;
     cudaStream_t stream_;
     OpContext ctx_;
-    bool use_graphs_ = true, use_fusion_ = true;
+    bool use_graphs_ = true, use_fusion_ = true, use_add_norm_ = true, use_epilogue_ = true,
+         use_qkv_ = true;
     std::vector<Step> steps_;
     std::unordered_map<const Tensor*, int> consumers_;
+    std::unordered_map<const Tensor*, int> kconsumers_;  // readers that are not views, by storage
     char* scratch_ = nullptr;
     size_t scratch_size_ = 0;
     void* cublas_ = nullptr;
@@ -669,12 +684,104 @@ Status CudaBackend::ensure_cublas() {
     return Status::ok();
 }
 
+namespace {
+
+// Whether two tensors' device storage shares a byte.
+bool overlaps(const Tensor* a, const Tensor* b) {
+    const char* pa = device_ptr(a);
+    const char* pb = device_ptr(b);
+    return pa < pb + b->nbytes() && pb < pa + a->nbytes();
+}
+
+// Whether two tensors are the same elements at the same place (an element read and written
+// by the same thread).
+bool same_place(const Tensor* a, const Tensor* b) {
+    if (device_ptr(a) != device_ptr(b) || !same_shape(a, b)) return false;
+    for (int d = 0; d < kMaxDims; d++) {
+        if (a->nb[d] != b->nb[d]) return false;
+    }
+    return true;
+}
+
+}  // namespace
+
+// The graph allocator frees a tensor's storage once its last reader ran, so the node after
+// that reader may be placed over it: unfused, harmless; fused into one kernel with that reader,
+// the kernel would write over what its other blocks are still reading (seen: the attention
+// output projection + residual ADD of every llama layer wrote its result over the attention
+// output it multiplies, and the logits changed from run to run). Each fusion is taken only
+// when its result cannot be read by another block of the same kernel.
+bool CudaBackend::fusion_is_safe(int kind, const Tensor* n, const Tensor* second,
+                                 const Tensor* third) {
+    switch (kind) {
+        case 1:  // rms_norm+mul: a block normalises one row and each thread writes only the
+                 // elements it read itself, so the output may be the input, exactly
+            return (!overlaps(second, n->src[0]) || same_place(second, n->src[0])) &&
+                   !overlaps(second, second->src[1]);
+        case 2:  // mul_mat+add: every block reads all of b; the residual is read per element
+            return !overlaps(second, n->src[1]) &&
+                   (!overlaps(second, second->src[1]) || same_place(second, second->src[1]));
+        case 3:  // gate+up+swiglu: every block reads all of b
+            return !overlaps(third, n->src[1]);
+        case 5: {  // mul_mat epilogue: every block reads all of b; writes rows of its own
+            const Tensor* b = n->src[1];
+            if (second && overlaps(second, b)) return false;
+            if (third && overlaps(third->src[0], b)) return false;
+            return !(!second && !third);
+        }
+        case 4: {  // add+rms_norm+mul: per row and per element, as kind 1; the sum is kept
+            const Tensor* add = n;
+            const Tensor* mul = third;
+            for (const Tensor* src : {add->src[0], add->src[1]}) {
+                for (const Tensor* out : {add, mul}) {
+                    if (overlaps(out, src) && !same_place(out, src)) return false;
+                }
+            }
+            return !overlaps(mul, add) && !overlaps(mul, mul->src[1]) &&
+                   !overlaps(add, mul->src[1]);
+        }
+        default:
+            return true;
+    }
+}
+
+// A product at kn[i] whose epilogue can take the ROPE and/or SET_ROWS after it: fills the
+// unit and the number of kernel nodes it covers.
+bool CudaBackend::match_epilogue(const std::vector<const Tensor*>& kn, size_t i, EpilogueUnit* u,
+                                 size_t* len) {
+    const Tensor* n = kn[i];
+    const Tensor* next = i + 1 < kn.size() ? kn[i + 1] : nullptr;
+    const Tensor* next2 = i + 2 < kn.size() ? kn[i + 2] : nullptr;
+    if (n->op != Op::MUL_MAT || !next || (n->flags & kTensorOutput) != 0 || kconsumers_[n] != 1) {
+        return false;
+    }
+    const Tensor* rope = next->op == Op::ROPE ? next : nullptr;
+    const Tensor* sr = rope ? (next2 && next2->op == Op::SET_ROWS ? next2 : nullptr)
+                            : (next->op == Op::SET_ROWS ? next : nullptr);
+    if (rope && sr && (sr->src[1]->storage() != rope || kconsumers_[rope] != 1)) {
+        sr = nullptr;  // the rope alone
+    }
+    if ((!rope && !sr) || !can_fuse_mul_mat_epilogue(n, rope, sr) ||
+        !fusion_is_safe(5, n, rope, sr)) {
+        return false;
+    }
+    u->mm = n;
+    u->rope = rope;
+    u->set_rows = sr;
+    // The rope's result is written unless the fused store is its only reader.
+    u->write_out = rope && (!sr || (rope->flags & kTensorOutput) != 0);
+    *len = 1 + static_cast<size_t>(rope != nullptr) + static_cast<size_t>(sr != nullptr);
+    return true;
+}
+
 Status CudaBackend::plan(Graph& g) {
     steps_.clear();
     consumers_.clear();
+    kconsumers_.clear();
     for (const Tensor* n : g.nodes) {
         for (int s = 0; s < kMaxSrc; s++) {
             if (n->src[s]) consumers_[n->src[s]->storage()]++;
+            if (n->src[s] && !is_view_op(n->op)) kconsumers_[n->src[s]->storage()]++;
         }
         if (n->view_src) consumers_[n->view_src]++;
     }
@@ -703,18 +810,50 @@ Status CudaBackend::plan(Graph& g) {
         const Tensor* next = i + 1 < kn.size() ? kn[i + 1] : nullptr;
         const bool single = (n->flags & kTensorOutput) == 0 && consumers_[n] == 1;
         const Tensor* next2 = i + 2 < kn.size() ? kn[i + 2] : nullptr;
+        if (use_fusion_ && use_epilogue_ && n->op == Op::MUL_MAT) {
+            // MUL_MAT -> ROPE [-> SET_ROWS] or MUL_MAT -> SET_ROWS, each the only reader of the
+            // one before (views aside); up to three such products of one b in a row (q, k, v)
+            // run as one launch.
+            Step st{n, nullptr, 5, nullptr};
+            size_t j = i;
+            while (st.n_units < static_cast<int>(st.units.size()) && j < kn.size()) {
+                EpilogueUnit u;
+                size_t len = 0;
+                if (!match_epilogue(kn, j, &u, &len)) break;
+                if (st.n_units > 0 && (!use_qkv_ || !can_join_mul_mat_epilogues(st.units[0], u))) {
+                    break;
+                }
+                st.units[static_cast<size_t>(st.n_units++)] = u;
+                j += len;
+            }
+            if (st.n_units > 0) {
+                steps_.push_back(st);
+                i = j - 1;
+                continue;
+            }
+        }
+        if (use_fusion_ && use_add_norm_ && next2 && (next->flags & kTensorOutput) == 0 &&
+            consumers_[next] == 1 && can_fuse_add_rms_norm_mul(n, next, next2) &&
+            fusion_is_safe(4, n, next, next2)) {
+            steps_.push_back({n, next, 4, next2});
+            i += 2;
+            continue;
+        }
         if (use_fusion_ && next2 && single && (next->flags & kTensorOutput) == 0 &&
-            consumers_[next] == 1 && can_fuse_swiglu(n, next, next2)) {
+            consumers_[next] == 1 && can_fuse_swiglu(n, next, next2) &&
+            fusion_is_safe(3, n, next, next2)) {
             steps_.push_back({n, next, 3, next2});
             i += 2;
             continue;
         }
-        if (use_fusion_ && next && single && can_fuse_rms_norm_mul(n, next)) {
+        if (use_fusion_ && next && single && can_fuse_rms_norm_mul(n, next) &&
+            fusion_is_safe(1, n, next, nullptr)) {
             steps_.push_back({n, next, 1, nullptr});
             i++;
             continue;
         }
-        if (use_fusion_ && next && single && can_fuse_mul_mat_add(n, next)) {
+        if (use_fusion_ && next && single && can_fuse_mul_mat_add(n, next) &&
+            fusion_is_safe(2, n, next, nullptr)) {
             steps_.push_back({n, next, 2, nullptr});
             i++;
             continue;
@@ -739,6 +878,10 @@ Status CudaBackend::run_step(const Step& s) {
             return op_mul_mat_add(ctx_, s.node, s.second);
         case 3:
             return op_mul_mat_swiglu(ctx_, s.node, s.second, s.third);
+        case 4:
+            return op_add_rms_norm_mul(ctx_, s.node, s.second, s.third);
+        case 5:
+            return op_mul_mat_epilogue(ctx_, s.units.data(), s.n_units);
         default:
             return run_node(ctx_, s.node);
     }

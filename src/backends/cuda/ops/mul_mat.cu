@@ -268,6 +268,21 @@ struct Dec<Type::F32> {
     }
 };
 
+// One segment of a decode epilogue: its rows' weights, where the result goes, whether it is
+// rotated (ROPE), and the KV cache it is stored into as row kv_idx[0] (SET_ROWS; kv nullptr:
+// none); out is written only when write_out.
+constexpr int kMaxSeg = 3;
+struct MvSeg {
+    const char* a;
+    float* out;
+    char* kv;
+    int64_t kv_nb1, kv_rows;
+    int64_t end;  // one past the segment's last row, counted over all segments
+    const int32_t* kv_idx;
+    Type kv_type;
+    bool rope, write_out;
+};
+
 struct MvArgs {
     const char* a;
     const char* a2;  // GLU: the second ("up") matrix, same type and strides as a
@@ -282,6 +297,19 @@ struct MvArgs {
     float* out;        // contiguous [M, N, ne2, ne3]
     const char* res;   // optional residual added to out (ADD fusion), rows like out
     int64_t res_nb1, res_nb2, res_nb3;
+    // Decode epilogue (the int8 kernel, one column; epi below): the rows are those of up to
+    // kMaxSeg matrices of the same type and row size multiplied by the same b (segments: rows
+    // [seg[s - 1].end, seg[s].end), each a multiple of kQ8Warps), each with its own epilogue.
+    MvSeg seg[kMaxSeg];
+    int n_seg;
+    // ROPE shared by the segments with rope (normal mode: rows 2i, 2i+1 of each head of
+    // rope_head rows rotate together).
+    const int32_t* rope_pos;
+    const char* rope_ff;  // frequency factors (F32) or nullptr
+    int64_t rope_ff_nb0;
+    int rope_dims, rope_head;
+    double rope_base, rope_fscale;
+    DeviceError* err;
 };
 
 template <bool aligned>
@@ -539,6 +567,15 @@ MvArgs make_args(const Tensor* dst, const Tensor* res) {
     g.out = reinterpret_cast<float*>(device_ptr(res ? res : dst));
     g.res = nullptr;
     g.res_nb1 = g.res_nb2 = g.res_nb3 = 0;
+    g.n_seg = 0;
+    for (MvSeg& sg : g.seg)
+        sg = MvSeg{nullptr, nullptr, nullptr, 0, 0, 0, nullptr, Type::F32, false, false};
+    g.rope_pos = nullptr;
+    g.rope_ff = nullptr;
+    g.rope_ff_nb0 = 0;
+    g.rope_dims = g.rope_head = 0;
+    g.rope_base = g.rope_fscale = 0.0;
+    g.err = nullptr;
     return g;
 }
 
@@ -783,29 +820,90 @@ __device__ __forceinline__ float q8_dot(const Lane8i& w, const int32_t* xq, cons
     return r;
 }
 
+// The decode epilogue, called by every warp of the block for each row group (the rows loop
+// is the same for all of them: M % (kQ8Warps / S) == 0); v is the sum of row m (row ms of
+// segment sg), in every lane of the row's leading warp (part 0). Row pairs (2i, 2i+1) are rows
+// rl and rl ^ 1 of the block (segments hold whole row groups).
+__device__ __forceinline__ void q8_epilogue(const MvArgs& g, const MvSeg& sg, int64_t ms, int rl,
+                                            bool leader, int lane, float v, float* pair) {
+    if (sg.rope) {
+        if (leader && lane == 0) pair[rl] = v;
+        __syncthreads();
+        const float x0 = pair[rl & ~1], x1 = pair[rl | 1];
+        __syncthreads();  // the next row group's pair may be written after this
+        const int e = static_cast<int>(ms % g.rope_head);
+        if (leader && lane == 0 && e < g.rope_dims) {
+            // The same double angle as the ROPE kernel and the reference.
+            const int i = e / 2;
+            const double f = g.rope_ff ? static_cast<double>(*reinterpret_cast<const float*>(
+                                             g.rope_ff + i * g.rope_ff_nb0))
+                                       : 1.0;
+            const double theta = static_cast<double>(g.rope_pos[0]) * g.rope_fscale *
+                                 pow(g.rope_base, -2.0 * i / static_cast<double>(g.rope_dims)) / f;
+            double sd, cd;
+            sincos(theta, &sd, &cd);
+            const float cs = static_cast<float>(cd), sn = static_cast<float>(sd);
+            v = (e % 2 == 0) ? x0 * cs - x1 * sn : x0 * sn + x1 * cs;
+        }
+    }
+    if (!leader || lane != 0) return;
+    if (sg.write_out) sg.out[ms] = v;
+    if (sg.kv) {
+        const int32_t row = sg.kv_idx[0];
+        if (row < 0 || row >= sg.kv_rows) {
+            report_error(g.err, Op::SET_ROWS, row, sg.kv_rows, 0);
+        } else {
+            store_plain(sg.kv_type, sg.kv + row * sg.kv_nb1, ms, v);
+        }
+    }
+}
+
+// The segment holding row m (of all segments) and m's row within it.
+__device__ __forceinline__ int seg_of(const MvArgs& g, int64_t m, int64_t* ms) {
+    int s = 0;
+    while (s + 1 < g.n_seg && m >= g.seg[s].end) s++;
+    *ms = m - (s > 0 ? g.seg[s - 1].end : 0);
+    return s;
+}
+
 // One column of b (N == 1), K a multiple of 256, b 16-byte aligned. Dynamic shared memory:
-// K / 4 words of int8 quants, then K / 32 float scales. Blocks loop over rows (grid capped so
-// that each block's quantization of b is shared by several rows).
-template <Type T, bool glu>
-__global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(MvArgs g) {
+// K / 4 words of int8 quants, then K / 32 float scales. Blocks loop over groups of
+// kQ8Warps / S rows (grid capped so that each block's quantization of b is shared by several
+// rows); S warps share a row (split-K: warp part p takes the groups of U chunks p, p + S, ...,
+// and the block adds the parts), so that a short matrix or a long row still has enough loads
+// in flight. With S > 1 or the epilogue, M % (kQ8Warps / S) == 0 (the launcher checks).
+template <Type T, bool glu, bool epi = false>
+__global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(MvArgs g, int S) {
     constexpr int U = glu ? 2 : 4;
     extern __shared__ int32_t q8_smem[];
+    __shared__ float red[kQ8Warps], red2[glu ? kQ8Warps : 1], pair[kQ8Warps];
     int32_t* xq = q8_smem;
     float* xd = reinterpret_cast<float*>(q8_smem + g.K / 4);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int R = kQ8Warps / S;  // rows per block and iteration
+    const int part = warp % S, rl = warp / S;
     const int64_t mat = blockIdx.y;
     const int64_t i2 = mat % g.ne2, i3 = mat / g.ne2;
     const float4* x4 = reinterpret_cast<const float4*>(g.b + i2 * g.b_nb2 + i3 * g.b_nb3);
     const int64_t a_mat = (i2 / g.r2) * g.a_nb2 + (i3 / g.r3) * g.a_nb3;
+    const int64_t n_chunks = g.K / 256;
     pdl_trigger();
     {
-        // Weights never depend on the kernel before: the first row's bytes are on their way
-        // to L2 while that kernel finishes.
-        const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kQ8Warps + warp;
-        const int64_t row_bytes = g.K / 256 * Chunk<T>::kBytes;
-        if (m0 < g.M) {
-            prefetch_l2(g.a + a_mat + m0 * g.a_nb1, row_bytes, lane);
-            if constexpr (glu) prefetch_l2(g.a2 + a_mat + m0 * g.a_nb1, row_bytes, lane);
+        // Weights never depend on the kernel before: this warp's part of its first row is on
+        // its way to L2 while that kernel finishes.
+        const int64_t m0 = static_cast<int64_t>(blockIdx.x) * R + rl;
+        const int64_t row_bytes = n_chunks * Chunk<T>::kBytes;
+        const int64_t part_bytes = (row_bytes + S - 1) / S;
+        const int64_t off = part * part_bytes;
+        if (m0 < g.M && off < row_bytes) {
+            const int64_t n = min(part_bytes, row_bytes - off);
+            const char* a0 = g.a + a_mat + m0 * g.a_nb1;
+            if constexpr (epi) {
+                int64_t ms = 0;
+                a0 = g.seg[seg_of(g, m0, &ms)].a + ms * g.a_nb1;
+            }
+            prefetch_l2(a0 + off, n, lane);
+            if constexpr (glu) prefetch_l2(g.a2 + a_mat + m0 * g.a_nb1 + off, n, lane);
         }
     }
     pdl_wait();
@@ -827,14 +925,22 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
         if (lane % 8 == 0) xd[i / 8] = d;
     }
     __syncthreads();
-    const int64_t n_chunks = g.K / 256;
-    for (int64_t m = static_cast<int64_t>(blockIdx.x) * kQ8Warps + warp; m < g.M;
-         m += static_cast<int64_t>(gridDim.x) * kQ8Warps) {
-        const char* row = g.a + a_mat + m * g.a_nb1;
-        const char* row2 = glu ? g.a2 + a_mat + m * g.a_nb1 : nullptr;
+    const int64_t n_groups = n_chunks / U;
+    for (int64_t mb = static_cast<int64_t>(blockIdx.x) * R; mb < g.M;
+         mb += static_cast<int64_t>(gridDim.x) * R) {
+        const int64_t m = mb + rl;
+        const bool valid = m < g.M;  // always, when S > 1 or epi
+        const char* row = g.a + a_mat + (valid ? m : 0) * g.a_nb1;
+        int64_t ms = m;
+        int sg = 0;
+        if constexpr (epi) {
+            sg = seg_of(g, m, &ms);
+            row = g.seg[sg].a + ms * g.a_nb1;
+        }
+        const char* row2 = glu ? g.a2 + a_mat + (valid ? m : 0) * g.a_nb1 : nullptr;
         float acc = 0.0f, acc2 = 0.0f;
-        int64_t c = 0;
-        for (; c + U <= n_chunks; c += U) {
+        for (int64_t gi = valid ? part : n_groups; gi < n_groups; gi += S) {
+            const int64_t c = gi * U;
             Lane8i w[U], w2[glu ? U : 1];
 #pragma unroll
             for (int u = 0; u < U; u++) {
@@ -847,7 +953,7 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
                 if constexpr (glu) acc2 += q8_dot<T>(w2[u], xq, xd);
             }
         }
-        for (; c < n_chunks; c++) {
+        for (int64_t c = valid ? n_groups * U + part : n_chunks; c < n_chunks; c += S) {
             Lane8i w;
             IDec<T>::get(row, c, lane, w);
             acc += q8_dot<T>(w, xq, xd);
@@ -858,7 +964,26 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
         }
         acc = warp_sum(acc);
         if constexpr (glu) acc2 = warp_sum(acc2);
-        if (lane == 0) {
+        if (S > 1) {
+            if (lane == 0) {
+                red[warp] = acc;
+                if constexpr (glu) red2[warp] = acc2;
+            }
+            __syncthreads();
+            acc = 0.0f;
+            acc2 = 0.0f;
+            for (int p = 0; p < S; p++) {
+                acc += red[rl * S + p];
+                if constexpr (glu) acc2 += red2[rl * S + p];
+            }
+            __syncthreads();  // red is written again by the next row group
+        }
+        const bool leader = part == 0 && valid;
+        if constexpr (epi) {
+            q8_epilogue(g, g.seg[sg], ms, rl, leader, lane, acc, pair);
+            continue;
+        }
+        if (leader && lane == 0) {
             float v = acc;
             if constexpr (glu) v = v / (1.0f + expf(-v)) * acc2;
             if (g.res) {
@@ -884,40 +1009,71 @@ bool q8_vec_ok(const MvArgs& g, Type t) {
            aligned16(g.b, {g.b_nb2, g.b_nb3});
 }
 
-template <Type T, bool glu>
-void launch_q8(const MvArgs& g, unsigned mats, int n_sm, cudaStream_t st) {
-    const size_t smem = static_cast<size_t>(g.K) + static_cast<size_t>(g.K) / 8;
-    const unsigned cap = static_cast<unsigned>(n_sm) * kQ8MinBlocks;
-    const unsigned blocks = std::min(n_blocks(g.M, kQ8Warps), std::max(1u, cap / mats));
-    launch_pdl(k_mul_mat_vec_q8<T, glu>, dim3(blocks, mats, 1), dim3(32 * kQ8Warps), smem, st, g);
+// Off unless FERRY_CUDA_MV_SPLIT=1: measured on the H200 (bench/results/cuda.md, 1B Q4_0
+// tg128, same run) 798 t/s with it against 814 without. The weights of a block's first rows
+// are already in L2 (prefetched while the kernel before runs), so more warps per row bought
+// no bandwidth, and its reductions cost time.
+bool q8_split_mode() {
+    static const bool on = [] {
+        const char* v = std::getenv("FERRY_CUDA_MV_SPLIT");
+        return v && v[0] == '1';
+    }();
+    return on;
 }
 
-template <bool glu>
+// Warps per row of the int8 kernel: doubled while the grid holds fewer than two waves of warps
+// and every warp keeps at least one whole group of U chunks; a block's rows then come in
+// groups of kQ8Warps / S, which must divide M (and, for the rope epilogue, hold row pairs).
+int q8_split(int64_t M, int64_t n_chunks, int U, int n_sm, bool epi) {
+    if (!q8_split_mode()) return 1;
+    const int64_t target = 2 * static_cast<int64_t>(n_sm) * kQ8MinBlocks * kQ8Warps;
+    const int max_s = epi ? kQ8Warps / 2 : kQ8Warps;
+    int s = 1;
+    while (2 * s <= max_s && M * s < target && n_chunks >= 2 * s * U &&
+           M % (kQ8Warps / (2 * s)) == 0) {
+        s *= 2;
+    }
+    return s;
+}
+
+template <Type T, bool glu, bool epi>
+void launch_q8(const MvArgs& g, unsigned mats, int n_sm, cudaStream_t st) {
+    const size_t smem = static_cast<size_t>(g.K) + static_cast<size_t>(g.K) / 8;
+    const int S = q8_split(g.M, g.K / 256, glu ? 2 : 4, n_sm, epi);
+    const unsigned cap = static_cast<unsigned>(n_sm) * kQ8MinBlocks;
+    const unsigned blocks = std::min(n_blocks(g.M, kQ8Warps / S), std::max(1u, cap / mats));
+    launch_pdl(k_mul_mat_vec_q8<T, glu, epi>, dim3(blocks, mats, 1), dim3(32 * kQ8Warps), smem, st,
+               g, S);
+}
+
+template <bool glu, bool epi = false>
 Status dispatch_q8(OpContext& ctx, const MvArgs& g, Type t) {
     const unsigned mats = static_cast<unsigned>(g.ne2 * g.ne3);
     switch (t) {
         case Type::Q4_0:
-            launch_q8<Type::Q4_0, glu>(g, mats, ctx.n_sm, ctx.stream);
+            launch_q8<Type::Q4_0, glu, epi>(g, mats, ctx.n_sm, ctx.stream);
             break;
         case Type::Q4_1:
-            launch_q8<Type::Q4_1, glu>(g, mats, ctx.n_sm, ctx.stream);
+            launch_q8<Type::Q4_1, glu, epi>(g, mats, ctx.n_sm, ctx.stream);
             break;
         case Type::Q8_0:
-            launch_q8<Type::Q8_0, glu>(g, mats, ctx.n_sm, ctx.stream);
+            launch_q8<Type::Q8_0, glu, epi>(g, mats, ctx.n_sm, ctx.stream);
             break;
         case Type::Q4_K:
-            launch_q8<Type::Q4_K, glu>(g, mats, ctx.n_sm, ctx.stream);
+            launch_q8<Type::Q4_K, glu, epi>(g, mats, ctx.n_sm, ctx.stream);
             break;
         case Type::Q5_K:
-            launch_q8<Type::Q5_K, glu>(g, mats, ctx.n_sm, ctx.stream);
+            launch_q8<Type::Q5_K, glu, epi>(g, mats, ctx.n_sm, ctx.stream);
             break;
         case Type::Q6_K:
-            launch_q8<Type::Q6_K, glu>(g, mats, ctx.n_sm, ctx.stream);
+            launch_q8<Type::Q6_K, glu, epi>(g, mats, ctx.n_sm, ctx.stream);
             break;
         default:
             return Status::errorf("CUDA: MUL_MAT weight type %s", type_name(t));
     }
-    return launch_status(glu ? "MUL_MAT+MUL_MAT+SWIGLU (q8)" : "MUL_MAT (vec q8)");
+    return launch_status(glu   ? "MUL_MAT+MUL_MAT+SWIGLU (q8)"
+                         : epi ? "MUL_MAT+ROPE/SET_ROWS (q8)"
+                               : "MUL_MAT (vec q8)");
 }
 
 Status launch_mat_vec(OpContext& ctx, const Tensor* dst, MvArgs g) {
@@ -1141,6 +1297,103 @@ bool can_fuse_swiglu(const Tensor* gate, const Tensor* up, const Tensor* glu) {
     if (use_gemm(gate) || gate->src[1]->ne[1] != 1) return false;  // decode: one column
     MvArgs g = make_args(gate, nullptr);
     return fast_vec_ok(g, ga->type) && aligned16(g.b, {g.b_nb1, g.b_nb2, g.b_nb3});
+}
+
+bool can_fuse_mul_mat_epilogue(const Tensor* mm, const Tensor* rope, const Tensor* set_rows) {
+    if (mm->op != Op::MUL_MAT || (!rope && !set_rows) || use_gemm(mm)) return false;
+    const Tensor* b = mm->src[1];
+    if (b->ne[1] != 1 || b->ne[2] != 1 || b->ne[3] != 1) return false;  // decode: one column
+    if (mm->src[0]->ne[2] != 1 || mm->src[0]->ne[3] != 1) return false;
+    MvArgs g = make_args(mm, nullptr);
+    if (!fast_vec_ok(g, mm->src[0]->type) || !aligned16(g.b, {g.b_nb1, g.b_nb2, g.b_nb3}) ||
+        !q8_vec_ok(g, mm->src[0]->type) || g.M % kQ8Warps != 0 || !mm->is_contiguous()) {
+        return false;
+    }
+    const Tensor* last = mm;  // the tensor set_rows stores
+    if (rope) {
+        const Tensor* x = rope->src[0];
+        const Tensor* ff = rope->src[2];
+        const int n_dims = rope->op_params[0];
+        if (rope->op != Op::ROPE || x->storage() != mm || device_ptr(x) != device_ptr(mm) ||
+            !x->is_contiguous() || !rope->is_contiguous() || rope->type != Type::F32 ||
+            rope->op_params[1] != kRopeNormal || rope->nelements() != g.M || rope->ne[2] != 1 ||
+            rope->ne[3] != 1 || rope->ne[0] % 2 != 0 || n_dims % 2 != 0 || n_dims > rope->ne[0] ||
+            rope->src[1]->type != Type::I32 || rope->src[1]->ne[0] < 1 ||
+            (ff && (ff->type != Type::F32 || ff->ne[0] < n_dims / 2))) {
+            return false;
+        }
+        last = rope;
+    }
+    if (set_rows) {
+        const Tensor* d = set_rows->src[0];
+        const Tensor* s = set_rows->src[1];
+        const Tensor* idx = set_rows->src[2];
+        if (set_rows->op != Op::SET_ROWS || s->storage() != last ||
+            device_ptr(s) != device_ptr(last) || !s->is_contiguous() || s->ne[0] != g.M ||
+            s->ne[1] != 1 || s->ne[2] != 1 || s->ne[3] != 1 || idx->type != Type::I32 ||
+            idx->ne[0] != 1 || d->ne[0] != g.M || d->ne[2] != 1 || d->ne[3] != 1 ||
+            (d->type != Type::F32 && d->type != Type::F16 && d->type != Type::BF16) ||
+            d->nb[0] != type_size(d->type)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+bool can_join_mul_mat_epilogues(const EpilogueUnit& a, const EpilogueUnit& b) {
+    const Tensor* ma = a.mm;
+    const Tensor* mb = b.mm;
+    if (ma->src[1] != mb->src[1] || ma->src[0]->type != mb->src[0]->type ||
+        ma->src[0]->ne[0] != mb->src[0]->ne[0] || ma->src[0]->nb[1] != mb->src[0]->nb[1]) {
+        return false;
+    }
+    if (!a.rope || !b.rope) return true;
+    const Tensor* ra = a.rope;
+    const Tensor* rb = b.rope;
+    for (int p = 0; p < 4; p++) {
+        if (ra->op_params[p] != rb->op_params[p]) return false;
+    }
+    return ra->src[1] == rb->src[1] && ra->src[2] == rb->src[2] && ra->ne[0] == rb->ne[0];
+}
+
+Status op_mul_mat_epilogue(OpContext& ctx, const EpilogueUnit* units, int n_units) {
+    if (n_units < 1 || n_units > kMaxSeg) {
+        return Status::errorf("CUDA: MUL_MAT epilogue of %d products", n_units);
+    }
+    MvArgs g = make_args(units[0].mm, nullptr);
+    g.err = ctx.err;
+    g.n_seg = n_units;
+    int64_t rows = 0;
+    for (int u = 0; u < n_units; u++) {
+        const EpilogueUnit& e = units[u];
+        MvSeg& sg = g.seg[u];
+        rows += e.mm->src[0]->ne[1];
+        sg.a = device_ptr(e.mm->src[0]);
+        sg.end = rows;
+        sg.out = reinterpret_cast<float*>(device_ptr(e.rope ? e.rope : e.mm));
+        sg.write_out = e.write_out;
+        sg.rope = e.rope != nullptr;
+        if (e.rope) {
+            const Tensor* ff = e.rope->src[2];
+            g.rope_pos = reinterpret_cast<const int32_t*>(device_ptr(e.rope->src[1]));
+            g.rope_ff = ff ? device_ptr(ff) : nullptr;
+            g.rope_ff_nb0 = ff ? static_cast<int64_t>(ff->nb[0]) : 0;
+            g.rope_dims = e.rope->op_params[0];
+            g.rope_head = static_cast<int>(e.rope->ne[0]);
+            g.rope_base = static_cast<double>(e.rope->param_f(2));
+            g.rope_fscale = static_cast<double>(e.rope->param_f(3));
+        }
+        if (e.set_rows) {
+            const Tensor* d = e.set_rows->src[0];
+            sg.kv = device_ptr(d);
+            sg.kv_nb1 = static_cast<int64_t>(d->nb[1]);
+            sg.kv_rows = d->ne[1];
+            sg.kv_idx = reinterpret_cast<const int32_t*>(device_ptr(e.set_rows->src[2]));
+            sg.kv_type = d->type;
+        }
+    }
+    g.M = rows;
+    return dispatch_q8<false, true>(ctx, g, units[0].mm->src[0]->type);
 }
 
 Status op_mul_mat_swiglu(OpContext& ctx, const Tensor* gate, const Tensor* up, const Tensor* glu) {

@@ -8,9 +8,11 @@ namespace ferry::cuda {
 namespace {
 
 // mode 0: rms norm, 1: norm (mean removed). w (optional): multiplies the result, broadcast
-// by repetition like MUL's b.
-template <int mode, bool with_w>
-__global__ void k_norm(TV d, TV a, TV w, float eps) {
+// by repetition like MUL's b. with_add: the row normalised is a + b (same shapes), written to s
+// first (the residual stream the layer keeps, sum_out), then read back by the thread that wrote
+// it.
+template <int mode, bool with_w, bool with_add = false>
+__global__ void k_norm(TV d, TV a, TV w, float eps, TV b, TV sum_out) {
     __shared__ float sh[32];
     pdl_wait();     // launched with launch_pdl: nothing before this touches memory
     pdl_trigger();  // the matrix-vector product that follows may start prefetching its weights
@@ -20,6 +22,14 @@ __global__ void k_norm(TV d, TV a, TV w, float eps) {
         reinterpret_cast<const float*>(a.p + i1 * a.nb[1] + i2 * a.nb[2] + i3 * a.nb[3]);
     float* y = reinterpret_cast<float*>(d.p + i1 * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3]);
     const int64_t n = d.ne[0];
+    if constexpr (with_add) {
+        const float* xb =
+            reinterpret_cast<const float*>(b.p + i1 * b.nb[1] + i2 * b.nb[2] + i3 * b.nb[3]);
+        float* xs = reinterpret_cast<float*>(sum_out.p + i1 * sum_out.nb[1] + i2 * sum_out.nb[2] +
+                                             i3 * sum_out.nb[3]);
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xs[i] = x[i] + xb[i];
+        x = xs;
+    }
     float mean = 0.0f;
     if (mode == 1) {
         float s = 0.0f;
@@ -55,7 +65,7 @@ Status op_rms_norm(OpContext& ctx, const Tensor* dst) {
     if (dst->nrows() == 0) return Status::ok();
     const TV d = tv(dst), a = tv(dst->src[0]);
     launch_pdl(k_norm<0, false>, dim3(n_blocks(dst->nrows(), 1)), dim3(threads_for(dst->ne[0])), 0,
-               ctx.stream, d, a, a, dst->param_f(0));
+               ctx.stream, d, a, a, dst->param_f(0), TV{}, TV{});
     return launch_status("RMS_NORM");
 }
 
@@ -63,7 +73,7 @@ Status op_norm(OpContext& ctx, const Tensor* dst) {
     if (dst->nrows() == 0) return Status::ok();
     const TV d = tv(dst), a = tv(dst->src[0]);
     launch_pdl(k_norm<1, false>, dim3(n_blocks(dst->nrows(), 1)), dim3(threads_for(dst->ne[0])), 0,
-               ctx.stream, d, a, a, dst->param_f(0));
+               ctx.stream, d, a, a, dst->param_f(0), TV{}, TV{});
     return launch_status("NORM");
 }
 
@@ -77,8 +87,30 @@ Status op_rms_norm_mul(OpContext& ctx, const Tensor* norm, const Tensor* mul) {
     if (mul->nrows() == 0) return Status::ok();
     const TV d = tv(mul), a = tv(norm->src[0]), w = tv(mul->src[1]);
     launch_pdl(k_norm<0, true>, dim3(n_blocks(mul->nrows(), 1)), dim3(threads_for(mul->ne[0])), 0,
-               ctx.stream, d, a, w, norm->param_f(0));
+               ctx.stream, d, a, w, norm->param_f(0), TV{}, TV{});
     return launch_status("RMS_NORM+MUL");
+}
+
+bool can_fuse_add_rms_norm_mul(const Tensor* add, const Tensor* norm, const Tensor* mul) {
+    if (add->op != Op::ADD || norm->src[0] != add || !can_fuse_rms_norm_mul(norm, mul)) {
+        return false;
+    }
+    const Tensor* a = add->src[0];
+    const Tensor* b = add->src[1];
+    return same_shape(a, add) && same_shape(b, add) && a->type == Type::F32 &&
+           b->type == Type::F32 && a->nb[0] == sizeof(float) && b->nb[0] == sizeof(float) &&
+           add->nb[0] == sizeof(float);
+}
+
+// Writes add (the residual stream, kept) and mul; the norm's own result is not kept.
+Status op_add_rms_norm_mul(OpContext& ctx, const Tensor* add, const Tensor* norm,
+                           const Tensor* mul) {
+    if (mul->nrows() == 0) return Status::ok();
+    const TV d = tv(mul), a = tv(add->src[0]), b = tv(add->src[1]), s = tv(add),
+             w = tv(mul->src[1]);
+    launch_pdl(k_norm<0, true, true>, dim3(n_blocks(mul->nrows(), 1)),
+               dim3(threads_for(mul->ne[0])), 0, ctx.stream, d, a, w, norm->param_f(0), b, s);
+    return launch_status("ADD+RMS_NORM+MUL");
 }
 
 }  // namespace ferry::cuda

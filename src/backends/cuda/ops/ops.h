@@ -50,6 +50,23 @@ Status op_rms_norm_mul(OpContext& ctx, const Tensor* norm, const Tensor* mul);
 Status op_mul_mat_add(OpContext& ctx, const Tensor* mm, const Tensor* add);
 bool can_fuse_rms_norm_mul(const Tensor* norm, const Tensor* mul);
 bool can_fuse_mul_mat_add(const Tensor* mm, const Tensor* add);
+//   ADD(a, b) -> RMS_NORM -> MUL(., w)  : the residual add, written, then rms_norm_mul of it
+Status op_add_rms_norm_mul(OpContext& ctx, const Tensor* add, const Tensor* norm,
+                           const Tensor* mul);
+bool can_fuse_add_rms_norm_mul(const Tensor* add, const Tensor* norm, const Tensor* mul);
+//   MUL_MAT(a, x) -> ROPE and/or SET_ROWS (decode, int8 kernel): the product's epilogue
+//   rotates row pairs and/or stores the row into the KV cache; write_out: the ROPE's (or the
+//   product's) own result is written too. Up to 3 such products of one b (q, k, v) run as
+//   one launch.
+struct EpilogueUnit {
+    const Tensor* mm = nullptr;
+    const Tensor* rope = nullptr;      // or nullptr
+    const Tensor* set_rows = nullptr;  // or nullptr
+    bool write_out = false;
+};
+bool can_fuse_mul_mat_epilogue(const Tensor* mm, const Tensor* rope, const Tensor* set_rows);
+bool can_join_mul_mat_epilogues(const EpilogueUnit& a, const EpilogueUnit& b);
+Status op_mul_mat_epilogue(OpContext& ctx, const EpilogueUnit* units, int n_units);
 //   MUL_MAT(g, x), MUL_MAT(u, x) -> SWIGLU : both products and silu(g x) * (u x) in one pass
 Status op_mul_mat_swiglu(OpContext& ctx, const Tensor* gate, const Tensor* up, const Tensor* glu);
 bool can_fuse_swiglu(const Tensor* gate, const Tensor* up, const Tensor* glu);
