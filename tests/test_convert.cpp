@@ -525,6 +525,10 @@ TEST(GenModel, EveryArchitectureLoadsAndRuns) {
         const std::vector<int32_t> toks = {1, 300, 5};
         ASSERT_TRUE((*s)->decode(toks, false).is_ok());
         for (int i = 0; i < 600; i++) ASSERT_TRUE(std::isfinite((*s)->logits(0)[i])) << name;
+        // `ferry bench` names the architecture in its model column, as llama-bench does.
+        auto b = sh(kBin + " bench -m " + path + " -p 0 -n 2 -r 1 -t 2");
+        ASSERT_EQ(b.rc, 0) << b.out;
+        EXPECT_NE(b.out.find("| " + std::string(p.arch) + " "), std::string::npos) << b.out;
     }
 }
 

@@ -173,8 +173,8 @@ int cmd_bench(int argc, char** argv) {
                         ? static_cast<int>(threads)
                         : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     const std::string model_desc =
-        strfmt("llama %s %s", human_params(static_cast<double>(m.n_params())).c_str(),
-               m.type_desc().c_str());
+        strfmt("%s %s %s", m.hparams().arch.c_str(),
+               human_params(static_cast<double>(m.n_params())).c_str(), m.type_desc().c_str());
     const std::string dev_name = m.device()->name();
     const size_t peak = peak_rss_bytes();
     if (fmt == "md") {
