@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -267,3 +268,37 @@ TEST(OpenVino, OutOfRangeIndexIsAnError) {
 }
 
 }  // namespace
+
+// Q4_0 and Q8_0 weights are converted for OpenVINO over their own bytes (no second copy); the
+// buffer still answers their GGUF blocks to a reader, whole or in part, and refuses writes
+// that would no longer reach the converted form.
+TEST(OpenVino, WeightsConvertedInPlaceReadBackAsTheirBlocks) {
+    REQUIRE_OV();
+    for (Type type : {Type::Q4_0, Type::Q8_0}) {
+        Context in;
+        Tensor* w = in.new_tensor(type, {256, 8});
+        w->flags |= kTensorParam;
+        Expected<std::unique_ptr<Buffer>> buf =
+            allocate_context_tensors(in, ov_cpu()->buffer_type());
+        ASSERT_TRUE(buf) << buf.message();
+        std::vector<float> x(256 * 8);
+        for (size_t i = 0; i < x.size(); i++) x[i] = std::sin(0.37f * static_cast<float>(i)) + 0.1f;
+        std::vector<uint8_t> blocks(w->nbytes());
+        type_traits(type).from_float(x.data(), blocks.data(), static_cast<int64_t>(x.size()));
+        ASSERT_TRUE(tensor_set(w, blocks.data(), blocks.size()));
+        Tensor* ws[] = {w};
+        ASSERT_TRUE(ov_cpu()->prepare_weights(ws));
+        ASSERT_NE(w->extra, nullptr);
+        EXPECT_NE(std::memcmp(w->data, blocks.data(), blocks.size()), 0)
+            << type_name(type) << ": not converted in place";
+        std::vector<uint8_t> back(blocks.size());
+        ASSERT_TRUE((*buf)->get_tensor(w, back.data(), 0, back.size()));
+        EXPECT_EQ(back, blocks) << type_name(type);
+        std::vector<uint8_t> part(50);
+        ASSERT_TRUE((*buf)->get_tensor(w, part.data(), 7, part.size()));
+        EXPECT_TRUE(std::equal(part.begin(), part.end(), blocks.begin() + 7)) << type_name(type);
+        Status st = (*buf)->set_tensor(w, blocks.data(), 0, blocks.size());
+        ASSERT_FALSE(st);
+        EXPECT_NE(st.message().find("converted for OpenVINO"), std::string::npos) << st.message();
+    }
+}

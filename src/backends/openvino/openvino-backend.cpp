@@ -2,11 +2,14 @@
 // compiles once per structural key, binds ferry's memory and runs (see openvino-backend.h).
 #include "backends/openvino/openvino-backend.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <openvino/openvino.hpp>
 #include <string>
@@ -27,6 +30,27 @@ std::atomic<uint64_t> g_hits{0};
 std::atomic<uint64_t> g_compile_us{0};
 std::atomic<uint64_t> g_declined{0};  // bit per Op (test hook)
 static_assert(static_cast<size_t>(Op::COUNT) <= 64);
+
+// FERRY_OPENVINO_TRACE=1: resident memory and compile time at each load/compile step (stderr).
+bool tracing() {
+    static const bool on = [] {
+        const char* e = std::getenv("FERRY_OPENVINO_TRACE");
+        return e && *e && *e != '0';
+    }();
+    return on;
+}
+void trace_mem(const char* what, double ms = -1.0) {
+    if (!tracing()) return;
+    std::ifstream f("/proc/self/status");
+    std::string line, rss, hwm;
+    while (std::getline(f, line)) {
+        if (line.rfind("VmRSS:", 0) == 0) rss = line.substr(6);
+        if (line.rfind("VmHWM:", 0) == 0) hwm = line.substr(6);
+    }
+    std::fprintf(stderr, "[openvino] %s: RSS%s, peak%s", what, rss.c_str(), hwm.c_str());
+    if (ms >= 0) std::fprintf(stderr, ", %.0f ms", ms);
+    std::fprintf(stderr, "\n");
+}
 
 // One ov::Core for the process (it loads the plugins), created on first use.
 ov::Core* core(std::string* err = nullptr) {
@@ -56,21 +80,25 @@ class OvBuffer : public Buffer {
     void* base() const override { return base_; }
     Status set_tensor(Tensor* t, const void* src, size_t offset, size_t size) override {
         FERRY_TRY(check(t, offset, size));
+        FERRY_TRY(check_writable(t));
         if (size) std::memcpy(static_cast<uint8_t*>(base_) + t->offs + offset, src, size);
         return Status::ok();
     }
     Status get_tensor(const Tensor* t, void* dst, size_t offset, size_t size) override {
         FERRY_TRY(check(t, offset, size));
+        if (const PreparedWeight* w = in_place(t)) return restore_blocks(t, *w, offset, size, dst);
         if (size) std::memcpy(dst, static_cast<const uint8_t*>(base_) + t->offs + offset, size);
         return Status::ok();
     }
     Status memset_tensor(Tensor* t, uint8_t value, size_t offset, size_t size) override {
         FERRY_TRY(check(t, offset, size));
+        FERRY_TRY(check_writable(t));
         if (size) std::memset(static_cast<uint8_t*>(base_) + t->offs + offset, value, size);
         return Status::ok();
     }
     bool copy_tensor(const Tensor* src, Tensor* dst) override {
         if (!src->data || !dst->data || src->nbytes() != dst->nbytes()) return false;
+        if (in_place(src) || in_place(dst)) return false;  // through get/set_tensor instead
         std::memcpy(dst->data, src->data, src->nbytes());
         return true;
     }
@@ -82,6 +110,18 @@ class OvBuffer : public Buffer {
     void own(std::unique_ptr<PreparedWeight> w) { prepared_.push_back(std::move(w)); }
 
   private:
+    // The converted form of a weight converted over its own bytes (weights.h), or null.
+    const PreparedWeight* in_place(const Tensor* t) const {
+        const auto* w = t->buffer == this ? static_cast<const PreparedWeight*>(t->extra) : nullptr;
+        return w && w->in_place ? w : nullptr;
+    }
+    Status check_writable(const Tensor* t) const {
+        if (!in_place(t)) return Status::ok();
+        return Status::errorf(ErrorCode::InvalidArgument,
+                              "tensor '%s' was converted for OpenVINO (prepare_weights) and cannot "
+                              "be written any more",
+                              t->name);
+    }
     Status check(const Tensor* t, size_t offset, size_t size) const {
         size_t end = 0;
         if (t->buffer != this) return Status::errorf("tensor '%s' is not in this buffer", t->name);
@@ -125,6 +165,24 @@ struct Compiled {
     ov::CompiledModel model;
     ov::InferRequest req;
     std::vector<std::vector<float>> dequant;  // host f32 copies of quantized input leaves
+    uint64_t runs = 0;
+    std::map<std::string, std::pair<double, uint64_t>> prof;  // FERRY_OPENVINO_PROFILE
+    ~Compiled() {
+        if (prof.empty()) return;
+        std::vector<std::pair<double, std::string>> v;
+        double total = 0;
+        for (auto& [k, e] : prof) {
+            v.push_back({e.first, k});
+            total += e.first;
+        }
+        std::sort(v.rbegin(), v.rend());
+        std::fprintf(stderr, "[openvino] profile of a model over %llu runs: %.1f ms per run\n",
+                     static_cast<unsigned long long>(runs),
+                     total / 1000.0 / static_cast<double>(runs));
+        for (size_t i = 0; i < v.size() && i < 25; i++)
+            std::fprintf(stderr, "  %-50s %8.2f ms/run\n", v[i].second.c_str(),
+                         v[i].first / 1000.0 / static_cast<double>(runs));
+    }
 };
 
 // The structural key plus what a compiled model bakes in beyond the structure: the memory of
@@ -179,10 +237,19 @@ class OvBackend : public Backend {
             ov::AnyMap cfg{ov::hint::inference_precision(ov::element::f32),
                            ov::hint::performance_mode(ov::hint::PerformanceMode::LATENCY)};
             if (opts_.n_threads > 0) cfg.emplace(ov::inference_num_threads(opts_.n_threads));
+            if (std::getenv("FERRY_OPENVINO_PROFILE")) cfg.emplace(ov::enable_profiling(true));
             if (!opts_.cache_dir.empty()) cfg.emplace(ov::cache_dir(opts_.cache_dir));
             auto cm = std::make_unique<Compiled>();
             cm->plan = std::move(*plan);
             cm->model = c->compile_model(cm->plan.model, ov_name_, cfg);
+            trace_mem("compiled");
+            if (const char* dump = std::getenv("FERRY_OPENVINO_DUMP")) {
+                const std::string base =
+                    std::string(dump) + "/model" + std::to_string(g_compiles.load());
+                ov::serialize(cm->plan.model, base + ".xml", base + ".bin");
+                ov::serialize(cm->model.get_runtime_model(), base + "-exec.xml",
+                              base + "-exec.bin");
+            }
             cm->req = cm->model.create_infer_request();
             cm->dequant.resize(cm->plan.inputs.size());
             g_compiles++;
@@ -190,6 +257,11 @@ class OvBackend : public Backend {
                 static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
                                           std::chrono::steady_clock::now() - t0)
                                           .count());
+            trace_mem("infer request",
+                      static_cast<double>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                              std::chrono::steady_clock::now() - t0)
+                                              .count()) /
+                          1000.0);
             it = cache_.emplace(std::move(key), std::move(cm)).first;
         } else {
             g_hits++;
@@ -197,6 +269,14 @@ class OvBackend : public Backend {
         Compiled& cm = *it->second;
         FERRY_TRY(bind(g, cm));
         cm.req.infer();
+        if (cm.runs++ == 0 && tracing()) trace_mem("first inference");
+        if (std::getenv("FERRY_OPENVINO_PROFILE")) {
+            for (const ov::ProfilingInfo& p : cm.req.get_profiling_info()) {
+                auto& e = cm.prof[p.node_type + "/" + p.exec_type];
+                e.first += static_cast<double>(p.real_time.count());
+                e.second++;
+            }
+        }
         return store(g, cm);
     }
 
@@ -365,12 +445,13 @@ class OvDevice : public Device {
     }
     bool supports_buffer_type(const BufferType* type) override { return type->is_host(); }
     Status prepare_weights(std::span<Tensor* const> weights) override {
+        trace_mem("weights loaded");
         try {
             for (Tensor* t : weights) {
                 if (!is_quantized(t->type) || t->extra) continue;
                 auto* buf = dynamic_cast<OvBuffer*>(t->buffer);
                 if (!buf) continue;  // held elsewhere: dequantized per run instead
-                Expected<std::unique_ptr<PreparedWeight>> w = prepare_weight(t);
+                Expected<std::unique_ptr<PreparedWeight>> w = prepare_weight(t, true);
                 if (!w) return w.status();
                 t->extra = w->get();
                 buf->own(std::move(*w));
@@ -378,6 +459,7 @@ class OvDevice : public Device {
         } catch (const std::exception& e) {
             return Status::errorf("%s: preparing weights: %s", name(), e.what());
         }
+        trace_mem("weights prepared");
         return Status::ok();
     }
     Expected<std::unique_ptr<Backend>> make_backend(const BackendOptions& opts = {}) override {

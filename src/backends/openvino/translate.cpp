@@ -379,8 +379,15 @@ Status tr_get_rows(Tr& tr, const Tensor* t) {
     const Tensor* A = t->src[0];
     // Rows of all matrices as one [A3*A2*A1, A0] table, indexed by row + (k*A2 + j)*A1: a
     // plain gather (the CPU plugin crashes on some Gathers with batch dims).
-    Val a = reshape(
-        tr.v(A), std::make_shared<op::v0::Concat>(ov::OutputVector{i64c({-1}), tr.dim(A, 0)}, 0));
+    Val a;
+    if (A->extra && is_weight(A) && A->ne[2] == 1 && A->ne[3] == 1) {
+        // A converted weight straight into the Gather (no reshape between), the pattern the CPU
+        // plugin gathers from compressed rows with instead of folding the table into f32.
+        a = weight_node(A, *static_cast<const PreparedWeight*>(A->extra), true);
+    } else {
+        a = reshape(tr.v(A), std::make_shared<op::v0::Concat>(
+                                 ov::OutputVector{i64c({-1}), tr.dim(A, 0)}, 0));
+    }
     Val idx = std::make_shared<op::v0::Squeeze>(tr.v(t->src[1]), i64c({0}));  // [I2, I1, I0]
     if (A->ne[2] > 1 || A->ne[3] > 1) {
         if (A->dim_sym[1] || A->dim_sym[2] || A->dim_sym[3]) {
