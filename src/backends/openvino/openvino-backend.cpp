@@ -2,6 +2,9 @@
 // compiles once per structural key, binds ferry's memory and runs (see openvino-backend.h).
 #include "backends/openvino/openvino-backend.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -31,12 +34,21 @@ std::atomic<uint64_t> g_compile_us{0};
 std::atomic<uint64_t> g_declined{0};  // bit per Op (test hook)
 static_assert(static_cast<size_t>(Op::COUNT) <= 64);
 
-// FERRY_OPENVINO_TRACE=1: resident memory and compile time at each load/compile step (stderr).
+// Diagnostics from the environment (docs/openvino.md): FERRY_OPENVINO_TRACE=1 prints resident
+// memory at each load/compile step and the compile times; FERRY_OPENVINO_PROFILE=1 compiles
+// with the plugin's per-node counters and prints each model's time per node type when it is
+// freed; FERRY_OPENVINO_DUMP=DIR writes every compiled model (as translated, and as the plugin
+// runs it) there.
+bool env_on(const char* name) {
+    const char* e = std::getenv(name);
+    return e && *e && *e != '0';
+}
 bool tracing() {
-    static const bool on = [] {
-        const char* e = std::getenv("FERRY_OPENVINO_TRACE");
-        return e && *e && *e != '0';
-    }();
+    static const bool on = env_on("FERRY_OPENVINO_TRACE");
+    return on;
+}
+bool profiling() {
+    static const bool on = env_on("FERRY_OPENVINO_PROFILE");
     return on;
 }
 void trace_mem(const char* what, double ms = -1.0) {
@@ -50,6 +62,9 @@ void trace_mem(const char* what, double ms = -1.0) {
     std::fprintf(stderr, "[openvino] %s: RSS%s, peak%s", what, rss.c_str(), hwm.c_str());
     if (ms >= 0) std::fprintf(stderr, ", %.0f ms", ms);
     std::fprintf(stderr, "\n");
+}
+double ms_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // One ov::Core for the process (it loads the plugins), created on first use.
@@ -86,7 +101,14 @@ class OvBuffer : public Buffer {
     }
     Status get_tensor(const Tensor* t, void* dst, size_t offset, size_t size) override {
         FERRY_TRY(check(t, offset, size));
-        if (const PreparedWeight* w = in_place(t)) return restore_blocks(t, *w, offset, size, dst);
+        if (const PreparedWeight* w = converted(t)) {
+            if (w->in_place) return restore_blocks(t, *w, offset, size, dst);
+            return Status::errorf(
+                ErrorCode::InvalidArgument,
+                "tensor '%s' was converted for OpenVINO (prepare_weights) and its "
+                "GGUF blocks were released",
+                t->name);
+        }
         if (size) std::memcpy(dst, static_cast<const uint8_t*>(base_) + t->offs + offset, size);
         return Status::ok();
     }
@@ -98,7 +120,7 @@ class OvBuffer : public Buffer {
     }
     bool copy_tensor(const Tensor* src, Tensor* dst) override {
         if (!src->data || !dst->data || src->nbytes() != dst->nbytes()) return false;
-        if (in_place(src) || in_place(dst)) return false;  // through get/set_tensor instead
+        if (converted(src) || converted(dst)) return false;  // through get/set_tensor instead
         std::memcpy(dst->data, src->data, src->nbytes());
         return true;
     }
@@ -111,12 +133,12 @@ class OvBuffer : public Buffer {
 
   private:
     // The converted form of a weight converted over its own bytes (weights.h), or null.
-    const PreparedWeight* in_place(const Tensor* t) const {
+    const PreparedWeight* converted(const Tensor* t) const {
         const auto* w = t->buffer == this ? static_cast<const PreparedWeight*>(t->extra) : nullptr;
-        return w && w->in_place ? w : nullptr;
+        return w && (w->in_place || w->released) ? w : nullptr;
     }
     Status check_writable(const Tensor* t) const {
-        if (!in_place(t)) return Status::ok();
+        if (!converted(t)) return Status::ok();
         return Status::errorf(ErrorCode::InvalidArgument,
                               "tensor '%s' was converted for OpenVINO (prepare_weights) and cannot "
                               "be written any more",
@@ -137,6 +159,14 @@ class OvBuffer : public Buffer {
     size_t size_;
     std::vector<std::unique_ptr<PreparedWeight>> prepared_;
 };
+
+// Gives the whole pages inside [p, p + n) back to the system (they read as zeros after).
+bool release_pages(void* p, size_t n) {
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+    const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+    return b > a && madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED) == 0;
+}
 
 class OvBufferType : public BufferType {
   public:
@@ -204,7 +234,11 @@ std::string model_key(const Graph& g) {
 class OvBackend : public Backend {
   public:
     OvBackend(Device* dev, std::string ov_name, BackendOptions opts)
-        : dev_(dev), ov_name_(std::move(ov_name)), opts_(std::move(opts)) {}
+        : dev_(dev), ov_name_(std::move(ov_name)), opts_(std::move(opts)) {
+        // The environment names a model cache for programs that set none themselves.
+        const char* env = std::getenv("FERRY_OPENVINO_CACHE_DIR");
+        if (opts_.cache_dir.empty() && env) opts_.cache_dir = env;
+    }
     const char* name() const override { return dev_->name(); }
     Device* device() const override { return dev_; }
     void set_n_threads(int n) override {
@@ -237,12 +271,12 @@ class OvBackend : public Backend {
             ov::AnyMap cfg{ov::hint::inference_precision(ov::element::f32),
                            ov::hint::performance_mode(ov::hint::PerformanceMode::LATENCY)};
             if (opts_.n_threads > 0) cfg.emplace(ov::inference_num_threads(opts_.n_threads));
-            if (std::getenv("FERRY_OPENVINO_PROFILE")) cfg.emplace(ov::enable_profiling(true));
+            if (profiling()) cfg.emplace(ov::enable_profiling(true));
             if (!opts_.cache_dir.empty()) cfg.emplace(ov::cache_dir(opts_.cache_dir));
             auto cm = std::make_unique<Compiled>();
             cm->plan = std::move(*plan);
+            const double translate_ms = ms_since(t0);
             cm->model = c->compile_model(cm->plan.model, ov_name_, cfg);
-            trace_mem("compiled");
             if (const char* dump = std::getenv("FERRY_OPENVINO_DUMP")) {
                 const std::string base =
                     std::string(dump) + "/model" + std::to_string(g_compiles.load());
@@ -253,24 +287,27 @@ class OvBackend : public Backend {
             cm->req = cm->model.create_infer_request();
             cm->dequant.resize(cm->plan.inputs.size());
             g_compiles++;
-            g_compile_us +=
-                static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                          std::chrono::steady_clock::now() - t0)
-                                          .count());
-            trace_mem("infer request",
-                      static_cast<double>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                              std::chrono::steady_clock::now() - t0)
-                                              .count()) /
-                          1000.0);
+            const double total_ms = ms_since(t0);
+            g_compile_us += static_cast<uint64_t>(total_ms * 1000.0);
+            if (tracing()) {
+                std::fprintf(
+                    stderr, "[openvino] model %llu: translated in %.0f ms, compiled%s in %.0f ms\n",
+                    static_cast<unsigned long long>(g_compiles.load()), translate_ms,
+                    opts_.cache_dir.empty() ? "" : " (or loaded from --cache-dir)",
+                    total_ms - translate_ms);
+                trace_mem("compiled");
+            }
             it = cache_.emplace(std::move(key), std::move(cm)).first;
         } else {
             g_hits++;
         }
         Compiled& cm = *it->second;
+        const auto t1 = std::chrono::steady_clock::now();
         FERRY_TRY(bind(g, cm));
         cm.req.infer();
-        if (cm.runs++ == 0 && tracing()) trace_mem("first inference");
-        if (std::getenv("FERRY_OPENVINO_PROFILE")) {
+        // The first run also makes the plugin's kernels and repacks the weights for them.
+        if (cm.runs++ == 0) trace_mem("first inference", ms_since(t1));
+        if (profiling()) {
             for (const ov::ProfilingInfo& p : cm.req.get_profiling_info()) {
                 auto& e = cm.prof[p.node_type + "/" + p.exec_type];
                 e.first += static_cast<double>(p.real_time.count());
@@ -453,11 +490,26 @@ class OvDevice : public Device {
                 if (!buf) continue;  // held elsewhere: dequantized per run instead
                 Expected<std::unique_ptr<PreparedWeight>> w = prepare_weight(t, true);
                 if (!w) return w.status();
+                // The blocks of a weight converted apart are read by nobody any more: their
+                // whole pages go back to the system (a reader gets an error, see converted()).
+                if (!(*w)->in_place) (*w)->released = release_pages(t->data, t->nbytes());
                 t->extra = w->get();
                 buf->own(std::move(*w));
             }
         } catch (const std::exception& e) {
             return Status::errorf("%s: preparing weights: %s", name(), e.what());
+        }
+        if (tracing()) {
+            size_t owned = 0, in_place = 0;
+            for (const Tensor* t : weights) {
+                const auto* w = static_cast<const PreparedWeight*>(t->extra);
+                if (!w || !dynamic_cast<OvBuffer*>(t->buffer)) continue;
+                owned += w->owned_bytes;
+                in_place += w->in_place ? t->nbytes() : 0;
+            }
+            std::fprintf(
+                stderr, "[openvino] weights converted: %.1f MiB in place, %.1f MiB apart\n",
+                static_cast<double>(in_place) / 1048576.0, static_cast<double>(owned) / 1048576.0);
         }
         trace_mem("weights prepared");
         return Status::ok();

@@ -1,6 +1,8 @@
 // Weight conversion at load time (see weights.h).
 #include "backends/openvino/weights.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -39,15 +41,16 @@ struct Builder {
         value_bytes = kind == PreparedWeight::U4 ? n / 2 : kind == PreparedWeight::F16 ? n * 2 : n;
         scale_bytes = kind == PreparedWeight::F16 ? 0 : n / static_cast<size_t>(group) * 2;
         const size_t zoff = round_up(round_up(value_bytes) + scale_bytes);
-        const size_t total = round_up(zoff + (with_zeros ? scale_bytes : 0));
-        void* p = std::aligned_alloc(kAlign, std::max(total, kAlign));
-        if (!p) {
+        const size_t total = std::max(round_up(zoff + (with_zeros ? scale_bytes : 0)), kAlign);
+        void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
             return Status::errorf(ErrorCode::OutOfMemory,
                                   "OPENVINO: cannot allocate %zu bytes to convert '%s'", total,
                                   t->name);
         }
-        std::memset(p, 0, total);  // u4 values are OR-ed in
-        w->owned.reset(static_cast<uint8_t*>(p));
+        // (fresh pages are zero: u4 values are OR-ed in)
+        w->owned = std::unique_ptr<uint8_t, PreparedWeight::Pages>(static_cast<uint8_t*>(p),
+                                                                   PreparedWeight::Pages{total});
         w->owned_bytes = total;
         values = w->owned.get();
         scales = reinterpret_cast<fp16_t*>(values + round_up(value_bytes));
@@ -216,6 +219,10 @@ Expected<std::unique_ptr<PreparedWeight>> convert(const Tensor* t) {
 }
 
 }  // namespace
+
+void PreparedWeight::Pages::operator()(uint8_t* p) const {
+    if (p) munmap(p, bytes);
+}
 
 Expected<std::unique_ptr<PreparedWeight>> prepare_weight(Tensor* t, bool in_place) {
     if (!t->data) return Status::errorf("OPENVINO: weight '%s' has no host memory", t->name);

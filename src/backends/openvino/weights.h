@@ -10,7 +10,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
 #include <memory>
 #include <openvino/core/node.hpp>
 #include <vector>
@@ -29,10 +28,14 @@ struct PreparedWeight {
     const fp16_t* zeros = nullptr;    // per-group zero points (x = scale * (q - zero)), or null
     int zero_point = -1;              // the common zero point when zeros is null; -1: none
     bool in_place = false;  // values and scales lie over the tensor's own bytes (GGUF layout gone)
-    struct Free {
-        void operator()(void* p) const { std::free(p); }
+    bool released = false;  // converted apart, and the tensor's own bytes given back (gone too)
+    // Memory of the arrays when not in place: pages of their own (mmap), so that what a
+    // conversion in place staged goes back to the system when it is freed.
+    struct Pages {
+        size_t bytes;
+        void operator()(uint8_t* p) const;
     };
-    std::unique_ptr<uint8_t, Free> owned;  // memory of the arrays when not in place
+    std::unique_ptr<uint8_t, Pages> owned;
     size_t owned_bytes = 0;
 };
 
