@@ -68,6 +68,8 @@ struct Tr {
     const Graph& g;
     std::unordered_map<const Tensor*, Val> val;      // value of each tensor
     std::unordered_map<const Tensor*, Val> storage;  // current contents of written storages
+    // The writes into each leaf storage so far, in order: (flat element index, values).
+    std::unordered_map<const Tensor*, std::vector<std::pair<Val, Val>>> writes;
     std::unordered_map<const Tensor*, int> leaf_index;
     std::map<int, std::shared_ptr<op::v0::Parameter>> sym;  // DimSymbol -> i64 [1]
     ModelPlan plan;
@@ -112,6 +114,30 @@ struct Tr {
         return it != storage.end() ? it->second : val.at(s);
     }
 
+    // Elements [start, stop) of storage s as it is now (`flat`: its current flat contents). A
+    // leaf that this graph writes into (the KV cache) is read as the window of its bound memory
+    // with this graph's writes applied to the window only: the plugin then materializes the
+    // rows a reader reads (the attended positions), not the whole storage per write. Writes
+    // outside the window land in one spare element past it, cut off after.
+    Val window(const Tensor* s, Val flat, Val start, Val stop) {
+        auto w = writes.find(s);
+        if (w == writes.end() || !leaf_index.count(s)) return slice(flat, start, stop, 0);
+        Val cur = slice(reshape(val.at(s), i64c({-1})), start, stop, 0);
+        Val len = std::make_shared<op::v1::Subtract>(stop, start);
+        Val spare = std::make_shared<op::v3::Broadcast>(
+            op::v0::Constant::create(cur.get_element_type(), ov::Shape{}, {0}), i64c({1}));
+        cur = std::make_shared<op::v0::Concat>(ov::OutputVector{cur, spare}, 0);
+        for (const auto& [idx, vals] : w->second) {
+            Val inside = std::make_shared<op::v1::LogicalAnd>(
+                std::make_shared<op::v1::GreaterEqual>(idx, start),
+                std::make_shared<op::v1::Less>(idx, stop));
+            Val at = std::make_shared<op::v1::Select>(
+                inside, std::make_shared<op::v1::Subtract>(idx, start), len);
+            cur = std::make_shared<op::v3::ScatterUpdate>(cur, at, vals, i64s(0));
+        }
+        return slice(cur, i64c({0}), len, 0);
+    }
+
     // t's elements from its storage owner's flat contents, by its byte offset and strides.
     Expected<Val> strided(const Tensor* t) {
         const Tensor* s = t->storage();
@@ -125,7 +151,7 @@ struct Tr {
         if (t->is_contiguous()) {
             Val start = i64c({offs});
             Val stop = std::make_shared<op::v1::Add>(start, numel(t));
-            return reshape(slice(flat, start, stop, 0), shape4(t));
+            return reshape(window(s, flat, start, stop), shape4(t));
         }
         struct D {
             int d;
@@ -176,7 +202,8 @@ struct Tr {
                 std::vector<float>(static_cast<size_t>(need - have), 0.0f));
             flat = std::make_shared<op::v0::Concat>(ov::OutputVector{flat, zeros}, 0);
         }
-        Val cur = slice(flat, start, std::make_shared<op::v1::Add>(start, len), 0);
+        Val cur = need > have ? slice(flat, start, std::make_shared<op::v1::Add>(start, len), 0)
+                              : window(s, flat, start, std::make_shared<op::v1::Add>(start, len));
         cur = reshape(cur,
                       std::make_shared<op::v0::Concat>(ov::OutputVector{n_outer, i64c(inner)}, 0));
         for (size_t j = 1; j < ds.size(); j++) {
@@ -204,6 +231,7 @@ struct Tr {
         Val flat = reshape(store(s), i64c({-1}));
         Val upd = std::make_shared<op::v3::ScatterUpdate>(flat, flat_index, vals, i64s(0));
         storage[s] = reshape(upd, shape4(s));
+        writes[s].push_back({flat_index, vals});
         auto li = leaf_index.find(s);
         if (li != leaf_index.end()) {
             results.push_back(std::make_shared<op::v0::Result>(flat_index));
