@@ -387,6 +387,17 @@ class OvBackend : public Backend {
                 cm.req.set_tensor(inputs[i],
                                   ov::Tensor(inputs[i].get_element_type(),
                                              ov::Shape{span / type_size(t->type)}, t->data));
+            } else if (in.window) {
+                // The first rows only (translate.h), in place.
+                const int64_t rows = sym[in.window];
+                if (rows <= 0 || rows > t->ne[1]) {
+                    return Status::errorf("%s: window of %lld rows of '%s', which has %lld",
+                                          dev_->name(), static_cast<long long>(rows), t->name,
+                                          static_cast<long long>(t->ne[1]));
+                }
+                ov::Shape sh = shape_of(t);
+                sh[2] = static_cast<size_t>(rows);
+                cm.req.set_tensor(inputs[i], ov::Tensor(inputs[i].get_element_type(), sh, t->data));
             } else if (t->is_contiguous()) {
                 cm.req.set_tensor(inputs[i],
                                   ov::Tensor(inputs[i].get_element_type(), shape_of(t), t->data));
