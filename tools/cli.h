@@ -114,6 +114,7 @@ struct Placement {
     std::optional<std::string> devices;
     std::optional<long long> n_gpu_layers;
     std::optional<std::string> tensor_split;
+    std::string cache_dir;  // --cache-dir: compiled graphs of graph compilers (SessionOptions)
 };
 // Reads those options (before Args::finish()).
 Placement read_placement(Args& args);

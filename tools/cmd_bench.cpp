@@ -138,6 +138,7 @@ int cmd_bench(int argc, char** argv) {
     }
 
     SessionOptions so;
+    so.cache_dir = placement.cache_dir;
     so.n_threads = static_cast<int>(threads);
     Expected<Type> kv_type = parse_kv_type(kv);
     if (!kv_type) return fail("bench", kv_type.message());

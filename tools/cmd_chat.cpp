@@ -82,6 +82,7 @@ int cmd_chat(int argc, char** argv) {
     Expected<std::unique_ptr<LlamaModel>> model = load_model(*model_path, mo);
     if (!model) return fail("chat", model.message());
     SessionOptions so;
+    so.cache_dir = placement.cache_dir;
     so.kv_type = *kv_type;
     so.n_threads = threads ? static_cast<int>(*threads) : 0;
     so.n_ctx = ctx ? static_cast<int32_t>(*ctx) : 0;

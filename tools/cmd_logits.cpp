@@ -89,6 +89,7 @@ int cmd_logits(int argc, char** argv) {
         }
     }
     SessionOptions so;
+    so.cache_dir = placement.cache_dir;
     so.kv_type = *kv_type;
     so.n_threads = threads ? static_cast<int>(*threads) : 0;
     so.n_ctx = ctx ? static_cast<int32_t>(*ctx) : static_cast<int32_t>(tokens->size());

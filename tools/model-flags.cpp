@@ -43,6 +43,10 @@ std::vector<OptionSpec> placement_options() {
          "layers to offload to the devices, the last N (default: all);\n"
          "the others run on the CPU"},
         {{"--tensor-split", "-ts"}, "A,B,...", "share of the offloaded layers per device"},
+        {{"--cache-dir"},
+         "DIR",
+         "graph compilers (OPENVINO:*): keep compiled models in DIR, so\n"
+         "a second start loads them instead of compiling"},
     };
 }
 
@@ -57,6 +61,7 @@ Placement read_placement(Args& args) {
     p.devices = args.value({"-d", "--device"});
     p.n_gpu_layers = args.integer({"--n-gpu-layers"});
     p.tensor_split = args.value({"--tensor-split"});
+    p.cache_dir = args.value({"--cache-dir"}).value_or("");
     return p;
 }
 

@@ -92,6 +92,9 @@ struct SessionOptions {
     int32_t n_batch = 512;  // tokens per forward pass when decoding long prompts
     Type kv_type = Type::F16;
     int n_threads = 0;  // CPU threads (0: all cores)
+    // Folder where graph-compiling devices (OPENVINO:*) keep their compiled models, so a second
+    // start loads instead of compiling (BackendOptions::cache_dir). Empty: none.
+    std::string cache_dir;
 };
 
 class LlamaSession {

@@ -73,6 +73,11 @@ struct Scheduler::Impl {
     bool supports(int bi, const Tensor* node) const {
         return backends[static_cast<size_t>(bi)]->device()->supports_op(node);
     }
+    // An input leaf that has no storage yet (it goes where its first reader runs).
+    bool unplaced_input(const Tensor* t) const {
+        const Tensor* s = t->storage();
+        return s->op == Op::NONE && !s->buffer && !assignment.count(s);
+    }
     // The backend that last wrote t's storage, else the one whose device holds it.
     int writer_of(const Tensor* t) const {
         auto it = assignment.find(t);
@@ -112,14 +117,21 @@ Scheduler::~Scheduler() {
 
 Status Scheduler::Impl::assign(Graph& g) {
     assignment.clear();
+    std::vector<Tensor*> deferred;  // views of inputs without storage yet
     const int n_backends = static_cast<int>(backends.size());
     for (Tensor* n : g.nodes) {
         int chosen = -1;
         if (is_view_node(n)) {
-            // Views run nowhere; they follow whoever produced their storage.
+            // Views run nowhere; they follow whoever produced their storage. A view of an input
+            // not placed yet follows its first reader instead (below): placing it on the last
+            // backend would cut the reader's run in two for nothing.
             auto it = assignment.find(n->view_src);
             chosen =
                 it != assignment.end() ? it->second : backend_index_for_buffer(n->view_src->buffer);
+            if (chosen < 0 && unplaced_input(n->view_src)) {
+                deferred.push_back(n);
+                continue;
+            }
             if (chosen < 0) chosen = n_backends - 1;
             assignment[n] = chosen;
             continue;
@@ -161,6 +173,30 @@ Status Scheduler::Impl::assign(Graph& g) {
                                   op_name(n->op), describe(n).c_str());
         }
         assignment[n] = chosen;
+    }
+    // Views of unplaced inputs: with their first reader (a view's reader may itself be such a
+    // view, later in the order, so the nodes are walked backwards and earlier readers win).
+    if (!deferred.empty()) {
+        std::unordered_set<const Tensor*> pending(deferred.begin(), deferred.end());
+        std::unordered_map<const Tensor*, int> first_reader;
+        for (auto it = g.nodes.rbegin(); it != g.nodes.rend(); ++it) {
+            const Tensor* n = *it;
+            int bi = -1;
+            if (auto a = assignment.find(n); a != assignment.end()) {
+                bi = a->second;
+            } else if (auto f = first_reader.find(n); f != first_reader.end()) {
+                bi = f->second;
+            }
+            if (bi < 0) continue;
+            for (int s = 0; s <= kMaxSrc; s++) {
+                const Tensor* src = s < kMaxSrc ? n->src[s] : n->view_src;
+                if (src && pending.count(src)) first_reader[src] = bi;
+            }
+        }
+        for (Tensor* n : deferred) {
+            auto f = first_reader.find(n);
+            assignment[n] = f != first_reader.end() ? f->second : n_backends - 1;
+        }
     }
     // Leaves without storage (inputs) go to the backend of their first reader.
     for (Tensor* n : g.nodes) {

@@ -168,11 +168,13 @@ GraphSignature graph_signature(const Graph& g, SignatureMode mode) {
             }
         }
         // Strides that follow from the shape are recorded as such (they stay right when a
-        // dynamic size changes); a dim of extent 1 is never stepped over.
+        // dynamic size changes); a dim of extent 1 is never stepped over, unless its extent is
+        // dynamic (1 this step, more the next: a decode step and a prefill share a signature).
         const bool contiguous = t->is_contiguous();
         w.put(static_cast<uint8_t>(contiguous));
         for (int d = 0; d < kMaxDims; d++) {
-            w.put(static_cast<uint64_t>(contiguous || t->ne[d] == 1 ? 0 : t->nb[d]));
+            const bool dynamic = mode == SignatureMode::Dynamic && t->dim_sym[d] != kDimFixed;
+            w.put(static_cast<uint64_t>(contiguous || (t->ne[d] == 1 && !dynamic) ? 0 : t->nb[d]));
         }
         w.put(t->op_params);
         for (int s = 0; s < kMaxSrc; s++) w.put(t->src[s] ? index.at(t->src[s]) : int32_t{-1});

@@ -80,6 +80,8 @@ void pack_k_scales(const uint8_t* sc, const uint8_t* mn, uint8_t* q) {
     }
 }
 
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
 // Unpacking K blocks into plain per-element quants (element order of the GGUF layout).
 
@@ -132,6 +134,8 @@ void unpack_q6_k(const BlockQ6_K& b, int8_t* q) {
         }
     }
 }
+
+namespace {
 
 // q: unsigned 6-bit values (bias already added), the inverse of unpack_q6_k.
 void pack_q6_k(const uint8_t* q, BlockQ6_K& b) {

@@ -29,4 +29,12 @@ FERRY_QUANT_FNS(iq4_xs)
 FERRY_QUANT_FNS(mxfp4)
 #undef FERRY_QUANT_FNS
 
+// K blocks unpacked into plain per-element quants in element order, with their sub-block scales
+// (and mins): Q4_K/Q5_K give unsigned q (x = d * sc[j] * q - dmin * mn[j] over 32-element
+// sub-block j), Q6_K signed q in [-32, 31] (x = d * scales[g] * q over 16-element group g).
+// For backends that convert the blocks into another runtime's layout.
+void unpack_q4_k(const BlockQ4_K& b, uint8_t* q, uint8_t* sc, uint8_t* mn);
+void unpack_q5_k(const BlockQ5_K& b, uint8_t* q, uint8_t* sc, uint8_t* mn);
+void unpack_q6_k(const BlockQ6_K& b, int8_t* q);
+
 }  // namespace ferry::quants

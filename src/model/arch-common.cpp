@@ -135,6 +135,7 @@ Tensor* build_rms_norm(ForwardContext& f, Tensor* x, Tensor* w) {
 }
 
 Tensor* keep_out_rows(ForwardContext& f, Tensor* x) {
+    if (f.out_ids) return f.c.get_rows(x, f.out_ids);  // [n_embd, n_out]
     if (f.n_out == f.n_tokens) return x;
     const size_t skip = static_cast<size_t>(f.n_tokens - f.n_out);
     return f.c.view_2d(x, x->ne[0], f.n_out, x->nb[1], skip * x->nb[1]);  // [n_embd, n_out]
@@ -181,7 +182,11 @@ Tensor* build_attention(ForwardContext& f, const LlamaLayer& l, Tensor* cur) {
     const int64_t n_q = f.n_out;
     const size_t skip = static_cast<size_t>(nt - n_q);
     Tensor* mask = f.mask;  // [n_kv, n_tokens] or nullptr
-    if (skip > 0) {
+    if (f.out_ids) {
+        // [hd, n_head, n_out]
+        q = c.reshape(c.get_rows(c.reshape(q, {hd * n_head, nt}), f.out_ids), {hd, n_head, n_q});
+        mask = f.mask_out;
+    } else if (skip > 0) {
         // [hd, n_head, n_out]
         q = c.view_3d(q, hd, n_head, n_q, q->nb[1], q->nb[2], skip * q->nb[2]);
         // [n_kv, n_out]

@@ -61,6 +61,12 @@ struct ForwardContext {
     int64_t n_kv;      // attended positions (padded)
     int64_t n_out;     // rows kept after this layer's attention (n_tokens but last layer)
     Type kv_type;
+    // The rows kept (last layer, when the graph selects them): [n_out] i32 token rows, and the
+    // mask rows of those tokens [n_kv, n_out] f16. nullptr: every row is kept (n_out ==
+    // n_tokens). Selecting by index rather than by a view at an offset keeps the graph's
+    // structure the same for every token count, so prefill and decode share one compilation.
+    Tensor* out_ids = nullptr;
+    Tensor* mask_out = nullptr;
 };
 
 // x * rsqrt(mean(x^2) + eps) * w over dim 0.
@@ -70,7 +76,7 @@ Tensor* build_rms_norm(ForwardContext& f, Tensor* x, Tensor* w);
 // model's frequency factors), KV store, attention, output projection. Returns [n_embd, n_out]:
 // the last n_out token rows only.
 Tensor* build_attention(ForwardContext& f, const LlamaLayer& l, Tensor* cur);
-// The last n_out token rows of x [n_embd, n_tokens] (x itself when all are kept).
+// The kept token rows of x [n_embd, n_tokens] (x itself when all are kept).
 Tensor* keep_out_rows(ForwardContext& f, Tensor* x);
 // down(silu(gate(cur)) * up(cur)): [n_embd, n] -> [n_embd, n].
 Tensor* build_ffn_swiglu(ForwardContext& f, const LlamaLayer& l, Tensor* cur);

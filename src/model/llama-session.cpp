@@ -45,15 +45,18 @@ struct LlamaSession::Impl {
     struct Built {
         std::unique_ptr<Context> ctx;
         Graph graph;
-        Tensor* ids = nullptr;   // [n_tokens] i32
-        Tensor* pos = nullptr;   // [n_tokens] i32
-        Tensor* mask = nullptr;  // [n_kv, n_tokens] f16, or nullptr
-        Tensor* out = nullptr;   // [n_vocab, n_out]
+        Tensor* ids = nullptr;       // [n_tokens] i32
+        Tensor* pos = nullptr;       // [n_tokens] i32
+        Tensor* mask = nullptr;      // [n_kv, n_tokens] f16
+        Tensor* out_ids = nullptr;   // [n_out] i32 rows feeding the logits, or nullptr (all)
+        Tensor* mask_out = nullptr;  // [n_kv, n_out] f16: their mask rows (with out_ids)
+        Tensor* out = nullptr;       // [n_vocab, n_out]
         int32_t n_tokens = -1, n_kv = -1, n_out = -1;
         bool valid = false;
     } g;
     std::vector<fp16_t> mask_host;
     std::vector<int32_t> pos_host;
+    std::vector<int32_t> out_ids_host;
 
     Status build(int32_t n_tokens, int32_t n_kv, int32_t n_out);
     Status run_chunk(const int32_t* tokens, int32_t n_tokens, bool all_logits, float* out_rows);
@@ -64,7 +67,6 @@ struct LlamaSession::Impl {
 Status LlamaSession::Impl::build(int32_t n_tokens, int32_t n_kv, int32_t n_out) {
     const LlamaHParams& hp = m->hp;
     const int64_t nt = n_tokens;
-    const bool need_mask = n_tokens > 1 || n_kv > n_past + n_tokens;
 
     g.valid = false;
     g.graph.clear();
@@ -82,13 +84,25 @@ Status LlamaSession::Impl::build(int32_t n_tokens, int32_t n_kv, int32_t n_out) 
     g.pos->set_name("inp_pos");
     g.pos->flags |= kTensorInput;
     c.mark_dynamic(g.pos, 0, kDimTokens);
-    g.mask = nullptr;
-    if (need_mask) {
-        g.mask = c.new_tensor(Type::F16, {n_kv, nt});  // [n_kv, n_tokens]
-        g.mask->set_name("inp_mask");
-        g.mask->flags |= kTensorInput;
-        c.mark_dynamic(g.mask, 0, kDimKv);
-        c.mark_dynamic(g.mask, 1, kDimTokens);
+    // Every step has a mask (also one whose positions are all visible), and when fewer rows
+    // than tokens feed the logits, or one, they are selected by index: so the graph keeps one
+    // structure over every prompt length and decode step (graph_signature), and a compiling
+    // backend compiles it once.
+    g.mask = c.new_tensor(Type::F16, {n_kv, nt});  // [n_kv, n_tokens]
+    g.mask->set_name("inp_mask");
+    g.mask->flags |= kTensorInput;
+    c.mark_dynamic(g.mask, 0, kDimKv);
+    c.mark_dynamic(g.mask, 1, kDimTokens);
+    g.out_ids = nullptr;
+    g.mask_out = nullptr;
+    if (n_out < n_tokens || n_out == 1) {
+        g.out_ids = c.new_tensor(Type::I32, {n_out});  // [n_out]
+        g.out_ids->set_name("inp_out_ids");
+        g.out_ids->flags |= kTensorInput;
+        g.mask_out = c.new_tensor(Type::F16, {n_kv, n_out});  // [n_kv, n_out]
+        g.mask_out->set_name("inp_mask_out");
+        g.mask_out->flags |= kTensorInput;
+        c.mark_dynamic(g.mask_out, 0, kDimKv);
     }
 
     Tensor* x = c.get_rows(m->tok_embd, g.ids);  // [n_embd, n_tokens]
@@ -105,7 +119,9 @@ Status LlamaSession::Impl::build(int32_t n_tokens, int32_t n_kv, int32_t n_out) 
                          nt,
                          n_kv,
                          last ? n_out : nt,
-                         kv_type};
+                         kv_type,
+                         last ? g.out_ids : nullptr,
+                         last ? g.mask_out : nullptr};
         x = m->arch->build_layer(f, m->layers[static_cast<size_t>(il)], x);  // [n_embd, n_out]
     }
     x = c.mul(c.rms_norm(x, hp.norm_eps), m->output_norm);  // [n_embd, n_out]
@@ -126,27 +142,32 @@ Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bo
     const int32_t n_end = n_past + n_tokens;
     const int32_t n_kv = std::min(n_ctx, (n_end + kKvPad - 1) / kKvPad * kKvPad);
     const int32_t n_out = all_logits ? n_tokens : 1;
-    const bool need_mask = n_tokens > 1 || n_kv > n_end;
     // A graph is reused only when its inputs keep their storage (alloc was its last plan).
-    // A graph with a mask serves steps that need none (every position visible), so a decode
-    // step that fills its KV padding exactly does not rebuild twice.
-    if (!g.valid || g.n_tokens != n_tokens || g.n_kv != n_kv || g.n_out != n_out ||
-        (need_mask && g.mask == nullptr)) {
+    if (!g.valid || g.n_tokens != n_tokens || g.n_kv != n_kv || g.n_out != n_out) {
         FERRY_TRY(build(n_tokens, n_kv, n_out));
     }
     pos_host.resize(static_cast<size_t>(n_tokens));
     for (int32_t i = 0; i < n_tokens; i++) pos_host[static_cast<size_t>(i)] = n_past + i;
     FERRY_TRY(sched->set_tensor(g.ids, tokens, sizeof(int32_t) * static_cast<size_t>(n_tokens)));
     FERRY_TRY(sched->set_tensor(g.pos, pos_host.data(), sizeof(int32_t) * pos_host.size()));
-    if (g.mask) {
-        mask_host.resize(static_cast<size_t>(n_kv) * static_cast<size_t>(n_tokens));
-        for (int32_t i = 0; i < n_tokens; i++) {
-            fp16_t* row = mask_host.data() + static_cast<size_t>(i) * static_cast<size_t>(n_kv);
-            const int32_t visible = n_past + i + 1;  // positions [0, visible) are attended
-            std::fill(row, row + visible, fp16_t{0});
-            std::fill(row + visible, row + n_kv, kF16NegInf);
-        }
-        FERRY_TRY(sched->set_tensor(g.mask, mask_host.data(), sizeof(fp16_t) * mask_host.size()));
+    mask_host.resize(static_cast<size_t>(n_kv) * static_cast<size_t>(n_tokens));
+    for (int32_t i = 0; i < n_tokens; i++) {
+        fp16_t* row = mask_host.data() + static_cast<size_t>(i) * static_cast<size_t>(n_kv);
+        const int32_t visible = n_past + i + 1;  // positions [0, visible) are attended
+        std::fill(row, row + visible, fp16_t{0});
+        std::fill(row + visible, row + n_kv, kF16NegInf);
+    }
+    FERRY_TRY(sched->set_tensor(g.mask, mask_host.data(), sizeof(fp16_t) * mask_host.size()));
+    if (g.out_ids) {
+        // The last n_out rows, and their mask rows.
+        const int32_t first = n_tokens - n_out;
+        out_ids_host.resize(static_cast<size_t>(n_out));
+        for (int32_t i = 0; i < n_out; i++) out_ids_host[static_cast<size_t>(i)] = first + i;
+        FERRY_TRY(sched->set_tensor(g.out_ids, out_ids_host.data(),
+                                    sizeof(int32_t) * out_ids_host.size()));
+        FERRY_TRY(sched->set_tensor(
+            g.mask_out, mask_host.data() + static_cast<size_t>(first) * static_cast<size_t>(n_kv),
+            sizeof(fp16_t) * static_cast<size_t>(n_kv) * static_cast<size_t>(n_out)));
     }
     Status st = sched->compute(g.graph);
     if (!st) {
@@ -226,6 +247,7 @@ Expected<std::unique_ptr<LlamaSession>> LlamaSession::create(LlamaModel& model,
     // the CPU last: the scheduler runs each layer where its weights are.
     BackendOptions bo;
     bo.n_threads = opts.n_threads;
+    bo.cache_dir = opts.cache_dir;
     Device* cpu = cpu_device();
     if (!cpu) return Status::error("session: no CPU device (ferry::init_backends was not called)");
     Expected<std::unique_ptr<Backend>> cb = cpu->make_backend(bo);

@@ -1,10 +1,10 @@
 // Byte-level BPE ("gpt2") loading, encoding and decoding: see vocab.h.
 #include <queue>
 
+#include "ferry/vocab.h"
 #include "model/pretokenize.h"
 #include "model/unicode.h"
 #include "model/vocab-impl.h"
-#include "ferry/vocab.h"
 
 namespace ferry {
 

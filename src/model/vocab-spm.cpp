@@ -1,8 +1,8 @@
 // SentencePiece-style ("llama") encoding of one run of text: see vocab.h.
 #include <queue>
 
-#include "model/vocab-impl.h"
 #include "ferry/vocab.h"
+#include "model/vocab-impl.h"
 
 namespace ferry {
 

@@ -2,11 +2,17 @@
 // compiles once per structural key, binds ferry's memory and runs (see openvino-backend.h).
 #include "backends/openvino/openvino-backend.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <openvino/openvino.hpp>
 #include <string>
@@ -27,6 +33,39 @@ std::atomic<uint64_t> g_hits{0};
 std::atomic<uint64_t> g_compile_us{0};
 std::atomic<uint64_t> g_declined{0};  // bit per Op (test hook)
 static_assert(static_cast<size_t>(Op::COUNT) <= 64);
+
+// Diagnostics from the environment (docs/openvino.md): FERRY_OPENVINO_TRACE=1 prints resident
+// memory at each load/compile step and the compile times; FERRY_OPENVINO_PROFILE=1 compiles
+// with the plugin's per-node counters and prints each model's time per node type when it is
+// freed; FERRY_OPENVINO_DUMP=DIR writes every compiled model (as translated, and as the plugin
+// runs it) there.
+bool env_on(const char* name) {
+    const char* e = std::getenv(name);
+    return e && *e && *e != '0';
+}
+bool tracing() {
+    static const bool on = env_on("FERRY_OPENVINO_TRACE");
+    return on;
+}
+bool profiling() {
+    static const bool on = env_on("FERRY_OPENVINO_PROFILE");
+    return on;
+}
+void trace_mem(const char* what, double ms = -1.0) {
+    if (!tracing()) return;
+    std::ifstream f("/proc/self/status");
+    std::string line, rss, hwm;
+    while (std::getline(f, line)) {
+        if (line.rfind("VmRSS:", 0) == 0) rss = line.substr(6);
+        if (line.rfind("VmHWM:", 0) == 0) hwm = line.substr(6);
+    }
+    std::fprintf(stderr, "[openvino] %s: RSS%s, peak%s", what, rss.c_str(), hwm.c_str());
+    if (ms >= 0) std::fprintf(stderr, ", %.0f ms", ms);
+    std::fprintf(stderr, "\n");
+}
+double ms_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
 
 // One ov::Core for the process (it loads the plugins), created on first use.
 ov::Core* core(std::string* err = nullptr) {
@@ -56,21 +95,32 @@ class OvBuffer : public Buffer {
     void* base() const override { return base_; }
     Status set_tensor(Tensor* t, const void* src, size_t offset, size_t size) override {
         FERRY_TRY(check(t, offset, size));
+        FERRY_TRY(check_writable(t));
         if (size) std::memcpy(static_cast<uint8_t*>(base_) + t->offs + offset, src, size);
         return Status::ok();
     }
     Status get_tensor(const Tensor* t, void* dst, size_t offset, size_t size) override {
         FERRY_TRY(check(t, offset, size));
+        if (const PreparedWeight* w = converted(t)) {
+            if (w->in_place) return restore_blocks(t, *w, offset, size, dst);
+            return Status::errorf(
+                ErrorCode::InvalidArgument,
+                "tensor '%s' was converted for OpenVINO (prepare_weights) and its "
+                "GGUF blocks were released",
+                t->name);
+        }
         if (size) std::memcpy(dst, static_cast<const uint8_t*>(base_) + t->offs + offset, size);
         return Status::ok();
     }
     Status memset_tensor(Tensor* t, uint8_t value, size_t offset, size_t size) override {
         FERRY_TRY(check(t, offset, size));
+        FERRY_TRY(check_writable(t));
         if (size) std::memset(static_cast<uint8_t*>(base_) + t->offs + offset, value, size);
         return Status::ok();
     }
     bool copy_tensor(const Tensor* src, Tensor* dst) override {
         if (!src->data || !dst->data || src->nbytes() != dst->nbytes()) return false;
+        if (converted(src) || converted(dst)) return false;  // through get/set_tensor instead
         std::memcpy(dst->data, src->data, src->nbytes());
         return true;
     }
@@ -82,6 +132,18 @@ class OvBuffer : public Buffer {
     void own(std::unique_ptr<PreparedWeight> w) { prepared_.push_back(std::move(w)); }
 
   private:
+    // The converted form of a weight converted over its own bytes (weights.h), or null.
+    const PreparedWeight* converted(const Tensor* t) const {
+        const auto* w = t->buffer == this ? static_cast<const PreparedWeight*>(t->extra) : nullptr;
+        return w && (w->in_place || w->released) ? w : nullptr;
+    }
+    Status check_writable(const Tensor* t) const {
+        if (!converted(t)) return Status::ok();
+        return Status::errorf(ErrorCode::InvalidArgument,
+                              "tensor '%s' was converted for OpenVINO (prepare_weights) and cannot "
+                              "be written any more",
+                              t->name);
+    }
     Status check(const Tensor* t, size_t offset, size_t size) const {
         size_t end = 0;
         if (t->buffer != this) return Status::errorf("tensor '%s' is not in this buffer", t->name);
@@ -97,6 +159,14 @@ class OvBuffer : public Buffer {
     size_t size_;
     std::vector<std::unique_ptr<PreparedWeight>> prepared_;
 };
+
+// Gives the whole pages inside [p, p + n) back to the system (they read as zeros after).
+bool release_pages(void* p, size_t n) {
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+    const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+    return b > a && madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED) == 0;
+}
 
 class OvBufferType : public BufferType {
   public:
@@ -125,6 +195,24 @@ struct Compiled {
     ov::CompiledModel model;
     ov::InferRequest req;
     std::vector<std::vector<float>> dequant;  // host f32 copies of quantized input leaves
+    uint64_t runs = 0;
+    std::map<std::string, std::pair<double, uint64_t>> prof;  // FERRY_OPENVINO_PROFILE
+    ~Compiled() {
+        if (prof.empty()) return;
+        std::vector<std::pair<double, std::string>> v;
+        double total = 0;
+        for (auto& [k, e] : prof) {
+            v.push_back({e.first, k});
+            total += e.first;
+        }
+        std::sort(v.rbegin(), v.rend());
+        std::fprintf(stderr, "[openvino] profile of a model over %llu runs: %.1f ms per run\n",
+                     static_cast<unsigned long long>(runs),
+                     total / 1000.0 / static_cast<double>(runs));
+        for (size_t i = 0; i < v.size() && i < 25; i++)
+            std::fprintf(stderr, "  %-50s %8.2f ms/run\n", v[i].second.c_str(),
+                         v[i].first / 1000.0 / static_cast<double>(runs));
+    }
 };
 
 // The structural key plus what a compiled model bakes in beyond the structure: the memory of
@@ -146,7 +234,11 @@ std::string model_key(const Graph& g) {
 class OvBackend : public Backend {
   public:
     OvBackend(Device* dev, std::string ov_name, BackendOptions opts)
-        : dev_(dev), ov_name_(std::move(ov_name)), opts_(std::move(opts)) {}
+        : dev_(dev), ov_name_(std::move(ov_name)), opts_(std::move(opts)) {
+        // The environment names a model cache for programs that set none themselves.
+        const char* env = std::getenv("FERRY_OPENVINO_CACHE_DIR");
+        if (opts_.cache_dir.empty() && env) opts_.cache_dir = env;
+    }
     const char* name() const override { return dev_->name(); }
     Device* device() const override { return dev_; }
     void set_n_threads(int n) override {
@@ -179,24 +271,49 @@ class OvBackend : public Backend {
             ov::AnyMap cfg{ov::hint::inference_precision(ov::element::f32),
                            ov::hint::performance_mode(ov::hint::PerformanceMode::LATENCY)};
             if (opts_.n_threads > 0) cfg.emplace(ov::inference_num_threads(opts_.n_threads));
+            if (profiling()) cfg.emplace(ov::enable_profiling(true));
             if (!opts_.cache_dir.empty()) cfg.emplace(ov::cache_dir(opts_.cache_dir));
             auto cm = std::make_unique<Compiled>();
             cm->plan = std::move(*plan);
+            const double translate_ms = ms_since(t0);
             cm->model = c->compile_model(cm->plan.model, ov_name_, cfg);
+            if (const char* dump = std::getenv("FERRY_OPENVINO_DUMP")) {
+                const std::string base =
+                    std::string(dump) + "/model" + std::to_string(g_compiles.load());
+                ov::serialize(cm->plan.model, base + ".xml", base + ".bin");
+                ov::serialize(cm->model.get_runtime_model(), base + "-exec.xml",
+                              base + "-exec.bin");
+            }
             cm->req = cm->model.create_infer_request();
             cm->dequant.resize(cm->plan.inputs.size());
             g_compiles++;
-            g_compile_us +=
-                static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                          std::chrono::steady_clock::now() - t0)
-                                          .count());
+            const double total_ms = ms_since(t0);
+            g_compile_us += static_cast<uint64_t>(total_ms * 1000.0);
+            if (tracing()) {
+                std::fprintf(
+                    stderr, "[openvino] model %llu: translated in %.0f ms, compiled%s in %.0f ms\n",
+                    static_cast<unsigned long long>(g_compiles.load()), translate_ms,
+                    opts_.cache_dir.empty() ? "" : " (or loaded from --cache-dir)",
+                    total_ms - translate_ms);
+                trace_mem("compiled");
+            }
             it = cache_.emplace(std::move(key), std::move(cm)).first;
         } else {
             g_hits++;
         }
         Compiled& cm = *it->second;
+        const auto t1 = std::chrono::steady_clock::now();
         FERRY_TRY(bind(g, cm));
         cm.req.infer();
+        // The first run also makes the plugin's kernels and repacks the weights for them.
+        if (cm.runs++ == 0) trace_mem("first inference", ms_since(t1));
+        if (profiling()) {
+            for (const ov::ProfilingInfo& p : cm.req.get_profiling_info()) {
+                auto& e = cm.prof[p.node_type + "/" + p.exec_type];
+                e.first += static_cast<double>(p.real_time.count());
+                e.second++;
+            }
+        }
         return store(g, cm);
     }
 
@@ -270,6 +387,17 @@ class OvBackend : public Backend {
                 cm.req.set_tensor(inputs[i],
                                   ov::Tensor(inputs[i].get_element_type(),
                                              ov::Shape{span / type_size(t->type)}, t->data));
+            } else if (in.window) {
+                // The first rows only (translate.h), in place.
+                const int64_t rows = sym[in.window];
+                if (rows <= 0 || rows > t->ne[1]) {
+                    return Status::errorf("%s: window of %lld rows of '%s', which has %lld",
+                                          dev_->name(), static_cast<long long>(rows), t->name,
+                                          static_cast<long long>(t->ne[1]));
+                }
+                ov::Shape sh = shape_of(t);
+                sh[2] = static_cast<size_t>(rows);
+                cm.req.set_tensor(inputs[i], ov::Tensor(inputs[i].get_element_type(), sh, t->data));
             } else if (t->is_contiguous()) {
                 cm.req.set_tensor(inputs[i],
                                   ov::Tensor(inputs[i].get_element_type(), shape_of(t), t->data));
@@ -365,19 +493,36 @@ class OvDevice : public Device {
     }
     bool supports_buffer_type(const BufferType* type) override { return type->is_host(); }
     Status prepare_weights(std::span<Tensor* const> weights) override {
+        trace_mem("weights loaded");
         try {
             for (Tensor* t : weights) {
                 if (!is_quantized(t->type) || t->extra) continue;
                 auto* buf = dynamic_cast<OvBuffer*>(t->buffer);
                 if (!buf) continue;  // held elsewhere: dequantized per run instead
-                Expected<std::unique_ptr<PreparedWeight>> w = prepare_weight(t);
+                Expected<std::unique_ptr<PreparedWeight>> w = prepare_weight(t, true);
                 if (!w) return w.status();
+                // The blocks of a weight converted apart are read by nobody any more: their
+                // whole pages go back to the system (a reader gets an error, see converted()).
+                if (!(*w)->in_place) (*w)->released = release_pages(t->data, t->nbytes());
                 t->extra = w->get();
                 buf->own(std::move(*w));
             }
         } catch (const std::exception& e) {
             return Status::errorf("%s: preparing weights: %s", name(), e.what());
         }
+        if (tracing()) {
+            size_t owned = 0, in_place = 0;
+            for (const Tensor* t : weights) {
+                const auto* w = static_cast<const PreparedWeight*>(t->extra);
+                if (!w || !dynamic_cast<OvBuffer*>(t->buffer)) continue;
+                owned += w->owned_bytes;
+                in_place += w->in_place ? t->nbytes() : 0;
+            }
+            std::fprintf(
+                stderr, "[openvino] weights converted: %.1f MiB in place, %.1f MiB apart\n",
+                static_cast<double>(in_place) / 1048576.0, static_cast<double>(owned) / 1048576.0);
+        }
+        trace_mem("weights prepared");
         return Status::ok();
     }
     Expected<std::unique_ptr<Backend>> make_backend(const BackendOptions& opts = {}) override {

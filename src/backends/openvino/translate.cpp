@@ -68,6 +68,8 @@ struct Tr {
     const Graph& g;
     std::unordered_map<const Tensor*, Val> val;      // value of each tensor
     std::unordered_map<const Tensor*, Val> storage;  // current contents of written storages
+    // The writes into each leaf storage so far, in order: (flat element index, values).
+    std::unordered_map<const Tensor*, std::vector<std::pair<Val, Val>>> writes;
     std::unordered_map<const Tensor*, int> leaf_index;
     std::map<int, std::shared_ptr<op::v0::Parameter>> sym;  // DimSymbol -> i64 [1]
     ModelPlan plan;
@@ -106,10 +108,44 @@ struct Tr {
     }
     Val v(const Tensor* t) { return val.at(t); }
     Val vf(const Tensor* t) { return f32(val.at(t)); }
+    // A converted weight as a 2-D matrix for a product or a gather: one subgraph per weight,
+    // shared by every reader (a tied embedding feeds the first gather and the last product).
+    std::unordered_map<const Tensor*, Val> matrices;
+    Val matrix(const Tensor* w) {
+        auto it = matrices.find(w);
+        if (it != matrices.end()) return it->second;
+        Val m = weight_node(w, *static_cast<const PreparedWeight*>(w->extra), true);
+        matrices.emplace(w, m);
+        return m;
+    }
     // Current contents of a storage owner.
     Val store(const Tensor* s) {
         auto it = storage.find(s);
         return it != storage.end() ? it->second : val.at(s);
+    }
+
+    // Elements [start, stop) of storage s as it is now (`flat`: its current flat contents). A
+    // leaf that this graph writes into (the KV cache) is read as the window of its bound memory
+    // with this graph's writes applied to the window only: the plugin then materializes the
+    // rows a reader reads (the attended positions), not the whole storage per write. Writes
+    // outside the window land in one spare element past it, cut off after.
+    Val window(const Tensor* s, Val flat, Val start, Val stop) {
+        auto w = writes.find(s);
+        if (w == writes.end() || !leaf_index.count(s)) return slice(flat, start, stop, 0);
+        Val cur = slice(reshape(val.at(s), i64c({-1})), start, stop, 0);
+        Val len = std::make_shared<op::v1::Subtract>(stop, start);
+        Val spare = std::make_shared<op::v3::Broadcast>(
+            op::v0::Constant::create(cur.get_element_type(), ov::Shape{}, {0}), i64c({1}));
+        cur = std::make_shared<op::v0::Concat>(ov::OutputVector{cur, spare}, 0);
+        for (const auto& [idx, vals] : w->second) {
+            Val inside = std::make_shared<op::v1::LogicalAnd>(
+                std::make_shared<op::v1::GreaterEqual>(idx, start),
+                std::make_shared<op::v1::Less>(idx, stop));
+            Val at = std::make_shared<op::v1::Select>(
+                inside, std::make_shared<op::v1::Subtract>(idx, start), len);
+            cur = std::make_shared<op::v3::ScatterUpdate>(cur, at, vals, i64s(0));
+        }
+        return slice(cur, i64c({0}), len, 0);
     }
 
     // t's elements from its storage owner's flat contents, by its byte offset and strides.
@@ -125,7 +161,7 @@ struct Tr {
         if (t->is_contiguous()) {
             Val start = i64c({offs});
             Val stop = std::make_shared<op::v1::Add>(start, numel(t));
-            return reshape(slice(flat, start, stop, 0), shape4(t));
+            return reshape(window(s, flat, start, stop), shape4(t));
         }
         struct D {
             int d;
@@ -176,7 +212,8 @@ struct Tr {
                 std::vector<float>(static_cast<size_t>(need - have), 0.0f));
             flat = std::make_shared<op::v0::Concat>(ov::OutputVector{flat, zeros}, 0);
         }
-        Val cur = slice(flat, start, std::make_shared<op::v1::Add>(start, len), 0);
+        Val cur = need > have ? slice(flat, start, std::make_shared<op::v1::Add>(start, len), 0)
+                              : window(s, flat, start, std::make_shared<op::v1::Add>(start, len));
         cur = reshape(cur,
                       std::make_shared<op::v0::Concat>(ov::OutputVector{n_outer, i64c(inner)}, 0));
         for (size_t j = 1; j < ds.size(); j++) {
@@ -204,6 +241,7 @@ struct Tr {
         Val flat = reshape(store(s), i64c({-1}));
         Val upd = std::make_shared<op::v3::ScatterUpdate>(flat, flat_index, vals, i64s(0));
         storage[s] = reshape(upd, shape4(s));
+        writes[s].push_back({flat_index, vals});
         auto li = leaf_index.find(s);
         if (li != leaf_index.end()) {
             results.push_back(std::make_shared<op::v0::Result>(flat_index));
@@ -379,8 +417,15 @@ Status tr_get_rows(Tr& tr, const Tensor* t) {
     const Tensor* A = t->src[0];
     // Rows of all matrices as one [A3*A2*A1, A0] table, indexed by row + (k*A2 + j)*A1: a
     // plain gather (the CPU plugin crashes on some Gathers with batch dims).
-    Val a = reshape(
-        tr.v(A), std::make_shared<op::v0::Concat>(ov::OutputVector{i64c({-1}), tr.dim(A, 0)}, 0));
+    Val a;
+    if (A->extra && is_weight(A) && A->ne[2] == 1 && A->ne[3] == 1) {
+        // A converted weight straight into the Gather (no reshape between), the pattern the CPU
+        // plugin gathers from compressed rows with instead of folding the table into f32.
+        a = tr.matrix(A);
+    } else {
+        a = reshape(tr.v(A), std::make_shared<op::v0::Concat>(
+                                 ov::OutputVector{i64c({-1}), tr.dim(A, 0)}, 0));
+    }
     Val idx = std::make_shared<op::v0::Squeeze>(tr.v(t->src[1]), i64c({0}));  // [I2, I1, I0]
     if (A->ne[2] > 1 || A->ne[3] > 1) {
         if (A->dim_sym[1] || A->dim_sym[2] || A->dim_sym[3]) {
@@ -475,7 +520,7 @@ Status tr_mul_mat(Tr& tr, const Tensor* t) {
     Val a = tr.vf(A);
     if (A->extra && is_weight(A) && A->ne[2] == 1 && A->ne[3] == 1) {
         // A converted weight straight into the product, as the plugin's pattern wants it.
-        a = weight_node(A, *static_cast<const PreparedWeight*>(A->extra), true);
+        a = tr.matrix(A);
     } else if (A->ne[2] == 1 && A->ne[3] == 1 && !A->dim_sym[2] && !A->dim_sym[3]) {
         // A plain matrix (a weight): 2-D, so the plugin sees a fully connected layer.
         a = reshape(
@@ -661,6 +706,54 @@ const Translator& translator(Op op) {
     return kTranslators[static_cast<size_t>(op)];
 }
 
+// The symbol of the dynamic row count every reader of leaf s stays within, when s is a matrix
+// that this graph only writes rows into (SET_ROWS) and reads through views that start at its
+// first row and span whole rows up to that many (the attention's K and V views of a KV cache);
+// 0 otherwise. Such a leaf is bound by those rows only: the plugin then reads (and converts,
+// for f16) the attended window of the cache, not all of it.
+int window_symbol(const Graph& g, const Tensor* s) {
+    if (s->ne[2] != 1 || s->ne[3] != 1 || !s->is_contiguous() || !plain(s->type)) return 0;
+    for (int d = 0; d < kMaxDims; d++) {
+        if (s->dim_sym[d] != kDimFixed) return 0;
+    }
+    const size_t es = type_size(s->type);
+    int symbol = 0;
+    bool written = false;
+    for (const Tensor* n : g.nodes) {
+        // Nodes reading s other than through one of its views (whose value is windowed).
+        bool refers = n->storage() == s;
+        for (int i = 0; i < kMaxSrc && !refers; i++) {
+            refers = n->src[i] && n->src[i]->storage() == s && n->src[i]->op != Op::VIEW;
+        }
+        if (!refers) continue;
+        if (n->op == Op::SET_ROWS && n->src[0] == s && n->view_offs == 0) {
+            written = true;
+            continue;
+        }
+        if (n->op != Op::VIEW || n->storage() != s || n->view_offs != 0) return 0;
+        // The outermost stepped dim walks whole rows over a dynamic extent; the others stay
+        // inside one row.
+        int outer = -1;
+        for (int d = 0; d < kMaxDims; d++) {
+            if (n->nb[d] == s->nb[1] && n->dim_sym[d] != kDimFixed) outer = d;
+        }
+        if (outer < 0 || (symbol && n->dim_sym[outer] != symbol)) return 0;
+        size_t inner = es;
+        for (int d = 0; d < kMaxDims; d++) {
+            if (d == outer) continue;
+            if (n->dim_sym[d] != kDimFixed) return 0;
+            inner += static_cast<size_t>(n->ne[d] - 1) * n->nb[d];
+        }
+        if (inner > s->nb[1]) return 0;
+        symbol = n->dim_sym[outer];
+    }
+    // Readers of the SET_ROWS results other than those views (e.g. an output) see all rows.
+    for (const Tensor* n : g.nodes) {
+        if (n->storage() == s && n->op == Op::SET_ROWS && g.is_output(n)) return 0;
+    }
+    return written ? symbol : 0;
+}
+
 }  // namespace
 
 bool translatable(const Tensor* node, std::string* why) {
@@ -717,6 +810,18 @@ Expected<ModelPlan> translate_graph(const Graph& g) {
         for (int d = 0; d < kMaxDims; d++) {
             if (t->dim_sym[d] != kDimFixed)
                 ps[static_cast<size_t>(3 - d)] = ov::Dimension::dynamic();
+        }
+        if (const int w = window_symbol(g, t)) {
+            // Its first rows only (a KV cache: the attended window), bound in place per run.
+            ps[2] = ov::Dimension::dynamic();
+            auto p = std::make_shared<op::v0::Parameter>(ov_type(t->type), ps);
+            p->set_friendly_name(std::string("leaf_") + std::to_string(i));
+            tr.params.push_back(p);
+            ModelPlan::Input in{ModelPlan::Input::Leaf, static_cast<int>(i), 0};
+            in.window = w;
+            tr.plan.inputs.push_back(in);
+            tr.val[t] = p;
+            continue;
         }
         const bool deq = !plain(t->type);
         auto p = std::make_shared<op::v0::Parameter>(deq ? ov::element::f32 : ov_type(t->type), ps);

@@ -27,6 +27,9 @@ struct ModelPlan {
         enum Kind { Leaf, DequantLeaf, Symbol, StridedLeaf } kind = Leaf;
         int leaf = -1;  // index in Graph::leafs (Leaf, DequantLeaf, StridedLeaf: its bytes, flat)
         int sym = 0;    // DimSymbol (Symbol)
+        // Leaf bound by its first rows only: rows = the size of DimSymbol `window` this run
+        // (a KV cache whose every reader is the attended window; 0: the whole leaf).
+        int window = 0;
     };
     std::vector<Input> inputs;
     // What each result (model->get_results() order) is copied into.

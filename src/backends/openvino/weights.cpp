@@ -1,6 +1,10 @@
 // Weight conversion at load time (see weights.h).
 #include "backends/openvino/weights.h"
 
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <openvino/core/shape.hpp>
 #include <openvino/op/constant.hpp>
@@ -9,61 +13,173 @@
 #include <openvino/op/reshape.hpp>
 #include <openvino/op/subtract.hpp>
 
+#include "core/quants.h"
+
 namespace ferry::openvino {
 
 namespace {
 
-Expected<std::unique_ptr<PreparedWeight>> prepare_q4_0(const Tensor* t) {
-    auto w = std::make_unique<PreparedWeight>();
-    w->kind = PreparedWeight::U4;
-    w->group = kQK4_0;
-    w->zero_point = 8;
-    const int64_t n = t->nelements();
-    const int64_t nb = n / kQK4_0;
-    w->values.assign(static_cast<size_t>(n / 2), 0);
-    w->scales.resize(static_cast<size_t>(nb));
-    const auto* blocks = static_cast<const BlockQ4_0*>(t->data);
-    for (int64_t b = 0; b < nb; b++) {
-        const BlockQ4_0& q = blocks[b];
-        w->scales[static_cast<size_t>(b)] = q.d;
-        // GGUF keeps element j in the low nibble and j + 16 in the high nibble of byte j;
-        // OpenVINO's u4 packs consecutive elements, the first in the low bits.
-        uint8_t* out = &w->values[static_cast<size_t>(b * kQK4_0 / 2)];
-        for (int j = 0; j < kQK4_0; j++) {
-            const uint8_t v = j < 16 ? (q.qs[j] & 0x0F) : (q.qs[j - 16] >> 4);
-            out[j / 2] |= static_cast<uint8_t>(j % 2 == 0 ? v : v << 4);
-        }
-    }
-    return w;
+constexpr size_t kAlign = 64;  // what the CPU plugin needs to use a constant's memory in place
+
+size_t round_up(size_t n) {
+    return (n + kAlign - 1) / kAlign * kAlign;
 }
 
-Expected<std::unique_ptr<PreparedWeight>> prepare_q8_0(const Tensor* t) {
-    auto w = std::make_unique<PreparedWeight>();
-    w->kind = PreparedWeight::I8;
-    w->group = kQK8_0;
-    const int64_t n = t->nelements();
-    const int64_t nb = n / kQK8_0;
-    w->values.resize(static_cast<size_t>(n));
-    w->scales.resize(static_cast<size_t>(nb));
-    const auto* blocks = static_cast<const BlockQ8_0*>(t->data);
-    for (int64_t b = 0; b < nb; b++) {
-        w->scales[static_cast<size_t>(b)] = blocks[b].d;
-        std::memcpy(&w->values[static_cast<size_t>(b * kQK8_0)], blocks[b].qs, kQK8_0);
+// A weight being converted: its arrays in one 64-byte aligned allocation (values, scales, zero
+// points, each starting on a 64-byte boundary).
+struct Builder {
+    std::unique_ptr<PreparedWeight> w = std::make_unique<PreparedWeight>();
+    uint8_t* values = nullptr;
+    fp16_t* scales = nullptr;
+    fp16_t* zeros = nullptr;
+    size_t value_bytes = 0, scale_bytes = 0;
+
+    Status init(const Tensor* t, PreparedWeight::Kind kind, int64_t group, bool with_zeros) {
+        const size_t n = static_cast<size_t>(t->nelements());
+        w->kind = kind;
+        w->group = group;
+        value_bytes = kind == PreparedWeight::U4 ? n / 2 : kind == PreparedWeight::F16 ? n * 2 : n;
+        scale_bytes = kind == PreparedWeight::F16 ? 0 : n / static_cast<size_t>(group) * 2;
+        const size_t zoff = round_up(round_up(value_bytes) + scale_bytes);
+        const size_t total = std::max(round_up(zoff + (with_zeros ? scale_bytes : 0)), kAlign);
+        void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
+            return Status::errorf(ErrorCode::OutOfMemory,
+                                  "OPENVINO: cannot allocate %zu bytes to convert '%s'", total,
+                                  t->name);
+        }
+        // (fresh pages are zero: u4 values are OR-ed in)
+        w->owned = std::unique_ptr<uint8_t, PreparedWeight::Pages>(static_cast<uint8_t*>(p),
+                                                                   PreparedWeight::Pages{total});
+        w->owned_bytes = total;
+        values = w->owned.get();
+        scales = reinterpret_cast<fp16_t*>(values + round_up(value_bytes));
+        zeros = with_zeros ? reinterpret_cast<fp16_t*>(values + zoff) : nullptr;
+        w->values = values;
+        w->scales = kind == PreparedWeight::F16 ? nullptr : scales;
+        w->zeros = zeros;
+        return Status::ok();
     }
-    return w;
+    void put_u4(size_t e, uint8_t v) { values[e / 2] |= static_cast<uint8_t>(e % 2 ? v << 4 : v); }
+};
+
+// x = s * (q - zero) for a group whose reference is x = s * q - m; a group whose scale is 0
+// (every element is -m) becomes q = 1, zero 0, scale -m. False when the zero point does not fit
+// an f16.
+bool scale_zero(float s, float m, fp16_t* scale, fp16_t* zero, bool* all_one) {
+    *all_one = s == 0.0f;
+    if (*all_one) {
+        *scale = fp32_to_fp16(-m);
+        *zero = fp32_to_fp16(0.0f);
+        return true;
+    }
+    *scale = fp32_to_fp16(s);
+    *zero = fp32_to_fp16(m / s);
+    return std::isfinite(fp16_to_fp32(*zero)) && std::isfinite(fp16_to_fp32(*scale));
+}
+
+Expected<std::unique_ptr<PreparedWeight>> prepare_q4_0(Builder& b, const Tensor* t) {
+    FERRY_TRY(b.init(t, PreparedWeight::U4, kQK4_0, false));
+    b.w->zero_point = 8;
+    const int64_t nb = t->nelements() / kQK4_0;
+    const auto* blocks = static_cast<const BlockQ4_0*>(t->data);
+    for (int64_t i = 0; i < nb; i++) {
+        const BlockQ4_0& q = blocks[i];
+        b.scales[i] = q.d;
+        // GGUF keeps element j in the low nibble and j + 16 in the high nibble of byte j;
+        // OpenVINO's u4 packs consecutive elements, the first in the low bits.
+        for (int j = 0; j < kQK4_0; j++) {
+            const uint8_t v = j < 16 ? (q.qs[j] & 0x0F) : (q.qs[j - 16] >> 4);
+            b.put_u4(static_cast<size_t>(i * kQK4_0 + j), v);
+        }
+    }
+    return std::move(b.w);
+}
+
+Expected<std::unique_ptr<PreparedWeight>> prepare_q8_0(Builder& b, const Tensor* t) {
+    FERRY_TRY(b.init(t, PreparedWeight::I8, kQK8_0, false));
+    const int64_t nb = t->nelements() / kQK8_0;
+    const auto* blocks = static_cast<const BlockQ8_0*>(t->data);
+    for (int64_t i = 0; i < nb; i++) {
+        b.scales[i] = blocks[i].d;
+        std::memcpy(b.values + i * kQK8_0, blocks[i].qs, kQK8_0);
+    }
+    return std::move(b.w);
+}
+
+// Q4_1: x = d * q + m per 32: u4 values, scale d, zero point -m / d.
+Expected<std::unique_ptr<PreparedWeight>> prepare_q4_1(Builder& b, const Tensor* t) {
+    FERRY_TRY(b.init(t, PreparedWeight::U4, kQK4_1, true));
+    const int64_t nb = t->nelements() / kQK4_1;
+    const auto* blocks = static_cast<const BlockQ4_1*>(t->data);
+    for (int64_t i = 0; i < nb; i++) {
+        const BlockQ4_1& q = blocks[i];
+        bool one = false;
+        if (!scale_zero(fp16_to_fp32(q.d), -fp16_to_fp32(q.m), &b.scales[i], &b.zeros[i], &one))
+            return Status::errorf(ErrorCode::Unsupported, "zero point out of f16 range");
+        for (int j = 0; j < kQK4_1; j++) {
+            const uint8_t v = j < 16 ? (q.qs[j] & 0x0F) : (q.qs[j - 16] >> 4);
+            b.put_u4(static_cast<size_t>(i * kQK4_1 + j), one ? 1 : v);
+        }
+    }
+    return std::move(b.w);
+}
+
+// Q4_K / Q5_K: x = (d * sc) * q - dmin * mn per 32: u4 / u8 values, scale d * sc, zero point
+// dmin * mn / (d * sc).
+template <typename Block, void (*Unpack)(const Block&, uint8_t*, uint8_t*, uint8_t*)>
+Expected<std::unique_ptr<PreparedWeight>> prepare_kq(Builder& b, const Tensor* t,
+                                                     PreparedWeight::Kind kind) {
+    FERRY_TRY(b.init(t, kind, 32, true));
+    const int64_t nb = t->nelements() / kQK_K;
+    const auto* blocks = static_cast<const Block*>(t->data);
+    uint8_t q[kQK_K], sc[8], mn[8];
+    for (int64_t i = 0; i < nb; i++) {
+        Unpack(blocks[i], q, sc, mn);
+        const float d = fp16_to_fp32(blocks[i].d), dmin = fp16_to_fp32(blocks[i].dmin);
+        for (int j = 0; j < 8; j++) {
+            const size_t g = static_cast<size_t>(i * 8 + j);
+            bool one = false;
+            if (!scale_zero(d * static_cast<float>(sc[j]), dmin * static_cast<float>(mn[j]),
+                            &b.scales[g], &b.zeros[g], &one))
+                return Status::errorf(ErrorCode::Unsupported, "zero point out of f16 range");
+            for (int l = 0; l < 32; l++) {
+                const size_t e = g * 32 + static_cast<size_t>(l);
+                const uint8_t v = one ? 1 : q[32 * j + l];
+                if (kind == PreparedWeight::U4) {
+                    b.put_u4(e, v);
+                } else {
+                    b.values[e] = v;
+                }
+            }
+        }
+    }
+    return std::move(b.w);
+}
+
+// Q6_K: x = (d * scale) * q per 16, q in [-32, 31]: i8 values, scale d * scale.
+Expected<std::unique_ptr<PreparedWeight>> prepare_q6_k(Builder& b, const Tensor* t) {
+    FERRY_TRY(b.init(t, PreparedWeight::I8, 16, false));
+    const int64_t nb = t->nelements() / kQK_K;
+    const auto* blocks = static_cast<const BlockQ6_K*>(t->data);
+    for (int64_t i = 0; i < nb; i++) {
+        quants::unpack_q6_k(blocks[i], reinterpret_cast<int8_t*>(b.values + i * kQK_K));
+        const float d = fp16_to_fp32(blocks[i].d);
+        for (int g = 0; g < kQK_K / 16; g++)
+            b.scales[i * 16 + g] = fp32_to_fp16(d * static_cast<float>(blocks[i].scales[g]));
+    }
+    return std::move(b.w);
 }
 
 // Every other block format: dequantized with the reference dequantizer into f16 (its rounding,
 // 2^-11 relative, is far below any of these formats' quantization steps).
-Expected<std::unique_ptr<PreparedWeight>> prepare_f16(const Tensor* t) {
+Expected<std::unique_ptr<PreparedWeight>> prepare_f16(Builder& b, const Tensor* t) {
     const TypeTraits& tr = type_traits(t->type);
     if (!tr.to_float) return Status::errorf("OPENVINO: no dequantizer for %s", tr.name);
-    auto w = std::make_unique<PreparedWeight>();
-    w->kind = PreparedWeight::F16;
+    FERRY_TRY(b.init(t, PreparedWeight::F16, 1, false));
     const int64_t n0 = t->ne[0], rows = t->nrows();
-    w->values.resize(static_cast<size_t>(t->nelements()) * 2);
     std::vector<float> row(static_cast<size_t>(n0));
-    auto* out = reinterpret_cast<fp16_t*>(w->values.data());
+    auto* out = reinterpret_cast<fp16_t*>(b.values);
     const size_t rb = t->row_bytes();
     for (int64_t r = 0; r < rows; r++) {
         tr.to_float(static_cast<const uint8_t*>(t->data) + static_cast<size_t>(r) * rb, row.data(),
@@ -71,23 +187,104 @@ Expected<std::unique_ptr<PreparedWeight>> prepare_f16(const Tensor* t) {
         for (int64_t i = 0; i < n0; i++)
             out[r * n0 + i] = fp32_to_fp16(row[static_cast<size_t>(i)]);
     }
-    return w;
+    return std::move(b.w);
+}
+
+Expected<std::unique_ptr<PreparedWeight>> low_bit(Builder& b, const Tensor* t) {
+    switch (t->type) {
+        case Type::Q4_0:
+            return prepare_q4_0(b, t);
+        case Type::Q8_0:
+            return prepare_q8_0(b, t);
+        case Type::Q4_1:
+            return prepare_q4_1(b, t);
+        case Type::Q4_K:
+            return prepare_kq<BlockQ4_K, quants::unpack_q4_k>(b, t, PreparedWeight::U4);
+        case Type::Q5_K:
+            return prepare_kq<BlockQ5_K, quants::unpack_q5_k>(b, t, PreparedWeight::U8);
+        case Type::Q6_K:
+            return prepare_q6_k(b, t);
+        default:
+            return Status::errorf(ErrorCode::Unsupported, "no low-bit form");
+    }
+}
+
+Expected<std::unique_ptr<PreparedWeight>> convert(const Tensor* t) {
+    Builder b;
+    Expected<std::unique_ptr<PreparedWeight>> w = low_bit(b, t);
+    if (w || w.status().code() != ErrorCode::Unsupported) return w;
+    // No low-bit form (or a zero point past f16): f16 values.
+    Builder f;
+    return prepare_f16(f, t);
 }
 
 }  // namespace
 
-Expected<std::unique_ptr<PreparedWeight>> prepare_weight(const Tensor* t) {
+void PreparedWeight::Pages::operator()(uint8_t* p) const {
+    if (p) munmap(p, bytes);
+}
+
+Expected<std::unique_ptr<PreparedWeight>> prepare_weight(Tensor* t, bool in_place) {
     if (!t->data) return Status::errorf("OPENVINO: weight '%s' has no host memory", t->name);
     if (!t->is_contiguous())
         return Status::errorf("OPENVINO: weight '%s' is not contiguous", t->name);
-    switch (t->type) {
-        case Type::Q4_0:
-            return prepare_q4_0(t);
-        case Type::Q8_0:
-            return prepare_q8_0(t);
-        default:
-            return prepare_f16(t);
+    Expected<std::unique_ptr<PreparedWeight>> w = convert(t);
+    if (!w) return w;
+    PreparedWeight& p = **w;
+    // In place where the converted arrays fill exactly the blocks' bytes and stay aligned
+    // (Q4_0, Q8_0; the others are lossy to rebuild or larger than their blocks).
+    const size_t vb = p.kind == PreparedWeight::U4 ? static_cast<size_t>(t->nelements()) / 2
+                                                   : static_cast<size_t>(t->nelements());
+    const size_t sb = static_cast<size_t>(t->nelements() / p.group) * 2;
+    if (in_place && (t->type == Type::Q4_0 || t->type == Type::Q8_0) && vb + sb == t->nbytes() &&
+        vb % kAlign == 0 && reinterpret_cast<uintptr_t>(t->data) % kAlign == 0) {
+        auto* dst = static_cast<uint8_t*>(t->data);
+        std::memcpy(dst, p.values, vb);
+        std::memcpy(dst + vb, p.scales, sb);
+        p.values = dst;
+        p.scales = reinterpret_cast<const fp16_t*>(dst + vb);
+        p.owned.reset();
+        p.owned_bytes = 0;
+        p.in_place = true;
     }
+    return w;
+}
+
+Status restore_blocks(const Tensor* t, const PreparedWeight& w, size_t offset, size_t size,
+                      void* dst) {
+    if (!w.in_place) return Status::errorf("OPENVINO: '%s' was not converted in place", t->name);
+    const size_t bs = type_size(t->type);
+    const size_t nb = static_cast<size_t>(t->nelements() / w.group);
+    if (offset + size > nb * bs)
+        return Status::errorf("OPENVINO: range past the blocks of '%s'", t->name);
+    auto* out = static_cast<uint8_t*>(dst);
+    uint8_t block[64];
+    for (size_t i = offset / bs; size > 0 && i < nb; i++) {
+        if (t->type == Type::Q4_0) {
+            BlockQ4_0 q;
+            q.d = w.scales[i];
+            for (int j = 0; j < 16; j++) {
+                const uint8_t lo = w.values[i * 16 + static_cast<size_t>(j) / 2];
+                const uint8_t hi = w.values[i * 16 + 8 + static_cast<size_t>(j) / 2];
+                const uint8_t a = j % 2 ? lo >> 4 : lo & 0x0F;
+                const uint8_t c = j % 2 ? hi >> 4 : hi & 0x0F;
+                q.qs[j] = static_cast<uint8_t>(a | c << 4);
+            }
+            std::memcpy(block, &q, sizeof q);
+        } else {
+            BlockQ8_0 q;
+            q.d = w.scales[i];
+            std::memcpy(q.qs, w.values + i * kQK8_0, kQK8_0);
+            std::memcpy(block, &q, sizeof q);
+        }
+        const size_t from = offset > i * bs ? offset - i * bs : 0;
+        const size_t n = std::min(bs - from, size);
+        std::memcpy(out, block + from, n);
+        out += n;
+        size -= n;
+        offset += n;
+    }
+    return Status::ok();
 }
 
 ov::Output<ov::Node> weight_node(const Tensor* t, const PreparedWeight& w, bool matrix) {
@@ -96,28 +293,32 @@ ov::Output<ov::Node> weight_node(const Tensor* t, const PreparedWeight& w, bool 
                            ? Shape{static_cast<size_t>(t->nrows()), static_cast<size_t>(t->ne[0])}
                            : Shape{static_cast<size_t>(t->ne[3]), static_cast<size_t>(t->ne[2]),
                                    static_cast<size_t>(t->ne[1]), static_cast<size_t>(t->ne[0])};
-    // The constants share the converted memory (no copy here; the plugin may repack it).
+    // The constants share the converted memory (64-byte aligned: the plugin uses it in place).
     auto share = [](element::Type et, const Shape& s, const void* p) {
         return std::make_shared<op::v0::Constant>(ov::Tensor(et, s, const_cast<void*>(p)));
     };
     Output<Node> v;
     if (w.kind == PreparedWeight::F16) {
-        v = share(element::f16, full, w.values.data());
+        v = share(element::f16, full, w.values);
     } else {
         const size_t n = static_cast<size_t>(t->nelements());
         const size_t g = static_cast<size_t>(w.group);
         const size_t rows = static_cast<size_t>(t->nrows());
         const Shape grouped{rows, n / rows / g, g};
-        Output<Node> q = share(w.kind == PreparedWeight::U4 ? element::u4 : element::i8, grouped,
-                               w.values.data());
+        const Shape per_group{rows, n / rows / g, 1};
+        const element::Type et = w.kind == PreparedWeight::U4   ? element::u4
+                                 : w.kind == PreparedWeight::U8 ? element::u8
+                                                                : element::i8;
+        Output<Node> q = share(et, grouped, w.values);
         q = std::make_shared<op::v0::Convert>(q, element::f16);
-        if (w.kind == PreparedWeight::U4) {
-            auto zp = op::v0::Constant::create(element::u4, Shape{}, {w.zero_point});
+        if (w.zeros) {
+            q = std::make_shared<op::v1::Subtract>(q, share(element::f16, per_group, w.zeros));
+        } else if (w.zero_point >= 0) {
+            auto zp = op::v0::Constant::create(et, Shape{}, {w.zero_point});
             q = std::make_shared<op::v1::Subtract>(
                 q, std::make_shared<op::v0::Convert>(zp, element::f16));
         }
-        auto sc = share(element::f16, Shape{rows, n / rows / g, 1}, w.scales.data());
-        q = std::make_shared<op::v1::Multiply>(q, sc);
+        q = std::make_shared<op::v1::Multiply>(q, share(element::f16, per_group, w.scales));
         std::vector<int64_t> dims;
         for (size_t d : full) dims.push_back(static_cast<int64_t>(d));
         auto shape = op::v0::Constant::create(element::i64, Shape{dims.size()}, dims);
