@@ -205,6 +205,25 @@ TEST(OpenVino, DeclinedOpRunsOnTheCpu) {
 }
 #endif
 
+// Weights converted by prepare_weights (q8_0 and q4_0 in place, q6_k apart with its blocks
+// given back) are not GGUF blocks any more: even when the products and row gathers are
+// declined, the ops that read those weights stay on OpenVINO (the CPU would compute on the
+// converted bytes), and the logits are the undeclined run's.
+TEST(OpenVino, OpsOnConvertedWeightsAreNeverSentToTheCpu) {
+    REQUIRE_OV();
+    for (const char* enc : {"q8_0", "q4_0", "q6_k"}) {
+        SCOPED_TRACE(enc);
+        const Metrics base = measure(enc, Type::F16, ov_cpu());
+        ASSERT_TRUE(base.ok);
+        openvino::set_declined_ops({Op::MUL_MAT, Op::GET_ROWS});
+        const Metrics declined = measure(enc, Type::F16, ov_cpu());
+        openvino::set_declined_ops({});
+        ASSERT_TRUE(declined.ok);
+        EXPECT_EQ(declined.nmse_max, base.nmse_max);
+        EXPECT_EQ(declined.kl_mean, base.kl_mean);
+    }
+}
+
 // A node the translators lack, computed on the device directly, fails naming the op; the
 // backend keeps working afterwards.
 TEST(OpenVino, UntranslatableNodeFailsNamingTheOp) {

@@ -488,6 +488,14 @@ class OvDevice : public Device {
     BufferType* buffer_type() override { return &bt_; }
     bool supports_op(const Tensor* node) override {
         if (node->op == Op::NONE) return true;
+        // A weight this device converted (prepare_weights) no longer holds its GGUF blocks
+        // where another device would read them (converted in place, or its pages given back):
+        // an op reading one stays here whatever else is said, so it is translated or fails
+        // naming the op, never computed by the CPU from the converted bytes.
+        for (int i = 0; i < kMaxSrc; i++) {
+            const Tensor* s = node->src[i] ? node->src[i]->storage() : nullptr;
+            if (s && s->extra && dynamic_cast<const OvBuffer*>(s->buffer)) return true;
+        }
         if (g_declined.load() & (uint64_t{1} << static_cast<unsigned>(node->op))) return false;
         return translatable(node);
     }
