@@ -157,7 +157,15 @@ struct IvshmemServer::Link {
             }
             const uint64_t avail = head - req_tail;
             if (avail == 0) {
-                if (st = keep_waiting(idle_ok && got == 0 && !has_deadline); !st) break;
+                if (st = keep_waiting(idle_ok && got == 0 && !has_deadline); !st) {
+                    // Bytes the client published before it left come first (it writes the
+                    // head, then detaches): look once more before reporting the end.
+                    if (win.word(kReqHead).load(std::memory_order_acquire) != req_tail) {
+                        st = Status::ok();
+                        continue;
+                    }
+                    break;
+                }
                 bo.wait();
                 continue;
             }
