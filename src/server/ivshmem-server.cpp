@@ -143,6 +143,7 @@ struct IvshmemServer::Link {
         size_t got = 0;
         Backoff bo;
         Status st;
+        bool rechecked = false;
         if (!idle_ok) start_frame();
         while (got < n) {
             const uint64_t head = win.word(kReqHead).load(std::memory_order_acquire);
@@ -158,9 +159,13 @@ struct IvshmemServer::Link {
             const uint64_t avail = head - req_tail;
             if (avail == 0) {
                 if (st = keep_waiting(idle_ok && got == 0 && !has_deadline); !st) {
-                    // Bytes the client published before it left come first (it writes the
-                    // head, then detaches): look once more before reporting the end.
-                    if (win.word(kReqHead).load(std::memory_order_acquire) != req_tail) {
+                    // Bytes the client published before it detached come first (it writes the
+                    // head, then detaches): look once more, once, before reporting the end
+                    // (only once: a detached client that goes on writing must not outlast the
+                    // frame deadline).
+                    if (left && !rechecked &&
+                        win.word(kReqHead).load(std::memory_order_acquire) != req_tail) {
+                        rechecked = true;
                         st = Status::ok();
                         continue;
                     }
