@@ -21,12 +21,7 @@ using remote::Header;
 
 namespace {
 
-// Payload bytes taken per step: a frame's private buffer grows only as its bytes arrive, so a
-// header announcing a large frame costs nothing until the bytes are there.
-constexpr size_t kReadStep = 4u << 20;
 constexpr size_t kKeepBytes = 16u << 20;  // frame buffer a session keeps between requests
-constexpr uint64_t kDirectMin = 256u << 10;
-constexpr uint64_t kSetPrefix = 24;
 
 Reply error_reply(const std::string& msg) {
     Reply r;
@@ -362,18 +357,7 @@ void IvshmemServer::serve_frames(Link& io, Session& session, std::string* why) {
         *why = msg;
         (void)io.reply(h, error_reply(msg));
     };
-    std::unique_ptr<uint8_t[]> buf;
-    size_t cap = 0;
-    // Makes room for n bytes, keeping the first `keep` (grows geometrically).
-    auto ensure = [&](size_t n, size_t keep, size_t limit) {
-        if (n <= cap) return;
-        size_t c = std::max<size_t>(cap * 2, 64u << 10);
-        c = std::max(std::min(c, limit), n);
-        std::unique_ptr<uint8_t[]> q(new uint8_t[c]);
-        if (keep) std::memcpy(q.get(), buf.get(), keep);
-        buf = std::move(q);
-        cap = c;
-    };
+    FrameBuffer payload;
     Reply reply;
     for (;;) {
         uint8_t hdr[remote::kHeaderSize];
@@ -399,13 +383,13 @@ void IvshmemServer::serve_frames(Link& io, Session& session, std::string* why) {
         // data is copied from the ring straight into the buffer (no staging copy).
         if (h.cmd == static_cast<uint16_t>(remote::Cmd::TENSOR_SET) && h.flags == 0 &&
             h.len >= kSetPrefix + kDirectMin) {
-            ensure(kSetPrefix, 0, static_cast<size_t>(h.len));
-            if (rst = io.read(buf.get(), kSetPrefix, false); !rst) {
+            payload.ensure(kSetPrefix, static_cast<size_t>(h.len));
+            if (rst = io.read(payload.data(), kSetPrefix, false); !rst) {
                 fatal(h, "truncated frame: TENSOR_SET prefix: " + rst.message());
                 break;
             }
             got = kSetPrefix;
-            if (uint8_t* dst = session.direct_set_target(buf.get(), h.len)) {
+            if (uint8_t* dst = session.direct_set_target(payload.data(), h.len)) {
                 rst = io.read(dst, static_cast<size_t>(h.len - kSetPrefix), false);
                 if (!rst) {
                     fatal(h, "truncated frame: TENSOR_SET data: " + rst.message());
@@ -421,10 +405,9 @@ void IvshmemServer::serve_frames(Link& io, Session& session, std::string* why) {
         }
         while (got < h.len) {
             const size_t step = static_cast<size_t>(std::min<uint64_t>(kReadStep, h.len - got));
-            ensure(static_cast<size_t>(got) + step, static_cast<size_t>(got),
-                   static_cast<size_t>(h.len));
+            payload.ensure(static_cast<size_t>(got) + step, static_cast<size_t>(h.len));
             size_t part = 0;
-            rst = io.read(buf.get() + got, step, false, &part);
+            rst = io.read(payload.data() + got, step, false, &part);
             got += part;
             if (!rst) break;
         }
@@ -439,7 +422,7 @@ void IvshmemServer::serve_frames(Link& io, Session& session, std::string* why) {
             reply = error_reply(strfmt("request with flags 0x%x (requests carry none)", h.flags));
         } else {
             try {
-                session.handle(h.cmd, buf.get(), static_cast<size_t>(h.len), &reply);
+                session.handle(h.cmd, payload.data(), static_cast<size_t>(h.len), &reply);
             } catch (const std::exception& e) {
                 reply = error_reply(strfmt("%s: %s", remote::cmd_name(h.cmd), e.what()));
             }
@@ -454,10 +437,7 @@ void IvshmemServer::serve_frames(Link& io, Session& session, std::string* why) {
             *why = "closed after an error";
             break;
         }
-        if (cap > kKeepBytes) {
-            buf.reset();
-            cap = 0;
-        }
+        payload.shrink(kKeepBytes);
     }
 }
 

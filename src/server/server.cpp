@@ -52,49 +52,11 @@ using remote::Socket;
 
 namespace {
 
-// Payload bytes read per step: a frame's buffer grows as its bytes arrive, so a header that
-// announces a large frame costs nothing until the bytes are actually sent.
-constexpr size_t kReadStep = 4u << 20;
 // Frame buffer capacity a session keeps between requests.
 constexpr size_t kKeepBytes = 4u << 20;
 // A frame may exceed what the session's memory budget has left by this much (small requests
 // always pass; the frame buffer is part of the fixed per-session allowance).
 constexpr uint64_t kFrameSlack = 1u << 20;
-// TENSOR_SET data at least this large is received in place (see serve_connection).
-constexpr uint64_t kDirectMin = 256u << 10;
-
-// Uninitialized, geometrically growing storage for one frame's payload.
-class FrameBuffer {
-  public:
-    uint8_t* data() { return p_.get(); }
-    // Makes room for n bytes, keeping those of the previous call, growing towards `limit`.
-    void ensure(size_t n, size_t limit) {
-        if (n <= cap_) {
-            used_ = n;
-            return;
-        }
-        size_t cap = std::max<size_t>(cap_ * 2, 64u << 10);
-        cap = std::max(std::min(cap, limit), n);
-        std::unique_ptr<uint8_t[]> q(new uint8_t[cap]);
-        if (used_) std::memcpy(q.get(), p_.get(), used_);
-        p_ = std::move(q);
-        cap_ = cap;
-        used_ = n;
-    }
-    void shrink(size_t keep) {
-        used_ = 0;
-        if (cap_ > keep) {
-            p_.reset();
-            cap_ = 0;
-        }
-    }
-
-  private:
-    std::unique_ptr<uint8_t[]> p_;
-    size_t cap_ = 0;
-    size_t used_ = 0;
-};
-
 void write_reply_header(uint8_t* hdr, const Header& req, const Reply& r, size_t len) {
     Header h;
     h.cmd = req.cmd;
@@ -277,7 +239,6 @@ void serve_session(Socket& sock, Stream& io, Session& session, const ServerOptio
         uint64_t got = 0;
         // Bulk TENSOR_SET into host-addressable memory: once its 24-byte prefix checks out,
         // the data is received straight into the buffer (no staging copy).
-        constexpr uint64_t kSetPrefix = 24;
         if (h.cmd == static_cast<uint16_t>(remote::Cmd::TENSOR_SET) && h.flags == 0 &&
             h.len >= kSetPrefix + kDirectMin) {
             payload.ensure(kSetPrefix, static_cast<size_t>(h.len));

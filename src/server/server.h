@@ -3,7 +3,10 @@
 // and with it every buffer it allocated, freed.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -36,6 +39,48 @@ struct ConnectionLimits {
 
 // Largest frame accepted before HELLO succeeds (a HELLO is 4 + 8 + 4 + token bytes).
 constexpr uint64_t kMaxHelloFrame = 4096;
+
+// Payload bytes read per step: a frame's buffer grows as its bytes arrive, so a header that
+// announces a large frame costs nothing until the bytes are actually sent.
+constexpr size_t kReadStep = 4u << 20;
+// TENSOR_SET data at least this large is received in place, once its prefix (u64 handle,
+// offset, size: kSetPrefix bytes) checks out.
+constexpr uint64_t kDirectMin = 256u << 10;
+constexpr uint64_t kSetPrefix = 24;
+
+// Uninitialized, geometrically growing storage for one frame's payload (every transport's
+// server stages frames in one).
+class FrameBuffer {
+  public:
+    uint8_t* data() { return p_.get(); }
+    // Makes room for n bytes, keeping those of the previous call, growing towards `limit`.
+    void ensure(size_t n, size_t limit) {
+        if (n <= cap_) {
+            used_ = n;
+            return;
+        }
+        size_t cap = std::max<size_t>(cap_ * 2, 64u << 10);
+        cap = std::max(std::min(cap, limit), n);
+        std::unique_ptr<uint8_t[]> q(new uint8_t[cap]);
+        if (used_) std::memcpy(q.get(), p_.get(), used_);
+        p_ = std::move(q);
+        cap_ = cap;
+        used_ = n;
+    }
+    // Between frames: forgets the bytes, and frees the storage if it is larger than `keep`.
+    void shrink(size_t keep) {
+        used_ = 0;
+        if (cap_ > keep) {
+            p_.reset();
+            cap_ = 0;
+        }
+    }
+
+  private:
+    std::unique_ptr<uint8_t[]> p_;
+    size_t cap_ = 0;
+    size_t used_ = 0;
+};
 
 // The checks every transport makes on a frame header it has copied into private memory, with
 // the error a client is told. check_frame: the magic and the payload limit (a stream cannot be
