@@ -176,4 +176,33 @@ inline std::string peer_name(const ::testing::TestParamInfo<Peer>& i) {
     return i.param.enc;
 }
 
+// With RMS_NORM declined by `dev` (through the backend's test hook `set_declined`), every layer
+// splits between `dev` and the CPU, and the F32 model with an F32 KV cache still matches the
+// oracle to NMSE 1e-8. Printed under `tag`.
+inline void expect_declined_rms_norm_runs_on_the_cpu(Device* dev,
+                                                     void (*set_declined)(const std::vector<Op>&),
+                                                     const char* tag) {
+    set_declined({Op::RMS_NORM});
+    Tensor probe;
+    probe.op = Op::RMS_NORM;
+    EXPECT_FALSE(dev->supports_op(&probe));
+    const Metrics r = measure("f32", Type::F32, dev);
+    set_declined({});
+    ASSERT_TRUE(r.ok);
+    std::printf("[ %-8s ] f32 kv f32, RMS_NORM on the CPU: nmse max %.2e\n", tag, r.nmse_max);
+    EXPECT_LE(r.nmse_max, 1e-8);
+}
+
+// tiny-llama in encoding p.enc with its weights on `dev` and an F16 KV cache is at least as
+// close to the oracle as the peer: mean KL no larger, top-1 agreement no lower. The figures are
+// printed under `tag`.
+inline void expect_at_least_as_close_as_peer(const Peer& p, Device* dev, const char* tag) {
+    const Metrics r = measure(p.enc, Type::F16, dev);
+    ASSERT_TRUE(r.ok);
+    std::printf("[ %-8s ] %-7s kv f16: nmse max %.2e  top1 min %.3f  KL mean %.2e (peer %.2e)\n",
+                tag, p.enc, r.nmse_max, r.top1_min, r.kl_mean, p.kl_mean);
+    EXPECT_LE(r.kl_mean, p.kl_mean) << p.enc;
+    EXPECT_GE(r.top1_min, p.top1_min - 1e-3) << p.enc;
+}
+
 }  // namespace ferry::test

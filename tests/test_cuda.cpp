@@ -70,14 +70,7 @@ class CudaOracle : public ::testing::TestWithParam<Peer> {};
 
 TEST_P(CudaOracle, AtLeastAsCloseAsPeerWithF16Cache) {
     REQUIRE_GPU();
-    const Peer& p = GetParam();
-    const Metrics r = measure(p.enc, Type::F16, gpu());
-    ASSERT_TRUE(r.ok);
-    std::printf(
-        "[ cuda     ] %-7s kv f16: nmse max %.2e  top1 min %.3f  KL mean %.2e (peer %.2e)\n", p.enc,
-        r.nmse_max, r.top1_min, r.kl_mean, p.kl_mean);
-    EXPECT_LE(r.kl_mean, p.kl_mean) << p.enc;
-    EXPECT_GE(r.top1_min, p.top1_min - 1e-3) << p.enc;
+    expect_at_least_as_close_as_peer(GetParam(), gpu(), "cuda");
 }
 
 INSTANTIATE_TEST_SUITE_P(Encodings, CudaOracle, ::testing::ValuesIn(kPeers), peer_name);
@@ -274,15 +267,7 @@ TEST(Cuda, KQuantLogitsAreExactArithmeticOnTheSameWeights) {
 // logits stay as close to the oracle.
 TEST(Cuda, DeclinedOpFallsBackToTheCpu) {
     REQUIRE_GPU();
-    cuda::set_declined_ops({Op::RMS_NORM});
-    Tensor probe;
-    probe.op = Op::RMS_NORM;
-    EXPECT_FALSE(gpu()->supports_op(&probe));
-    const Metrics r = measure("f32", Type::F32, gpu());
-    cuda::set_declined_ops({});
-    ASSERT_TRUE(r.ok);
-    std::printf("[ cuda     ] f32 kv f32, RMS_NORM on the CPU: nmse max %.2e\n", r.nmse_max);
-    EXPECT_LE(r.nmse_max, 1e-8);
+    expect_declined_rms_norm_runs_on_the_cpu(gpu(), cuda::set_declined_ops, "cuda");
 }
 #endif
 

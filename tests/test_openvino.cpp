@@ -62,14 +62,7 @@ class OpenVinoOracle : public ::testing::TestWithParam<Peer> {};
 
 TEST_P(OpenVinoOracle, AtLeastAsCloseAsPeerWithF16Cache) {
     REQUIRE_OV();
-    const Peer& p = GetParam();
-    const Metrics r = measure(p.enc, Type::F16, ov_cpu());
-    ASSERT_TRUE(r.ok);
-    std::printf(
-        "[ openvino ] %-7s kv f16: nmse max %.2e  top1 min %.3f  KL mean %.2e (peer %.2e)\n", p.enc,
-        r.nmse_max, r.top1_min, r.kl_mean, p.kl_mean);
-    EXPECT_LE(r.kl_mean, p.kl_mean) << p.enc;
-    EXPECT_GE(r.top1_min, p.top1_min - 1e-3) << p.enc;
+    expect_at_least_as_close_as_peer(GetParam(), ov_cpu(), "openvino");
 }
 
 // Every encoding but q5_k_m, which is apart (below).
@@ -193,15 +186,7 @@ TEST(OpenVino, LongGenerationCompilesFewModels) {
 // devices, and the logits stay as close to the oracle.
 TEST(OpenVino, DeclinedOpRunsOnTheCpu) {
     REQUIRE_OV();
-    openvino::set_declined_ops({Op::RMS_NORM});
-    Tensor probe;
-    probe.op = Op::RMS_NORM;
-    EXPECT_FALSE(ov_cpu()->supports_op(&probe));
-    const Metrics r = measure("f32", Type::F32, ov_cpu());
-    openvino::set_declined_ops({});
-    ASSERT_TRUE(r.ok);
-    std::printf("[ openvino ] f32 kv f32, RMS_NORM on the CPU: nmse max %.2e\n", r.nmse_max);
-    EXPECT_LE(r.nmse_max, 1e-8);
+    expect_declined_rms_norm_runs_on_the_cpu(ov_cpu(), openvino::set_declined_ops, "openvino");
 }
 #endif
 
