@@ -879,6 +879,26 @@ TEST(HostileEvents, EventOfAnotherDeviceIsRefused) {
     EXPECT_EQ(s->errors, 0u);
 }
 
+// A frame larger than the session's memory budget has left (--max-memory 64 MiB here) is read
+// and dropped in small pieces, never staged: the server's peak memory does not grow by the
+// frame, the client gets an error naming the limit, and its session carries on. Every
+// transport runs the same frame loop, so the window drops it as a socket does.
+TEST_P(Hostile, AFrameLargerThanTheBudgetIsDroppedNotStaged) {
+    RawClient c = connect_hello();
+    const long hwm0 = srv_.status_kib("VmHWM");
+    ASSERT_GT(hwm0, 0);
+    const size_t frame = 96u << 20;
+    std::vector<uint8_t> p(frame, 0x5a);
+    expect_error(c, Cmd::GRAPH_COMPUTE, p, "exceeds what the session memory limit has left",
+                 "a 96 MiB frame");
+    const long grew_kib = srv_.status_kib("VmHWM") - hwm0;
+    std::printf("[%s] server peak memory +%ld KiB for a %zu MiB frame\n", GetParam().c_str(),
+                grew_kib, frame >> 20);
+    EXPECT_LT(grew_kib, 16 << 10) << "the frame was staged in server memory";
+    auto r = c.request(Cmd::PING, {});
+    EXPECT_TRUE(r.ok && !r.is_error()) << "the session carries on: " << r.message();
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, Hostile, ::testing::Values("unix", "tcp", "ivshmem"));
 
 // ---------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "remote-proto/protocol.h"
+#include "server/frame-loop.h"
 #include "server/server.h"
 
 namespace ferry::server {
@@ -22,14 +23,6 @@ using remote::Header;
 namespace {
 
 constexpr size_t kKeepBytes = 16u << 20;  // frame buffer a session keeps between requests
-
-Reply error_reply(const std::string& msg) {
-    Reply r;
-    r.error = true;
-    wire::Writer w(&r.payload);
-    w.str(msg);
-    return r;
-}
 
 // Magic, version and geometry, from the host's private copies.
 void publish_header(const Window& win, const Geometry& geo) {
@@ -97,6 +90,9 @@ struct IvshmemServer::Link {
                      strfmt("a frame must pass in full within %d ms (--io-timeout)", timeout_ms));
     }
     void end_frame() { has_deadline = false; }
+    // A window has no end to close: a failed read between frames (the guest detached or
+    // stopped) ends the session quietly.
+    bool ended_between_frames() const { return true; }
 
     // Why waiting must stop now (empty: keep waiting). idle: between frames, where only the
     // client's heartbeat must go on.
@@ -350,97 +346,6 @@ bool IvshmemServer::hello(Link& io, Session& session, std::string* why) {
     return true;
 }
 
-// Every frame after the HELLO, until the session ends (*why says how).
-void IvshmemServer::serve_frames(Link& io, Session& session, std::string* why) {
-    // Answers with an error and ends the session (the stream cannot be trusted further).
-    auto fatal = [&](const Header& h, const std::string& msg) {
-        *why = msg;
-        (void)io.reply(h, error_reply(msg));
-    };
-    FrameBuffer payload;
-    Reply reply;
-    for (;;) {
-        uint8_t hdr[remote::kHeaderSize];
-        size_t hdr_got = 0;
-        Status st = io.read(hdr, sizeof(hdr), /*idle_ok=*/true, &hdr_got);
-        if (!st) {
-            if (hdr_got == 0) {
-                *why = st.message();  // between frames: the guest left or stopped
-            } else {
-                fatal(Header{}, "truncated frame header: " + st.message());
-            }
-            break;
-        }
-        // The header is in private memory now: what is checked is what is used.
-        const Header h = remote::read_header(hdr);
-        if (Status st = check_frame(h); !st) {
-            fatal(h, st.message());
-            break;
-        }
-        uint64_t got = 0;
-        Status rst;
-        // Bulk TENSOR_SET into host-addressable memory: once its prefix checks out, the
-        // data is copied from the ring straight into the buffer (no staging copy).
-        if (h.cmd == static_cast<uint16_t>(remote::Cmd::TENSOR_SET) && h.flags == 0 &&
-            h.len >= kSetPrefix + kDirectMin) {
-            payload.ensure(kSetPrefix, static_cast<size_t>(h.len));
-            if (rst = io.read(payload.data(), kSetPrefix, false); !rst) {
-                fatal(h, "truncated frame: TENSOR_SET prefix: " + rst.message());
-                break;
-            }
-            got = kSetPrefix;
-            if (uint8_t* dst = session.direct_set_target(payload.data(), h.len)) {
-                rst = io.read(dst, static_cast<size_t>(h.len - kSetPrefix), false);
-                if (!rst) {
-                    fatal(h, "truncated frame: TENSOR_SET data: " + rst.message());
-                    break;
-                }
-                io.end_frame();
-                if (Status ws = io.reply(h, Reply()); !ws) {
-                    *why = ws.message();
-                    break;
-                }
-                continue;
-            }
-        }
-        while (got < h.len) {
-            const size_t step = static_cast<size_t>(std::min<uint64_t>(kReadStep, h.len - got));
-            payload.ensure(static_cast<size_t>(got) + step, static_cast<size_t>(h.len));
-            size_t part = 0;
-            rst = io.read(payload.data() + got, step, false, &part);
-            got += part;
-            if (!rst) break;
-        }
-        if (!rst) {
-            fatal(h, strfmt("truncated frame: %llu of %llu payload bytes, then %s",
-                            static_cast<unsigned long long>(got),
-                            static_cast<unsigned long long>(h.len), rst.message().c_str()));
-            break;
-        }
-        io.end_frame();
-        if (h.flags != 0) {
-            reply = error_reply(strfmt("request with flags 0x%x (requests carry none)", h.flags));
-        } else {
-            try {
-                session.handle(h.cmd, payload.data(), static_cast<size_t>(h.len), &reply);
-            } catch (const std::exception& e) {
-                reply = error_reply(strfmt("%s: %s", remote::cmd_name(h.cmd), e.what()));
-            }
-        }
-        st = io.reply(h, reply);
-        if (reply.pass_fd >= 0) ::close(reply.pass_fd);
-        if (!st) {
-            *why = st.message();
-            break;
-        }
-        if (reply.close) {
-            *why = "closed after an error";
-            break;
-        }
-        payload.shrink(kKeepBytes);
-    }
-}
-
 void IvshmemServer::serve_session(uint32_t epoch) {
     // A fresh pair of rings, then the acknowledgement (release: the zeroed counters are
     // visible before it).
@@ -458,7 +363,7 @@ void IvshmemServer::serve_session(uint32_t epoch) {
                          address_.c_str(), static_cast<unsigned long long>(session.id()), epoch);
         if (hello(io, session, &why)) {
             session.set_abort_check(guest_gone_check(&io));
-            serve_frames(io, session, &why);
+            serve_frames(io, session, opts_, kKeepBytes, &why);
         }
         if (opts_.verbose)
             std::fprintf(stderr, "ferry serve: %s: session %llu closed: %s\n", address_.c_str(),

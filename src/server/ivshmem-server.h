@@ -49,7 +49,6 @@ class IvshmemServer {
         : opts_(opts), counters_(counters) {}
     void serve_session(uint32_t epoch);
     bool hello(Link& io, Session& session, std::string* why);
-    void serve_frames(Link& io, Session& session, std::string* why);
 
     const ServerOptions& opts_;
     ServerCounters* counters_;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "remote-proto/protocol.h"
+#include "server/frame-loop.h"
 
 namespace ferry::server {
 
@@ -47,6 +48,14 @@ Status check_hello(const remote::Header& h) {
     return Status::ok();
 }
 
+Reply error_reply(const std::string& msg) {
+    Reply r;
+    r.error = true;
+    wire::Writer w(&r.payload);
+    w.str(msg);
+    return r;
+}
+
 using remote::Header;
 using remote::Socket;
 
@@ -54,9 +63,6 @@ namespace {
 
 // Frame buffer capacity a session keeps between requests.
 constexpr size_t kKeepBytes = 4u << 20;
-// A frame may exceed what the session's memory budget has left by this much (small requests
-// always pass; the frame buffer is part of the fixed per-session allowance).
-constexpr uint64_t kFrameSlack = 1u << 20;
 void write_reply_header(uint8_t* hdr, const Header& req, const Reply& r, size_t len) {
     Header h;
     h.cmd = req.cmd;
@@ -64,14 +70,6 @@ void write_reply_header(uint8_t* hdr, const Header& req, const Reply& r, size_t 
     h.flags = static_cast<uint16_t>(remote::kFlagReply | (r.error ? remote::kFlagError : 0));
     h.len = len;
     remote::write_header(hdr, h);
-}
-
-Reply error_reply(const std::string& msg) {
-    Reply r;
-    r.error = true;
-    wire::Writer w(&r.payload);
-    w.str(msg);
-    return r;
 }
 
 // One connection's byte streams. Reads are buffered (BufferedReader: a decode step's
@@ -89,7 +87,10 @@ class Stream {
     }
     // True when bytes of another frame have already arrived.
     bool more_input() const { return in_.buffered(); }
-    bool closed() const { return in_.closed(); }  // the client closed its end
+    // A failed read between frames ends the session quietly only when the client closed
+    // its end.
+    bool ended_between_frames() const { return in_.closed(); }
+    void end_frame() { sock_.end_frame(); }
 
     // Sends (or, while more requests are waiting, holds) the reply to `req`.
     Status reply(const Header& req, const Reply& r) {
@@ -211,124 +212,14 @@ std::function<bool()> disconnect_check(int fd) {
 
 // The session part of a connection (after its HELLO was answered).
 void serve_session(Socket& sock, Stream& io, Session& session, const ServerOptions& opts) {
-    // Answers with an error and ends the connection (the stream cannot be trusted further).
-    auto fatal = [&](const Header& h, const std::string& msg) {
-        (void)io.reply(h, error_reply(msg));
-    };
     session.set_abort_check(disconnect_check(sock.fd()));
-    FrameBuffer payload;
-    Reply reply;
-    for (;;) {
-        uint8_t hdr[remote::kHeaderSize];
-        size_t hdr_got = 0;
-        sock.end_frame();
-        Status st = io.read(hdr, sizeof(hdr), /*idle_ok=*/true, &hdr_got);
-        if (!st) {
-            // End of file between frames is the client leaving.
-            if (hdr_got > 0 || !io.closed()) {
-                fatal(Header{}, "truncated frame header: " + st.message());
-            }
-            break;
-        }
-        const Header h = remote::read_header(hdr);
-        if (Status st = check_frame(h); !st) {
-            fatal(h, st.message());
-            break;
-        }
-        Status rst;  // how receiving the payload failed (closed, timed out)
-        uint64_t got = 0;
-        // Bulk TENSOR_SET into host-addressable memory: once its 24-byte prefix checks out,
-        // the data is received straight into the buffer (no staging copy).
-        if (h.cmd == static_cast<uint16_t>(remote::Cmd::TENSOR_SET) && h.flags == 0 &&
-            h.len >= kSetPrefix + kDirectMin) {
-            payload.ensure(kSetPrefix, static_cast<size_t>(h.len));
-            if (rst = io.read(payload.data(), kSetPrefix, false); !rst) {
-                fatal(h, "truncated frame: TENSOR_SET prefix: " + rst.message());
-                break;
-            }
-            got = kSetPrefix;
-            if (uint8_t* dst = session.direct_set_target(payload.data(), h.len)) {
-                while (got < h.len) {
-                    const size_t step =
-                        static_cast<size_t>(std::min<uint64_t>(kReadStep, h.len - got));
-                    if (rst = io.read(dst + (got - kSetPrefix), step, false); !rst) break;
-                    got += step;
-                }
-                if (!rst) {
-                    fatal(h, "truncated frame: TENSOR_SET data: " + rst.message());
-                    break;
-                }
-                if (!io.reply(h, Reply())) break;
-                continue;
-            }
-        }
-        // A frame the session's memory budget cannot hold (it is staged in server memory) is
-        // read and dropped in small pieces, and answered with an error.
-        const uint64_t charged = session.charged();
-        const uint64_t room = opts.max_memory > charged ? opts.max_memory - charged : 0;
-        if (opts.max_memory && h.len > room + kFrameSlack) {
-            uint8_t sink[16384];
-            while (got < h.len) {
-                const size_t step =
-                    static_cast<size_t>(std::min<uint64_t>(sizeof(sink), h.len - got));
-                if (rst = io.read(sink, step, false); !rst) break;
-                got += step;
-            }
-            if (!rst) {
-                fatal(h, "truncated frame: " + rst.message());
-                break;
-            }
-            if (!io.reply(h, error_reply(strfmt(
-                                 "%s: frame of %llu bytes exceeds what the session memory limit "
-                                 "has left (%llu of %llu bytes charged)",
-                                 remote::cmd_name(h.cmd), static_cast<unsigned long long>(h.len),
-                                 static_cast<unsigned long long>(charged),
-                                 static_cast<unsigned long long>(opts.max_memory))))) {
-                break;
-            }
-            continue;
-        }
-        // The frame's buffer grows (geometrically, uninitialized) only as its bytes arrive.
-        while (got < h.len) {
-            const size_t step = static_cast<size_t>(std::min<uint64_t>(kReadStep, h.len - got));
-            payload.ensure(static_cast<size_t>(got) + step, static_cast<size_t>(h.len));
-            size_t part = 0;
-            rst = io.read(payload.data() + got, step, false, &part);
-            got += part;
-            if (!rst) break;
-        }
-        if (!rst) {
-            fatal(h, strfmt("truncated frame: %llu of %llu payload bytes, then %s",
-                            static_cast<unsigned long long>(got),
-                            static_cast<unsigned long long>(h.len), rst.message().c_str()));
-            break;
-        }
-        sock.end_frame();
-        if (h.flags != 0) {
-            if (!io.reply(h, error_reply(strfmt("request with flags 0x%x (requests carry none)",
-                                                h.flags)))) {
-                break;
-            }
-            continue;
-        }
-        try {
-            session.handle(h.cmd, payload.data(), static_cast<size_t>(h.len), &reply);
-        } catch (const std::exception& e) {
-            // Out of memory while serving one request: answer it, keep the session.
-            reply = error_reply(strfmt("%s: %s", remote::cmd_name(h.cmd), e.what()));
-        }
-        st = io.reply(h, reply);
-        if (reply.pass_fd >= 0) ::close(reply.pass_fd);
-        if (!st) {
-            if (opts.verbose)
-                std::fprintf(stderr, "ferry serve: session %llu: %s\n",
-                             static_cast<unsigned long long>(session.id()), st.message().c_str());
-            break;
-        }
-        if (reply.close) break;
-        payload.shrink(kKeepBytes);
-    }
+    std::string why;
+    serve_frames(io, session, opts, kKeepBytes, &why);
     (void)io.flush();
+    if (opts.verbose && !why.empty()) {
+        std::fprintf(stderr, "ferry serve: session %llu: %s\n",
+                     static_cast<unsigned long long>(session.id()), why.c_str());
+    }
 }
 
 void serve_connection_impl(Socket& sock, const ServerOptions& opts, ServerCounters* counters,

@@ -89,6 +89,8 @@ class FrameBuffer {
 // first).
 Status check_frame(const remote::Header& h);
 Status check_hello(const remote::Header& h);
+// A reply that carries an error message.
+Reply error_reply(const std::string& msg);
 
 class Server {
   public:

@@ -1,0 +1,150 @@
+// The frame loop every transport's server runs once a session's HELLO was answered: read a
+// frame header into private memory, check it, receive the payload (in place for bulk
+// TENSOR_SET, dropped unstaged when the session's memory budget cannot hold it), let the
+// session handle it, reply. One loop, so that a check made for one transport holds for all.
+#pragma once
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <string>
+
+#include "remote-proto/protocol.h"
+#include "server/server.h"
+
+namespace ferry::server {
+
+// A frame may exceed what the session's memory budget has left by this much (small requests
+// always pass; the frame buffer is part of the fixed per-session allowance).
+constexpr uint64_t kFrameSlack = 1u << 20;
+
+// Io is one session's transport:
+//   Status read(void* dst, size_t n, bool idle_ok, size_t* got): exactly n request bytes
+//       (idle_ok: before the first byte, waiting is fine);
+//   Status reply(const Header& req, const Reply& r);
+//   void end_frame(): the current frame's deadline is over;
+//   bool ended_between_frames() const: after a failed read of 0 header bytes, whether that
+//       is the client leaving (no error owed) rather than a broken frame.
+// keep_bytes: frame buffer capacity kept between requests. *why: how the session ended.
+template <class Io>
+void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t keep_bytes,
+                  std::string* why) {
+    using remote::Header;
+    // Answers with an error and ends the session (the stream cannot be trusted further).
+    auto fatal = [&](const Header& h, const std::string& msg) {
+        *why = msg;
+        (void)io.reply(h, error_reply(msg));
+    };
+    FrameBuffer payload;
+    Reply reply;
+    for (;;) {
+        uint8_t hdr[remote::kHeaderSize];
+        size_t hdr_got = 0;
+        io.end_frame();
+        if (Status st = io.read(hdr, sizeof(hdr), /*idle_ok=*/true, &hdr_got); !st) {
+            if (hdr_got == 0 && io.ended_between_frames()) {
+                *why = st.message();
+            } else {
+                fatal(Header{}, "truncated frame header: " + st.message());
+            }
+            return;
+        }
+        // The header is in private memory now: what is checked is what is used.
+        const Header h = remote::read_header(hdr);
+        if (Status st = check_frame(h); !st) return fatal(h, st.message());
+        Status rst;  // how receiving the payload failed (closed, timed out, detached)
+        uint64_t got = 0;
+        // Bulk TENSOR_SET into host-addressable memory: once its prefix (handle, offset,
+        // size) checks out, the data is received straight into the buffer (no staging copy).
+        if (h.cmd == static_cast<uint16_t>(remote::Cmd::TENSOR_SET) && h.flags == 0 &&
+            h.len >= kSetPrefix + kDirectMin) {
+            payload.ensure(kSetPrefix, static_cast<size_t>(h.len));
+            if (rst = io.read(payload.data(), kSetPrefix, false, nullptr); !rst) {
+                return fatal(h, "truncated frame: TENSOR_SET prefix: " + rst.message());
+            }
+            got = kSetPrefix;
+            if (uint8_t* dst = session.direct_set_target(payload.data(), h.len)) {
+                while (got < h.len) {
+                    const size_t step =
+                        static_cast<size_t>(std::min<uint64_t>(kReadStep, h.len - got));
+                    if (rst = io.read(dst + (got - kSetPrefix), step, false, nullptr); !rst) {
+                        return fatal(h, "truncated frame: TENSOR_SET data: " + rst.message());
+                    }
+                    got += step;
+                }
+                io.end_frame();
+                if (Status ws = io.reply(h, Reply()); !ws) {
+                    *why = ws.message();
+                    return;
+                }
+                continue;
+            }
+        }
+        // A frame the session's memory budget cannot hold (it would be staged in server
+        // memory) is read and dropped in small pieces, and answered with an error.
+        const uint64_t charged = session.charged();
+        const uint64_t room = opts.max_memory > charged ? opts.max_memory - charged : 0;
+        if (opts.max_memory && h.len > room + kFrameSlack) {
+            uint8_t sink[16384];
+            while (got < h.len) {
+                const size_t step =
+                    static_cast<size_t>(std::min<uint64_t>(sizeof(sink), h.len - got));
+                if (rst = io.read(sink, step, false, nullptr); !rst) {
+                    return fatal(h, "truncated frame: " + rst.message());
+                }
+                got += step;
+            }
+            io.end_frame();
+            reply = error_reply(strfmt(
+                "%s: frame of %llu bytes exceeds what the session memory limit has left (%llu "
+                "of %llu bytes charged)",
+                remote::cmd_name(h.cmd), static_cast<unsigned long long>(h.len),
+                static_cast<unsigned long long>(charged),
+                static_cast<unsigned long long>(opts.max_memory)));
+        } else {
+            // The frame's buffer grows (geometrically, uninitialized) only as its bytes
+            // arrive.
+            while (got < h.len) {
+                const size_t step = static_cast<size_t>(std::min<uint64_t>(kReadStep, h.len - got));
+                payload.ensure(static_cast<size_t>(got) + step, static_cast<size_t>(h.len));
+                size_t part = 0;
+                rst = io.read(payload.data() + got, step, false, &part);
+                got += part;
+                if (!rst) break;
+            }
+            if (!rst) {
+                return fatal(h,
+                             strfmt("truncated frame: %llu of %llu payload bytes, then %s",
+                                    static_cast<unsigned long long>(got),
+                                    static_cast<unsigned long long>(h.len), rst.message().c_str()));
+            }
+            io.end_frame();
+            if (h.flags != 0) {
+                reply =
+                    error_reply(strfmt("request with flags 0x%x (requests carry none)", h.flags));
+            } else {
+                try {
+                    session.handle(h.cmd, payload.data(), static_cast<size_t>(h.len), &reply);
+                } catch (const std::exception& e) {
+                    // Out of memory while serving one request: answer it, keep the session.
+                    reply = error_reply(strfmt("%s: %s", remote::cmd_name(h.cmd), e.what()));
+                }
+            }
+        }
+        const Status st = io.reply(h, reply);
+        if (reply.pass_fd >= 0) ::close(reply.pass_fd);
+        if (!st) {
+            *why = st.message();
+            return;
+        }
+        if (reply.close) {
+            *why = "closed after an error";
+            return;
+        }
+        payload.shrink(keep_bytes);
+    }
+}
+
+}  // namespace ferry::server
