@@ -330,6 +330,57 @@ TEST_P(Remote, WeightsStayInServerMemory) {
     EXPECT_EQ((*any)->base() != nullptr, GetParam() == "unix");
 }
 
+// Large reads of memory the client does not map (a GPU's, or server-private weights) come back
+// through one shared staging buffer of the device where the transport has shared memory
+// (unix): the server copies into it, the client out of it. Reads in flight at once must each
+// get their own part of it, and it grows for a larger read.
+TEST_P(Remote, LargeReadsOfUnmappedMemoryComeThroughSharedStaging) {
+    const size_t n = 8u << 20;
+    auto buf = dev_->buffer_type()->allocate_for(n, BufferUsage::Weights);
+    ASSERT_TRUE(buf) << buf.message();
+    ASSERT_EQ((*buf)->base(), nullptr);
+    Tensor t;
+    t.type = Type::I32;
+    t.ne[0] = static_cast<int64_t>(n / 4);
+    set_contiguous_strides(&t);
+    t.buffer = buf->get();
+    const auto data = random_bytes(n, 91);
+    ASSERT_TRUE(tensor_set(&t, data.data(), n).is_ok());
+    auto before = remote_stats(reg_.get());
+    ASSERT_TRUE(before) << before.message();
+    auto be = dev_->make_backend();
+    ASSERT_TRUE(be);
+    // Six 700 KB reads posted at once (more than the first staging buffer of 1 MiB holds),
+    // then a 3 MiB one (it grows), two small ones (plain replies), all before one wait.
+    struct Read {
+        size_t off, size;
+        std::vector<uint8_t> got;
+    };
+    std::vector<Read> reads;
+    for (size_t i = 0; i < 6; i++) reads.push_back({i * 700000 + 13, 700000, {}});
+    reads.push_back({5u << 20, 3u << 20, {}});
+    reads.push_back({100, 1000, {}});
+    reads.push_back({n - 65536, 65536, {}});
+    for (Read& r : reads) {
+        r.got.assign(r.size, 0);
+        ASSERT_TRUE((*be)->get_tensor_async(&t, r.got.data(), r.off, r.size).is_ok());
+    }
+    ASSERT_TRUE((*be)->synchronize().is_ok());
+    for (const Read& r : reads) {
+        EXPECT_TRUE(std::equal(r.got.begin(), r.got.end(), data.begin() + r.off))
+            << "read of " << r.size << " bytes at " << r.off;
+    }
+    // Again, now that the staging buffer is large: same bytes.
+    std::vector<uint8_t> all(n);
+    ASSERT_TRUE(tensor_get(&t, all.data(), n).is_ok());
+    EXPECT_TRUE(all == data);
+    auto after = remote_stats(reg_.get());
+    ASSERT_TRUE(after) << after.message();
+    EXPECT_EQ(after->errors, before->errors);
+    // One staging buffer on unix (the first, outgrown, was freed); none on tcp.
+    EXPECT_EQ(after->session_buffers, before->session_buffers + (GetParam() == "unix" ? 1 : 0));
+}
+
 TEST_P(Remote, LongPipelineOfSmallRequests) {
     // 6000 posted writes and reads of 1 KiB with no wait in between: the client holds small
     // requests and flushes them in batches, the server batches its replies, and neither side

@@ -180,8 +180,11 @@ class Device {
     virtual BufferType* buffer_type() = 0;
     // Host memory the device reads fast (pinned/shared); nullptr if none.
     virtual BufferType* host_buffer_type() { return nullptr; }
-    // Wraps caller memory as a buffer without copying (e.g. a memory-mapped file), when the
-    // device can read host memory; fails otherwise. The memory must outlive the buffer.
+    // Wraps caller memory as a buffer without copying (e.g. a memory-mapped file, or a remote
+    // client's shared staging buffer); fails where the device cannot. For a device whose
+    // buffer_type() is host memory (the CPU) the result is one of its buffers, which kernels
+    // read; otherwise it is a host buffer like host_buffer_type()'s (a GPU page-locks it for
+    // DMA copies). The memory must outlive the buffer.
     virtual Expected<std::unique_ptr<Buffer>> buffer_from_host_ptr(void* ptr, size_t size,
                                                                    size_t max_tensor_size) {
         (void)ptr;

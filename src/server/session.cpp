@@ -557,12 +557,16 @@ Status Session::cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* o
             std::memmove(dbase + doff, sbase + so, size);
             return Status::ok();
         }
-        std::vector<uint8_t> tmp(size);
         Tensor ts, td;
         ts.buffer = (*s)->buf.get();
         ts.offs = so;
         td.buffer = (*d)->buf.get();
         td.offs = doff;
+        // One side in host memory (a client's staging buffer for reads and writes of device
+        // memory): the device copies straight to or from it.
+        if (dbase) return (*s)->buf->get_tensor(&ts, dbase + doff, 0, size);
+        if (sbase) return (*d)->buf->set_tensor(&td, sbase + so, 0, size);
+        std::vector<uint8_t> tmp(size);
         FERRY_TRY((*s)->buf->get_tensor(&ts, tmp.data(), 0, size));
         return (*d)->buf->set_tensor(&td, tmp.data(), 0, size);
     }

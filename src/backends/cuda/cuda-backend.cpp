@@ -84,12 +84,22 @@ class CudaBuffer : public Buffer {
     size_t size_;
 };
 
-// Page-locked host memory (cudaMallocHost): uploads from it run at full PCIe speed and
-// asynchronously. Addressable by the host like any CPU buffer.
+// Page-locked host memory: uploads from it and downloads into it run at full PCIe speed and
+// asynchronously. Either allocated (cudaMallocHost) or the caller's memory registered in
+// place (cudaHostRegister: buffer_from_host_ptr, e.g. a remote client's shared staging
+// buffer). Addressable by the host like any CPU buffer.
 class PinnedBuffer : public Buffer {
   public:
-    PinnedBuffer(BufferType* type, void* p, size_t size) : type_(type), p_(p), size_(size) {}
-    ~PinnedBuffer() override { cudaFreeHost(p_); }
+    enum class Owner { Allocated, Registered };
+    PinnedBuffer(BufferType* type, void* p, size_t size, Owner owner = Owner::Allocated)
+        : type_(type), p_(p), size_(size), owner_(owner) {}
+    ~PinnedBuffer() override {
+        if (owner_ == Owner::Allocated) {
+            cudaFreeHost(p_);
+        } else {
+            cudaHostUnregister(p_);
+        }
+    }
     BufferType* type() const override { return type_; }
     size_t size() const override { return size_; }
     void* base() const override { return p_; }
@@ -132,7 +142,18 @@ class PinnedBuffer : public Buffer {
     BufferType* type_;
     void* p_;
     size_t size_;
+    Owner owner_;
 };
+
+// Whether p is page-locked host memory the DMA engine reads and writes directly.
+bool is_pinned(const void* p) {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return a.type == cudaMemoryTypeHost;
+}
 
 class PinnedBufferType : public BufferType {
   public:
@@ -201,11 +222,23 @@ class CudaDevice : public Device {
         DeviceCaps c;
         c.async = true;
         c.host_buffer = true;
+        c.buffer_from_host_ptr = true;
         c.events = true;
         return c;
     }
     BufferType* buffer_type() override { return &buffer_type_; }
     BufferType* host_buffer_type() override { return &pinned_type_; }
+    // The caller's memory, page-locked in place: a host buffer of this device (kernels do not
+    // read it; copies to and from device memory run at DMA speed).
+    Expected<std::unique_ptr<Buffer>> buffer_from_host_ptr(void* ptr, size_t size,
+                                                           size_t max_tensor_size) override {
+        (void)max_tensor_size;
+        FERRY_TRY(activate());
+        CUDA_TRY(cudaHostRegister(ptr, std::max<size_t>(size, 1), cudaHostRegisterPortable),
+                 "%s: cannot page-lock %zu bytes of host memory", name(), size);
+        return std::unique_ptr<Buffer>(
+            new PinnedBuffer(&pinned_type_, ptr, size, PinnedBuffer::Owner::Registered));
+    }
     bool supports_op(const Tensor* node) override {
         {
             std::lock_guard<std::mutex> lock(g_declined_mu);
@@ -396,7 +429,7 @@ Status CudaBuffer::get_tensor(const Tensor* t, void* dst, size_t offset, size_t 
     if (size == 0) return Status::ok();
     FERRY_TRY(dev_->activate());
     // The legacy default stream waits for the work queued on every backend stream.
-    if (size >= kPinnedRead) {
+    if (size >= kPinnedRead && !is_pinned(dst)) {
         FERRY_TRY(dev_->download(dst, ptr_ + t->offs + offset, size));
     } else {
         CUDA_TRY(cudaMemcpy(dst, ptr_ + t->offs + offset, size, cudaMemcpyDeviceToHost),

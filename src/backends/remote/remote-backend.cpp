@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -17,6 +18,14 @@
 namespace ferry {
 namespace remote {
 namespace {
+
+// Reads of unmapped (device) memory of at least this many bytes come back through a shared
+// staging buffer when the connection has shared memory (RemoteDevice::staging_slot); the
+// staging buffer starts at kStagingMin and grows to at most kStagingMax (larger reads go as
+// reply payloads).
+constexpr size_t kStagedReadMin = 64u << 10;
+constexpr size_t kStagingMin = 1u << 20;
+constexpr size_t kStagingMax = 64u << 20;
 
 class RemoteDevice;
 
@@ -46,6 +55,10 @@ class RemoteBufferType : public BufferType {
     }
 
     RemoteDevice* remote_device() const { return dev_; }
+    // A host buffer of the server's device (shared memory where the server offers it).
+    Expected<std::unique_ptr<Buffer>> allocate_host(size_t size) {
+        return allocate_kind(size, kBufferHost);
+    }
 
   private:
     Expected<std::unique_ptr<Buffer>> allocate_kind(size_t size, uint8_t kind);
@@ -171,6 +184,13 @@ class RemoteBuffer : public Buffer {
                 if (size) std::memcpy(dst, from, size);
             });
         }
+        // Large reads of memory the client cannot map (a GPU's) come back through shared
+        // memory: the server copies into a staging buffer, the client copies out of it.
+        if (size >= kStagedReadMin) {
+            Expected<bool> staged = read_staged(off, dst, size);
+            if (!staged) return staged.status();
+            if (*staged) return Status::ok();
+        }
         uint8_t* d = static_cast<uint8_t*>(dst);
         for (size_t done = 0; done < size;) {
             const size_t n = std::min<size_t>(size - done, kMaxChunk);
@@ -188,6 +208,10 @@ class RemoteBuffer : public Buffer {
     const std::shared_ptr<Connection>& conn() const { return conn_; }
 
   private:
+    // Queues a TENSOR_COPY of [off, +size) into the device's staging buffer and the copy out
+    // of it into dst; false when the device has no staging buffer (no shared memory).
+    Expected<bool> read_staged(uint64_t off, void* dst, size_t size);
+
     Status range(const Tensor* t, size_t offset, size_t size, uint64_t* off) const {
         if (t->buffer != this) {
             return conn_->error(strfmt("tensor '%s' is not in this buffer", t->name));
@@ -401,9 +425,24 @@ class RemoteDevice : public Device {
     uint32_t index() const { return index_; }
     uint8_t caps_bits() const { return caps_bits_; }
 
+    // Where a read of `size` bytes of this device's memory is staged: a mapped host buffer of
+    // the server's device and an offset in it not used by any read still in flight; buffer
+    // nullptr when there is none (the connection has no shared memory, the device no host
+    // buffers, or size is over kStagingMax). Called with the connection's mutex held.
+    struct StagingSlot {
+        RemoteBuffer* buffer = nullptr;
+        size_t offset = 0;
+    };
+    Expected<StagingSlot> staging_slot(size_t size);
+
   private:
     std::shared_ptr<Connection> conn_;
     uint32_t index_;
+    // The staging buffer (see staging_slot): reads in flight take consecutive slots; the
+    // first read after the connection went idle starts again at 0.
+    std::unique_ptr<Buffer> staging_;
+    size_t staging_used_ = 0;
+    bool no_staging_ = false;
     std::string name_, remote_name_, description_;
     uint32_t remote_type_ = 0;
     uint8_t caps_bits_ = 0;
@@ -415,6 +454,60 @@ class RemoteDevice : public Device {
 
 Device* RemoteBufferType::device() const {
     return dev_;
+}
+
+Expected<RemoteDevice::StagingSlot> RemoteDevice::staging_slot(size_t size) {
+    // FERRY_REMOTE_STAGING=0: plain TENSOR_GET replies (for before/after measurements).
+    static const bool off = [] {
+        const char* v = std::getenv("FERRY_REMOTE_STAGING");
+        return v && std::strcmp(v, "0") == 0;
+    }();
+    if (off || no_staging_ || size > kStagingMax || !(conn_->caps() & kCapSharedMemory)) {
+        return StagingSlot{};
+    }
+    const size_t need = (size + 63) / 64 * 64;
+    if (conn_->idle()) staging_used_ = 0;
+    if (staging_ && need > staging_->size()) {
+        // Too small: reads still in flight copy out of it first, then a larger one.
+        FERRY_TRY(conn_->drain());
+        staging_.reset();
+    }
+    if (!staging_) {
+        size_t cap = kStagingMin;
+        while (cap < need) cap *= 2;
+        Expected<std::unique_ptr<Buffer>> b = buffer_type_->allocate_host(cap);
+        if (!b || !(*b)->base()) {
+            // No host buffers on this device, or not shared: reads go as reply payloads. A
+            // refusal by the session's budget is not an error either: the plain path remains.
+            no_staging_ = true;
+            return StagingSlot{};
+        }
+        staging_ = std::move(*b);
+        staging_used_ = 0;
+    }
+    if (staging_used_ + need > staging_->size()) {
+        FERRY_TRY(conn_->drain());  // every earlier slot has been copied out
+        staging_used_ = 0;
+    }
+    StagingSlot slot{static_cast<RemoteBuffer*>(staging_.get()), staging_used_};
+    staging_used_ += need;
+    return slot;
+}
+
+Expected<bool> RemoteBuffer::read_staged(uint64_t off, void* dst, size_t size) {
+    Expected<RemoteDevice::StagingSlot> slot = type_->remote_device()->staging_slot(size);
+    if (!slot) return slot.status();
+    if (!slot->buffer) return false;
+    wire::Writer w;
+    w.u64(handle_);
+    w.u64(off);
+    w.u64(slot->buffer->handle_);
+    w.u64(slot->offset);
+    w.u64(size);
+    FERRY_TRY(conn_->send_async(Cmd::TENSOR_COPY, w));
+    const uint8_t* from = static_cast<const uint8_t*>(slot->buffer->map_) + slot->offset;
+    FERRY_TRY(conn_->after_pending([=]() { std::memcpy(dst, from, size); }));
+    return true;
 }
 
 Expected<std::unique_ptr<Buffer>> RemoteBufferType::allocate_kind(size_t size, uint8_t kind) {
