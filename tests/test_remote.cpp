@@ -379,6 +379,37 @@ TEST_P(Remote, LargeReadsOfUnmappedMemoryComeThroughSharedStaging) {
     EXPECT_EQ(after->errors, before->errors);
     // One staging buffer on unix (the first, outgrown, was freed); none on tcp.
     EXPECT_EQ(after->session_buffers, before->session_buffers + (GetParam() == "unix" ? 1 : 0));
+
+    // A decode step's shape: a posted write (still unanswered when the read is queued), a
+    // read of 600 KB, one wait. Each step is one round trip, and on unix the read's bytes
+    // cross in shared memory, not in replies.
+    auto small = dev_->buffer_type()->allocate_for(4096, BufferUsage::Weights);  // unmapped
+    ASSERT_TRUE(small);
+    Tensor s = t;
+    s.ne[0] = 16;
+    set_contiguous_strides(&s);
+    s.buffer = small->get();
+    const int kSteps = 10;
+    auto s0 = remote_stats(reg_.get());
+    ASSERT_TRUE(s0) << s0.message();
+    std::vector<uint8_t> got(600000);
+    for (int i = 0; i < kSteps; i++) {
+        const int32_t v[16] = {i};
+        ASSERT_TRUE((*be)->set_tensor_async(&s, v, 0, sizeof(v)).is_ok());
+        ASSERT_TRUE((*be)->get_tensor_async(&t, got.data(), 4096 * i, got.size()).is_ok());
+        ASSERT_TRUE((*be)->synchronize().is_ok());
+        ASSERT_TRUE(std::equal(got.begin(), got.end(), data.begin() + 4096 * i)) << i;
+    }
+    auto s1 = remote_stats(reg_.get());
+    ASSERT_TRUE(s1) << s1.message();
+    // The stats request between s0 and the loop is one more wait.
+    EXPECT_EQ(s1->client_waits - s0->client_waits, static_cast<uint64_t>(kSteps) + 1);
+    const uint64_t in = s1->client_bytes_in - s0->client_bytes_in;
+    if (GetParam() == "unix") {
+        EXPECT_LT(in, 1024u * kSteps);
+    } else {
+        EXPECT_GT(in, got.size() * kSteps);
+    }
 }
 
 TEST_P(Remote, LongPipelineOfSmallRequests) {

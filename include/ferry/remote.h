@@ -53,6 +53,9 @@ struct RemoteStats {
     uint64_t events = 0;      // live events (each charged kEventCharge)
     uint64_t max_memory = 0;  // the limit (0: none)
     uint64_t max_work = 0;    // estimated operations per GRAPH_COMPUTE (0: no limit)
+    // This client's side of the connection, before the stats request itself.
+    uint64_t client_waits = 0;     // times the client waited for replies (round trips)
+    uint64_t client_bytes_in = 0;  // reply bytes received (frames with their headers)
 };
 
 // Stats of the session behind `reg` (a registry from remote_open or remote_connect).

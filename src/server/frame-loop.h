@@ -7,7 +7,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
 
@@ -19,6 +23,52 @@ namespace ferry::server {
 // A frame may exceed what the session's memory budget has left by this much (small requests
 // always pass; the frame buffer is part of the fixed per-session allowance).
 constexpr uint64_t kFrameSlack = 1u << 20;
+
+// FERRY_SERVE_PROFILE=1: where a session's time went, printed to stderr when it ends: waiting
+// for the client between frames, receiving payloads, handling each command, replying.
+class FrameProfile {
+  public:
+    using Clock = std::chrono::steady_clock;
+    FrameProfile() {
+        const char* v = std::getenv("FERRY_SERVE_PROFILE");
+        on_ = v && *v && std::string(v) != "0";
+    }
+    bool on() const { return on_; }
+    // Adds the time since the last mark to `slot` (a command id, or one of the phases).
+    void mark(size_t slot) {
+        if (!on_) return;
+        const auto now = Clock::now();
+        if (slot < ns_.size()) {
+            ns_[slot] += static_cast<uint64_t>(
+                std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_).count());
+            n_[slot]++;
+        }
+        last_ = now;
+    }
+    void start() { last_ = Clock::now(); }
+    void print(uint64_t session) const {
+        if (!on_) return;
+        std::string line;
+        for (size_t i = 0; i < ns_.size(); i++) {
+            if (!n_[i]) continue;
+            const char* name = i == kIdle      ? "idle"
+                               : i == kReceive ? "receive"
+                               : i == kReply   ? "reply"
+                                               : remote::cmd_name(static_cast<uint16_t>(i));
+            line += strfmt(" %s %llu x %.1f us;", name, static_cast<unsigned long long>(n_[i]),
+                           static_cast<double>(ns_[i]) / 1e3 / static_cast<double>(n_[i]));
+        }
+        std::fprintf(stderr, "ferry serve: session %llu profile:%s\n",
+                     static_cast<unsigned long long>(session), line.c_str());
+    }
+    static constexpr size_t kIdle = remote::kCmdMax + 1, kReceive = remote::kCmdMax + 2,
+                            kReply = remote::kCmdMax + 3;
+
+  private:
+    bool on_ = false;
+    Clock::time_point last_{};
+    std::array<uint64_t, remote::kCmdMax + 4> ns_{}, n_{};
+};
 
 // Io is one session's transport:
 //   Status read(void* dst, size_t n, bool idle_ok, size_t* got): exactly n request bytes
@@ -39,11 +89,20 @@ void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t ke
     };
     FrameBuffer payload;
     Reply reply;
+    FrameProfile prof;
+    struct PrintAtEnd {
+        const FrameProfile& p;
+        uint64_t id;
+        ~PrintAtEnd() { p.print(id); }
+    } print_at_end{prof, session.id()};
+    prof.start();
     for (;;) {
         uint8_t hdr[remote::kHeaderSize];
         size_t hdr_got = 0;
         io.end_frame();
-        if (Status st = io.read(hdr, sizeof(hdr), /*idle_ok=*/true, &hdr_got); !st) {
+        Status hst = io.read(hdr, sizeof(hdr), /*idle_ok=*/true, &hdr_got);
+        prof.mark(FrameProfile::kIdle);
+        if (Status st = hst; !st) {
             if (hdr_got == 0 && io.ended_between_frames()) {
                 *why = st.message();
             } else {
@@ -121,6 +180,7 @@ void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t ke
                                     static_cast<unsigned long long>(h.len), rst.message().c_str()));
             }
             io.end_frame();
+            prof.mark(FrameProfile::kReceive);
             if (h.flags != 0) {
                 reply =
                     error_reply(strfmt("request with flags 0x%x (requests carry none)", h.flags));
@@ -131,9 +191,11 @@ void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t ke
                     // Out of memory while serving one request: answer it, keep the session.
                     reply = error_reply(strfmt("%s: %s", remote::cmd_name(h.cmd), e.what()));
                 }
+                prof.mark(h.cmd);
             }
         }
         const Status st = io.reply(h, reply);
+        prof.mark(FrameProfile::kReply);
         if (reply.pass_fd >= 0) ::close(reply.pass_fd);
         if (!st) {
             *why = st.message();

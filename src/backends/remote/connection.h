@@ -35,6 +35,8 @@ class Connection {
 
     const std::string& addr() const { return addr_; }
     uint64_t caps() const { return caps_; }
+    uint64_t waits() const { return waits_; }
+    uint64_t bytes_in() const { return bytes_in_; }
     uint64_t session_id() const { return session_; }
     std::recursive_mutex& mutex() { return mu_; }
 

@@ -434,14 +434,17 @@ class RemoteDevice : public Device {
         size_t offset = 0;
     };
     Expected<StagingSlot> staging_slot(size_t size);
+    void staging_read_done() { staging_reads_--; }
 
   private:
     std::shared_ptr<Connection> conn_;
     uint32_t index_;
-    // The staging buffer (see staging_slot): reads in flight take consecutive slots; the
-    // first read after the connection went idle starts again at 0.
+    // The staging buffer (see staging_slot): reads in flight take consecutive slots; once
+    // every one of them has been copied out (staging_reads_ back to 0), the next starts
+    // again at 0.
     std::unique_ptr<Buffer> staging_;
     size_t staging_used_ = 0;
+    size_t staging_reads_ = 0;
     bool no_staging_ = false;
     std::string name_, remote_name_, description_;
     uint32_t remote_type_ = 0;
@@ -466,11 +469,12 @@ Expected<RemoteDevice::StagingSlot> RemoteDevice::staging_slot(size_t size) {
         return StagingSlot{};
     }
     const size_t need = (size + 63) / 64 * 64;
-    if (conn_->idle()) staging_used_ = 0;
+    if (staging_reads_ == 0) staging_used_ = 0;  // every earlier slot has been copied out
     if (staging_ && need > staging_->size()) {
         // Too small: reads still in flight copy out of it first, then a larger one.
         FERRY_TRY(conn_->drain());
         staging_.reset();
+        staging_reads_ = 0;
     }
     if (!staging_) {
         size_t cap = kStagingMin;
@@ -488,9 +492,11 @@ Expected<RemoteDevice::StagingSlot> RemoteDevice::staging_slot(size_t size) {
     if (staging_used_ + need > staging_->size()) {
         FERRY_TRY(conn_->drain());  // every earlier slot has been copied out
         staging_used_ = 0;
+        staging_reads_ = 0;
     }
     StagingSlot slot{static_cast<RemoteBuffer*>(staging_.get()), staging_used_};
     staging_used_ += need;
+    staging_reads_++;
     return slot;
 }
 
@@ -506,7 +512,11 @@ Expected<bool> RemoteBuffer::read_staged(uint64_t off, void* dst, size_t size) {
     w.u64(size);
     FERRY_TRY(conn_->send_async(Cmd::TENSOR_COPY, w));
     const uint8_t* from = static_cast<const uint8_t*>(slot->buffer->map_) + slot->offset;
-    FERRY_TRY(conn_->after_pending([=]() { std::memcpy(dst, from, size); }));
+    RemoteDevice* dev = type_->remote_device();
+    FERRY_TRY(conn_->after_pending([=]() {
+        std::memcpy(dst, from, size);
+        dev->staging_read_done();
+    }));
     return true;
 }
 
@@ -970,11 +980,16 @@ Status remote_connect(const std::string& addr) {
 Expected<RemoteStats> remote_stats(Registry* reg) {
     auto* rr = dynamic_cast<remote::RemoteRegistry*>(reg);
     if (!rr) return Status::error("not a remote registry");
+    RemoteStats s;
+    {
+        std::lock_guard<std::recursive_mutex> lock(rr->conn()->mutex());
+        s.client_waits = rr->conn()->waits();
+        s.client_bytes_in = rr->conn()->bytes_in();
+    }
     Expected<remote::Connection::Result> r =
         rr->conn()->call(remote::Cmd::SESSION_STATS, wire::Writer());
     if (!r) return r.status();
     wire::Reader rd(r->payload.data(), r->payload.size());
-    RemoteStats s;
     s.session_id = rd.u64();
     s.session_bytes = rd.u64();
     s.session_buffers = rd.u64();
