@@ -256,6 +256,7 @@ void Connection::close_fds_in() {
 Status Connection::read_reply(Result* sync_result, Status* sync_status) {
     if (dead_) return error("connection lost: " + dead_why_, ErrorCode::ConnectionLost);
     uint8_t hdr[kHeaderSize];
+    if (ring_ && !pending_.empty()) ring_->expect_reply_to(pending_.front().cmd);
     Status st = read_in(hdr, sizeof(hdr));
     if (!st) return fail(st.message());
     const Header h = read_header(hdr);

@@ -154,6 +154,10 @@ Status IvshmemChannel::read(void* dst, size_t n, int timeout_ms) {
     Backoff bo;
     bool waited = false, predicted = false, polled = false;
     Clock::time_point t0;
+    // The prediction slot of this read (0: none), used once.
+    const uint16_t slot = expect_cmd_;
+    expect_cmd_ = 0;
+    uint32_t& expect_us = expect_us_[slot];
     while (got < n) {
         const uint64_t head = win_.word(kRepHead).load(std::memory_order_acquire);
         if (head < rep_tail_ || head - rep_tail_ > geo_.rep_cap) {
@@ -178,9 +182,9 @@ Status IvshmemChannel::read(void* dst, size_t n, int timeout_ms) {
                 constexpr uint32_t kMinPredictUs = 60, kWakeUs = 30;
                 static const int64_t min_predict =
                     std::max<int64_t>(kMinPredictUs, Backoff::spin_us());
-                if (expect_us_ >= min_predict) {
+                if (slot != 0 && expect_us >= min_predict) {
                     predicted = true;
-                    sleep_us(expect_us_ - kWakeUs);
+                    sleep_us(expect_us - kWakeUs);
                     continue;
                 }
             }
@@ -189,15 +193,18 @@ Status IvshmemChannel::read(void* dst, size_t n, int timeout_ms) {
             continue;
         }
         if (waited) {
-            // Learn the next wait's length from this one (only the first wait of a read).
+            // Learn the next wait's length from this one (only the first wait of a read, and
+            // only for a header whose command is known).
             constexpr uint32_t kMaxPredictUs = 20000;
-            if (predicted && !polled) {
-                expect_us_ /= 2;  // the reply was there when the sleep ended: maybe earlier
+            if (slot == 0) {
+                // nothing to learn: a payload's wait, or a read with no announced command
+            } else if (predicted && !polled) {
+                expect_us /= 2;  // the reply was there when the sleep ended: maybe earlier
             } else {
                 const auto us =
                     std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0)
                         .count();
-                expect_us_ = static_cast<uint32_t>(std::min<int64_t>(kMaxPredictUs, us * 3 / 4));
+                expect_us = static_cast<uint32_t>(std::min<int64_t>(kMaxPredictUs, us * 3 / 4));
             }
             waited = false;
         }
