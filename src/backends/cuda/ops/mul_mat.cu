@@ -356,9 +356,12 @@ constexpr int kMvWarps = 8;  // warps per block of the vector kernel
 // matrix (g.a2, the "up" weights) is multiplied too and the result is silu(a x) * (a2 x).
 // MINB > 1: the register cap that lets MINB blocks share an SM (more warps in flight, fewer
 // chunks in flight per warp); FERRY_CUDA_MV_OCC=0 picks MINB = 1 for decode, to compare.
-template <Type T, int NC, bool x_aligned, int S, bool glu, int MINB>
+// W (plain weights, one column; FERRY_CUDA_MV_FWIDE=0 turns it off): twice the chunks in
+// flight per warp under the same register cap, for F16/BF16/F32 rows that are otherwise
+// latency-bound at 1.5-2.9 TB/s.
+template <Type T, int NC, bool x_aligned, int S, bool glu, int MINB, bool W = false>
 __global__ void __launch_bounds__(32 * kMvWarps, MINB) k_mul_mat_vec(MvArgs g) {
-    constexpr int U = MINB > 1 ? (glu ? 1 : 2) : (glu ? 2 : 4);
+    constexpr int U = (MINB > 1 ? (glu ? 1 : 2) : (glu ? 2 : 4)) * (W ? 2 : 1);
     __shared__ float sh[kMvWarps][glu ? 2 * NC : NC];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int part = warp % S;
@@ -495,11 +498,26 @@ bool occupancy_mode() {
     return on;
 }
 
+bool fwide_mode() {
+    static const bool on = [] {
+        const char* v = std::getenv("FERRY_CUDA_MV_FWIDE");
+        return !(v && v[0] == '0');
+    }();
+    return on;
+}
+
 template <Type T, int NC, int S, bool glu>
 void launch_vec_s(const MvArgs& g, dim3 grid, cudaStream_t st) {
     grid.x = n_blocks(g.M, kMvWarps / S);
     // Measured on the H200 (bench/results/cuda.md, 1B Q4_0 tg128, same machine): the cap for
     // every split gave 504 t/s, for splits <= 2 only 473, none 428.
+    if constexpr (NC == 1 && (T == Type::F16 || T == Type::BF16 || T == Type::F32)) {
+        if (occupancy_mode() && fwide_mode()) {
+            launch_pdl(k_mul_mat_vec<T, NC, true, S, glu, 3, true>, grid, dim3(32 * kMvWarps), 0,
+                       st, g);
+            return;
+        }
+    }
     if (NC == 1 && occupancy_mode()) {
         launch_pdl(k_mul_mat_vec<T, NC, true, S, glu, 3>, grid, dim3(32 * kMvWarps), 0, st, g);
     } else {
@@ -662,13 +680,17 @@ struct IDec;
 template <>
 struct IDec<Type::Q4_0> {
     static constexpr bool kMin = false;
+    static constexpr int kShift = 4;
     __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
         const int64_t blk = c * 8 + lane / 4;
         const char* bp = row + blk * 18;
         const int p = lane % 4;
         const uint32_t v = ld32_a2(bp + 2 + 4 * p);
-        w.v0 = static_cast<int32_t>(__vsub4(v & 0x0f0f0f0fu, 0x08080808u));
-        w.v1 = static_cast<int32_t>(__vsub4((v >> 4) & 0x0f0f0f0fu, 0x08080808u));
+        // Each byte 16 * (q - 8): the nibble moved to the byte's top half with its top bit
+        // flipped (two logic operations instead of a byte-wise subtract); q8_dot divides the
+        // sum by 16 (kShift), exactly, as every product is a multiple of 16.
+        w.v0 = static_cast<int32_t>(((v << 4) & 0xf0f0f0f0u) ^ 0x80808080u);
+        w.v1 = static_cast<int32_t>((v & 0xf0f0f0f0u) ^ 0x80808080u);
         w.d = h2f(ld16(bp));
         w.m = 0.0f;
         w.o0 = static_cast<int32_t>(blk * 32 + 4 * p);
@@ -679,6 +701,7 @@ struct IDec<Type::Q4_0> {
 template <>
 struct IDec<Type::Q4_1> {
     static constexpr bool kMin = true;
+    static constexpr int kShift = 0;
     __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
         const int64_t blk = c * 8 + lane / 4;
         const char* bp = row + blk * 20;
@@ -696,6 +719,7 @@ struct IDec<Type::Q4_1> {
 template <>
 struct IDec<Type::Q8_0> {
     static constexpr bool kMin = false;
+    static constexpr int kShift = 0;
     __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
         const int64_t blk = c * 8 + lane / 4;
         const char* bp = row + blk * 34;
@@ -712,6 +736,7 @@ struct IDec<Type::Q8_0> {
 template <>
 struct IDec<Type::Q4_K> {
     static constexpr bool kMin = true;
+    static constexpr int kShift = 0;
     __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
         const char* bp = row + c * 144;
         const int j = lane / 4, p = lane % 4;
@@ -721,8 +746,9 @@ struct IDec<Type::Q4_K> {
         w.m = -h2f(ld16(bp + 2)) * static_cast<float>(mn);
         const char* qs = bp + 16 + 32 * (j / 2) + 8 * p;
         const int sh = (j % 2) * 4;
-        w.v0 = static_cast<int32_t>((ld32_a2(qs) >> sh) & 0x0f0f0f0fu);
-        w.v1 = static_cast<int32_t>((ld32_a2(qs + 4) >> sh) & 0x0f0f0f0fu);
+        const uint2 q = ld64_a2(qs);
+        w.v0 = static_cast<int32_t>((q.x >> sh) & 0x0f0f0f0fu);
+        w.v1 = static_cast<int32_t>((q.y >> sh) & 0x0f0f0f0fu);
         w.o0 = static_cast<int32_t>(c * 256 + 32 * j + 8 * p);
         w.o1 = w.o0 + 4;
     }
@@ -731,6 +757,7 @@ struct IDec<Type::Q4_K> {
 template <>
 struct IDec<Type::Q5_K> {
     static constexpr bool kMin = true;
+    static constexpr int kShift = 0;
     __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
         const char* bp = row + c * 176;
         const int j = lane / 4, p = lane % 4;
@@ -740,11 +767,11 @@ struct IDec<Type::Q5_K> {
         w.m = -h2f(ld16(bp + 2)) * static_cast<float>(mn);
         const char* qs = bp + 48 + 32 * (j / 2) + 8 * p;
         const int sh = (j % 2) * 4;
-        const uint32_t h0 = ld32_a2(bp + 16 + 8 * p), h1 = ld32_a2(bp + 20 + 8 * p);
-        w.v0 = static_cast<int32_t>(((ld32_a2(qs) >> sh) & 0x0f0f0f0fu) |
-                                    (((h0 >> j) & 0x01010101u) << 4));
-        w.v1 = static_cast<int32_t>(((ld32_a2(qs + 4) >> sh) & 0x0f0f0f0fu) |
-                                    (((h1 >> j) & 0x01010101u) << 4));
+        const uint2 hh = ld64_a2(bp + 16 + 8 * p), q = ld64_a2(qs);
+        w.v0 =
+            static_cast<int32_t>(((q.x >> sh) & 0x0f0f0f0fu) | (((hh.x >> j) & 0x01010101u) << 4));
+        w.v1 =
+            static_cast<int32_t>(((q.y >> sh) & 0x0f0f0f0fu) | (((hh.y >> j) & 0x01010101u) << 4));
         w.o0 = static_cast<int32_t>(c * 256 + 32 * j + 8 * p);
         w.o1 = w.o0 + 4;
     }
@@ -753,6 +780,7 @@ struct IDec<Type::Q5_K> {
 template <>
 struct IDec<Type::Q6_K> {
     static constexpr bool kMin = false;
+    static constexpr int kShift = 2;
     __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
         const char* bp = row + c * 210;
         const int j = lane / 4, p = lane % 4;
@@ -762,12 +790,13 @@ struct IDec<Type::Q6_K> {
         const char* qh = bp + 128 + 32 * h + l0;
         const int lsh = part >= 2 ? 4 : 0;
         const int hsh = 2 * part;
-        const uint32_t q0 =
-            ((ld32_a2(ql) >> lsh) & 0x0f0f0f0fu) | (((ld32_a2(qh) >> hsh) & 0x03030303u) << 4);
-        const uint32_t q1 = ((ld32_a2(ql + 4) >> lsh) & 0x0f0f0f0fu) |
-                            (((ld32_a2(qh + 4) >> hsh) & 0x03030303u) << 4);
-        w.v0 = static_cast<int32_t>(__vsub4(q0, 0x20202020u));
-        w.v1 = static_cast<int32_t>(__vsub4(q1, 0x20202020u));
+        const uint2 lo = ld64_a2(ql), hi = ld64_a2(qh);
+        const uint32_t q0 = ((lo.x >> lsh) & 0x0f0f0f0fu) | (((hi.x >> hsh) & 0x03030303u) << 4);
+        const uint32_t q1 = ((lo.y >> lsh) & 0x0f0f0f0fu) | (((hi.y >> hsh) & 0x03030303u) << 4);
+        // Each byte 4 * (q - 32): q ^ 32 is q - 32 as a 6-bit two's complement number, shifted
+        // to the byte's top; q8_dot divides the sum by 4 (kShift), exactly.
+        w.v0 = static_cast<int32_t>((q0 ^ 0x20202020u) << 2);
+        w.v1 = static_cast<int32_t>((q1 ^ 0x20202020u) << 2);
         const int g = 8 * h + 2 * part + l0 / 16;
         w.d = h2f(ld16(bp + 208)) * static_cast<float>(static_cast<int8_t>(bp[192 + g]));
         w.m = 0.0f;
@@ -810,7 +839,7 @@ constexpr int kQ8MinBlocks = 4;
 template <Type T>
 __device__ __forceinline__ float q8_dot(const Lane8i& w, const int32_t* xq, const float* xd) {
     const int32_t a = xq[w.o0 / 4], b = xq[w.o1 / 4];
-    const int s = __dp4a(w.v1, b, __dp4a(w.v0, a, 0));
+    const int s = __dp4a(w.v1, b, __dp4a(w.v0, a, 0)) >> IDec<T>::kShift;
     const float dx = xd[w.o0 / 32];
     float r = w.d * dx * static_cast<float>(s);
     if constexpr (IDec<T>::kMin) {
@@ -872,9 +901,12 @@ __device__ __forceinline__ int seg_of(const MvArgs& g, int64_t m, int64_t* ms) {
 // rows); S warps share a row (split-K: warp part p takes the groups of U chunks p, p + S, ...,
 // and the block adds the parts), so that a short matrix or a long row still has enough loads
 // in flight. With S > 1 or the epilogue, M % (kQ8Warps / S) == 0 (the launcher checks).
-template <Type T, bool glu, bool epi = false>
+template <Type T, bool glu, bool epi, bool wide>
 __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(MvArgs g, int S) {
-    constexpr int U = glu ? 2 : 4;
+    // Chunks per warp whose loads are issued before the first is used. Wide (the default;
+    // FERRY_CUDA_MV_WIDE=0 turns it off): a row of K = 2048 in one round trip instead of two.
+    // With S = 1 the chunks are added in the same order either way (bit-identical).
+    constexpr int U = wide ? (glu ? 4 : 8) : (glu ? 2 : 4);
     extern __shared__ int32_t q8_smem[];
     __shared__ float red[kQ8Warps], red2[glu ? kQ8Warps : 1], pair[kQ8Warps];
     int32_t* xq = q8_smem;
@@ -908,21 +940,36 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
     }
     pdl_wait();
     // 8 consecutive threads quantize one block of 32 (K / 4 is a multiple of the block size,
-    // so every warp runs each iteration whole).
-    for (int64_t i = threadIdx.x; i < g.K / 4; i += blockDim.x) {
-        const float4 v = x4[i];
-        float a = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
-        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
-        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
-        const float d = a / 127.0f;
-        const float id = a > 0.0f ? 127.0f / a : 0.0f;
-        const uint32_t q0 = static_cast<uint32_t>(round_clamp(v.x * id, -127, 127)) & 0xffu;
-        const uint32_t q1 = static_cast<uint32_t>(round_clamp(v.y * id, -127, 127)) & 0xffu;
-        const uint32_t q2 = static_cast<uint32_t>(round_clamp(v.z * id, -127, 127)) & 0xffu;
-        const uint32_t q3 = static_cast<uint32_t>(round_clamp(v.w * id, -127, 127)) & 0xffu;
-        xq[i] = static_cast<int32_t>(q0 | (q1 << 8) | (q2 << 16) | (q3 << 24));
-        if (lane % 8 == 0) xd[i / 8] = d;
+    // so every warp runs each iteration whole). kPre loads per thread are issued before the
+    // first is used: b (32 KiB for K = 8192) arrives in one round trip, not kPre
+    // (FERRY_CUDA_MV_WIDE=0: one load at a time, as before).
+    const int64_t n4 = g.K / 4;
+    constexpr int kPre = wide ? 8 : 1;
+    for (int64_t i0 = threadIdx.x; i0 < n4; i0 += kPre * blockDim.x) {
+        float4 xv[kPre];
+#pragma unroll
+        for (int j = 0; j < kPre; j++) {
+            const int64_t i = i0 + j * static_cast<int64_t>(blockDim.x);
+            if (i < n4) xv[j] = x4[i];
+        }
+#pragma unroll
+        for (int j = 0; j < kPre; j++) {
+            const int64_t i = i0 + j * static_cast<int64_t>(blockDim.x);
+            if (i >= n4) break;
+            const float4 v = xv[j];
+            float a = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+            a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
+            a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
+            a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
+            const float d = a / 127.0f;
+            const float id = a > 0.0f ? 127.0f / a : 0.0f;
+            const uint32_t q0 = static_cast<uint32_t>(round_clamp(v.x * id, -127, 127)) & 0xffu;
+            const uint32_t q1 = static_cast<uint32_t>(round_clamp(v.y * id, -127, 127)) & 0xffu;
+            const uint32_t q2 = static_cast<uint32_t>(round_clamp(v.z * id, -127, 127)) & 0xffu;
+            const uint32_t q3 = static_cast<uint32_t>(round_clamp(v.w * id, -127, 127)) & 0xffu;
+            xq[i] = static_cast<int32_t>(q0 | (q1 << 8) | (q2 << 16) | (q3 << 24));
+            if (lane % 8 == 0) xd[i / 8] = d;
+        }
     }
     __syncthreads();
     const int64_t n_groups = n_chunks / U;
@@ -1009,23 +1056,38 @@ bool q8_vec_ok(const MvArgs& g, Type t) {
            aligned16(g.b, {g.b_nb2, g.b_nb3});
 }
 
-// Off unless FERRY_CUDA_MV_SPLIT=1: measured on the H200 (bench/results/cuda.md, 1B Q4_0
-// tg128, same run) 798 t/s with it against 814 without. The weights of a block's first rows
-// are already in L2 (prefetched while the kernel before runs), so more warps per row bought
-// no bandwidth, and its reductions cost time.
-bool q8_split_mode() {
+bool q8_wide_mode() {
     static const bool on = [] {
-        const char* v = std::getenv("FERRY_CUDA_MV_SPLIT");
-        return v && v[0] == '1';
+        const char* v = std::getenv("FERRY_CUDA_MV_WIDE");
+        return !(v && v[0] == '0');
     }();
     return on;
 }
 
-// Warps per row of the int8 kernel: doubled while the grid holds fewer than two waves of warps
-// and every warp keeps at least one whole group of U chunks; a block's rows then come in
-// groups of kQ8Warps / S, which must divide M (and, for the rope epilogue, hold row pairs).
+// FERRY_CUDA_MV_SPLIT: 0 no split-K; 1 the row-count rule below (measured on the H200,
+// bench/results/cuda.md, 1B Q4_0 tg128: 798 t/s with it against 814 without, when b's
+// quantization took one round trip per 1 KiB); unset: the row-length rule (long rows only).
+int q8_split_mode() {
+    static const int mode = [] {
+        const char* v = std::getenv("FERRY_CUDA_MV_SPLIT");
+        return v && v[0] == '0' ? 0 : (v && v[0] == '1' ? 1 : 2);
+    }();
+    return mode;
+}
+
+// Warps per row of the int8 kernel. Default (mode 2): two warps per row when a row holds at
+// least 4 * U chunks (the down projection's K = 8192: two round trips of U chunks per warp
+// instead of four, and twice the blocks); it depends only on K and M, so a product computes
+// the same sums alone and in a fused launch (the epilogue launch keeps S = 1). Mode 1: doubled
+// while the grid holds fewer than two waves of warps and every warp keeps at least one whole
+// group of U chunks. A block's rows come in groups of kQ8Warps / S, which must divide M (and,
+// for the rope epilogue, hold row pairs).
 int q8_split(int64_t M, int64_t n_chunks, int U, int n_sm, bool epi) {
-    if (!q8_split_mode()) return 1;
+    const int mode = q8_split_mode();
+    if (mode == 0) return 1;
+    if (mode == 2) {
+        return !epi && n_chunks >= 32 && M % (kQ8Warps / 2) == 0 ? 2 : 1;
+    }
     const int64_t target = 2 * static_cast<int64_t>(n_sm) * kQ8MinBlocks * kQ8Warps;
     const int max_s = epi ? kQ8Warps / 2 : kQ8Warps;
     int s = 1;
@@ -1039,11 +1101,18 @@ int q8_split(int64_t M, int64_t n_chunks, int U, int n_sm, bool epi) {
 template <Type T, bool glu, bool epi>
 void launch_q8(const MvArgs& g, unsigned mats, int n_sm, cudaStream_t st) {
     const size_t smem = static_cast<size_t>(g.K) + static_cast<size_t>(g.K) / 8;
-    const int S = q8_split(g.M, g.K / 256, glu ? 2 : 4, n_sm, epi);
+    const bool wide = q8_wide_mode();
+    const int U = wide ? (glu ? 4 : 8) : (glu ? 2 : 4);
+    const int S = q8_split(g.M, g.K / 256, U, n_sm, epi);
     const unsigned cap = static_cast<unsigned>(n_sm) * kQ8MinBlocks;
     const unsigned blocks = std::min(n_blocks(g.M, kQ8Warps / S), std::max(1u, cap / mats));
-    launch_pdl(k_mul_mat_vec_q8<T, glu, epi>, dim3(blocks, mats, 1), dim3(32 * kQ8Warps), smem, st,
-               g, S);
+    if (wide) {
+        launch_pdl(k_mul_mat_vec_q8<T, glu, epi, true>, dim3(blocks, mats, 1), dim3(32 * kQ8Warps),
+                   smem, st, g, S);
+    } else {
+        launch_pdl(k_mul_mat_vec_q8<T, glu, epi, false>, dim3(blocks, mats, 1), dim3(32 * kQ8Warps),
+                   smem, st, g, S);
+    }
 }
 
 template <bool glu, bool epi = false>
