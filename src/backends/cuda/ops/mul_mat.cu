@@ -310,6 +310,16 @@ struct MvArgs {
     int rope_dims, rope_head;
     double rope_base, rope_fscale;
     DeviceError* err;
+    // [ADD ->] RMS_NORM -> MUL folded into the int8 kernel's prologue (nx nullptr: none): b is
+    // ((nx + nadd) * 1/rms) * nw, computed by every block in the RMS_NORM kernel's order of
+    // operations (norm_threads virtual threads); nsum (or nullptr) receives nx + nadd, written
+    // by block (0, 0) only.
+    const float* nx;
+    const float* nadd;
+    const float* nw;
+    float* nsum;
+    float neps;
+    int norm_threads;
 };
 
 template <bool aligned>
@@ -594,6 +604,10 @@ MvArgs make_args(const Tensor* dst, const Tensor* res) {
     g.rope_dims = g.rope_head = 0;
     g.rope_base = g.rope_fscale = 0.0;
     g.err = nullptr;
+    g.nx = g.nadd = g.nw = nullptr;
+    g.nsum = nullptr;
+    g.neps = 0.0f;
+    g.norm_threads = 0;
     return g;
 }
 
@@ -887,6 +901,58 @@ __device__ __forceinline__ void q8_epilogue(const MvArgs& g, const MvSeg& sg, in
     }
 }
 
+// 1/rms of the row nx (+ nadd) exactly as the RMS_NORM kernel (k_norm) computes it: virtual
+// thread v < T (T = that kernel's block size, g.norm_threads) sums the squares of elements
+// v, v + T, ... with fmaf, each warp of 32 virtual threads adds its sums by warp_sum, and the
+// T / 32 warp sums are added by warp_sum again (block_sum). Thread t of this block plays
+// virtual threads t + 256 k, lane for lane, so every sum is the same tree of the same
+// operations and b comes out bit for bit as the unfused kernels give it.
+__device__ __forceinline__ float norm_inv(const MvArgs& g, float* red /* 32 floats */) {
+    const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+    const int T = g.norm_threads;
+    static_assert(kQ8Warps * 32 == 256, "thread t plays virtual threads t + 256 k");
+    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t base = 0; base < g.K; base += T) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int v = tid + 256 * k;
+            const int64_t i = base + v;
+            if (v < T && i < g.K) {
+                float e = g.nx[i];
+                if (g.nadd) e = e + g.nadd[i];
+                part[k] = fmaf(e, e, part[k]);
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        part[k] = warp_sum(part[k]);
+        if (lane == 0) red[warp + 8 * k] = part[k];
+    }
+    __syncthreads();
+    float t = lane < T / 32 ? red[lane] : 0.0f;
+    t = warp_sum(t);
+    return rsqrtf(t / static_cast<float>(g.K) + g.neps);
+}
+
+// Quantizes b's float4 number i (v: its values) into xq / xd; 8 consecutive threads hold one
+// block of 32 and call it together.
+__device__ __forceinline__ void q8_quantize4(float4 v, int64_t i, int lane, int32_t* xq,
+                                             float* xd) {
+    float a = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
+    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
+    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
+    const float d = a / 127.0f;
+    const float id = a > 0.0f ? 127.0f / a : 0.0f;
+    const uint32_t q0 = static_cast<uint32_t>(round_clamp(v.x * id, -127, 127)) & 0xffu;
+    const uint32_t q1 = static_cast<uint32_t>(round_clamp(v.y * id, -127, 127)) & 0xffu;
+    const uint32_t q2 = static_cast<uint32_t>(round_clamp(v.z * id, -127, 127)) & 0xffu;
+    const uint32_t q3 = static_cast<uint32_t>(round_clamp(v.w * id, -127, 127)) & 0xffu;
+    xq[i] = static_cast<int32_t>(q0 | (q1 << 8) | (q2 << 16) | (q3 << 24));
+    if (lane % 8 == 0) xd[i / 8] = d;
+}
+
 // The segment holding row m (of all segments) and m's row within it.
 __device__ __forceinline__ int seg_of(const MvArgs& g, int64_t m, int64_t* ms) {
     int s = 0;
@@ -908,7 +974,7 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
     // With S = 1 the chunks are added in the same order either way (bit-identical).
     constexpr int U = wide ? (glu ? 4 : 8) : (glu ? 2 : 4);
     extern __shared__ int32_t q8_smem[];
-    __shared__ float red[kQ8Warps], red2[glu ? kQ8Warps : 1], pair[kQ8Warps];
+    __shared__ float red[kQ8Warps], red2[glu ? kQ8Warps : 1], pair[kQ8Warps], nred[32];
     int32_t* xq = q8_smem;
     float* xd = reinterpret_cast<float*>(q8_smem + g.K / 4);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -944,31 +1010,37 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
     // first is used: b (32 KiB for K = 8192) arrives in one round trip, not kPre
     // (FERRY_CUDA_MV_WIDE=0: one load at a time, as before).
     const int64_t n4 = g.K / 4;
-    constexpr int kPre = wide ? 8 : 1;
-    for (int64_t i0 = threadIdx.x; i0 < n4; i0 += kPre * blockDim.x) {
-        float4 xv[kPre];
-#pragma unroll
-        for (int j = 0; j < kPre; j++) {
-            const int64_t i = i0 + j * static_cast<int64_t>(blockDim.x);
-            if (i < n4) xv[j] = x4[i];
+    if (g.nx) {
+        // b = the folded RMS_NORM (+ ADD) and MUL, element for element as k_norm computes it.
+        const float inv = norm_inv(g, nred);
+        const bool write_sum = g.nsum && blockIdx.x == 0 && blockIdx.y == 0;
+        for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
+            float4 e = reinterpret_cast<const float4*>(g.nx)[i];
+            const float4 w = reinterpret_cast<const float4*>(g.nw)[i];
+            if (g.nadd) {
+                const float4 c = reinterpret_cast<const float4*>(g.nadd)[i];
+                e = make_float4(e.x + c.x, e.y + c.y, e.z + c.z, e.w + c.w);
+                if (write_sum) reinterpret_cast<float4*>(g.nsum)[i] = e;
+            }
+            const float4 v = make_float4((e.x * inv) * w.x, (e.y * inv) * w.y, (e.z * inv) * w.z,
+                                         (e.w * inv) * w.w);
+            q8_quantize4(v, i, lane, xq, xd);
         }
+    } else {
+        constexpr int kPre = wide ? 8 : 1;
+        for (int64_t i0 = threadIdx.x; i0 < n4; i0 += kPre * blockDim.x) {
+            float4 xv[kPre];
 #pragma unroll
-        for (int j = 0; j < kPre; j++) {
-            const int64_t i = i0 + j * static_cast<int64_t>(blockDim.x);
-            if (i >= n4) break;
-            const float4 v = xv[j];
-            float a = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-            a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
-            a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
-            a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
-            const float d = a / 127.0f;
-            const float id = a > 0.0f ? 127.0f / a : 0.0f;
-            const uint32_t q0 = static_cast<uint32_t>(round_clamp(v.x * id, -127, 127)) & 0xffu;
-            const uint32_t q1 = static_cast<uint32_t>(round_clamp(v.y * id, -127, 127)) & 0xffu;
-            const uint32_t q2 = static_cast<uint32_t>(round_clamp(v.z * id, -127, 127)) & 0xffu;
-            const uint32_t q3 = static_cast<uint32_t>(round_clamp(v.w * id, -127, 127)) & 0xffu;
-            xq[i] = static_cast<int32_t>(q0 | (q1 << 8) | (q2 << 16) | (q3 << 24));
-            if (lane % 8 == 0) xd[i / 8] = d;
+            for (int j = 0; j < kPre; j++) {
+                const int64_t i = i0 + j * static_cast<int64_t>(blockDim.x);
+                if (i < n4) xv[j] = x4[i];
+            }
+#pragma unroll
+            for (int j = 0; j < kPre; j++) {
+                const int64_t i = i0 + j * static_cast<int64_t>(blockDim.x);
+                if (i >= n4) break;
+                q8_quantize4(xv[j], i, lane, xq, xd);
+            }
         }
     }
     __syncthreads();
@@ -1425,7 +1497,52 @@ bool can_join_mul_mat_epilogues(const EpilogueUnit& a, const EpilogueUnit& b) {
     return ra->src[1] == rb->src[1] && ra->src[2] == rb->src[2] && ra->ne[0] == rb->ne[0];
 }
 
-Status op_mul_mat_epilogue(OpContext& ctx, const EpilogueUnit* units, int n_units) {
+namespace {
+
+// A row of K F32 elements, contiguous and 16-byte aligned.
+bool f32_row(const Tensor* t, int64_t K) {
+    return t->type == Type::F32 && t->ne[0] == K && t->nrows() == 1 && t->is_contiguous() &&
+           aligned16(device_ptr(t), {});
+}
+
+void set_norm(MvArgs& g, const NormPrologue* p) {
+    if (!p || !p->norm) return;
+    const Tensor* x = p->add ? p->add->src[0] : p->norm->src[0];
+    g.nx = reinterpret_cast<const float*>(device_ptr(x));
+    g.nadd = p->add ? reinterpret_cast<const float*>(device_ptr(p->add->src[1])) : nullptr;
+    g.nsum = p->add ? reinterpret_cast<float*>(device_ptr(p->add)) : nullptr;
+    g.nw = reinterpret_cast<const float*>(device_ptr(p->mul->src[1]));
+    g.neps = p->norm->param_f(0);
+    g.norm_threads = norm_threads(g.K);
+}
+
+}  // namespace
+
+bool can_fold_norm(const NormPrologue& p, const Tensor* mm) {
+    const Tensor* mul = p.mul;
+    const Tensor* norm = p.norm;
+    if (!mul || !norm || mm->op != Op::MUL_MAT || mm->src[1] != mul || use_gemm(mm)) return false;
+    if (norm->op != Op::RMS_NORM || mul->op != Op::MUL || mul->src[0] != norm) return false;
+    const int64_t K = mul->ne[0];
+    const Tensor* x = norm->src[0];
+    if (!f32_row(mul, K) || !f32_row(x, K) || !f32_row(mul->src[1], K)) return false;
+    if (p.add && (p.add != x || p.add->op != Op::ADD || !f32_row(p.add->src[0], K) ||
+                  !f32_row(p.add->src[1], K))) {
+        return false;
+    }
+    if (norm_threads(K) > 4 * 32 * kQ8Warps) return false;
+    MvArgs g = make_args(mm, nullptr);
+    return g.K == K && g.ne2 == 1 && g.ne3 == 1 && q8_vec_ok(g, mm->src[0]->type);
+}
+
+Status op_mul_mat_norm(OpContext& ctx, const Tensor* mm, const NormPrologue& p) {
+    MvArgs g = make_args(mm, nullptr);
+    set_norm(g, &p);
+    return dispatch_q8<false>(ctx, g, mm->src[0]->type);
+}
+
+Status op_mul_mat_epilogue(OpContext& ctx, const EpilogueUnit* units, int n_units,
+                           const NormPrologue* pro) {
     if (n_units < 1 || n_units > kMaxSeg) {
         return Status::errorf("CUDA: MUL_MAT epilogue of %d products", n_units);
     }
@@ -1462,14 +1579,20 @@ Status op_mul_mat_epilogue(OpContext& ctx, const EpilogueUnit* units, int n_unit
         }
     }
     g.M = rows;
+    set_norm(g, pro);
     return dispatch_q8<false, true>(ctx, g, units[0].mm->src[0]->type);
 }
 
-Status op_mul_mat_swiglu(OpContext& ctx, const Tensor* gate, const Tensor* up, const Tensor* glu) {
+Status op_mul_mat_swiglu(OpContext& ctx, const Tensor* gate, const Tensor* up, const Tensor* glu,
+                         const NormPrologue* pro) {
     if (glu->nelements() == 0) return Status::ok();
     MvArgs g = make_args(gate, glu);
     g.a2 = device_ptr(up->src[0]);
-    if (q8_vec_ok(g, gate->src[0]->type)) return dispatch_q8<true>(ctx, g, gate->src[0]->type);
+    if (q8_vec_ok(g, gate->src[0]->type)) {
+        set_norm(g, pro);
+        return dispatch_q8<true>(ctx, g, gate->src[0]->type);
+    }
+    if (pro && pro->norm) return Status::error("CUDA: folded RMS_NORM without the int8 kernel");
     const dim3 grid(1, static_cast<unsigned>(g.ne2 * g.ne3), 1);
     return dispatch_vec<true>(ctx, g, gate->src[0]->type, grid, choose_split(g.M, g.K, ctx.n_sm));
 }
