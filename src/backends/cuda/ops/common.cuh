@@ -110,20 +110,6 @@ __device__ __forceinline__ uint32_t ld32_a2(const char* p) {
     return static_cast<uint32_t>(q[0]) | (static_cast<uint32_t>(q[1]) << 16);
 }
 
-// Eight bytes at a 2-byte aligned address, with the widest loads its alignment allows (one
-// 8-byte load, two 4-byte or four 2-byte ones): super-blocks of 144, 176 and 210 bytes keep
-// every or every other or every fourth one aligned, and a warp's lanes share the alignment
-// in every use, so the branch does not diverge.
-__device__ __forceinline__ uint2 ld64_a2(const char* p) {
-    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-    if ((a & 7) == 0) return *reinterpret_cast<const uint2*>(p);
-    if ((a & 3) == 0) {
-        const uint32_t* q = reinterpret_cast<const uint32_t*>(p);
-        return make_uint2(q[0], q[1]);
-    }
-    return make_uint2(ld32_a2(p), ld32_a2(p + 4));
-}
-
 // Records the first data error (op + 1, offending value, range end, position) and lets the
 // kernel skip the write.
 __device__ __forceinline__ void report_error(DeviceError* err, Op op, int64_t value, int64_t limit,
