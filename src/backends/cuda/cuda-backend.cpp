@@ -8,7 +8,6 @@
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "backends/cuda/cublas-api.h"
 #include "backends/cuda/ops/ops.h"
@@ -577,7 +576,6 @@ class CudaBackend : public Backend {
     std::vector<Step> steps_;
     std::unordered_map<const Tensor*, int> consumers_;
     std::unordered_map<const Tensor*, int> kconsumers_;  // readers that are not views, by storage
-    std::unordered_set<const Tensor*> written_;  // storage some kernel node of the graph writes
     char* scratch_ = nullptr;
     size_t scratch_size_ = 0;
     void* cublas_ = nullptr;
@@ -776,11 +774,6 @@ bool CudaBackend::match_epilogue(const std::vector<const Tensor*>& kn, size_t i,
     u->set_rows = sr;
     // The rope's result is written unless the fused store is its only reader.
     u->write_out = rope && (!sr || (rope->flags & kTensorOutput) != 0);
-    u->inputs_fixed = true;
-    for (const Tensor* t : {rope ? rope->src[1] : nullptr, rope ? rope->src[2] : nullptr,
-                            sr ? sr->src[2] : nullptr}) {
-        if (t && written_.count(t->storage()) != 0) u->inputs_fixed = false;
-    }
     *len = 1 + static_cast<size_t>(rope != nullptr) + static_cast<size_t>(sr != nullptr);
     return true;
 }
@@ -870,8 +863,6 @@ Status CudaBackend::plan(Graph& g) {
         }
         kn.push_back(n);
     }
-    written_.clear();
-    for (const Tensor* n : kn) written_.insert(n->storage());
     size_t scratch = 0;
     bool cublas = false;
     for (size_t i = 0; i < kn.size(); i++) {

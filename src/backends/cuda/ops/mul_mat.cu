@@ -320,11 +320,6 @@ struct MvArgs {
     float* nsum;
     float neps;
     int norm_threads;
-    // Epilogue inputs fetched early (FERRY_CUDA_MV_EARLY=0 turns it off): the residual of the
-    // block's first row right after pdl_wait; the rope angles (rope_dims <= 128) and the KV
-    // rows before it, which the plan allows only when no kernel of the graph writes the
-    // positions, frequency factors or row indices (graph inputs and weights).
-    bool early;
 };
 
 template <bool aligned>
@@ -558,14 +553,6 @@ bool aligned16(const void* p, std::initializer_list<int64_t> strides) {
     return true;
 }
 
-bool early_mode() {
-    static const bool on = [] {
-        const char* v = std::getenv("FERRY_CUDA_MV_EARLY");
-        return !(v && v[0] == '0');
-    }();
-    return on;
-}
-
 MvArgs make_args(const Tensor* dst, const Tensor* res) {
     const Tensor* a = dst->src[0];
     const Tensor* b = dst->src[1];
@@ -603,7 +590,6 @@ MvArgs make_args(const Tensor* dst, const Tensor* res) {
     g.nsum = nullptr;
     g.neps = 0.0f;
     g.norm_threads = 0;
-    g.early = early_mode();
     return g;
 }
 
@@ -864,24 +850,8 @@ __device__ __forceinline__ float q8_dot(const Lane8i& w, const int32_t* xq, cons
 // is the same for all of them: M % (kQ8Warps / S) == 0); v is the sum of row m (row ms of
 // segment sg), in every lane of the row's leading warp (part 0). Row pairs (2i, 2i+1) are rows
 // rl and rl ^ 1 of the block (segments hold whole row groups).
-// cos and sin of rope angle i: the same double angle as the ROPE kernel and the reference.
-__device__ __forceinline__ float2 rope_cs(const MvArgs& g, int i) {
-    const double f =
-        g.rope_ff
-            ? static_cast<double>(*reinterpret_cast<const float*>(g.rope_ff + i * g.rope_ff_nb0))
-            : 1.0;
-    const double theta = static_cast<double>(g.rope_pos[0]) * g.rope_fscale *
-                         pow(g.rope_base, -2.0 * i / static_cast<double>(g.rope_dims)) / f;
-    double sd, cd;
-    sincos(theta, &sd, &cd);
-    return make_float2(static_cast<float>(cd), static_cast<float>(sd));
-}
-
-// rcs: the angles computed early (or nullptr: computed here); kv_row: the KV row read early
-// (g.early) or -1 to read it here.
 __device__ __forceinline__ void q8_epilogue(const MvArgs& g, const MvSeg& sg, int64_t ms, int rl,
-                                            bool leader, int lane, float v, float* pair,
-                                            const float2* rcs, int32_t kv_row) {
+                                            bool leader, int lane, float v, float* pair) {
     if (sg.rope) {
         if (leader && lane == 0) pair[rl] = v;
         __syncthreads();
@@ -889,15 +859,23 @@ __device__ __forceinline__ void q8_epilogue(const MvArgs& g, const MvSeg& sg, in
         __syncthreads();  // the next row group's pair may be written after this
         const int e = static_cast<int>(ms % g.rope_head);
         if (leader && lane == 0 && e < g.rope_dims) {
-            const float2 a = rcs ? rcs[e / 2] : rope_cs(g, e / 2);
-            const float cs = a.x, sn = a.y;
+            // The same double angle as the ROPE kernel and the reference.
+            const int i = e / 2;
+            const double f = g.rope_ff ? static_cast<double>(*reinterpret_cast<const float*>(
+                                             g.rope_ff + i * g.rope_ff_nb0))
+                                       : 1.0;
+            const double theta = static_cast<double>(g.rope_pos[0]) * g.rope_fscale *
+                                 pow(g.rope_base, -2.0 * i / static_cast<double>(g.rope_dims)) / f;
+            double sd, cd;
+            sincos(theta, &sd, &cd);
+            const float cs = static_cast<float>(cd), sn = static_cast<float>(sd);
             v = (e % 2 == 0) ? x0 * cs - x1 * sn : x0 * sn + x1 * cs;
         }
     }
     if (!leader || lane != 0) return;
     if (sg.write_out) sg.out[ms] = v;
     if (sg.kv) {
-        const int32_t row = g.early ? kv_row : sg.kv_idx[0];
+        const int32_t row = sg.kv_idx[0];
         if (row < 0 || row >= sg.kv_rows) {
             report_error(g.err, Op::SET_ROWS, row, sg.kv_rows, 0);
         } else {
@@ -975,13 +953,12 @@ __device__ __forceinline__ int seg_of(const MvArgs& g, int64_t m, int64_t* ms) {
 // in flight. With S > 1 or the epilogue, M % (kQ8Warps / S) == 0 (the launcher checks).
 template <Type T, bool glu, bool epi, bool wide>
 __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(MvArgs g, int S) {
-    // Chunks per warp whose loads are issued before the first is used. Wide
-    // (FERRY_CUDA_MV_WIDE=1): a row of K = 2048 in one round trip instead of two.
+    // Chunks per warp whose loads are issued before the first is used. Wide (the default;
+    // FERRY_CUDA_MV_WIDE=0 turns it off): a row of K = 2048 in one round trip instead of two.
     // With S = 1 the chunks are added in the same order either way (bit-identical).
     constexpr int U = wide ? (glu ? 4 : 8) : (glu ? 2 : 4);
     extern __shared__ int32_t q8_smem[];
     __shared__ float red[kQ8Warps], red2[glu ? kQ8Warps : 1], pair[kQ8Warps], nred[32];
-    __shared__ float2 rcs[epi ? 64 : 1];
     int32_t* xq = q8_smem;
     float* xd = reinterpret_cast<float*>(q8_smem + g.K / 4);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -1011,33 +988,11 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
             if constexpr (glu) prefetch_l2(g.a2 + a_mat + m0 * g.a_nb1 + off, n, lane);
         }
     }
-    // The epilogue's own inputs, which no kernel of the graph writes (g.early: the plan
-    // checked): the rope angles into shared memory (seen by all after the barrier below), the
-    // KV rows into registers.
-    int32_t kv_row0 = -1, kv_row1 = -1, kv_row2 = -1;
-    if constexpr (epi) {
-        if (g.early) {
-            if (g.rope_dims > 0 && warp == 0) {
-                for (int i = lane; i < g.rope_dims / 2; i += 32) rcs[i] = rope_cs(g, i);
-            }
-            if (g.seg[0].kv) kv_row0 = g.seg[0].kv_idx[0];
-            if (g.n_seg > 1 && g.seg[1].kv) kv_row1 = g.seg[1].kv_idx[0];
-            if (g.n_seg > 2 && g.seg[2].kv) kv_row2 = g.seg[2].kv_idx[0];
-        }
-    }
     pdl_wait();
-    // The residual of this warp's first row, on its way while b is quantized.
-    const int64_t m_first = static_cast<int64_t>(blockIdx.x) * R + rl;
-    const float* res_mat =
-        g.res ? reinterpret_cast<const float*>(g.res + i2 * g.res_nb2 + i3 * g.res_nb3) : nullptr;
-    float res_first = 0.0f;
-    if (!epi && g.early && res_mat && part == 0 && lane == 0 && m_first < g.M) {
-        res_first = res_mat[m_first];
-    }
     // 8 consecutive threads quantize one block of 32 (K / 4 is a multiple of the block size,
     // so every warp runs each iteration whole). kPre loads per thread are issued before the
     // first is used: b (32 KiB for K = 8192) arrives in one round trip, not kPre
-    // (wide only: one load at a time otherwise, as before).
+    // (FERRY_CUDA_MV_WIDE=0: one load at a time, as before).
     const int64_t n4 = g.K / 4;
     if (g.nx) {
         // b = the folded RMS_NORM (+ ADD) and MUL, element for element as k_norm computes it.
@@ -1128,15 +1083,15 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
         }
         const bool leader = part == 0 && valid;
         if constexpr (epi) {
-            q8_epilogue(g, g.seg[sg], ms, rl, leader, lane, acc, pair,
-                        g.early && g.rope_dims > 0 ? rcs : nullptr,
-                        sg == 0 ? kv_row0 : (sg == 1 ? kv_row1 : kv_row2));
+            q8_epilogue(g, g.seg[sg], ms, rl, leader, lane, acc, pair);
             continue;
         }
         if (leader && lane == 0) {
             float v = acc;
             if constexpr (glu) v = v / (1.0f + expf(-v)) * acc2;
-            if (res_mat) v += g.early && m == m_first ? res_first : res_mat[m];
+            if (g.res) {
+                v += reinterpret_cast<const float*>(g.res + i2 * g.res_nb2 + i3 * g.res_nb3)[m];
+            }
             g.out[(i3 * g.ne2 + i2) * g.M + m] = v;
         }
     }
@@ -1157,13 +1112,13 @@ bool q8_vec_ok(const MvArgs& g, Type t) {
            aligned16(g.b, {g.b_nb2, g.b_nb3});
 }
 
-// Off unless FERRY_CUDA_MV_WIDE=1: measured on the H200 (bench/results/cuda.md, 1B Q4_0
-// tg128, same run) 845.9 t/s with it against 844.7 without, and its kernels spill a few
-// registers under the 64-register cap.
+// On unless FERRY_CUDA_MV_WIDE=0: measured on the H200 (bench/results/cuda.md, 1B Q4_0
+// tg128, same run) 935 t/s with it against 896 without (its kernels spill a few bytes of
+// registers under the 64-register cap, and gain anyway).
 bool q8_wide_mode() {
     static const bool on = [] {
         const char* v = std::getenv("FERRY_CUDA_MV_WIDE");
-        return v && v[0] == '1';
+        return !(v && v[0] == '0');
     }();
     return on;
 }
@@ -1612,8 +1567,6 @@ Status op_mul_mat_epilogue(OpContext& ctx, const EpilogueUnit* units, int n_unit
     }
     g.M = rows;
     set_norm(g, pro);
-    for (int u = 0; u < n_units; u++) g.early = g.early && units[u].inputs_fixed;
-    if (g.rope_dims > 128) g.early = false;
     return dispatch_q8<false, true>(ctx, g, units[0].mm->src[0]->type);
 }
 

@@ -63,9 +63,6 @@ struct EpilogueUnit {
     const Tensor* rope = nullptr;      // or nullptr
     const Tensor* set_rows = nullptr;  // or nullptr
     bool write_out = false;
-    // No kernel of the graph writes the rope's positions and frequency factors or the
-    // SET_ROWS indices: the kernel may read them before the kernel before it has finished.
-    bool inputs_fixed = false;
 };
 //   [ADD(a, b) ->] RMS_NORM -> MUL(., w) -> the int8 product(s) reading the MUL (decode): the
 //   norm computed in the product kernel's prologue, by every block, in the RMS_NORM kernel's
