@@ -67,29 +67,18 @@ __global__ void __launch_bounds__(32 * kWarps) k_attn(AttnArgs g) {
     const char* vbase = g.v.p + hk * g.v.nb[2] + k3 * g.v.nb[3];
     float m = -INFINITY, l = 0.0f;
     for (int64_t j = j0 + warp; j < j1; j += kWarps) {
-        // The key's mask, k row and v row are loaded together, before any is used: one
-        // round trip per key instead of three (mask, then k, then v after the score). The
-        // arithmetic is the same, in the same order; a masked key is skipped as before.
         float mk = 0.0f;
         if (g.has_mask) {
             mk = g.mask_f16 ? h2f(reinterpret_cast<const uint16_t*>(mrow)[j])
                             : reinterpret_cast<const float*>(mrow)[j];
+            if (mk == -INFINITY) continue;
         }
         const char* krow = kbase + j * g.k.nb[1];
-        const char* vrow = vbase + j * g.v.nb[1];
-        float kk[DT], vv[DT];
-#pragma unroll
-        for (int t = 0; t < DT; t++) {
-            const int64_t d = lane + 32 * t;
-            kk[t] = d < g.D ? kv_at(g.kt, krow, d) : 0.0f;
-            vv[t] = d < g.Dv ? kv_at(g.vt, vrow, d) : 0.0f;
-        }
-        if (g.has_mask && mk == -INFINITY) continue;
         float s = 0.0f;
 #pragma unroll
         for (int t = 0; t < DT; t++) {
             const int64_t d = lane + 32 * t;
-            if (d < g.D) s = fmaf(qv[t], kk[t], s);
+            if (d < g.D) s = fmaf(qv[t], kv_at(g.kt, krow, d), s);
         }
         s = warp_sum(s) * g.scale + mk;
         if (s == -INFINITY) continue;
@@ -98,8 +87,13 @@ __global__ void __launch_bounds__(32 * kWarps) k_attn(AttnArgs g) {
         const float p = expf(s - m_new);
         l = l * corr + p;
         m = m_new;
+        const char* vrow = vbase + j * g.v.nb[1];
 #pragma unroll
-        for (int t = 0; t < DT; t++) acc[t] = fmaf(p, vv[t], acc[t] * corr);
+        for (int t = 0; t < DT; t++) {
+            const int64_t d = lane + 32 * t;
+            const float vv = d < g.Dv ? kv_at(g.vt, vrow, d) : 0.0f;
+            acc[t] = fmaf(p, vv, acc[t] * corr);
+        }
     }
     // Merge the warps.
     if (lane == 0) {
@@ -151,44 +145,25 @@ __global__ void __launch_bounds__(32 * kWarps) k_attn(AttnArgs g) {
         done = __shfl_sync(0xffffffffu, done, 0);
         if (done != g.n_split - 1) return;
         __threadfence();
-        // The splits' maxima: lane sp reads split sp's (n_split <= 32), one round trip; the
-        // maximum is exact in any order.
-        float MM = lane < g.n_split
-                       ? __ldcg(g.partial + (static_cast<int64_t>(lane) * rows + r) * (g.Dv + 2))
-                       : -INFINITY;
-        MM = warp_max(MM);
+        float MM = -INFINITY;
+        for (int sp = 0; sp < g.n_split; sp++) {
+            MM = fmaxf(MM, __ldcg(g.partial + (static_cast<int64_t>(sp) * rows + r) * (g.Dv + 2)));
+        }
         float LL = 0.0f;
         float acc_o[DT];
 #pragma unroll
         for (int t = 0; t < DT; t++) acc_o[t] = 0.0f;
         if (MM != -INFINITY) {
-            // kB splits' (max, sum, output) loaded together, then added in split order (the
-            // same sums as one split at a time).
-            constexpr int kB = 4;
-            for (int sp0 = 0; sp0 < g.n_split; sp0 += kB) {
-                float qm[kB], ql[kB], qo[kB][DT];
+            for (int sp = 0; sp < g.n_split; sp++) {
+                const float* q = g.partial + (static_cast<int64_t>(sp) * rows + r) * (g.Dv + 2);
+                const float qm = __ldcg(q);
+                if (qm == -INFINITY) continue;
+                const float f = expf(qm - MM);
+                LL += __ldcg(q + 1) * f;
 #pragma unroll
-                for (int b = 0; b < kB; b++) {
-                    const int sp = min(sp0 + b, g.n_split - 1);
-                    const float* q = g.partial + (static_cast<int64_t>(sp) * rows + r) * (g.Dv + 2);
-                    qm[b] = __ldcg(q);
-                    ql[b] = __ldcg(q + 1);
-#pragma unroll
-                    for (int t = 0; t < DT; t++) {
-                        const int64_t d = lane + 32 * t;
-                        qo[b][t] = d < g.Dv ? __ldcg(q + 2 + d) : 0.0f;
-                    }
-                }
-#pragma unroll
-                for (int b = 0; b < kB; b++) {
-                    if (sp0 + b >= g.n_split || qm[b] == -INFINITY) continue;
-                    const float f = expf(qm[b] - MM);
-                    LL += ql[b] * f;
-#pragma unroll
-                    for (int t = 0; t < DT; t++) {
-                        const int64_t d = lane + 32 * t;
-                        if (d < g.Dv) acc_o[t] += qo[b][t] * f;
-                    }
+                for (int t = 0; t < DT; t++) {
+                    const int64_t d = lane + 32 * t;
+                    if (d < g.Dv) acc_o[t] += __ldcg(q + 2 + d) * f;
                 }
             }
         }
