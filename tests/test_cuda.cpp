@@ -514,6 +514,98 @@ TEST(Cuda, FusedKernelsNeverOverwriteWhatTheyRead) {
     }
 }
 
+// The RMS norm folded into the int8 product that reads it (FERRY_CUDA_FUSE_NORM_MV): every
+// block recomputes the norm in the RMS_NORM kernel's own order of operations, so the results
+// equal the unfused kernels' bit for bit, for each block size that kernel picks (K = 256:
+// 256 threads, 2048: 1024), with and without the residual ADD before it (whose sum is
+// written by one block and must equal the CPU's, the same float additions), for a plain
+// product and gate+up+SWIGLU. The unfused kernels are what test-ops checks against the
+// float64 reference and ModelShapedProductsMatchTheCpu against the CPU: the product of this
+// normalised b is not compared with the CPU again here (the CPU rounds b's q8 scales to
+// fp16, the GPU does not: for b scaled by a norm weight the two land 1.4e-4 apart in NMSE,
+// measured on the H200, against a 1e-4 bound set for uniform inputs).
+TEST(Cuda, FoldedNormMatchesTheUnfusedKernels) {
+    REQUIRE_GPU();
+    std::unique_ptr<Backend> cbe = cpu::make_cpu_backend(2);
+    uint32_t seed = 11;
+    auto rnd = [&seed]() {
+        seed = seed * 1664525u + 1013904223u;
+        return static_cast<float>(seed >> 8) / 16777216.0f * 2.0f - 1.0f;
+    };
+    const int64_t M = 1024;
+    for (Type t : {Type::Q4_0, Type::Q6_K}) {
+        for (int64_t K : {int64_t{256}, int64_t{2048}}) {
+            std::vector<float> wf(static_cast<size_t>(K * M));
+            std::vector<uint8_t> wb[2];
+            for (auto& w : wb) {
+                for (float& v : wf) v = rnd();
+                w.resize(static_cast<size_t>(M) * row_size(t, K));
+                ASSERT_TRUE(from_float_row(t, wf.data(), w.data(), K * M));
+            }
+            std::vector<float> xv(static_cast<size_t>(K)), rv(xv.size()), nv(xv.size());
+            for (float& v : xv) v = rnd() * 3.0f;
+            for (float& v : rv) v = rnd();
+            for (float& v : nv) v = rnd() + 1.5f;
+            for (bool with_add : {false, true}) {
+                for (bool glu : {false, true}) {
+                    // 0: GPU, folded; 1: GPU, norm kernels apart; 2: CPU
+                    std::vector<float> outs[3], sums[3];
+                    for (int d = 0; d < 3; d++) {
+                        if (d == 1) setenv("FERRY_CUDA_FUSE_NORM_MV", "0", 1);
+                        Expected<std::unique_ptr<Backend>> gbe = gpu()->make_backend();
+                        unsetenv("FERRY_CUDA_FUSE_NORM_MV");
+                        ASSERT_TRUE(gbe) << gbe.message();
+                        Backend* be = d < 2 ? gbe->get() : cbe.get();
+                        BufferType* bt = d < 2 ? gpu()->buffer_type() : cpu::host_buffer_type();
+                        Context in, gc;
+                        Tensor* w0 = in.new_tensor(t, {K, M});
+                        Tensor* w1 = in.new_tensor(t, {K, M});
+                        Tensor* x = in.new_tensor(Type::F32, {K, 1});
+                        Tensor* r = in.new_tensor(Type::F32, {K, 1});
+                        Tensor* nw = in.new_tensor(Type::F32, {K});
+                        Expected<std::unique_ptr<Buffer>> buf = allocate_context_tensors(in, bt);
+                        ASSERT_TRUE(buf) << buf.message();
+                        ASSERT_TRUE(tensor_set(w0, wb[0].data(), wb[0].size()));
+                        ASSERT_TRUE(tensor_set(w1, wb[1].data(), wb[1].size()));
+                        ASSERT_TRUE(tensor_set(x, xv.data(), xv.size() * 4));
+                        ASSERT_TRUE(tensor_set(r, rv.data(), rv.size() * 4));
+                        ASSERT_TRUE(tensor_set(nw, nv.data(), nv.size() * 4));
+                        Tensor* xs = with_add ? gc.add(gc.scale(x, 0.5f), r) : gc.scale(x, 0.5f);
+                        Tensor* h = gc.mul(gc.rms_norm(xs, 1e-5f), nw);
+                        Tensor* y = glu ? gc.swiglu(gc.mul_mat(w0, h), gc.mul_mat(w1, h))
+                                        : gc.mul_mat(w0, h);
+                        y->flags |= kTensorOutput;
+                        xs->flags |= kTensorOutput;
+                        Graph g;
+                        g.build_forward(y);
+                        g.build_forward(xs);
+                        GraphAllocator alloc(bt);
+                        ASSERT_TRUE(alloc.allocate(g));
+                        for (int rep = 0; rep < 2; rep++) {
+                            ASSERT_TRUE(be->compute(g));
+                            ASSERT_TRUE(be->synchronize());
+                        }
+                        outs[d].resize(static_cast<size_t>(M));
+                        sums[d].resize(static_cast<size_t>(K));
+                        ASSERT_TRUE(tensor_get(y, outs[d].data(), outs[d].size() * 4));
+                        ASSERT_TRUE(tensor_get(xs, sums[d].data(), sums[d].size() * 4));
+                    }
+                    const std::string what = std::string(type_name(t)) + " K=" + std::to_string(K) +
+                                             (with_add ? " add" : "") +
+                                             (glu ? " gate+up+swiglu" : "");
+                    EXPECT_EQ(outs[0], outs[1]) << what;
+                    EXPECT_EQ(sums[0], sums[1]) << what;
+                    EXPECT_EQ(sums[0], sums[2]) << what;
+                    // Not all zero, and no NaN: the comparisons above mean something.
+                    double ss = 0.0;
+                    for (float v : outs[0]) ss += static_cast<double>(v) * v;
+                    EXPECT_TRUE(ss > 0.0 && std::isfinite(ss)) << what;
+                }
+            }
+        }
+    }
+}
+
 TEST(Cuda, EventsAndPinnedUploads) {
     REQUIRE_GPU();
     Expected<std::unique_ptr<Backend>> be = gpu()->make_backend();

@@ -486,6 +486,7 @@ class CudaBackend : public Backend {
         use_add_norm_ = !env_off("FERRY_CUDA_FUSE_ADD_NORM");
         use_epilogue_ = !env_off("FERRY_CUDA_FUSE_EPILOGUE");
         use_qkv_ = !env_off("FERRY_CUDA_FUSE_QKV");
+        use_norm_mv_ = !env_off("FERRY_CUDA_FUSE_NORM_MV");
         const char* p = std::getenv("FERRY_CUDA_PROFILE");
         profile_ = p && std::strcmp(p, "1") == 0;
     }
@@ -584,7 +585,10 @@ class CudaBackend : public Backend {
         // kind 5: the products (each with its ROPE and/or SET_ROWS) of one launch
         std::array<EpilogueUnit, 3> units{};
         int n_units = 0;
+        // kinds 0, 3, 5: the [ADD ->] RMS_NORM -> MUL computed in the product's prologue
+        NormPrologue pro{};
     };
+    bool fold_norm(const Step& s, Step* t) const;
     bool match_epilogue(const std::vector<const Tensor*>& kn, size_t i, EpilogueUnit* u,
                         size_t* len);
     Status plan(Graph& g);
@@ -601,7 +605,7 @@ class CudaBackend : public Backend {
     cudaStream_t stream_;
     OpContext ctx_;
     bool use_graphs_ = true, use_fusion_ = true, use_add_norm_ = true, use_epilogue_ = true,
-         use_qkv_ = true;
+         use_qkv_ = true, use_norm_mv_ = true;
     std::vector<Step> steps_;
     std::unordered_map<const Tensor*, int> consumers_;
     std::unordered_map<const Tensor*, int> kconsumers_;  // readers that are not views, by storage
@@ -807,6 +811,62 @@ bool CudaBackend::match_epilogue(const std::vector<const Tensor*>& kn, size_t i,
     return true;
 }
 
+// A norm step s (kind 1: RMS_NORM+MUL, 4: ADD+RMS_NORM+MUL) whose MUL only the product
+// launch t that follows reads (kinds 0, 3, 5, the int8 kernel) is computed in t's prologue
+// instead (FERRY_CUDA_FUSE_NORM_MV=0 turns it off). Every block of t reads the norm's inputs
+// while other blocks write t's results, and block 0 writes the ADD's sum: none of these may
+// share a byte.
+bool CudaBackend::fold_norm(const Step& s, Step* t) const {
+    NormPrologue p;
+    if (s.kind == 1) {
+        p = {nullptr, s.node, s.second};
+    } else if (s.kind == 4) {
+        p = {s.node, s.second, s.third};
+    } else {
+        return false;
+    }
+    const Tensor* mul = p.mul;
+    if ((mul->flags & kTensorOutput) != 0) return false;
+    std::vector<const Tensor*> mms, outs;
+    if (t->kind == 0 && t->node->op == Op::MUL_MAT) {
+        mms = {t->node};
+        outs = {t->node};
+    } else if (t->kind == 3) {
+        mms = {t->node, t->second};
+        outs = {t->third};
+    } else if (t->kind == 5) {
+        for (int u = 0; u < t->n_units; u++) {
+            const EpilogueUnit& e = t->units[static_cast<size_t>(u)];
+            mms.push_back(e.mm);
+            for (const Tensor* o : {e.mm, e.rope, e.set_rows}) {
+                if (o) outs.push_back(o);
+            }
+        }
+    } else {
+        return false;
+    }
+    const auto it = consumers_.find(mul);
+    if (it == consumers_.end() || it->second != static_cast<int>(mms.size())) return false;
+    for (const Tensor* mm : mms) {
+        if (!can_fold_norm(p, mm)) return false;
+    }
+    std::vector<const Tensor*> ins = {p.norm->src[0], mul->src[1]};
+    if (p.add) ins = {p.add->src[0], p.add->src[1], mul->src[1]};
+    for (const Tensor* o : outs) {
+        for (const Tensor* in : ins) {
+            if (overlaps(o, in)) return false;
+        }
+        if (p.add && overlaps(o, p.add)) return false;
+    }
+    if (p.add) {
+        for (const Tensor* in : ins) {
+            if (overlaps(p.add, in)) return false;
+        }
+    }
+    t->pro = p;
+    return true;
+}
+
 Status CudaBackend::plan(Graph& g) {
     steps_.clear();
     consumers_.clear();
@@ -898,6 +958,15 @@ Status CudaBackend::plan(Graph& g) {
                                                             : size_t{0});
         cublas |= needs_cublas(n);
     }
+    if (use_fusion_ && use_norm_mv_) {
+        std::vector<Step> kept;
+        kept.reserve(steps_.size());
+        for (size_t i = 0; i < steps_.size(); i++) {
+            if (i + 1 < steps_.size() && fold_norm(steps_[i], &steps_[i + 1])) continue;
+            kept.push_back(steps_[i]);
+        }
+        steps_ = std::move(kept);
+    }
     FERRY_TRY(ensure_scratch(scratch));
     if (cublas) FERRY_TRY(ensure_cublas());
     return Status::ok();
@@ -910,12 +979,13 @@ Status CudaBackend::run_step(const Step& s) {
         case 2:
             return op_mul_mat_add(ctx_, s.node, s.second);
         case 3:
-            return op_mul_mat_swiglu(ctx_, s.node, s.second, s.third);
+            return op_mul_mat_swiglu(ctx_, s.node, s.second, s.third, &s.pro);
         case 4:
             return op_add_rms_norm_mul(ctx_, s.node, s.second, s.third);
         case 5:
-            return op_mul_mat_epilogue(ctx_, s.units.data(), s.n_units);
+            return op_mul_mat_epilogue(ctx_, s.units.data(), s.n_units, &s.pro);
         default:
+            if (s.pro.norm) return op_mul_mat_norm(ctx_, s.node, s.pro);
             return run_node(ctx_, s.node);
     }
 }
@@ -1054,7 +1124,8 @@ Status CudaBackend::run_profiled() {
         cudaEventElapsedTime(&ms, prof_ev_[i], prof_ev_[i + 1]);
         const Step& s = steps_[i];
         const Tensor* n = s.third ? s.third : (s.second ? s.second : s.node);
-        std::string k = op_name(s.node->op);
+        std::string k = s.pro.norm ? (s.pro.add ? "ADD+RMS_NORM+MUL+" : "RMS_NORM+MUL+") : "";
+        k += op_name(s.node->op);
         if (s.second) k += std::string("+") + op_name(s.second->op);
         if (s.third) k += std::string("+") + op_name(s.third->op);
         double bytes = static_cast<double>(n->nbytes());

@@ -310,6 +310,16 @@ struct MvArgs {
     int rope_dims, rope_head;
     double rope_base, rope_fscale;
     DeviceError* err;
+    // [ADD ->] RMS_NORM -> MUL folded into the int8 kernel's prologue (nx nullptr: none): b is
+    // ((nx + nadd) * 1/rms) * nw, computed by every block in the RMS_NORM kernel's order of
+    // operations (norm_threads virtual threads); nsum (or nullptr) receives nx + nadd, written
+    // by block (0, 0) only.
+    const float* nx;
+    const float* nadd;
+    const float* nw;
+    float* nsum;
+    float neps;
+    int norm_threads;
 };
 
 template <bool aligned>
@@ -576,6 +586,10 @@ MvArgs make_args(const Tensor* dst, const Tensor* res) {
     g.rope_dims = g.rope_head = 0;
     g.rope_base = g.rope_fscale = 0.0;
     g.err = nullptr;
+    g.nx = g.nadd = g.nw = nullptr;
+    g.nsum = nullptr;
+    g.neps = 0.0f;
+    g.norm_threads = 0;
     return g;
 }
 
@@ -662,13 +676,17 @@ struct IDec;
 template <>
 struct IDec<Type::Q4_0> {
     static constexpr bool kMin = false;
+    static constexpr int kShift = 4;
     __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
         const int64_t blk = c * 8 + lane / 4;
         const char* bp = row + blk * 18;
         const int p = lane % 4;
         const uint32_t v = ld32_a2(bp + 2 + 4 * p);
-        w.v0 = static_cast<int32_t>(__vsub4(v & 0x0f0f0f0fu, 0x08080808u));
-        w.v1 = static_cast<int32_t>(__vsub4((v >> 4) & 0x0f0f0f0fu, 0x08080808u));
+        // Each byte 16 * (q - 8): the nibble moved to the byte's top half with its top bit
+        // flipped (two logic operations instead of a byte-wise subtract); q8_dot divides the
+        // sum by 16 (kShift), exactly, as every product is a multiple of 16.
+        w.v0 = static_cast<int32_t>(((v << 4) & 0xf0f0f0f0u) ^ 0x80808080u);
+        w.v1 = static_cast<int32_t>((v & 0xf0f0f0f0u) ^ 0x80808080u);
         w.d = h2f(ld16(bp));
         w.m = 0.0f;
         w.o0 = static_cast<int32_t>(blk * 32 + 4 * p);
@@ -679,6 +697,7 @@ struct IDec<Type::Q4_0> {
 template <>
 struct IDec<Type::Q4_1> {
     static constexpr bool kMin = true;
+    static constexpr int kShift = 0;
     __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
         const int64_t blk = c * 8 + lane / 4;
         const char* bp = row + blk * 20;
@@ -696,6 +715,7 @@ struct IDec<Type::Q4_1> {
 template <>
 struct IDec<Type::Q8_0> {
     static constexpr bool kMin = false;
+    static constexpr int kShift = 0;
     __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
         const int64_t blk = c * 8 + lane / 4;
         const char* bp = row + blk * 34;
@@ -712,6 +732,7 @@ struct IDec<Type::Q8_0> {
 template <>
 struct IDec<Type::Q4_K> {
     static constexpr bool kMin = true;
+    static constexpr int kShift = 0;
     __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
         const char* bp = row + c * 144;
         const int j = lane / 4, p = lane % 4;
@@ -731,6 +752,7 @@ struct IDec<Type::Q4_K> {
 template <>
 struct IDec<Type::Q5_K> {
     static constexpr bool kMin = true;
+    static constexpr int kShift = 0;
     __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
         const char* bp = row + c * 176;
         const int j = lane / 4, p = lane % 4;
@@ -740,11 +762,12 @@ struct IDec<Type::Q5_K> {
         w.m = -h2f(ld16(bp + 2)) * static_cast<float>(mn);
         const char* qs = bp + 48 + 32 * (j / 2) + 8 * p;
         const int sh = (j % 2) * 4;
-        const uint32_t h0 = ld32_a2(bp + 16 + 8 * p), h1 = ld32_a2(bp + 20 + 8 * p);
-        w.v0 = static_cast<int32_t>(((ld32_a2(qs) >> sh) & 0x0f0f0f0fu) |
-                                    (((h0 >> j) & 0x01010101u) << 4));
-        w.v1 = static_cast<int32_t>(((ld32_a2(qs + 4) >> sh) & 0x0f0f0f0fu) |
-                                    (((h1 >> j) & 0x01010101u) << 4));
+        const uint2 hh = make_uint2(ld32_a2(bp + 16 + 8 * p), ld32_a2(bp + 20 + 8 * p));
+        const uint2 q = make_uint2(ld32_a2(qs), ld32_a2(qs + 4));
+        w.v0 =
+            static_cast<int32_t>(((q.x >> sh) & 0x0f0f0f0fu) | (((hh.x >> j) & 0x01010101u) << 4));
+        w.v1 =
+            static_cast<int32_t>(((q.y >> sh) & 0x0f0f0f0fu) | (((hh.y >> j) & 0x01010101u) << 4));
         w.o0 = static_cast<int32_t>(c * 256 + 32 * j + 8 * p);
         w.o1 = w.o0 + 4;
     }
@@ -753,6 +776,7 @@ struct IDec<Type::Q5_K> {
 template <>
 struct IDec<Type::Q6_K> {
     static constexpr bool kMin = false;
+    static constexpr int kShift = 2;
     __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
         const char* bp = row + c * 210;
         const int j = lane / 4, p = lane % 4;
@@ -762,12 +786,14 @@ struct IDec<Type::Q6_K> {
         const char* qh = bp + 128 + 32 * h + l0;
         const int lsh = part >= 2 ? 4 : 0;
         const int hsh = 2 * part;
-        const uint32_t q0 =
-            ((ld32_a2(ql) >> lsh) & 0x0f0f0f0fu) | (((ld32_a2(qh) >> hsh) & 0x03030303u) << 4);
-        const uint32_t q1 = ((ld32_a2(ql + 4) >> lsh) & 0x0f0f0f0fu) |
-                            (((ld32_a2(qh + 4) >> hsh) & 0x03030303u) << 4);
-        w.v0 = static_cast<int32_t>(__vsub4(q0, 0x20202020u));
-        w.v1 = static_cast<int32_t>(__vsub4(q1, 0x20202020u));
+        const uint2 lo = make_uint2(ld32_a2(ql), ld32_a2(ql + 4));
+        const uint2 hi = make_uint2(ld32_a2(qh), ld32_a2(qh + 4));
+        const uint32_t q0 = ((lo.x >> lsh) & 0x0f0f0f0fu) | (((hi.x >> hsh) & 0x03030303u) << 4);
+        const uint32_t q1 = ((lo.y >> lsh) & 0x0f0f0f0fu) | (((hi.y >> hsh) & 0x03030303u) << 4);
+        // Each byte 4 * (q - 32): q ^ 32 is q - 32 as a 6-bit two's complement number, shifted
+        // to the byte's top; q8_dot divides the sum by 4 (kShift), exactly.
+        w.v0 = static_cast<int32_t>((q0 ^ 0x20202020u) << 2);
+        w.v1 = static_cast<int32_t>((q1 ^ 0x20202020u) << 2);
         const int g = 8 * h + 2 * part + l0 / 16;
         w.d = h2f(ld16(bp + 208)) * static_cast<float>(static_cast<int8_t>(bp[192 + g]));
         w.m = 0.0f;
@@ -810,7 +836,7 @@ constexpr int kQ8MinBlocks = 4;
 template <Type T>
 __device__ __forceinline__ float q8_dot(const Lane8i& w, const int32_t* xq, const float* xd) {
     const int32_t a = xq[w.o0 / 4], b = xq[w.o1 / 4];
-    const int s = __dp4a(w.v1, b, __dp4a(w.v0, a, 0));
+    const int s = __dp4a(w.v1, b, __dp4a(w.v0, a, 0)) >> IDec<T>::kShift;
     const float dx = xd[w.o0 / 32];
     float r = w.d * dx * static_cast<float>(s);
     if constexpr (IDec<T>::kMin) {
@@ -858,6 +884,59 @@ __device__ __forceinline__ void q8_epilogue(const MvArgs& g, const MvSeg& sg, in
     }
 }
 
+// 1/rms of the row nx (+ nadd) exactly as the RMS_NORM kernel (k_norm) computes it: virtual
+// thread v < T (T = that kernel's block size, g.norm_threads) sums the squares of elements
+// v, v + T, ... with fmaf, each warp of 32 virtual threads adds its sums by warp_sum, and the
+// T / 32 warp sums are added by warp_sum again (block_sum). Thread t of this block plays
+// virtual threads t + 256 k, lane for lane, so every sum is the same tree of the same
+// operations and b comes out bit for bit as the unfused kernels give it.
+__device__ __forceinline__ float norm_inv(const MvArgs& g, float* red /* 32 floats */) {
+    const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+    const int T = g.norm_threads;
+    static_assert(kQ8Warps * 32 == 256, "thread t plays virtual threads t + 256 k");
+    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 2
+    for (int64_t base = 0; base < g.K; base += T) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int v = tid + 256 * k;
+            const int64_t i = base + v;
+            if (v < T && i < g.K) {
+                float e = g.nx[i];
+                if (g.nadd) e = e + g.nadd[i];
+                part[k] = fmaf(e, e, part[k]);
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        part[k] = warp_sum(part[k]);
+        if (lane == 0) red[warp + 8 * k] = part[k];
+    }
+    __syncthreads();
+    float t = lane < T / 32 ? red[lane] : 0.0f;
+    t = warp_sum(t);
+    return rsqrtf(t / static_cast<float>(g.K) + g.neps);
+}
+
+// Quantizes b's float4 number i (v: its values) into xq / xd; 8 consecutive threads hold one
+// block of 32 and call it together.
+__device__ __forceinline__ void q8_quantize4(float4 v, int64_t i, int lane, int32_t* xq,
+                                             float* xd) {
+    float a = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
+    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
+    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
+    const float d = a / 127.0f;
+    const float id = a > 0.0f ? 127.0f / a : 0.0f;
+    const uint32_t q0 = static_cast<uint32_t>(round_clamp(v.x * id, -127, 127)) & 0xffu;
+    const uint32_t q1 = static_cast<uint32_t>(round_clamp(v.y * id, -127, 127)) & 0xffu;
+    const uint32_t q2 = static_cast<uint32_t>(round_clamp(v.z * id, -127, 127)) & 0xffu;
+    const uint32_t q3 = static_cast<uint32_t>(round_clamp(v.w * id, -127, 127)) & 0xffu;
+    xq[i] = static_cast<int32_t>(q0 | (q1 << 8) | (q2 << 16) | (q3 << 24));
+    if (lane % 8 == 0) xd[i / 8] = d;
+}
+
 // The segment holding row m (of all segments) and m's row within it.
 __device__ __forceinline__ int seg_of(const MvArgs& g, int64_t m, int64_t* ms) {
     int s = 0;
@@ -872,11 +951,14 @@ __device__ __forceinline__ int seg_of(const MvArgs& g, int64_t m, int64_t* ms) {
 // rows); S warps share a row (split-K: warp part p takes the groups of U chunks p, p + S, ...,
 // and the block adds the parts), so that a short matrix or a long row still has enough loads
 // in flight. With S > 1 or the epilogue, M % (kQ8Warps / S) == 0 (the launcher checks).
-template <Type T, bool glu, bool epi = false>
+template <Type T, bool glu, bool epi, bool wide>
 __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(MvArgs g, int S) {
-    constexpr int U = glu ? 2 : 4;
+    // Chunks per warp whose loads are issued before the first is used. Wide (the default;
+    // FERRY_CUDA_MV_WIDE=0 turns it off): a row of K = 2048 in one round trip instead of two.
+    // With S = 1 the chunks are added in the same order either way (bit-identical).
+    constexpr int U = wide ? (glu ? 4 : 8) : (glu ? 2 : 4);
     extern __shared__ int32_t q8_smem[];
-    __shared__ float red[kQ8Warps], red2[glu ? kQ8Warps : 1], pair[kQ8Warps];
+    __shared__ float red[kQ8Warps], red2[glu ? kQ8Warps : 1], pair[kQ8Warps], nred[32];
     int32_t* xq = q8_smem;
     float* xd = reinterpret_cast<float*>(q8_smem + g.K / 4);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -908,21 +990,42 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
     }
     pdl_wait();
     // 8 consecutive threads quantize one block of 32 (K / 4 is a multiple of the block size,
-    // so every warp runs each iteration whole).
-    for (int64_t i = threadIdx.x; i < g.K / 4; i += blockDim.x) {
-        const float4 v = x4[i];
-        float a = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
-        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
-        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
-        const float d = a / 127.0f;
-        const float id = a > 0.0f ? 127.0f / a : 0.0f;
-        const uint32_t q0 = static_cast<uint32_t>(round_clamp(v.x * id, -127, 127)) & 0xffu;
-        const uint32_t q1 = static_cast<uint32_t>(round_clamp(v.y * id, -127, 127)) & 0xffu;
-        const uint32_t q2 = static_cast<uint32_t>(round_clamp(v.z * id, -127, 127)) & 0xffu;
-        const uint32_t q3 = static_cast<uint32_t>(round_clamp(v.w * id, -127, 127)) & 0xffu;
-        xq[i] = static_cast<int32_t>(q0 | (q1 << 8) | (q2 << 16) | (q3 << 24));
-        if (lane % 8 == 0) xd[i / 8] = d;
+    // so every warp runs each iteration whole). kPre loads per thread are issued before the
+    // first is used: b (32 KiB for K = 8192) arrives in one round trip, not kPre
+    // (FERRY_CUDA_MV_WIDE=0: one load at a time, as before).
+    const int64_t n4 = g.K / 4;
+    if (g.nx) {
+        // b = the folded RMS_NORM (+ ADD) and MUL, element for element as k_norm computes it.
+        const float inv = norm_inv(g, nred);
+        const bool write_sum = g.nsum && blockIdx.x == 0 && blockIdx.y == 0;
+        for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
+            float4 e = reinterpret_cast<const float4*>(g.nx)[i];
+            const float4 w = reinterpret_cast<const float4*>(g.nw)[i];
+            if (g.nadd) {
+                const float4 c = reinterpret_cast<const float4*>(g.nadd)[i];
+                e = make_float4(e.x + c.x, e.y + c.y, e.z + c.z, e.w + c.w);
+                if (write_sum) reinterpret_cast<float4*>(g.nsum)[i] = e;
+            }
+            const float4 v = make_float4((e.x * inv) * w.x, (e.y * inv) * w.y, (e.z * inv) * w.z,
+                                         (e.w * inv) * w.w);
+            q8_quantize4(v, i, lane, xq, xd);
+        }
+    } else {
+        constexpr int kPre = wide ? 8 : 1;
+        for (int64_t i0 = threadIdx.x; i0 < n4; i0 += kPre * blockDim.x) {
+            float4 xv[kPre];
+#pragma unroll
+            for (int j = 0; j < kPre; j++) {
+                const int64_t i = i0 + j * static_cast<int64_t>(blockDim.x);
+                if (i < n4) xv[j] = x4[i];
+            }
+#pragma unroll
+            for (int j = 0; j < kPre; j++) {
+                const int64_t i = i0 + j * static_cast<int64_t>(blockDim.x);
+                if (i >= n4) break;
+                q8_quantize4(xv[j], i, lane, xq, xd);
+            }
+        }
     }
     __syncthreads();
     const int64_t n_groups = n_chunks / U;
@@ -1009,23 +1112,41 @@ bool q8_vec_ok(const MvArgs& g, Type t) {
            aligned16(g.b, {g.b_nb2, g.b_nb3});
 }
 
-// Off unless FERRY_CUDA_MV_SPLIT=1: measured on the H200 (bench/results/cuda.md, 1B Q4_0
-// tg128, same run) 798 t/s with it against 814 without. The weights of a block's first rows
-// are already in L2 (prefetched while the kernel before runs), so more warps per row bought
-// no bandwidth, and its reductions cost time.
-bool q8_split_mode() {
+// On unless FERRY_CUDA_MV_WIDE=0: measured on the H200 (bench/results/cuda.md, 1B Q4_0
+// tg128, same run) 935 t/s with it against 896 without (its kernels spill a few bytes of
+// registers under the 64-register cap, and gain anyway).
+bool q8_wide_mode() {
     static const bool on = [] {
-        const char* v = std::getenv("FERRY_CUDA_MV_SPLIT");
-        return v && v[0] == '1';
+        const char* v = std::getenv("FERRY_CUDA_MV_WIDE");
+        return !(v && v[0] == '0');
     }();
     return on;
 }
 
-// Warps per row of the int8 kernel: doubled while the grid holds fewer than two waves of warps
-// and every warp keeps at least one whole group of U chunks; a block's rows then come in
-// groups of kQ8Warps / S, which must divide M (and, for the rope epilogue, hold row pairs).
+// FERRY_CUDA_MV_SPLIT: 0 no split-K; 1 the row-count rule below (measured on the H200,
+// bench/results/cuda.md, 1B Q4_0 tg128: 798 t/s with it against 814 without, when b's
+// quantization took one round trip per 1 KiB); unset: the row-length rule (long rows only).
+int q8_split_mode() {
+    static const int mode = [] {
+        const char* v = std::getenv("FERRY_CUDA_MV_SPLIT");
+        return v && v[0] == '0' ? 0 : (v && v[0] == '1' ? 1 : 2);
+    }();
+    return mode;
+}
+
+// Warps per row of the int8 kernel. Default (mode 2): two warps per row when a row holds at
+// least 4 * U chunks (the down projection's K = 8192: two round trips of U chunks per warp
+// instead of four, and twice the blocks); it depends only on K and M, so a product computes
+// the same sums alone and in a fused launch (the epilogue launch keeps S = 1). Mode 1: doubled
+// while the grid holds fewer than two waves of warps and every warp keeps at least one whole
+// group of U chunks. A block's rows come in groups of kQ8Warps / S, which must divide M (and,
+// for the rope epilogue, hold row pairs).
 int q8_split(int64_t M, int64_t n_chunks, int U, int n_sm, bool epi) {
-    if (!q8_split_mode()) return 1;
+    const int mode = q8_split_mode();
+    if (mode == 0) return 1;
+    if (mode == 2) {
+        return !epi && n_chunks >= 32 && M % (kQ8Warps / 2) == 0 ? 2 : 1;
+    }
     const int64_t target = 2 * static_cast<int64_t>(n_sm) * kQ8MinBlocks * kQ8Warps;
     const int max_s = epi ? kQ8Warps / 2 : kQ8Warps;
     int s = 1;
@@ -1039,11 +1160,18 @@ int q8_split(int64_t M, int64_t n_chunks, int U, int n_sm, bool epi) {
 template <Type T, bool glu, bool epi>
 void launch_q8(const MvArgs& g, unsigned mats, int n_sm, cudaStream_t st) {
     const size_t smem = static_cast<size_t>(g.K) + static_cast<size_t>(g.K) / 8;
-    const int S = q8_split(g.M, g.K / 256, glu ? 2 : 4, n_sm, epi);
+    const bool wide = q8_wide_mode();
+    const int U = wide ? (glu ? 4 : 8) : (glu ? 2 : 4);
+    const int S = q8_split(g.M, g.K / 256, U, n_sm, epi);
     const unsigned cap = static_cast<unsigned>(n_sm) * kQ8MinBlocks;
     const unsigned blocks = std::min(n_blocks(g.M, kQ8Warps / S), std::max(1u, cap / mats));
-    launch_pdl(k_mul_mat_vec_q8<T, glu, epi>, dim3(blocks, mats, 1), dim3(32 * kQ8Warps), smem, st,
-               g, S);
+    if (wide) {
+        launch_pdl(k_mul_mat_vec_q8<T, glu, epi, true>, dim3(blocks, mats, 1), dim3(32 * kQ8Warps),
+                   smem, st, g, S);
+    } else {
+        launch_pdl(k_mul_mat_vec_q8<T, glu, epi, false>, dim3(blocks, mats, 1), dim3(32 * kQ8Warps),
+                   smem, st, g, S);
+    }
 }
 
 template <bool glu, bool epi = false>
@@ -1356,7 +1484,52 @@ bool can_join_mul_mat_epilogues(const EpilogueUnit& a, const EpilogueUnit& b) {
     return ra->src[1] == rb->src[1] && ra->src[2] == rb->src[2] && ra->ne[0] == rb->ne[0];
 }
 
-Status op_mul_mat_epilogue(OpContext& ctx, const EpilogueUnit* units, int n_units) {
+namespace {
+
+// A row of K F32 elements, contiguous and 16-byte aligned.
+bool f32_row(const Tensor* t, int64_t K) {
+    return t->type == Type::F32 && t->ne[0] == K && t->nrows() == 1 && t->is_contiguous() &&
+           aligned16(device_ptr(t), {});
+}
+
+void set_norm(MvArgs& g, const NormPrologue* p) {
+    if (!p || !p->norm) return;
+    const Tensor* x = p->add ? p->add->src[0] : p->norm->src[0];
+    g.nx = reinterpret_cast<const float*>(device_ptr(x));
+    g.nadd = p->add ? reinterpret_cast<const float*>(device_ptr(p->add->src[1])) : nullptr;
+    g.nsum = p->add ? reinterpret_cast<float*>(device_ptr(p->add)) : nullptr;
+    g.nw = reinterpret_cast<const float*>(device_ptr(p->mul->src[1]));
+    g.neps = p->norm->param_f(0);
+    g.norm_threads = norm_threads(g.K);
+}
+
+}  // namespace
+
+bool can_fold_norm(const NormPrologue& p, const Tensor* mm) {
+    const Tensor* mul = p.mul;
+    const Tensor* norm = p.norm;
+    if (!mul || !norm || mm->op != Op::MUL_MAT || mm->src[1] != mul || use_gemm(mm)) return false;
+    if (norm->op != Op::RMS_NORM || mul->op != Op::MUL || mul->src[0] != norm) return false;
+    const int64_t K = mul->ne[0];
+    const Tensor* x = norm->src[0];
+    if (!f32_row(mul, K) || !f32_row(x, K) || !f32_row(mul->src[1], K)) return false;
+    if (p.add && (p.add != x || p.add->op != Op::ADD || !f32_row(p.add->src[0], K) ||
+                  !f32_row(p.add->src[1], K))) {
+        return false;
+    }
+    if (norm_threads(K) > 4 * 32 * kQ8Warps) return false;
+    MvArgs g = make_args(mm, nullptr);
+    return g.K == K && g.ne2 == 1 && g.ne3 == 1 && q8_vec_ok(g, mm->src[0]->type);
+}
+
+Status op_mul_mat_norm(OpContext& ctx, const Tensor* mm, const NormPrologue& p) {
+    MvArgs g = make_args(mm, nullptr);
+    set_norm(g, &p);
+    return dispatch_q8<false>(ctx, g, mm->src[0]->type);
+}
+
+Status op_mul_mat_epilogue(OpContext& ctx, const EpilogueUnit* units, int n_units,
+                           const NormPrologue* pro) {
     if (n_units < 1 || n_units > kMaxSeg) {
         return Status::errorf("CUDA: MUL_MAT epilogue of %d products", n_units);
     }
@@ -1393,14 +1566,20 @@ Status op_mul_mat_epilogue(OpContext& ctx, const EpilogueUnit* units, int n_unit
         }
     }
     g.M = rows;
+    set_norm(g, pro);
     return dispatch_q8<false, true>(ctx, g, units[0].mm->src[0]->type);
 }
 
-Status op_mul_mat_swiglu(OpContext& ctx, const Tensor* gate, const Tensor* up, const Tensor* glu) {
+Status op_mul_mat_swiglu(OpContext& ctx, const Tensor* gate, const Tensor* up, const Tensor* glu,
+                         const NormPrologue* pro) {
     if (glu->nelements() == 0) return Status::ok();
     MvArgs g = make_args(gate, glu);
     g.a2 = device_ptr(up->src[0]);
-    if (q8_vec_ok(g, gate->src[0]->type)) return dispatch_q8<true>(ctx, g, gate->src[0]->type);
+    if (q8_vec_ok(g, gate->src[0]->type)) {
+        set_norm(g, pro);
+        return dispatch_q8<true>(ctx, g, gate->src[0]->type);
+    }
+    if (pro && pro->norm) return Status::error("CUDA: folded RMS_NORM without the int8 kernel");
     const dim3 grid(1, static_cast<unsigned>(g.ne2 * g.ne3), 1);
     return dispatch_vec<true>(ctx, g, gate->src[0]->type, grid, choose_split(g.M, g.K, ctx.n_sm));
 }

@@ -39,7 +39,7 @@ __global__ void k_norm(TV d, TV a, TV w, float eps, TV b, TV sum_out) {
     float ss = 0.0f;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
         const float v = x[i] - mean;
-        ss += v * v;
+        ss = fmaf(v, v, ss);  // the order the int8 product's folded norm repeats (norm_inv)
     }
     ss = block_sum(ss, sh);
     const float inv = rsqrtf(ss / static_cast<float>(n) + eps);
@@ -60,6 +60,10 @@ int threads_for(int64_t n) {
 }
 
 }  // namespace
+
+int norm_threads(int64_t n) {
+    return threads_for(n);
+}
 
 Status op_rms_norm(OpContext& ctx, const Tensor* dst) {
     if (dst->nrows() == 0) return Status::ok();

@@ -64,11 +64,25 @@ struct EpilogueUnit {
     const Tensor* set_rows = nullptr;  // or nullptr
     bool write_out = false;
 };
+//   [ADD(a, b) ->] RMS_NORM -> MUL(., w) -> the int8 product(s) reading the MUL (decode): the
+//   norm computed in the product kernel's prologue, by every block, in the RMS_NORM kernel's
+//   order of operations (bit-identical); the MUL's result is not written, the ADD's is.
+struct NormPrologue {
+    const Tensor* add = nullptr;  // or nullptr
+    const Tensor* norm = nullptr;
+    const Tensor* mul = nullptr;
+};
+bool can_fold_norm(const NormPrologue& p, const Tensor* mm);
+Status op_mul_mat_norm(OpContext& ctx, const Tensor* mm, const NormPrologue& p);
+// The RMS_NORM kernel's block size for rows of n elements.
+int norm_threads(int64_t n);
 bool can_fuse_mul_mat_epilogue(const Tensor* mm, const Tensor* rope, const Tensor* set_rows);
 bool can_join_mul_mat_epilogues(const EpilogueUnit& a, const EpilogueUnit& b);
-Status op_mul_mat_epilogue(OpContext& ctx, const EpilogueUnit* units, int n_units);
+Status op_mul_mat_epilogue(OpContext& ctx, const EpilogueUnit* units, int n_units,
+                           const NormPrologue* pro = nullptr);
 //   MUL_MAT(g, x), MUL_MAT(u, x) -> SWIGLU : both products and silu(g x) * (u x) in one pass
-Status op_mul_mat_swiglu(OpContext& ctx, const Tensor* gate, const Tensor* up, const Tensor* glu);
+Status op_mul_mat_swiglu(OpContext& ctx, const Tensor* gate, const Tensor* up, const Tensor* glu,
+                         const NormPrologue* pro = nullptr);
 bool can_fuse_swiglu(const Tensor* gate, const Tensor* up, const Tensor* glu);
 
 }  // namespace ferry::cuda
