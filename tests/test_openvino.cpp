@@ -188,7 +188,6 @@ TEST(OpenVino, DeclinedOpRunsOnTheCpu) {
     REQUIRE_OV();
     expect_declined_rms_norm_runs_on_the_cpu(ov_cpu(), openvino::set_declined_ops, "openvino");
 }
-#endif
 
 // Weights converted by prepare_weights (q8_0 and q4_0 in place, q6_k apart with its blocks
 // given back) are not GGUF blocks any more: even when the products and row gathers are
@@ -208,6 +207,7 @@ TEST(OpenVino, OpsOnConvertedWeightsAreNeverSentToTheCpu) {
         EXPECT_EQ(declined.kl_mean, base.kl_mean);
     }
 }
+#endif  // FERRY_HAVE_OPENVINO
 
 // A node the translators lack, computed on the device directly, fails naming the op; the
 // backend keeps working afterwards.
