@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -271,6 +272,50 @@ TEST(OpenVino, OutOfRangeIndexIsAnError) {
     EXPECT_EQ(out[0], av[80]);
     EXPECT_EQ(out[8], av[0]);
     EXPECT_EQ(out[16], av[24]);
+}
+
+// FERRY_OPENVINO_CONFIG hands further compile properties to the plugin (experiments such as
+// DYNAMIC_QUANTIZATION_GROUP_SIZE=32): a good one compiles and gives the same rows, an entry
+// that is not KEY=VALUE is an error naming the variable, and a property the plugin rejects is
+// an error, not a crash. It is read at each compilation (each new backend compiles afresh).
+TEST(OpenVino, ExtraCompilePropertiesFromTheEnvironment) {
+    REQUIRE_OV();
+    Context in, gc;
+    Tensor* a = in.new_tensor(Type::F32, {8, 5});
+    Tensor* idx = in.new_tensor(Type::I32, {2});
+    Expected<std::unique_ptr<Buffer>> buf = allocate_context_tensors(in, ov_cpu()->buffer_type());
+    ASSERT_TRUE(buf) << buf.message();
+    std::vector<float> av(40);
+    for (size_t i = 0; i < av.size(); i++) av[i] = static_cast<float>(i) * 0.25f;
+    ASSERT_TRUE(tensor_set(a, av.data(), av.size() * 4));
+    const int32_t iv[2] = {4, 1};
+    ASSERT_TRUE(tensor_set(idx, iv, sizeof(iv)));
+    Tensor* rows = gc.get_rows(a, idx);
+    rows->flags |= kTensorOutput;
+    Graph g;
+    g.build_forward(rows);
+    GraphAllocator alloc(ov_cpu()->buffer_type());
+    ASSERT_TRUE(alloc.allocate(g));
+    auto run = [&](const char* config) {
+        setenv("FERRY_OPENVINO_CONFIG", config, 1);
+        Expected<std::unique_ptr<Backend>> be = ov_cpu()->make_backend(two_threads());
+        Status st = be ? (*be)->compute(g) : be.status();
+        unsetenv("FERRY_OPENVINO_CONFIG");
+        return st;
+    };
+    ASSERT_TRUE(run("INFERENCE_NUM_THREADS=1,DYNAMIC_QUANTIZATION_GROUP_SIZE=32"));
+    std::vector<float> out(16);
+    ASSERT_TRUE(tensor_get(rows, out.data(), out.size() * 4));
+    EXPECT_EQ(out[0], av[32]);
+    EXPECT_EQ(out[8], av[8]);
+    Status st = run("INFERENCE_NUM_THREADS");
+    ASSERT_FALSE(st);
+    EXPECT_NE(st.message().find("FERRY_OPENVINO_CONFIG: 'INFERENCE_NUM_THREADS' is not KEY=VALUE"),
+              std::string::npos)
+        << st.message();
+    st = run("NOT_AN_OPENVINO_PROPERTY=1");
+    ASSERT_FALSE(st);
+    EXPECT_NE(st.message().find("NOT_AN_OPENVINO_PROPERTY"), std::string::npos) << st.message();
 }
 
 }  // namespace
