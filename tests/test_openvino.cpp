@@ -4,6 +4,8 @@
 // over a long generation, and bad input reported as errors. Without the backend built (no
 // OpenVINO in .venv) these report SKIPPED.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -320,26 +322,50 @@ TEST(OpenVino, ExtraCompilePropertiesFromTheEnvironment) {
 
 }  // namespace
 
-// Q4_0 and Q8_0 weights are converted for OpenVINO over their own bytes (no second copy); the
-// buffer still answers their GGUF blocks to a reader, whole or in part, and refuses writes
-// that would no longer reach the converted form.
+// Resident pages among the whole pages inside [p, p + n), and how many whole pages there are.
+static std::pair<size_t, size_t> resident_pages(const void* p, size_t n) {
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+    const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+    if (b <= a) return {0, 0};
+    std::vector<unsigned char> v((b - a) / page);
+    if (mincore(reinterpret_cast<void*>(a), b - a, v.data()) != 0) return {~size_t{0}, v.size()};
+    size_t r = 0;
+    for (unsigned char c : v) r += c & 1;
+    return {r, v.size()};
+}
+
+// Q4_0 and Q8_0 weights are converted for OpenVINO over their own bytes (no second copy): the
+// values in place, the scales apart as f32, and the whole pages past the values (where the
+// blocks' f16 scales would go) given back to the system. The buffer still answers their GGUF
+// blocks to a reader, whole or in part, and refuses writes that would no longer reach the
+// converted form.
 TEST(OpenVino, WeightsConvertedInPlaceReadBackAsTheirBlocks) {
     REQUIRE_OV();
     for (Type type : {Type::Q4_0, Type::Q8_0}) {
         Context in;
-        Tensor* w = in.new_tensor(type, {256, 8});
+        Tensor* w = in.new_tensor(type, {256, 2048});
         w->flags |= kTensorParam;
         Expected<std::unique_ptr<Buffer>> buf =
             allocate_context_tensors(in, ov_cpu()->buffer_type());
         ASSERT_TRUE(buf) << buf.message();
-        std::vector<float> x(256 * 8);
+        std::vector<float> x(256 * 2048);
         for (size_t i = 0; i < x.size(); i++) x[i] = std::sin(0.37f * static_cast<float>(i)) + 0.1f;
         std::vector<uint8_t> blocks(w->nbytes());
         type_traits(type).from_float(x.data(), blocks.data(), static_cast<int64_t>(x.size()));
         ASSERT_TRUE(tensor_set(w, blocks.data(), blocks.size()));
+        // values: 4 or 8 bits per element; the 2-byte scales of the blocks follow them
+        const size_t vb = type == Type::Q4_0 ? x.size() / 2 : x.size();
+        ASSERT_EQ(vb + x.size() / 32 * 2, w->nbytes());
+        const auto [before, pages] =
+            resident_pages(static_cast<uint8_t*>(w->data) + vb, w->nbytes() - vb);
+        ASSERT_GE(pages, 7u);
+        EXPECT_EQ(before, pages) << type_name(type);
         Tensor* ws[] = {w};
         ASSERT_TRUE(ov_cpu()->prepare_weights(ws));
         ASSERT_NE(w->extra, nullptr);
+        EXPECT_EQ(resident_pages(static_cast<uint8_t*>(w->data) + vb, w->nbytes() - vb).first, 0u)
+            << type_name(type) << ": the pages past the values were not given back";
         EXPECT_NE(std::memcmp(w->data, blocks.data(), blocks.size()), 0)
             << type_name(type) << ": not converted in place";
         std::vector<uint8_t> back(blocks.size());

@@ -2,9 +2,6 @@
 // compiles once per structural key, binds ferry's memory and runs (see openvino-backend.h).
 #include "backends/openvino/openvino-backend.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cctype>
@@ -221,14 +218,6 @@ class OvBuffer : public Buffer {
     size_t size_;
     std::vector<std::unique_ptr<PreparedWeight>> prepared_;
 };
-
-// Gives the whole pages inside [p, p + n) back to the system (they read as zeros after).
-bool release_pages(void* p, size_t n) {
-    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
-    const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
-    return b > a && madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED) == 0;
-}
 
 class OvBufferType : public BufferType {
   public:
