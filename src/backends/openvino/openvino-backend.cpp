@@ -356,6 +356,9 @@ class OvBackend : public Backend {
                 ov::serialize(cm->model.get_runtime_model(), base + "-exec.xml",
                               base + "-exec.bin");
             }
+            // The compiled model is the plugin's own copy of the graph: the translated one (its
+            // nodes; the constants share ferry's memory) is not needed any more.
+            cm->plan.model.reset();
             cm->req = cm->model.create_infer_request();
             cm->dequant.resize(cm->plan.inputs.size());
             g_compiles++;
