@@ -4,10 +4,13 @@
 // over a long generation, and bad input reported as errors. Without the backend built (no
 // OpenVINO in .venv) these report SKIPPED.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -273,28 +276,96 @@ TEST(OpenVino, OutOfRangeIndexIsAnError) {
     EXPECT_EQ(out[16], av[24]);
 }
 
+// FERRY_OPENVINO_CONFIG hands further compile properties to the plugin (experiments such as
+// DYNAMIC_QUANTIZATION_GROUP_SIZE=32): a good one compiles and gives the same rows, an entry
+// that is not KEY=VALUE is an error naming the variable, and a property the plugin rejects is
+// an error, not a crash. It is read at each compilation (each new backend compiles afresh).
+TEST(OpenVino, ExtraCompilePropertiesFromTheEnvironment) {
+    REQUIRE_OV();
+    Context in, gc;
+    Tensor* a = in.new_tensor(Type::F32, {8, 5});
+    Tensor* idx = in.new_tensor(Type::I32, {2});
+    Expected<std::unique_ptr<Buffer>> buf = allocate_context_tensors(in, ov_cpu()->buffer_type());
+    ASSERT_TRUE(buf) << buf.message();
+    std::vector<float> av(40);
+    for (size_t i = 0; i < av.size(); i++) av[i] = static_cast<float>(i) * 0.25f;
+    ASSERT_TRUE(tensor_set(a, av.data(), av.size() * 4));
+    const int32_t iv[2] = {4, 1};
+    ASSERT_TRUE(tensor_set(idx, iv, sizeof(iv)));
+    Tensor* rows = gc.get_rows(a, idx);
+    rows->flags |= kTensorOutput;
+    Graph g;
+    g.build_forward(rows);
+    GraphAllocator alloc(ov_cpu()->buffer_type());
+    ASSERT_TRUE(alloc.allocate(g));
+    auto run = [&](const char* config) {
+        setenv("FERRY_OPENVINO_CONFIG", config, 1);
+        Expected<std::unique_ptr<Backend>> be = ov_cpu()->make_backend(two_threads());
+        Status st = be ? (*be)->compute(g) : be.status();
+        unsetenv("FERRY_OPENVINO_CONFIG");
+        return st;
+    };
+    ASSERT_TRUE(run("INFERENCE_NUM_THREADS=1,DYNAMIC_QUANTIZATION_GROUP_SIZE=32"));
+    std::vector<float> out(16);
+    ASSERT_TRUE(tensor_get(rows, out.data(), out.size() * 4));
+    EXPECT_EQ(out[0], av[32]);
+    EXPECT_EQ(out[8], av[8]);
+    Status st = run("INFERENCE_NUM_THREADS");
+    ASSERT_FALSE(st);
+    EXPECT_NE(st.message().find("FERRY_OPENVINO_CONFIG: 'INFERENCE_NUM_THREADS' is not KEY=VALUE"),
+              std::string::npos)
+        << st.message();
+    st = run("NOT_AN_OPENVINO_PROPERTY=1");
+    ASSERT_FALSE(st);
+    EXPECT_NE(st.message().find("NOT_AN_OPENVINO_PROPERTY"), std::string::npos) << st.message();
+}
+
 }  // namespace
 
-// Q4_0 and Q8_0 weights are converted for OpenVINO over their own bytes (no second copy); the
-// buffer still answers their GGUF blocks to a reader, whole or in part, and refuses writes
-// that would no longer reach the converted form.
+// Resident pages among the whole pages inside [p, p + n), and how many whole pages there are.
+static std::pair<size_t, size_t> resident_pages(const void* p, size_t n) {
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+    const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+    if (b <= a) return {0, 0};
+    std::vector<unsigned char> v((b - a) / page);
+    if (mincore(reinterpret_cast<void*>(a), b - a, v.data()) != 0) return {~size_t{0}, v.size()};
+    size_t r = 0;
+    for (unsigned char c : v) r += c & 1;
+    return {r, v.size()};
+}
+
+// Q4_0 and Q8_0 weights are converted for OpenVINO over their own bytes (no second copy): the
+// values in place, the scales apart as f32, and the whole pages past the values (where the
+// blocks' f16 scales would go) given back to the system. The buffer still answers their GGUF
+// blocks to a reader, whole or in part, and refuses writes that would no longer reach the
+// converted form.
 TEST(OpenVino, WeightsConvertedInPlaceReadBackAsTheirBlocks) {
     REQUIRE_OV();
     for (Type type : {Type::Q4_0, Type::Q8_0}) {
         Context in;
-        Tensor* w = in.new_tensor(type, {256, 8});
+        Tensor* w = in.new_tensor(type, {256, 2048});
         w->flags |= kTensorParam;
         Expected<std::unique_ptr<Buffer>> buf =
             allocate_context_tensors(in, ov_cpu()->buffer_type());
         ASSERT_TRUE(buf) << buf.message();
-        std::vector<float> x(256 * 8);
+        std::vector<float> x(256 * 2048);
         for (size_t i = 0; i < x.size(); i++) x[i] = std::sin(0.37f * static_cast<float>(i)) + 0.1f;
         std::vector<uint8_t> blocks(w->nbytes());
         type_traits(type).from_float(x.data(), blocks.data(), static_cast<int64_t>(x.size()));
         ASSERT_TRUE(tensor_set(w, blocks.data(), blocks.size()));
+        // values: 4 or 8 bits per element; the 2-byte scales of the blocks follow them
+        const size_t vb = type == Type::Q4_0 ? x.size() / 2 : x.size();
+        ASSERT_EQ(vb + x.size() / 32 * 2, w->nbytes());
+        const auto [before, pages] =
+            resident_pages(static_cast<uint8_t*>(w->data) + vb, w->nbytes() - vb);
+        ASSERT_GE(pages, 7u);
+        EXPECT_EQ(before, pages) << type_name(type);
         Tensor* ws[] = {w};
         ASSERT_TRUE(ov_cpu()->prepare_weights(ws));
         ASSERT_NE(w->extra, nullptr);
+        EXPECT_EQ(resident_pages(static_cast<uint8_t*>(w->data) + vb, w->nbytes() - vb).first, 0u)
+            << type_name(type) << ": the pages past the values were not given back";
         EXPECT_NE(std::memcmp(w->data, blocks.data(), blocks.size()), 0)
             << type_name(type) << ": not converted in place";
         std::vector<uint8_t> back(blocks.size());

@@ -2,11 +2,9 @@
 // compiles once per structural key, binds ferry's memory and runs (see openvino-backend.h).
 #include "backends/openvino/openvino-backend.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -51,6 +49,66 @@ bool profiling() {
     static const bool on = env_on("FERRY_OPENVINO_PROFILE");
     return on;
 }
+// FERRY_OPENVINO_TRACE=maps: also the anonymous mappings whose resident memory grew by at least
+// 1 MiB since the previous trace point, largest first (how the plugin's copies are told apart by
+// their sizes). Mappings merge and split as memory is mapped next to them: a mapping's growth is
+// its resident memory less that of the earlier mappings it overlaps.
+bool tracing_maps() {
+    static const bool on = [] {
+        const char* e = std::getenv("FERRY_OPENVINO_TRACE");
+        return e && std::strcmp(e, "maps") == 0;
+    }();
+    return on;
+}
+void trace_maps() {
+    struct Map {
+        unsigned long long end;
+        long rss_kb;
+    };
+    static std::map<unsigned long long, Map> before;  // start -> (end, resident KiB)
+    std::map<unsigned long long, Map> now;
+    std::ifstream f("/proc/self/smaps");
+    std::string line;
+    unsigned long long start = 0, end = 0;
+    bool anon = false;
+    while (std::getline(f, line)) {
+        const size_t dash = line.find('-'), space = line.find(' ');
+        if (dash != std::string::npos && space != std::string::npos && dash < space &&
+            std::isxdigit(static_cast<unsigned char>(line[0]))) {
+            start = std::strtoull(line.substr(0, dash).c_str(), nullptr, 16);
+            end = std::strtoull(line.substr(dash + 1, space - dash - 1).c_str(), nullptr, 16);
+            // anonymous: nothing after the inode (the sixth field), or a [heap]-like name
+            size_t fields = 0, i = 0;
+            while (i < line.size() && fields < 5) {
+                while (i < line.size() && line[i] != ' ') i++;
+                while (i < line.size() && line[i] == ' ') i++;
+                fields++;
+            }
+            anon = i >= line.size() || line[i] == '[';
+        } else if (anon && line.rfind("Rss:", 0) == 0) {
+            now[start] = {end, std::strtol(line.c_str() + 4, nullptr, 10)};
+        }
+    }
+    std::vector<std::pair<long, unsigned long long>> grown;  // (KiB, bytes mapped)
+    for (const auto& [a, m] : now) {
+        long old = 0;
+        for (auto it = before.lower_bound(a); it != before.end() && it->first < m.end; ++it)
+            old += it->second.rss_kb;
+        auto prev = before.lower_bound(a);
+        if (prev != before.begin() && (--prev)->second.end > a) old += prev->second.rss_kb;
+        if (m.rss_kb - old >= 1024) grown.push_back({m.rss_kb - old, m.end - a});
+    }
+    std::sort(grown.rbegin(), grown.rend());
+    long total = 0;
+    for (const auto& g : grown) total += g.first;
+    std::fprintf(stderr, "[openvino]   %zu anonymous mappings grew by >= 1 MiB, %.1f MiB:\n",
+                 grown.size(), static_cast<double>(total) / 1024.0);
+    for (size_t i = 0; i < grown.size() && i < 24; i++) {
+        std::fprintf(stderr, "[openvino]     +%8.1f MiB in a mapping of %llu bytes\n",
+                     static_cast<double>(grown[i].first) / 1024.0, grown[i].second);
+    }
+    before = std::move(now);
+}
 void trace_mem(const char* what, double ms = -1.0) {
     if (!tracing()) return;
     std::ifstream f("/proc/self/status");
@@ -62,6 +120,7 @@ void trace_mem(const char* what, double ms = -1.0) {
     std::fprintf(stderr, "[openvino] %s: RSS%s, peak%s", what, rss.c_str(), hwm.c_str());
     if (ms >= 0) std::fprintf(stderr, ", %.0f ms", ms);
     std::fprintf(stderr, "\n");
+    if (tracing_maps()) trace_maps();
 }
 double ms_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -160,14 +219,6 @@ class OvBuffer : public Buffer {
     std::vector<std::unique_ptr<PreparedWeight>> prepared_;
 };
 
-// Gives the whole pages inside [p, p + n) back to the system (they read as zeros after).
-bool release_pages(void* p, size_t n) {
-    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
-    const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
-    return b > a && madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED) == 0;
-}
-
 class OvBufferType : public BufferType {
   public:
     explicit OvBufferType(Device* dev) : dev_(dev) {}
@@ -263,6 +314,7 @@ class OvBackend : public Backend {
         std::string key = model_key(g);
         auto it = cache_.find(key);
         if (it == cache_.end()) {
+            trace_mem("compute on a new structure");
             const auto t0 = std::chrono::steady_clock::now();
             Expected<ModelPlan> plan = translate_graph(g);
             if (!plan) return plan.status();
@@ -273,9 +325,29 @@ class OvBackend : public Backend {
             if (opts_.n_threads > 0) cfg.emplace(ov::inference_num_threads(opts_.n_threads));
             if (profiling()) cfg.emplace(ov::enable_profiling(true));
             if (!opts_.cache_dir.empty()) cfg.emplace(ov::cache_dir(opts_.cache_dir));
+            // FERRY_OPENVINO_CONFIG="KEY=VALUE,KEY=VALUE": further compile properties by their
+            // OpenVINO names (experiments; docs/openvino.md), over the ones above.
+            if (const char* extra = std::getenv("FERRY_OPENVINO_CONFIG")) {
+                std::string list = extra;
+                size_t at = 0;
+                while (at < list.size()) {
+                    size_t end = list.find(',', at);
+                    if (end == std::string::npos) end = list.size();
+                    const std::string kv = list.substr(at, end - at);
+                    const size_t eq = kv.find('=');
+                    if (eq == std::string::npos || eq == 0) {
+                        return Status::errorf(ErrorCode::InvalidArgument,
+                                              "FERRY_OPENVINO_CONFIG: '%s' is not KEY=VALUE",
+                                              kv.c_str());
+                    }
+                    cfg[kv.substr(0, eq)] = kv.substr(eq + 1);
+                    at = end + 1;
+                }
+            }
             auto cm = std::make_unique<Compiled>();
             cm->plan = std::move(*plan);
             const double translate_ms = ms_since(t0);
+            trace_mem("translated");
             cm->model = c->compile_model(cm->plan.model, ov_name_, cfg);
             if (const char* dump = std::getenv("FERRY_OPENVINO_DUMP")) {
                 const std::string base =
@@ -284,6 +356,9 @@ class OvBackend : public Backend {
                 ov::serialize(cm->model.get_runtime_model(), base + "-exec.xml",
                               base + "-exec.bin");
             }
+            // The compiled model is the plugin's own copy of the graph: the translated one (its
+            // nodes; the constants share ferry's memory) is not needed any more.
+            cm->plan.model.reset();
             cm->req = cm->model.create_infer_request();
             cm->dequant.resize(cm->plan.inputs.size());
             g_compiles++;

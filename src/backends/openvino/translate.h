@@ -21,7 +21,7 @@
 namespace ferry::openvino {
 
 struct ModelPlan {
-    std::shared_ptr<ov::Model> model;
+    std::shared_ptr<ov::Model> model;  // released once compiled (the plugin keeps its own)
     // What each parameter (model->get_parameters() order) is bound to.
     struct Input {
         enum Kind { Leaf, DequantLeaf, Symbol, StridedLeaf } kind = Leaf;

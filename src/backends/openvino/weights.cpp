@@ -2,6 +2,7 @@
 #include "backends/openvino/weights.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -30,8 +31,8 @@ size_t round_up(size_t n) {
 struct Builder {
     std::unique_ptr<PreparedWeight> w = std::make_unique<PreparedWeight>();
     uint8_t* values = nullptr;
-    fp16_t* scales = nullptr;
-    fp16_t* zeros = nullptr;
+    float* scales = nullptr;
+    float* zeros = nullptr;
     size_t value_bytes = 0, scale_bytes = 0;
 
     Status init(const Tensor* t, PreparedWeight::Kind kind, int64_t group, bool with_zeros) {
@@ -39,7 +40,7 @@ struct Builder {
         w->kind = kind;
         w->group = group;
         value_bytes = kind == PreparedWeight::U4 ? n / 2 : kind == PreparedWeight::F16 ? n * 2 : n;
-        scale_bytes = kind == PreparedWeight::F16 ? 0 : n / static_cast<size_t>(group) * 2;
+        scale_bytes = kind == PreparedWeight::F16 ? 0 : n / static_cast<size_t>(group) * 4;
         const size_t zoff = round_up(round_up(value_bytes) + scale_bytes);
         const size_t total = std::max(round_up(zoff + (with_zeros ? scale_bytes : 0)), kAlign);
         void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -53,8 +54,8 @@ struct Builder {
                                                                    PreparedWeight::Pages{total});
         w->owned_bytes = total;
         values = w->owned.get();
-        scales = reinterpret_cast<fp16_t*>(values + round_up(value_bytes));
-        zeros = with_zeros ? reinterpret_cast<fp16_t*>(values + zoff) : nullptr;
+        scales = reinterpret_cast<float*>(values + round_up(value_bytes));
+        zeros = with_zeros ? reinterpret_cast<float*>(values + zoff) : nullptr;
         w->values = values;
         w->scales = kind == PreparedWeight::F16 ? nullptr : scales;
         w->zeros = zeros;
@@ -64,18 +65,18 @@ struct Builder {
 };
 
 // x = s * (q - zero) for a group whose reference is x = s * q - m; a group whose scale is 0
-// (every element is -m) becomes q = 1, zero 0, scale -m. False when the zero point does not fit
-// an f16.
-bool scale_zero(float s, float m, fp16_t* scale, fp16_t* zero, bool* all_one) {
+// (every element is -m) becomes q = 1, zero 0, scale -m. False when the zero point is not a
+// finite f32.
+bool scale_zero(float s, float m, float* scale, float* zero, bool* all_one) {
     *all_one = s == 0.0f;
     if (*all_one) {
-        *scale = fp32_to_fp16(-m);
-        *zero = fp32_to_fp16(0.0f);
+        *scale = -m;
+        *zero = 0.0f;
         return true;
     }
-    *scale = fp32_to_fp16(s);
-    *zero = fp32_to_fp16(m / s);
-    return std::isfinite(fp16_to_fp32(*zero)) && std::isfinite(fp16_to_fp32(*scale));
+    *scale = s;
+    *zero = m / s;
+    return std::isfinite(*zero) && std::isfinite(*scale);
 }
 
 Expected<std::unique_ptr<PreparedWeight>> prepare_q4_0(Builder& b, const Tensor* t) {
@@ -85,7 +86,7 @@ Expected<std::unique_ptr<PreparedWeight>> prepare_q4_0(Builder& b, const Tensor*
     const auto* blocks = static_cast<const BlockQ4_0*>(t->data);
     for (int64_t i = 0; i < nb; i++) {
         const BlockQ4_0& q = blocks[i];
-        b.scales[i] = q.d;
+        b.scales[i] = fp16_to_fp32(q.d);
         // GGUF keeps element j in the low nibble and j + 16 in the high nibble of byte j;
         // OpenVINO's u4 packs consecutive elements, the first in the low bits.
         for (int j = 0; j < kQK4_0; j++) {
@@ -101,7 +102,7 @@ Expected<std::unique_ptr<PreparedWeight>> prepare_q8_0(Builder& b, const Tensor*
     const int64_t nb = t->nelements() / kQK8_0;
     const auto* blocks = static_cast<const BlockQ8_0*>(t->data);
     for (int64_t i = 0; i < nb; i++) {
-        b.scales[i] = blocks[i].d;
+        b.scales[i] = fp16_to_fp32(blocks[i].d);
         std::memcpy(b.values + i * kQK8_0, blocks[i].qs, kQK8_0);
     }
     return std::move(b.w);
@@ -116,7 +117,7 @@ Expected<std::unique_ptr<PreparedWeight>> prepare_q4_1(Builder& b, const Tensor*
         const BlockQ4_1& q = blocks[i];
         bool one = false;
         if (!scale_zero(fp16_to_fp32(q.d), -fp16_to_fp32(q.m), &b.scales[i], &b.zeros[i], &one))
-            return Status::errorf(ErrorCode::Unsupported, "zero point out of f16 range");
+            return Status::errorf(ErrorCode::Unsupported, "zero point not finite");
         for (int j = 0; j < kQK4_1; j++) {
             const uint8_t v = j < 16 ? (q.qs[j] & 0x0F) : (q.qs[j - 16] >> 4);
             b.put_u4(static_cast<size_t>(i * kQK4_1 + j), one ? 1 : v);
@@ -142,7 +143,7 @@ Expected<std::unique_ptr<PreparedWeight>> prepare_kq(Builder& b, const Tensor* t
             bool one = false;
             if (!scale_zero(d * static_cast<float>(sc[j]), dmin * static_cast<float>(mn[j]),
                             &b.scales[g], &b.zeros[g], &one))
-                return Status::errorf(ErrorCode::Unsupported, "zero point out of f16 range");
+                return Status::errorf(ErrorCode::Unsupported, "zero point not finite");
             for (int l = 0; l < 32; l++) {
                 const size_t e = g * 32 + static_cast<size_t>(l);
                 const uint8_t v = one ? 1 : q[32 * j + l];
@@ -166,7 +167,7 @@ Expected<std::unique_ptr<PreparedWeight>> prepare_q6_k(Builder& b, const Tensor*
         quants::unpack_q6_k(blocks[i], reinterpret_cast<int8_t*>(b.values + i * kQK_K));
         const float d = fp16_to_fp32(blocks[i].d);
         for (int g = 0; g < kQK_K / 16; g++)
-            b.scales[i * 16 + g] = fp32_to_fp16(d * static_cast<float>(blocks[i].scales[g]));
+            b.scales[i * 16 + g] = d * static_cast<float>(blocks[i].scales[g]);
     }
     return std::move(b.w);
 }
@@ -213,7 +214,7 @@ Expected<std::unique_ptr<PreparedWeight>> convert(const Tensor* t) {
     Builder b;
     Expected<std::unique_ptr<PreparedWeight>> w = low_bit(b, t);
     if (w || w.status().code() != ErrorCode::Unsupported) return w;
-    // No low-bit form (or a zero point past f16): f16 values.
+    // No low-bit form (or a zero point that is not finite): f16 values.
     Builder f;
     return prepare_f16(f, t);
 }
@@ -224,6 +225,13 @@ void PreparedWeight::Pages::operator()(uint8_t* p) const {
     if (p) munmap(p, bytes);
 }
 
+bool release_pages(void* p, size_t n) {
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+    const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+    return b > a && madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED) == 0;
+}
+
 Expected<std::unique_ptr<PreparedWeight>> prepare_weight(Tensor* t, bool in_place) {
     if (!t->data) return Status::errorf("OPENVINO: weight '%s' has no host memory", t->name);
     if (!t->is_contiguous())
@@ -231,21 +239,35 @@ Expected<std::unique_ptr<PreparedWeight>> prepare_weight(Tensor* t, bool in_plac
     Expected<std::unique_ptr<PreparedWeight>> w = convert(t);
     if (!w) return w;
     PreparedWeight& p = **w;
-    // In place where the converted arrays fill exactly the blocks' bytes and stay aligned
-    // (Q4_0, Q8_0; the others are lossy to rebuild or larger than their blocks).
+    // Values in place where they and the blocks' f16 scales fill exactly the blocks' bytes and
+    // stay aligned (Q4_0, Q8_0; the others are lossy to rebuild or larger than their blocks).
+    // The scales go to pages of their own as f32 (the plugin makes an f32 copy of f16 scales on
+    // top of its own transposed one), and the whole pages of the blocks' bytes past the values
+    // go back to the system.
     const size_t vb = p.kind == PreparedWeight::U4 ? static_cast<size_t>(t->nelements()) / 2
                                                    : static_cast<size_t>(t->nelements());
-    const size_t sb = static_cast<size_t>(t->nelements() / p.group) * 2;
-    if (in_place && (t->type == Type::Q4_0 || t->type == Type::Q8_0) && vb + sb == t->nbytes() &&
-        vb % kAlign == 0 && reinterpret_cast<uintptr_t>(t->data) % kAlign == 0) {
+    const size_t groups = static_cast<size_t>(t->nelements() / p.group);
+    if (in_place && (t->type == Type::Q4_0 || t->type == Type::Q8_0) &&
+        vb + groups * 2 == t->nbytes() && vb % kAlign == 0 &&
+        reinterpret_cast<uintptr_t>(t->data) % kAlign == 0) {
+        const size_t sbytes = std::max(round_up(groups * 4), kAlign);
+        void* sp =
+            mmap(nullptr, sbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (sp == MAP_FAILED) {
+            return Status::errorf(ErrorCode::OutOfMemory,
+                                  "OPENVINO: cannot allocate %zu bytes to convert '%s'", sbytes,
+                                  t->name);
+        }
+        std::memcpy(sp, p.scales, groups * 4);
         auto* dst = static_cast<uint8_t*>(t->data);
         std::memcpy(dst, p.values, vb);
-        std::memcpy(dst + vb, p.scales, sb);
         p.values = dst;
-        p.scales = reinterpret_cast<const fp16_t*>(dst + vb);
-        p.owned.reset();
-        p.owned_bytes = 0;
+        p.scales = static_cast<const float*>(sp);
+        p.owned = std::unique_ptr<uint8_t, PreparedWeight::Pages>(static_cast<uint8_t*>(sp),
+                                                                  PreparedWeight::Pages{sbytes});
+        p.owned_bytes = sbytes;
         p.in_place = true;
+        release_pages(dst + vb, t->nbytes() - vb);
     }
     return w;
 }
@@ -262,7 +284,7 @@ Status restore_blocks(const Tensor* t, const PreparedWeight& w, size_t offset, s
     for (size_t i = offset / bs; size > 0 && i < nb; i++) {
         if (t->type == Type::Q4_0) {
             BlockQ4_0 q;
-            q.d = w.scales[i];
+            q.d = fp32_to_fp16(w.scales[i]);  // exact: they were f16
             for (int j = 0; j < 16; j++) {
                 const uint8_t lo = w.values[i * 16 + static_cast<size_t>(j) / 2];
                 const uint8_t hi = w.values[i * 16 + 8 + static_cast<size_t>(j) / 2];
@@ -273,7 +295,7 @@ Status restore_blocks(const Tensor* t, const PreparedWeight& w, size_t offset, s
             std::memcpy(block, &q, sizeof q);
         } else {
             BlockQ8_0 q;
-            q.d = w.scales[i];
+            q.d = fp32_to_fp16(w.scales[i]);
             std::memcpy(q.qs, w.values + i * kQK8_0, kQK8_0);
             std::memcpy(block, &q, sizeof q);
         }
@@ -310,19 +332,19 @@ ov::Output<ov::Node> weight_node(const Tensor* t, const PreparedWeight& w, bool 
                                  : w.kind == PreparedWeight::U8 ? element::u8
                                                                 : element::i8;
         Output<Node> q = share(et, grouped, w.values);
-        q = std::make_shared<op::v0::Convert>(q, element::f16);
+        q = std::make_shared<op::v0::Convert>(q, element::f32);
         if (w.zeros) {
-            q = std::make_shared<op::v1::Subtract>(q, share(element::f16, per_group, w.zeros));
+            q = std::make_shared<op::v1::Subtract>(q, share(element::f32, per_group, w.zeros));
         } else if (w.zero_point >= 0) {
             auto zp = op::v0::Constant::create(et, Shape{}, {w.zero_point});
             q = std::make_shared<op::v1::Subtract>(
-                q, std::make_shared<op::v0::Convert>(zp, element::f16));
+                q, std::make_shared<op::v0::Convert>(zp, element::f32));
         }
-        q = std::make_shared<op::v1::Multiply>(q, share(element::f16, per_group, w.scales));
+        q = std::make_shared<op::v1::Multiply>(q, share(element::f32, per_group, w.scales));
         std::vector<int64_t> dims;
         for (size_t d : full) dims.push_back(static_cast<int64_t>(d));
         auto shape = op::v0::Constant::create(element::i64, Shape{dims.size()}, dims);
-        v = std::make_shared<op::v1::Reshape>(q, shape, false);
+        return std::make_shared<op::v1::Reshape>(q, shape, false);
     }
     return std::make_shared<op::v0::Convert>(v, element::f32);
 }
