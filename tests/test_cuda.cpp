@@ -29,6 +29,27 @@ using namespace ferry::test;
 
 namespace {
 
+// Deterministic values in [-1, 1) (a linear congruential generator): the same inputs on every
+// machine, for GPU results compared with the CPU's or with themselves.
+struct Lcg {
+    uint32_t seed;
+    float operator()() {
+        seed = seed * 1664525u + 1013904223u;
+        return static_cast<float>(seed >> 8) / 16777216.0f * 2.0f - 1.0f;
+    }
+};
+
+// Two weight matrices (e.g. gate and up) of M rows of K random values, quantized to t.
+bool random_weight_pair(Type t, int64_t K, int64_t M, Lcg& rnd, std::vector<uint8_t> (&wb)[2]) {
+    std::vector<float> wf(static_cast<size_t>(K * M));
+    for (auto& w : wb) {
+        for (float& v : wf) v = rnd();
+        w.resize(static_cast<size_t>(M) * row_size(t, K));
+        if (!from_float_row(t, wf.data(), w.data(), K * M)) return false;
+    }
+    return true;
+}
+
 Device* gpu() {
     return find_device("CUDA0");
 }
@@ -371,11 +392,7 @@ TEST(Cuda, ModelShapedProductsMatchTheCpu) {
     ASSERT_TRUE(gbe) << gbe.message();
     std::unique_ptr<Backend> cbe = cpu::make_cpu_backend(2);
     const int64_t shapes[][2] = {{256, 768}, {768, 256}, {256, 1024}, {2048, 512}, {8192, 64}};
-    uint32_t seed = 1;
-    auto rnd = [&seed]() {
-        seed = seed * 1664525u + 1013904223u;
-        return static_cast<float>(seed >> 8) / 16777216.0f * 2.0f - 1.0f;
-    };
+    Lcg rnd{1u};
     for (Type t : {Type::F32, Type::F16, Type::Q8_0, Type::Q4_0, Type::Q6_K}) {
         for (const auto& sh : shapes) {
             for (int64_t n : {1, 5, 13, 40, 100}) {
@@ -440,22 +457,13 @@ TEST(Cuda, FusedKernelsNeverOverwriteWhatTheyRead) {
     Expected<std::unique_ptr<Backend>> gbe = gpu()->make_backend();
     ASSERT_TRUE(gbe) << gbe.message();
     std::unique_ptr<Backend> cbe = cpu::make_cpu_backend(2);
-    uint32_t seed = 7;
-    auto rnd = [&seed]() {
-        seed = seed * 1664525u + 1013904223u;
-        return static_cast<float>(seed >> 8) / 16777216.0f * 2.0f - 1.0f;
-    };
+    Lcg rnd{7u};
     // K > M: the result fits in the freed activation's place. Enough blocks for several
     // waves, so that late blocks read b after early ones wrote.
     const int64_t K = 8192, M = 2048;
     for (Type t : {Type::F16, Type::Q8_0, Type::Q4_0}) {
-        std::vector<float> wf(static_cast<size_t>(K * M));
         std::vector<uint8_t> wb[2];
-        for (auto& w : wb) {
-            for (float& v : wf) v = rnd();
-            w.resize(static_cast<size_t>(M) * row_size(t, K));
-            ASSERT_TRUE(from_float_row(t, wf.data(), w.data(), K * M));
-        }
+        ASSERT_TRUE(random_weight_pair(t, K, M, rnd, wb));
         for (int64_t n : {1, 13}) {
             for (bool glu : {false, true}) {
                 if (glu && n != 1) continue;  // gate+up+swiglu fuses for decode only
@@ -527,21 +535,12 @@ TEST(Cuda, FusedKernelsNeverOverwriteWhatTheyRead) {
 TEST(Cuda, FoldedNormMatchesTheUnfusedKernels) {
     REQUIRE_GPU();
     std::unique_ptr<Backend> cbe = cpu::make_cpu_backend(2);
-    uint32_t seed = 11;
-    auto rnd = [&seed]() {
-        seed = seed * 1664525u + 1013904223u;
-        return static_cast<float>(seed >> 8) / 16777216.0f * 2.0f - 1.0f;
-    };
+    Lcg rnd{11u};
     const int64_t M = 1024;
     for (Type t : {Type::Q4_0, Type::Q6_K}) {
         for (int64_t K : {int64_t{256}, int64_t{2048}}) {
-            std::vector<float> wf(static_cast<size_t>(K * M));
             std::vector<uint8_t> wb[2];
-            for (auto& w : wb) {
-                for (float& v : wf) v = rnd();
-                w.resize(static_cast<size_t>(M) * row_size(t, K));
-                ASSERT_TRUE(from_float_row(t, wf.data(), w.data(), K * M));
-            }
+            ASSERT_TRUE(random_weight_pair(t, K, M, rnd, wb));
             std::vector<float> xv(static_cast<size_t>(K)), rv(xv.size()), nv(xv.size());
             for (float& v : xv) v = rnd() * 3.0f;
             for (float& v : rv) v = rnd();
