@@ -305,15 +305,40 @@ struct DecQ3_K {
                 r.q[k] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 2 * s), m3), high);
             }
         }
-        alignas(32) int16_t sc[16];
-        for (int g = 0; g < 16; g++) {
-            const int lo = g < 8 ? scales[g] & 0x0f : scales[g - 8] >> 4;
-            const int hi = (scales[8 + g % 4] >> (2 * (g / 4))) & 3;
-            sc[g] = static_cast<int16_t>((lo | (hi << 4)) - 32);
-        }
-        for (int k = 0; k < 8; k++) r.sc[k] = pair_scales(sc[2 * k], sc[2 * k + 1]);
-        r.bs_weights =
-            _mm256_slli_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc)), 2);
+        // The 16 six-bit scales, in SIMD: group g's low nibble is byte g's (g < 8) or byte
+        // g-8's high nibble; its two high bits are bits 2*(g/4) of byte 8 + g%4, i.e. of the
+        // 32-bit word of bytes 8-11 shifted right by 2*(g/4), byte g%4.
+        uint64_t lo8;
+        uint32_t hi4;
+        std::memcpy(&lo8, scales, 8);
+        std::memcpy(&hi4, scales + 8, 4);
+        const __m128i m4 = _mm_set1_epi8(0x0f);
+        const __m128i l = _mm_cvtsi64_si128(static_cast<long long>(lo8));
+        const __m128i lo =
+            _mm_unpacklo_epi64(_mm_and_si128(l, m4), _mm_and_si128(_mm_srli_epi16(l, 4), m4));
+        const __m128i hi = _mm_and_si128(
+            _mm_srlv_epi32(_mm_set1_epi32(static_cast<int>(hi4)), _mm_setr_epi32(0, 2, 4, 6)),
+            _mm_set1_epi8(3));
+        const __m128i sc8 =
+            _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+        const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);  // group g in lane g
+        // r.sc[k]: lanes 0-7 group 2k, lanes 8-15 group 2k+1. Each dword of a (b) holds one
+        // group twice: a = groups 0-3 | 8-11, b = groups 4-7 | 12-15.
+        const __m256i a = _mm256_unpacklo_epi16(sc16, sc16);
+        const __m256i bq = _mm256_unpackhi_epi16(sc16, sc16);
+        const __m256i i01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+        const __m256i i23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+        const __m256i i45 = _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5);
+        const __m256i i67 = _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7);
+        r.sc[0] = _mm256_permutevar8x32_epi32(a, i01);
+        r.sc[1] = _mm256_permutevar8x32_epi32(a, i23);
+        r.sc[2] = _mm256_permutevar8x32_epi32(bq, i01);
+        r.sc[3] = _mm256_permutevar8x32_epi32(bq, i23);
+        r.sc[4] = _mm256_permutevar8x32_epi32(a, i45);
+        r.sc[5] = _mm256_permutevar8x32_epi32(a, i67);
+        r.sc[6] = _mm256_permutevar8x32_epi32(bq, i45);
+        r.sc[7] = _mm256_permutevar8x32_epi32(bq, i67);
+        r.bs_weights = _mm256_slli_epi16(sc16, 2);
         r.d = h2f(b + 108);
         r.dmin = 0.0f;
     }
@@ -355,7 +380,10 @@ struct TileK {
             RowK row;
             for (int64_t i = 0; i < nb; i++) {
                 for (int r = 0; r < NR; r++) {
-                    D::decode(x + r * bx + static_cast<size_t>(i) * D::kBytes, row);
+                    const uint8_t* xb = x + r * bx + static_cast<size_t>(i) * D::kBytes;
+                    prefetch_rows_ahead(xb, 2 * NR * bx);
+                    prefetch_rows_ahead(xb + D::kBytes - 1, 2 * NR * bx);
+                    D::decode(xb, row);
                     for (int c = 0; c < NC; c++) {
                         const uint8_t* yb = y + c * by + static_cast<size_t>(i) * kQ8KBytes;
                         float dy;
