@@ -24,29 +24,19 @@ namespace ferry::server {
 // always pass; the frame buffer is part of the fixed per-session allowance).
 constexpr uint64_t kFrameSlack = 1u << 20;
 
-// FERRY_SERVE_PROFILE=1: where a session's time went, printed to stderr when it ends: waiting
-// for the client between frames, receiving payloads, handling each command, replying.
+// FERRY_SERVE_PROFILE=1: where a session's time went, printed to stderr when it ends (when
+// this goes away): waiting for the client between frames, receiving payloads, handling each
+// command, replying.
 class FrameProfile {
   public:
     using Clock = std::chrono::steady_clock;
-    FrameProfile() {
+    explicit FrameProfile(uint64_t session) : session_(session), last_(Clock::now()) {
         const char* v = std::getenv("FERRY_SERVE_PROFILE");
         on_ = v && *v && std::string(v) != "0";
     }
-    bool on() const { return on_; }
-    // Adds the time since the last mark to `slot` (a command id, or one of the phases).
-    void mark(size_t slot) {
-        if (!on_) return;
-        const auto now = Clock::now();
-        if (slot < ns_.size()) {
-            ns_[slot] += static_cast<uint64_t>(
-                std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_).count());
-            n_[slot]++;
-        }
-        last_ = now;
-    }
-    void start() { last_ = Clock::now(); }
-    void print(uint64_t session) const {
+    FrameProfile(const FrameProfile&) = delete;
+    FrameProfile& operator=(const FrameProfile&) = delete;
+    ~FrameProfile() {
         if (!on_) return;
         std::string line;
         for (size_t i = 0; i < ns_.size(); i++) {
@@ -59,14 +49,26 @@ class FrameProfile {
                            static_cast<double>(ns_[i]) / 1e3 / static_cast<double>(n_[i]));
         }
         std::fprintf(stderr, "ferry serve: session %llu profile:%s\n",
-                     static_cast<unsigned long long>(session), line.c_str());
+                     static_cast<unsigned long long>(session_), line.c_str());
+    }
+    // Adds the time since the last mark to `slot` (a command id, or one of the phases).
+    void mark(size_t slot) {
+        if (!on_) return;
+        const auto now = Clock::now();
+        if (slot < ns_.size()) {
+            ns_[slot] += static_cast<uint64_t>(
+                std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_).count());
+            n_[slot]++;
+        }
+        last_ = now;
     }
     static constexpr size_t kIdle = remote::kCmdMax + 1, kReceive = remote::kCmdMax + 2,
                             kReply = remote::kCmdMax + 3;
 
   private:
+    uint64_t session_;
     bool on_ = false;
-    Clock::time_point last_{};
+    Clock::time_point last_;
     std::array<uint64_t, remote::kCmdMax + 4> ns_{}, n_{};
 };
 
@@ -89,24 +91,18 @@ void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t ke
     };
     FrameBuffer payload;
     Reply reply;
-    FrameProfile prof;
-    struct PrintAtEnd {
-        const FrameProfile& p;
-        uint64_t id;
-        ~PrintAtEnd() { p.print(id); }
-    } print_at_end{prof, session.id()};
-    prof.start();
+    FrameProfile prof(session.id());
     for (;;) {
         uint8_t hdr[remote::kHeaderSize];
         size_t hdr_got = 0;
         io.end_frame();
-        Status hst = io.read(hdr, sizeof(hdr), /*idle_ok=*/true, &hdr_got);
+        const Status hst = io.read(hdr, sizeof(hdr), /*idle_ok=*/true, &hdr_got);
         prof.mark(FrameProfile::kIdle);
-        if (Status st = hst; !st) {
+        if (!hst) {
             if (hdr_got == 0 && io.ended_between_frames()) {
-                *why = st.message();
+                *why = hst.message();
             } else {
-                fatal(Header{}, "truncated frame header: " + st.message());
+                fatal(Header{}, "truncated frame header: " + hst.message());
             }
             return;
         }
@@ -134,7 +130,10 @@ void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t ke
                     got += step;
                 }
                 io.end_frame();
-                if (Status ws = io.reply(h, Reply()); !ws) {
+                prof.mark(FrameProfile::kReceive);
+                const Status ws = io.reply(h, Reply());
+                prof.mark(FrameProfile::kReply);
+                if (!ws) {
                     *why = ws.message();
                     return;
                 }
@@ -156,6 +155,7 @@ void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t ke
                 got += step;
             }
             io.end_frame();
+            prof.mark(FrameProfile::kReceive);
             reply = error_reply(strfmt(
                 "%s: frame of %llu bytes exceeds what the session memory limit has left (%llu "
                 "of %llu bytes charged)",

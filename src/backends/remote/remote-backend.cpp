@@ -469,12 +469,10 @@ Expected<RemoteDevice::StagingSlot> RemoteDevice::staging_slot(size_t size) {
         return StagingSlot{};
     }
     const size_t need = (size + 63) / 64 * 64;
-    if (staging_reads_ == 0) staging_used_ = 0;  // every earlier slot has been copied out
     if (staging_ && need > staging_->size()) {
         // Too small: reads still in flight copy out of it first, then a larger one.
         FERRY_TRY(conn_->drain());
         staging_.reset();
-        staging_reads_ = 0;
     }
     if (!staging_) {
         size_t cap = kStagingMin;
@@ -487,13 +485,13 @@ Expected<RemoteDevice::StagingSlot> RemoteDevice::staging_slot(size_t size) {
             return StagingSlot{};
         }
         staging_ = std::move(*b);
-        staging_used_ = 0;
     }
-    if (staging_used_ + need > staging_->size()) {
-        FERRY_TRY(conn_->drain());  // every earlier slot has been copied out
-        staging_used_ = 0;
-        staging_reads_ = 0;
+    // Reads in flight hold consecutive slots; one that does not fit after them waits until
+    // they have been copied out (a drain runs every copy-out, so staging_reads_ is 0 then).
+    if (staging_reads_ > 0 && staging_used_ + need > staging_->size()) {
+        FERRY_TRY(conn_->drain());
     }
+    if (staging_reads_ == 0) staging_used_ = 0;
     StagingSlot slot{static_cast<RemoteBuffer*>(staging_.get()), staging_used_};
     staging_used_ += need;
     staging_reads_++;
@@ -501,7 +499,8 @@ Expected<RemoteDevice::StagingSlot> RemoteDevice::staging_slot(size_t size) {
 }
 
 Expected<bool> RemoteBuffer::read_staged(uint64_t off, void* dst, size_t size) {
-    Expected<RemoteDevice::StagingSlot> slot = type_->remote_device()->staging_slot(size);
+    RemoteDevice* dev = type_->remote_device();
+    Expected<RemoteDevice::StagingSlot> slot = dev->staging_slot(size);
     if (!slot) return slot.status();
     if (!slot->buffer) return false;
     wire::Writer w;
@@ -510,9 +509,11 @@ Expected<bool> RemoteBuffer::read_staged(uint64_t off, void* dst, size_t size) {
     w.u64(slot->buffer->handle_);
     w.u64(slot->offset);
     w.u64(size);
-    FERRY_TRY(conn_->send_async(Cmd::TENSOR_COPY, w));
     const uint8_t* from = static_cast<const uint8_t*>(slot->buffer->map_) + slot->offset;
-    RemoteDevice* dev = type_->remote_device();
+    if (Status st = conn_->send_async(Cmd::TENSOR_COPY, w); !st) {
+        dev->staging_read_done();  // nothing will copy out of the slot: give it back
+        return st;
+    }
     FERRY_TRY(conn_->after_pending([=]() {
         std::memcpy(dst, from, size);
         dev->staging_read_done();

@@ -1,7 +1,6 @@
 #include "backends/remote/transport-ivshmem.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -192,13 +191,11 @@ Status IvshmemChannel::read(void* dst, size_t n, int timeout_ms) {
             bo.wait();
             continue;
         }
-        if (waited) {
-            // Learn the next wait's length from this one (only the first wait of a read, and
-            // only for a header whose command is known).
+        if (waited && slot != 0) {
+            // Learn the next wait for this command's reply from this one (only the first wait
+            // of a header's read; a payload's wait teaches nothing).
             constexpr uint32_t kMaxPredictUs = 20000;
-            if (slot == 0) {
-                // nothing to learn: a payload's wait, or a read with no announced command
-            } else if (predicted && !polled) {
+            if (predicted && !polled) {
                 expect_us /= 2;  // the reply was there when the sleep ended: maybe earlier
             } else {
                 const auto us =
@@ -206,8 +203,8 @@ Status IvshmemChannel::read(void* dst, size_t n, int timeout_ms) {
                         .count();
                 expect_us = static_cast<uint32_t>(std::min<int64_t>(kMaxPredictUs, us * 3 / 4));
             }
-            waited = false;
         }
+        waited = false;
         bo.reset();
         const size_t take = static_cast<size_t>(std::min<uint64_t>(avail, n - got));
         ring_read(win_.base() + geo_.rep_off, geo_.rep_cap, rep_tail_, out + got, take);
