@@ -412,6 +412,62 @@ TEST_P(Remote, LargeReadsOfUnmappedMemoryComeThroughSharedStaging) {
     }
 }
 
+TEST_P(Remote, ReadsIntoTheDevicesHostMemoryAreCopiedThereByTheServer) {
+    // A remote device's host_buffer_type() is the server's shared memory on unix (none on
+    // tcp); a read whose destination lies in it is a copy on the server, with no payload in
+    // the reply and no copy out of a staging buffer.
+    BufferType* ht = dev_->host_buffer_type();
+    if (GetParam() != "unix") {
+        EXPECT_EQ(ht, nullptr);
+        EXPECT_FALSE(dev_->caps().host_buffer);
+        return;
+    }
+    ASSERT_NE(ht, nullptr);
+    EXPECT_TRUE(ht->is_host());
+    EXPECT_TRUE(dev_->caps().host_buffer);
+    const size_t n = 4u << 20;
+    auto src = dev_->buffer_type()->allocate_for(n, BufferUsage::Weights);
+    ASSERT_TRUE(src) << src.message();
+    ASSERT_EQ((*src)->base(), nullptr);
+    Tensor t;
+    t.type = Type::I32;
+    t.ne[0] = static_cast<int64_t>(n / 4);
+    set_contiguous_strides(&t);
+    t.buffer = src->get();
+    const auto data = random_bytes(n, 92);
+    ASSERT_TRUE(tensor_set(&t, data.data(), n).is_ok());
+    auto host = ht->allocate(1u << 20);
+    ASSERT_TRUE(host) << host.message();
+    uint8_t* base = static_cast<uint8_t*>((*host)->base());
+    ASSERT_NE(base, nullptr);
+    auto be = dev_->make_backend();
+    ASSERT_TRUE(be);
+    auto s0 = remote_stats(reg_.get());
+    ASSERT_TRUE(s0) << s0.message();
+    const int kSteps = 10;
+    for (int i = 0; i < kSteps; i++) {
+        // A large read at an odd offset of the host buffer and a small one after it.
+        const size_t off = 65536 * static_cast<size_t>(i) + 12;
+        ASSERT_TRUE((*be)->get_tensor_async(&t, base + 100, off, 600000).is_ok());
+        ASSERT_TRUE((*be)->get_tensor_async(&t, base + 700000, off + 3, 1000).is_ok());
+        ASSERT_TRUE((*be)->synchronize().is_ok());
+        ASSERT_TRUE(std::equal(base + 100, base + 100 + 600000, data.begin() + off)) << i;
+        ASSERT_TRUE(std::equal(base + 700000, base + 701000, data.begin() + off + 3)) << i;
+    }
+    auto s1 = remote_stats(reg_.get());
+    ASSERT_TRUE(s1) << s1.message();
+    EXPECT_EQ(s1->errors, s0->errors);
+    EXPECT_EQ(s1->client_waits - s0->client_waits, static_cast<uint64_t>(kSteps) + 1);
+    EXPECT_LT(s1->client_bytes_in - s0->client_bytes_in, 1024u * kSteps);
+    // No staging buffer was needed: the session holds the two buffers made here.
+    EXPECT_EQ(s1->session_buffers, s0->session_buffers);
+    // A destination outside it takes the other paths, and lands right too.
+    std::vector<uint8_t> plain(70000);
+    ASSERT_TRUE((*be)->get_tensor_async(&t, plain.data(), 0, plain.size()).is_ok());
+    ASSERT_TRUE((*be)->synchronize().is_ok());
+    EXPECT_TRUE(std::equal(plain.begin(), plain.end(), data.begin()));
+}
+
 TEST_P(Remote, LongPipelineOfSmallRequests) {
     // 6000 posted writes and reads of 1 KiB with no wait in between: the client holds small
     // requests and flushes them in batches, the server batches its replies, and neither side

@@ -38,7 +38,13 @@ struct LlamaSession::Impl {
     std::unique_ptr<Scheduler> sched;
 
     int32_t n_past = 0;
-    std::vector<float> logits;  // [n_rows, n_vocab]
+    // The logits [n_rows, n_vocab]: in host memory of the output's device when it has some
+    // (pinned for a GPU, shared with the server for a remote device), so that the device
+    // writes them there itself, without a copy through the host; in logits_vec otherwise.
+    float* logits = nullptr;
+    std::unique_ptr<Buffer> logits_buf;
+    std::vector<float> logits_vec;
+    bool host_logits_refused = false;
     int32_t n_rows = 0;
 
     // The last graph built; reused while its shape parameters stay the same.
@@ -59,8 +65,37 @@ struct LlamaSession::Impl {
     std::vector<int32_t> out_ids_host;
 
     Status build(int32_t n_tokens, int32_t n_kv, int32_t n_out);
+    void reserve_logits(size_t n_floats);
     Status run_chunk(const int32_t* tokens, int32_t n_tokens, bool all_logits, float* out_rows);
 };
+
+// Room for n_floats logits. Up to kDeviceLogitsMax bytes they go to the output device's host
+// memory; larger requests (all the logits of a long prompt) and devices without host memory,
+// or that refuse it (a remote session's budget), use ordinary memory.
+constexpr size_t kDeviceLogitsMax = size_t{64} << 20;
+
+void LlamaSession::Impl::reserve_logits(size_t n_floats) {
+    const size_t bytes = n_floats * sizeof(float);
+    if (!(logits_buf && logits_buf->size() >= bytes) && !host_logits_refused &&
+        bytes <= kDeviceLogitsMax) {
+        BufferType* bt = m->device ? m->device->host_buffer_type() : nullptr;
+        if (bt && bt->is_host()) {
+            logits_buf.reset();
+            Expected<std::unique_ptr<Buffer>> b = bt->allocate(bytes);
+            if (b && (*b)->base()) {
+                logits_buf = std::move(*b);
+            } else {
+                host_logits_refused = true;  // not asked again on every step
+            }
+        }
+    }
+    if (logits_buf && logits_buf->size() >= bytes) {
+        logits = static_cast<float*>(logits_buf->base());
+        return;
+    }
+    if (logits_vec.size() < n_floats) logits_vec.resize(n_floats);
+    logits = logits_vec.data();
+}
 
 // Builds the forward graph for n_tokens new tokens attending to n_kv cached positions
 // (including the new ones, padded), producing logits for the last n_out tokens.
@@ -298,14 +333,14 @@ Status LlamaSession::decode(std::span<const int32_t> tokens, bool all_logits) {
     }
     const int32_t n = static_cast<int32_t>(tokens.size());
     d.n_rows = all_logits ? n : 1;
-    d.logits.resize(static_cast<size_t>(d.n_rows) * static_cast<size_t>(n_vocab));
+    d.reserve_logits(static_cast<size_t>(d.n_rows) * static_cast<size_t>(n_vocab));
     const int32_t n_past0 = d.n_past;
     for (int32_t i = 0; i < n; i += d.n_batch) {
         const int32_t nt = std::min(d.n_batch, n - i);
         // Without all_logits, only the last chunk's last row survives: earlier chunks write
         // their single row to row 0 and are overwritten.
-        float* dst = d.logits.data() +
-                     (all_logits ? static_cast<size_t>(i) * static_cast<size_t>(n_vocab) : 0);
+        float* dst =
+            d.logits + (all_logits ? static_cast<size_t>(i) * static_cast<size_t>(n_vocab) : 0);
         Status st = d.run_chunk(tokens.data() + i, nt, all_logits, dst);
         if (!st) {
             d.n_past = n_past0;
@@ -320,7 +355,7 @@ Status LlamaSession::decode(std::span<const int32_t> tokens, bool all_logits) {
 const float* LlamaSession::logits(int32_t i) const {
     const Impl& d = *impl_;
     if (i < 0 || i >= d.n_rows) return nullptr;
-    return d.logits.data() + static_cast<size_t>(i) * static_cast<size_t>(d.m->hp.n_vocab);
+    return d.logits + static_cast<size_t>(i) * static_cast<size_t>(d.m->hp.n_vocab);
 }
 
 int32_t LlamaSession::n_logit_rows() const {

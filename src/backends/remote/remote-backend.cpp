@@ -26,6 +26,7 @@ namespace {
 constexpr size_t kStagedReadMin = 64u << 10;
 constexpr size_t kStagingMin = 1u << 20;
 constexpr size_t kStagingMax = 64u << 20;
+bool staged_reads();
 
 class RemoteDevice;
 
@@ -38,13 +39,13 @@ class RemoteBufferType : public BufferType {
     Device* device() const override;
     size_t alignment() const override { return align_; }
     size_t max_size() const override { return max_size_; }
-    bool is_host() const override { return false; }
+    // The host kind's buffers are the server's shared memory, mapped here (allocate fails
+    // when the server cannot share them).
+    bool is_host() const override { return kind_ == kBufferHost; }
     // ALLOC_SIZE when the server's device pads some tensors (device caps bit 8); otherwise
     // nbytes, with no request. Answers are cached by type, shape and strides.
     size_t alloc_size(const Tensor* t) const override;
-    Expected<std::unique_ptr<Buffer>> allocate(size_t size) override {
-        return allocate_kind(size, kind_);
-    }
+    Expected<std::unique_ptr<Buffer>> allocate(size_t size) override;
     // Weights stay in server memory the client does not map (see kBufferDevicePrivate).
     Expected<std::unique_ptr<Buffer>> allocate_for(size_t size, BufferUsage usage) override {
         Expected<std::unique_ptr<Buffer>> b = allocate_kind(
@@ -82,16 +83,7 @@ class RemoteBuffer : public Buffer {
           size_(size),
           map_(map),
           map_len_(map_len) {}
-    ~RemoteBuffer() override {
-        std::lock_guard<std::recursive_mutex> lock(conn_->mutex());
-        // Deferred reads into the mapping must land before it goes away.
-        if (map_ && !conn_->idle()) (void)conn_->drain();
-        if (map_) munmap(map_, map_len_);
-        conn_->forget_graphs();  // the server drops its cached graphs on a free, too
-        wire::Writer w;
-        w.u64(handle_);
-        (void)conn_->send_async(Cmd::BUFFER_FREE, w);
-    }
+    ~RemoteBuffer() override;
     BufferType* type() const override { return type_; }
     size_t size() const override { return size_; }
     void* base() const override { return map_; }
@@ -184,6 +176,18 @@ class RemoteBuffer : public Buffer {
                 if (size) std::memcpy(dst, from, size);
             });
         }
+        // Into shared memory of the server's device (the host_buffer_type() of a remote
+        // device): the server copies there itself, and nothing is left to do here.
+        if (RemoteBuffer* hb = staged_reads() ? mapped_host_buffer(dst, size) : nullptr) {
+            wire::Writer w;
+            w.u64(handle_);
+            w.u64(off);
+            w.u64(hb->handle_);
+            w.u64(static_cast<uint64_t>(static_cast<const uint8_t*>(dst) -
+                                        static_cast<const uint8_t*>(hb->map_)));
+            w.u64(size);
+            return conn_->send_async(Cmd::TENSOR_COPY, w);
+        }
         // Large reads of memory the client cannot map (a GPU's) come back through shared
         // memory: the server copies into a staging buffer, the client copies out of it.
         if (size >= kStagedReadMin) {
@@ -206,8 +210,17 @@ class RemoteBuffer : public Buffer {
 
     uint64_t handle() const { return handle_; }
     const std::shared_ptr<Connection>& conn() const { return conn_; }
+    RemoteDevice* registered_ = nullptr;  // the device whose list of mapped host buffers has it
+    // [p, p + size) within this buffer's mapping.
+    bool maps(const void* p, size_t size) const {
+        const uintptr_t a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(map_);
+        return map_ && a >= b && a - b <= size_ && size <= size_ - (a - b);
+    }
 
   private:
+    // The mapped host buffer of this buffer's device on this connection that holds
+    // [p, p + size), or nullptr. Called with the connection's mutex held.
+    RemoteBuffer* mapped_host_buffer(const void* p, size_t size) const;
     // Queues a TENSOR_COPY of [off, +size) into the device's staging buffer and the copy out
     // of it into dst; false when the device has no staging buffer (no shared memory).
     Expected<bool> read_staged(uint64_t off, void* dst, size_t size);
@@ -372,6 +385,9 @@ class RemoteDevice : public Device {
         buffer_type_ = std::make_unique<RemoteBufferType>(
             this, conn_->addr() + "/" + bt_name, align ? align : 64, static_cast<size_t>(max_size),
             kBufferDevice);
+        host_type_ =
+            std::make_unique<RemoteBufferType>(this, conn_->addr() + "/" + bt_name + "_host", 64,
+                                               static_cast<size_t>(max_size), kBufferHost);
     }
     const char* name() const override { return name_.c_str(); }
     std::string description() const override {
@@ -396,6 +412,7 @@ class RemoteDevice : public Device {
     DeviceCaps caps() const override {
         DeviceCaps c;
         c.async = true;
+        c.host_buffer = (conn_->caps() & kCapSharedMemory) != 0;
         c.events = (caps_bits_ & kDeviceCapEvents) != 0 && (conn_->caps() & kCapEvents) != 0;
         return c;
     }
@@ -424,6 +441,7 @@ class RemoteDevice : public Device {
     const std::shared_ptr<Connection>& conn() const { return conn_; }
     uint32_t index() const { return index_; }
     uint8_t caps_bits() const { return caps_bits_; }
+    const std::string& remote_name() const { return remote_name_; }
 
     // Where a read of `size` bytes of this device's memory is staged: a mapped host buffer of
     // the server's device and an offset in it not used by any read still in flight; buffer
@@ -436,12 +454,32 @@ class RemoteDevice : public Device {
     Expected<StagingSlot> staging_slot(size_t size);
     void staging_read_done() { staging_reads_--; }
 
+    // Shared memory of the server's device, mapped here (the logits of a session go there,
+    // and reads into it are copies on the server); nullptr without shared memory.
+    BufferType* host_buffer_type() override {
+        return (conn_->caps() & kCapSharedMemory) ? host_type_.get() : nullptr;
+    }
+    // The mapped host buffers alive, for reads whose destination is one of them. Called with
+    // the connection's mutex held.
+    void remember_mapped(RemoteBuffer* b) {
+        mapped_.push_back(b);
+        b->registered_ = this;
+    }
+    void forget_mapped(RemoteBuffer* b) { std::erase(mapped_, b); }
+    RemoteBuffer* mapped_containing(const void* p, size_t size) const {
+        for (RemoteBuffer* b : mapped_) {
+            if (b->maps(p, size)) return b;
+        }
+        return nullptr;
+    }
+
   private:
     std::shared_ptr<Connection> conn_;
     uint32_t index_;
     // The staging buffer (see staging_slot): reads in flight take consecutive slots; once
     // every one of them has been copied out (staging_reads_ back to 0), the next starts
     // again at 0.
+    std::vector<RemoteBuffer*> mapped_;  // live mapped host buffers (outlives staging_)
     std::unique_ptr<Buffer> staging_;
     size_t staging_used_ = 0;
     size_t staging_reads_ = 0;
@@ -451,6 +489,7 @@ class RemoteDevice : public Device {
     uint8_t caps_bits_ = 0;
     DeviceMemory mem_;
     std::unique_ptr<RemoteBufferType> buffer_type_;
+    std::unique_ptr<RemoteBufferType> host_type_;  // kBufferHost
     std::mutex support_mu_;
     std::unordered_map<uint64_t, bool> support_cache_;
 };
@@ -459,13 +498,45 @@ Device* RemoteBufferType::device() const {
     return dev_;
 }
 
-Expected<RemoteDevice::StagingSlot> RemoteDevice::staging_slot(size_t size) {
-    // FERRY_REMOTE_STAGING=0: plain TENSOR_GET replies (for before/after measurements).
-    static const bool off = [] {
+// FERRY_REMOTE_STAGING=0: reads of unmapped memory come back as TENSOR_GET replies, never
+// through shared memory (for before/after measurements).
+bool staged_reads() {
+    static const bool on = [] {
         const char* v = std::getenv("FERRY_REMOTE_STAGING");
-        return v && std::strcmp(v, "0") == 0;
+        return !(v && std::strcmp(v, "0") == 0);
     }();
-    if (off || no_staging_ || size > kStagingMax || !(conn_->caps() & kCapSharedMemory)) {
+    return on;
+}
+
+Expected<std::unique_ptr<Buffer>> RemoteBufferType::allocate(size_t size) {
+    Expected<std::unique_ptr<Buffer>> b = allocate_kind(size, kind_);
+    if (b && kind_ == kBufferHost && !(*b)->base()) {
+        return Status::errorf("%s: the server's device %s gives no shared host memory",
+                              dev_->name(), dev_->remote_name().c_str());
+    }
+    return b;
+}
+
+RemoteBuffer::~RemoteBuffer() {
+    std::lock_guard<std::recursive_mutex> lock(conn_->mutex());
+    // Deferred reads into the mapping must land before it goes away.
+    if (map_ && !conn_->idle()) (void)conn_->drain();
+    // (Through the device itself: the staging buffer outlives its type, see ~RemoteDevice.)
+    if (registered_) registered_->forget_mapped(this);
+    if (map_) munmap(map_, map_len_);
+    conn_->forget_graphs();  // the server drops its cached graphs on a free, too
+    wire::Writer w;
+    w.u64(handle_);
+    (void)conn_->send_async(Cmd::BUFFER_FREE, w);
+}
+
+RemoteBuffer* RemoteBuffer::mapped_host_buffer(const void* p, size_t size) const {
+    return type_->remote_device()->mapped_containing(p, size);
+}
+
+Expected<RemoteDevice::StagingSlot> RemoteDevice::staging_slot(size_t size) {
+    if (!staged_reads() || no_staging_ || size > kStagingMax ||
+        !(conn_->caps() & kCapSharedMemory)) {
         return StagingSlot{};
     }
     const size_t need = (size + 63) / 64 * 64;
@@ -558,7 +629,12 @@ Expected<std::unique_ptr<Buffer>> RemoteBufferType::allocate_kind(size_t size, u
         (void)conn->send_async(Cmd::BUFFER_FREE, f);
         return st;
     }
-    return std::unique_ptr<Buffer>(new RemoteBuffer(this, conn, handle, size, map, map_len));
+    auto* buf = new RemoteBuffer(this, conn, handle, size, map, map_len);
+    if (map && kind == kBufferHost) {
+        std::lock_guard<std::recursive_mutex> lock(conn->mutex());
+        dev_->remember_mapped(buf);
+    }
+    return std::unique_ptr<Buffer>(buf);
 }
 
 Entry shape_entry(const Tensor* t) {
