@@ -186,7 +186,9 @@ TEST(Cuda, FusedDecodeMatchesUnfusedAndTheOracle) {
     REQUIRE_GPU();
     for (const Peer& p : kPeers) {
         const std::string enc = p.enc;
-        if (enc != "q8_0" && enc != "q4_0" && enc != "q4_k_m" && enc != "f16") continue;
+        if (enc != "q8_0" && enc != "q4_0" && enc != "q4_k_m" && enc != "f16" && enc != "f32") {
+            continue;  // f16 and f32: the float kernel's fusions; the others: the int8 kernel's
+        }
         static const std::vector<std::string> kOff = {"FERRY_CUDA_FUSION=0"};
         const std::vector<std::vector<float>> on = step_logits(enc, {});
         const std::vector<std::vector<float>> off = step_logits(enc, kOff);
@@ -522,7 +524,7 @@ TEST(Cuda, FusedKernelsNeverOverwriteWhatTheyRead) {
     }
 }
 
-// The RMS norm folded into the int8 product that reads it (FERRY_CUDA_FUSE_NORM_MV): every
+// The RMS norm folded into the product that reads it (FERRY_CUDA_FUSE_NORM_MV): every
 // block recomputes the norm in the RMS_NORM kernel's own order of operations, so the results
 // equal the unfused kernels' bit for bit, for each block size that kernel picks (K = 256:
 // 256 threads, 2048: 1024), with and without the residual ADD before it (whose sum is
@@ -537,7 +539,8 @@ TEST(Cuda, FoldedNormMatchesTheUnfusedKernels) {
     std::unique_ptr<Backend> cbe = cpu::make_cpu_backend(2);
     Lcg rnd{11u};
     const int64_t M = 1024;
-    for (Type t : {Type::Q4_0, Type::Q6_K}) {
+    // Q4_0, Q6_K: the int8 kernel; F16, BF16, F32: the float kernel (b in shared memory).
+    for (Type t : {Type::Q4_0, Type::Q6_K, Type::F16, Type::BF16, Type::F32}) {
         for (int64_t K : {int64_t{256}, int64_t{2048}}) {
             std::vector<uint8_t> wb[2];
             ASSERT_TRUE(random_weight_pair(t, K, M, rnd, wb));

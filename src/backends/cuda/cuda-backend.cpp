@@ -812,7 +812,8 @@ bool CudaBackend::match_epilogue(const std::vector<const Tensor*>& kn, size_t i,
 }
 
 // A norm step s (kind 1: RMS_NORM+MUL, 4: ADD+RMS_NORM+MUL) whose MUL only the product
-// launch t that follows reads (kinds 0, 3, 5, the int8 kernel) is computed in t's prologue
+// launch t that follows reads (kinds 0, 3, 5: the int8 kernel, or the float kernel's fused
+// form for F16/BF16/F32 weights) is computed in t's prologue
 // instead (FERRY_CUDA_FUSE_NORM_MV=0 turns it off). Every block of t reads the norm's inputs
 // while other blocks write t's results, and block 0 writes the ADD's sum: none of these may
 // share a byte.

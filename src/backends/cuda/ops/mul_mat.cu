@@ -331,6 +331,111 @@ __device__ __forceinline__ float4 ld_x4(const float* x) {
     }
 }
 
+constexpr int kMvWarps = 8;  // warps per block of the vector kernel
+
+// The segment holding row m (of all segments) and m's row within it.
+__device__ __forceinline__ int seg_of(const MvArgs& g, int64_t m, int64_t* ms) {
+    int s = 0;
+    while (s + 1 < g.n_seg && m >= g.seg[s].end) s++;
+    *ms = m - (s > 0 ? g.seg[s - 1].end : 0);
+    return s;
+}
+
+// The decode epilogue, called by every warp of the block for each row group (the rows loop
+// is the same for all of them: M % (8 / S) == 0); v is the sum of row m (row ms of
+// segment sg), in every lane of the row's leading warp (part 0). Row pairs (2i, 2i+1) are rows
+// rl and rl ^ 1 of the block (segments hold whole row groups).
+__device__ __forceinline__ void mv_epilogue(const MvArgs& g, const MvSeg& sg, int64_t ms, int rl,
+                                            bool leader, int lane, float v, float* pair) {
+    if (sg.rope) {
+        if (leader && lane == 0) pair[rl] = v;
+        __syncthreads();
+        const float x0 = pair[rl & ~1], x1 = pair[rl | 1];
+        __syncthreads();  // the next row group's pair may be written after this
+        const int e = static_cast<int>(ms % g.rope_head);
+        if (leader && lane == 0 && e < g.rope_dims) {
+            // The same double angle as the ROPE kernel and the reference.
+            const int i = e / 2;
+            const double f = g.rope_ff ? static_cast<double>(*reinterpret_cast<const float*>(
+                                             g.rope_ff + i * g.rope_ff_nb0))
+                                       : 1.0;
+            const double theta = static_cast<double>(g.rope_pos[0]) * g.rope_fscale *
+                                 pow(g.rope_base, -2.0 * i / static_cast<double>(g.rope_dims)) / f;
+            double sd, cd;
+            sincos(theta, &sd, &cd);
+            const float cs = static_cast<float>(cd), sn = static_cast<float>(sd);
+            v = (e % 2 == 0) ? x0 * cs - x1 * sn : x0 * sn + x1 * cs;
+        }
+    }
+    if (!leader || lane != 0) return;
+    if (sg.write_out) sg.out[ms] = v;
+    if (sg.kv) {
+        const int32_t row = sg.kv_idx[0];
+        if (row < 0 || row >= sg.kv_rows) {
+            report_error(g.err, Op::SET_ROWS, row, sg.kv_rows, 0);
+        } else {
+            store_plain(sg.kv_type, sg.kv + row * sg.kv_nb1, ms, v);
+        }
+    }
+}
+
+// 1/rms of the row nx (+ nadd) exactly as the RMS_NORM kernel (k_norm) computes it: virtual
+// thread v < T (T = that kernel's block size, g.norm_threads) sums the squares of elements
+// v, v + T, ... with fmaf, each warp of 32 virtual threads adds its sums by warp_sum, and the
+// T / 32 warp sums are added by warp_sum again (block_sum). Thread t of this block plays
+// virtual threads t + 256 k, lane for lane, so every sum is the same tree of the same
+// operations and b comes out bit for bit as the unfused kernels give it.
+__device__ __forceinline__ float norm_inv(const MvArgs& g, float* red /* 32 floats */) {
+    const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+    const int T = g.norm_threads;
+    static_assert(kMvWarps * 32 == 256, "thread t plays virtual threads t + 256 k");
+    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 2
+    for (int64_t base = 0; base < g.K; base += T) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int v = tid + 256 * k;
+            const int64_t i = base + v;
+            if (v < T && i < g.K) {
+                float e = g.nx[i];
+                if (g.nadd) e = e + g.nadd[i];
+                part[k] = fmaf(e, e, part[k]);
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        part[k] = warp_sum(part[k]);
+        if (lane == 0) red[warp + 8 * k] = part[k];
+    }
+    __syncthreads();
+    float t = lane < T / 32 ? red[lane] : 0.0f;
+    t = warp_sum(t);
+    return rsqrtf(t / static_cast<float>(g.K) + g.neps);
+}
+
+// b = the folded [ADD ->] RMS_NORM -> MUL, element for element as the unfused kernels compute
+// it ((e * inv) * w with e = nx + nadd): put(i, v) takes float4 number i of b, called by
+// thread i % blockDim.x (whole warps together when K / 4 is a multiple of 32, as q8_quantize4
+// needs). Block (0, 0) writes the ADD's sum. Shared by the int8 and the float kernel.
+template <typename Put>
+__device__ __forceinline__ void norm_prologue(const MvArgs& g, float* nred, Put put) {
+    const float inv = norm_inv(g, nred);
+    const bool write_sum = g.nsum && blockIdx.x == 0 && blockIdx.y == 0;
+    const int64_t n4 = g.K / 4;
+    for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
+        float4 e = reinterpret_cast<const float4*>(g.nx)[i];
+        const float4 w = reinterpret_cast<const float4*>(g.nw)[i];
+        if (g.nadd) {
+            const float4 c = reinterpret_cast<const float4*>(g.nadd)[i];
+            e = make_float4(e.x + c.x, e.y + c.y, e.z + c.z, e.w + c.w);
+            if (write_sum) reinterpret_cast<float4*>(g.nsum)[i] = e;
+        }
+        put(i, make_float4((e.x * inv) * w.x, (e.y * inv) * w.y, (e.z * inv) * w.z,
+                           (e.w * inv) * w.w));
+    }
+}
+
 // Adds one chunk's contribution (8 weights of each of NC columns) to acc.
 template <Type T, int NC, bool x_aligned>
 __device__ __forceinline__ void mv_chunk(const Lane8& w, const char* bm, int64_t b_nb1, int n_cols,
@@ -358,116 +463,168 @@ __device__ __forceinline__ void mv_chunk(const Lane8& w, const char* bm, int64_t
     }
 }
 
-constexpr int kMvWarps = 8;  // warps per block of the vector kernel
-
 // Matrix-vector product: S warps share a row (each takes every S-th 256-element chunk, so a
 // short matrix still puts enough loads in flight), kMvWarps / S rows per block. Chunks are
-// processed U at a time with every load issued before the first use. GLU: the row of a second
-// matrix (g.a2, the "up" weights) is multiplied too and the result is silu(a x) * (a2 x).
-// MINB > 1: the register cap that lets MINB blocks share an SM (more warps in flight, fewer
-// chunks in flight per warp); FERRY_CUDA_MV_OCC=0 picks MINB = 1 for decode, to compare.
-template <Type T, int NC, bool x_aligned, int S, bool glu, int MINB>
+// processed U at a time with every load issued before the first use; a row's sum is the same
+// for every U (chunk by chunk in order, each part's sum reduced by warp_sum, the parts added in
+// order). GLU: the row of a second matrix (g.a2, the "up" weights) is multiplied too and the
+// result is silu(a x) * (a2 x). MINB > 1: the register cap that lets MINB blocks share an SM
+// (more warps in flight, fewer chunks in flight per warp); FERRY_CUDA_MV_OCC=0 picks MINB = 1
+// for decode, to compare.
+//
+// fused (one column, one matrix, decode): the int8 kernel's fusions with the same arithmetic
+// as the unfused launch, so the two give the same bits: [ADD ->] RMS_NORM -> MUL folded into
+// the prologue (g.nx: every block computes b into shared memory, K floats of dynamic shared
+// memory, with norm_prologue) and the decode epilogue (g.n_seg > 0: up to kMaxSeg matrices
+// of one b as segments, each with its rope and/or KV-cache store, mv_epilogue). Blocks loop
+// over row groups (a capped grid shares each block's norm between several groups); every
+// segment's rows are a multiple of kMvWarps, so a block's rows lie in one segment and rope
+// pairs (2i, 2i + 1) in one block (S <= kMvWarps / 2).
+template <Type T, int NC, bool x_aligned, int S, bool glu, int MINB, bool fused = false>
 __global__ void __launch_bounds__(32 * kMvWarps, MINB) k_mul_mat_vec(MvArgs g) {
     constexpr int U = MINB > 1 ? (glu ? 1 : 2) : (glu ? 2 : 4);
+    constexpr int R = kMvWarps / S;  // rows per block and row group
+    static_assert(!fused || NC == 1, "the fused forms take one column");
     __shared__ float sh[kMvWarps][glu ? 2 * NC : NC];
+    __shared__ float pair[fused ? kMvWarps : 1], nred[fused ? 32 : 1];
+    extern __shared__ float4 mv_smem[];  // fused, g.nx: b, K floats
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int part = warp % S;
-    const int64_t m = static_cast<int64_t>(blockIdx.x) * (kMvWarps / S) + warp / S;
+    const int part = warp % S, rl = warp / S;
     const int64_t mat = blockIdx.y;
     const int64_t i2 = mat % g.ne2, i3 = mat / g.ne2;
-    const bool valid = m < g.M;
-    const int64_t mm = valid ? m : 0;
-    const int64_t aoff = mm * g.a_nb1 + (i2 / g.r2) * g.a_nb2 + (i3 / g.r3) * g.a_nb3;
-    const char* row = g.a + aoff;
-    const char* row2 = glu ? g.a2 + aoff : nullptr;
+    const int64_t a_mat = (i2 / g.r2) * g.a_nb2 + (i3 / g.r3) * g.a_nb3;
     const int64_t col0 = static_cast<int64_t>(blockIdx.z) * kMaxCols;
     const int n_cols = static_cast<int>(min(static_cast<int64_t>(NC), g.N - col0));
     const char* bm = g.b + i2 * g.b_nb2 + i3 * g.b_nb3 + col0 * g.b_nb1;
-    pdl_trigger();
-    if (valid && part == 0 && blockIdx.z == 0) {
-        // Weights never depend on the kernel before: the row's bytes are on their way to L2
-        // while that kernel finishes.
-        prefetch_l2(row, g.a_row_bytes, lane);
-        if constexpr (glu) prefetch_l2(row2, g.a_row_bytes, lane);
-    }
-    pdl_wait();
-    float acc[NC], acc2[glu ? NC : 1];
-#pragma unroll
-    for (int n = 0; n < NC; n++) acc[n] = 0.0f;
-#pragma unroll
-    for (int n = 0; n < (glu ? NC : 1); n++) acc2[n] = 0.0f;
-    const int64_t n_chunks = (g.K + 255) / 256;
-    const int64_t n_full = g.K / 256;
-    int64_t c = part;
-    if (valid) {
-        for (; c + (U - 1) * S < n_full; c += U * S) {
-            Lane8 w[U], w2[glu ? U : 1];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                Dec<T>::get(row, g.K, c + u * S, lane, w[u]);
-                if constexpr (glu) Dec<T>::get(row2, g.K, c + u * S, lane, w2[u]);
-            }
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                mv_chunk<T, NC, x_aligned>(w[u], bm, g.b_nb1, n_cols, acc);
-                if constexpr (glu) mv_chunk<T, NC, x_aligned>(w2[u], bm, g.b_nb1, n_cols, acc2);
+    int64_t b_nb1 = g.b_nb1;
+    // Row m's weights (of segment sg, its row ms there, with the epilogue).
+    auto row_of = [&](int64_t m, int* sg, int64_t* ms) -> const char* {
+        *ms = m;
+        *sg = 0;
+        if constexpr (fused) {
+            if (g.n_seg > 0) {
+                *sg = seg_of(g, m, ms);
+                return g.seg[*sg].a + *ms * g.a_nb1;
             }
         }
-        for (; c < n_chunks; c += S) {
-            Lane8 w;
-            if (Dec<T>::get(row, g.K, c, lane, w)) {
-                mv_chunk<T, NC, x_aligned>(w, bm, g.b_nb1, n_cols, acc);
-                if constexpr (glu) {
-                    Dec<T>::get(row2, g.K, c, lane, w);
-                    mv_chunk<T, NC, x_aligned>(w, bm, g.b_nb1, n_cols, acc2);
+        return g.a + a_mat + m * g.a_nb1;
+    };
+    pdl_trigger();
+    {
+        const int64_t m0 = static_cast<int64_t>(blockIdx.x) * R + rl;
+        if (m0 < g.M && part == 0 && blockIdx.z == 0) {
+            // Weights never depend on the kernel before: the row's bytes are on their way to
+            // L2 while that kernel finishes.
+            int sg0;
+            int64_t ms0;
+            prefetch_l2(row_of(m0, &sg0, &ms0), g.a_row_bytes, lane);
+            if constexpr (glu) prefetch_l2(g.a2 + a_mat + m0 * g.a_nb1, g.a_row_bytes, lane);
+        }
+    }
+    pdl_wait();
+    if constexpr (fused) {
+        if (g.nx) {
+            float4* xs = mv_smem;
+            norm_prologue(g, nred, [&](int64_t i, float4 v) { xs[i] = v; });
+            __syncthreads();
+            bm = reinterpret_cast<const char*>(xs);
+            b_nb1 = g.K * 4;
+        }
+    }
+    const int64_t n_chunks = (g.K + 255) / 256;
+    const int64_t n_full = g.K / 256;
+    // Unfused: one row group per block.
+    const int64_t group_step = fused ? static_cast<int64_t>(gridDim.x) * R : g.M;
+    for (int64_t mb = static_cast<int64_t>(blockIdx.x) * R; mb < g.M; mb += group_step) {
+        const int64_t m = mb + rl;
+        const bool valid = m < g.M;  // always, with the epilogue
+        int sg = 0;
+        int64_t ms = 0;
+        const char* row = row_of(valid ? m : 0, &sg, &ms);
+        const char* row2 = glu ? g.a2 + a_mat + (valid ? m : 0) * g.a_nb1 : nullptr;
+        float acc[NC], acc2[glu ? NC : 1];
+#pragma unroll
+        for (int n = 0; n < NC; n++) acc[n] = 0.0f;
+#pragma unroll
+        for (int n = 0; n < (glu ? NC : 1); n++) acc2[n] = 0.0f;
+        int64_t c = part;
+        if (valid) {
+            for (; c + (U - 1) * S < n_full; c += U * S) {
+                Lane8 w[U], w2[glu ? U : 1];
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    Dec<T>::get(row, g.K, c + u * S, lane, w[u]);
+                    if constexpr (glu) Dec<T>::get(row2, g.K, c + u * S, lane, w2[u]);
+                }
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    mv_chunk<T, NC, x_aligned>(w[u], bm, b_nb1, n_cols, acc);
+                    if constexpr (glu) mv_chunk<T, NC, x_aligned>(w2[u], bm, b_nb1, n_cols, acc2);
+                }
+            }
+            for (; c < n_chunks; c += S) {
+                Lane8 w;
+                if (Dec<T>::get(row, g.K, c, lane, w)) {
+                    mv_chunk<T, NC, x_aligned>(w, bm, b_nb1, n_cols, acc);
+                    if constexpr (glu) {
+                        Dec<T>::get(row2, g.K, c, lane, w);
+                        mv_chunk<T, NC, x_aligned>(w, bm, b_nb1, n_cols, acc2);
+                    }
                 }
             }
         }
-    }
 #pragma unroll
-    for (int n = 0; n < NC; n++) acc[n] = warp_sum(acc[n]);
-    if constexpr (glu) {
+        for (int n = 0; n < NC; n++) acc[n] = warp_sum(acc[n]);
+        if constexpr (glu) {
 #pragma unroll
-        for (int n = 0; n < NC; n++) acc2[n] = warp_sum(acc2[n]);
-    }
-    if constexpr (S > 1) {
-        if (lane == 0) {
+            for (int n = 0; n < NC; n++) acc2[n] = warp_sum(acc2[n]);
+        }
+        if constexpr (S > 1) {
+            if (lane == 0) {
+#pragma unroll
+                for (int n = 0; n < NC; n++) {
+                    sh[warp][n] = acc[n];
+                    if constexpr (glu) sh[warp][NC + n] = acc2[n];
+                }
+            }
+            __syncthreads();
 #pragma unroll
             for (int n = 0; n < NC; n++) {
-                sh[warp][n] = acc[n];
-                if constexpr (glu) sh[warp][NC + n] = acc2[n];
+                float t = 0.0f, t2 = 0.0f;
+#pragma unroll
+                for (int p = 0; p < S; p++) {
+                    t += sh[rl * S + p][n];
+                    if constexpr (glu) t2 += sh[rl * S + p][NC + n];
+                }
+                acc[n] = t;
+                if constexpr (glu) acc2[n] = t2;
+            }
+            if constexpr (fused) __syncthreads();  // sh is written again by the next group
+        }
+        const bool leader = part == 0 && valid;
+        if constexpr (fused && !glu) {
+            if (g.n_seg > 0) {
+                mv_epilogue(g, g.seg[sg], ms, rl, leader, lane, acc[0], pair);
+                continue;
             }
         }
-        __syncthreads();
-        if (part != 0) return;
+        if (!leader || lane >= n_cols) continue;
+        float v = 0.0f, v2 = 0.0f;
 #pragma unroll
         for (int n = 0; n < NC; n++) {
-            float t = 0.0f, t2 = 0.0f;
-#pragma unroll
-            for (int p = 0; p < S; p++) {
-                t += sh[warp + p][n];
-                if constexpr (glu) t2 += sh[warp + p][NC + n];
+            if (n == lane) {
+                v = acc[n];
+                if constexpr (glu) v2 = acc2[n];
             }
-            acc[n] = t;
-            if constexpr (glu) acc2[n] = t2;
         }
-    }
-    if (!valid || lane >= n_cols) return;
-    float v = 0.0f, v2 = 0.0f;
-#pragma unroll
-    for (int n = 0; n < NC; n++) {
-        if (n == lane) {
-            v = acc[n];
-            if constexpr (glu) v2 = acc2[n];
+        const int64_t col = col0 + lane;
+        if constexpr (glu) v = v / (1.0f + expf(-v)) * v2;
+        if (g.res) {
+            v += reinterpret_cast<const float*>(g.res + col * g.res_nb1 + i2 * g.res_nb2 +
+                                                i3 * g.res_nb3)[m];
         }
+        g.out[((i3 * g.ne2 + i2) * g.N + col) * g.M + m] = v;
     }
-    const int64_t col = col0 + lane;
-    if constexpr (glu) v = v / (1.0f + expf(-v)) * v2;
-    if (g.res) {
-        v += reinterpret_cast<const float*>(g.res + col * g.res_nb1 + i2 * g.res_nb2 +
-                                            i3 * g.res_nb3)[m];
-    }
-    g.out[((i3 * g.ne2 + i2) * g.N + col) * g.M + m] = v;
 }
 
 // Any layout: warp per (row, matrix), lanes over elements, columns one after another.
@@ -526,10 +683,8 @@ void launch_vec(const MvArgs& g, dim3 grid, int split, cudaStream_t st) {
                 return launch_vec_s<T, 1, 1, glu>(g, grid, st);
             case 2:
                 return launch_vec_s<T, 1, 2, glu>(g, grid, st);
-            case 4:
-                return launch_vec_s<T, 1, 4, glu>(g, grid, st);
             default:
-                return launch_vec_s<T, 1, 8, glu>(g, grid, st);
+                return launch_vec_s<T, 1, 4, glu>(g, grid, st);
         }
     }
     if constexpr (!glu) {
@@ -604,13 +759,74 @@ bool fast_vec_ok(const MvArgs& g, Type t) {
     return g.K % 8 == 0 && aligned16(g.a, {g.a_nb1, g.a_nb2, g.a_nb3});
 }
 
-// Warps per row: enough rows x warps to give every SM ~32 warps, at most one per chunk.
+// Warps per row: enough rows x warps to give every SM ~32 warps, at most one per chunk, and
+// at most kMvWarps / 2, so that a block holds row pairs (the fused epilogue's rope; the
+// unfused product must add the same parts: a k or v projection of 512 rows took 8 before).
 int choose_split(int64_t M, int64_t K, int n_sm) {
     const int64_t target = 32 * static_cast<int64_t>(n_sm);
     const int64_t chunks = (K + 255) / 256;
     int s = 1;
-    while (s < kMvWarps && M * s < target && 2 * s <= chunks) s *= 2;
+    while (2 * s <= kMvWarps / 2 && M * s < target && 2 * s <= chunks) s *= 2;
     return s;
+}
+
+// The float kernel's fused forms (norm prologue, decode epilogue) for plain weights, on
+// unless FERRY_CUDA_MV_FFUSED=0 (then the F16/BF16/F32 decode runs as before: norm kernels
+// apart, rope and KV store as their own kernels).
+bool vec_fused_mode() {
+    static const bool on = [] {
+        const char* v = std::getenv("FERRY_CUDA_MV_FFUSED");
+        return !(v && v[0] == '0');
+    }();
+    return on;
+}
+
+// The float kernel takes this product fused: plain weights, one column of one matrix, and the
+// fast path's layout (what launch_mat_vec picks for it unfused).
+bool vec_fused_ok(const MvArgs& g, Type t) {
+    return vec_fused_mode() && (t == Type::F32 || t == Type::F16 || t == Type::BF16) && g.N == 1 &&
+           g.ne2 == 1 && g.ne3 == 1 && fast_vec_ok(g, t) &&
+           aligned16(g.b, {g.b_nb1, g.b_nb2, g.b_nb3});
+}
+
+template <Type T, bool glu>
+void launch_vec_fused(const MvArgs& g, int split, int n_sm, cudaStream_t st) {
+    const size_t smem = g.nx ? static_cast<size_t>(g.K) * sizeof(float) : 0;
+    const int R = kMvWarps / split;
+    // A few blocks per SM loop over the row groups (each computes the folded norm once).
+    const unsigned blocks = std::min(n_blocks(g.M, R), static_cast<unsigned>(n_sm) * 3);
+    const dim3 grid(blocks, 1, 1), block(32 * kMvWarps);
+    switch (split) {
+        case 1:
+            launch_pdl(k_mul_mat_vec<T, 1, true, 1, glu, 3, true>, grid, block, smem, st, g);
+            break;
+        case 2:
+            launch_pdl(k_mul_mat_vec<T, 1, true, 2, glu, 3, true>, grid, block, smem, st, g);
+            break;
+        default:
+            launch_pdl(k_mul_mat_vec<T, 1, true, 4, glu, 3, true>, grid, block, smem, st, g);
+            break;
+    }
+}
+
+// The fused float kernel with the unfused launch's split for this product (M rows).
+template <bool glu>
+Status dispatch_vec_fused(OpContext& ctx, const MvArgs& g, Type t, int64_t M) {
+    const int split = choose_split(M, g.K, ctx.n_sm);
+    switch (t) {
+        case Type::F32:
+            launch_vec_fused<Type::F32, glu>(g, split, ctx.n_sm, ctx.stream);
+            break;
+        case Type::F16:
+            launch_vec_fused<Type::F16, glu>(g, split, ctx.n_sm, ctx.stream);
+            break;
+        case Type::BF16:
+            launch_vec_fused<Type::BF16, glu>(g, split, ctx.n_sm, ctx.stream);
+            break;
+        default:
+            return Status::errorf("CUDA: fused MUL_MAT weight type %s", type_name(t));
+    }
+    return launch_status(glu ? "MUL_MAT+MUL_MAT+SWIGLU (vec, fused)" : "MUL_MAT (vec, fused)");
 }
 
 template <bool glu>
@@ -846,79 +1062,6 @@ __device__ __forceinline__ float q8_dot(const Lane8i& w, const int32_t* xq, cons
     return r;
 }
 
-// The decode epilogue, called by every warp of the block for each row group (the rows loop
-// is the same for all of them: M % (kQ8Warps / S) == 0); v is the sum of row m (row ms of
-// segment sg), in every lane of the row's leading warp (part 0). Row pairs (2i, 2i+1) are rows
-// rl and rl ^ 1 of the block (segments hold whole row groups).
-__device__ __forceinline__ void q8_epilogue(const MvArgs& g, const MvSeg& sg, int64_t ms, int rl,
-                                            bool leader, int lane, float v, float* pair) {
-    if (sg.rope) {
-        if (leader && lane == 0) pair[rl] = v;
-        __syncthreads();
-        const float x0 = pair[rl & ~1], x1 = pair[rl | 1];
-        __syncthreads();  // the next row group's pair may be written after this
-        const int e = static_cast<int>(ms % g.rope_head);
-        if (leader && lane == 0 && e < g.rope_dims) {
-            // The same double angle as the ROPE kernel and the reference.
-            const int i = e / 2;
-            const double f = g.rope_ff ? static_cast<double>(*reinterpret_cast<const float*>(
-                                             g.rope_ff + i * g.rope_ff_nb0))
-                                       : 1.0;
-            const double theta = static_cast<double>(g.rope_pos[0]) * g.rope_fscale *
-                                 pow(g.rope_base, -2.0 * i / static_cast<double>(g.rope_dims)) / f;
-            double sd, cd;
-            sincos(theta, &sd, &cd);
-            const float cs = static_cast<float>(cd), sn = static_cast<float>(sd);
-            v = (e % 2 == 0) ? x0 * cs - x1 * sn : x0 * sn + x1 * cs;
-        }
-    }
-    if (!leader || lane != 0) return;
-    if (sg.write_out) sg.out[ms] = v;
-    if (sg.kv) {
-        const int32_t row = sg.kv_idx[0];
-        if (row < 0 || row >= sg.kv_rows) {
-            report_error(g.err, Op::SET_ROWS, row, sg.kv_rows, 0);
-        } else {
-            store_plain(sg.kv_type, sg.kv + row * sg.kv_nb1, ms, v);
-        }
-    }
-}
-
-// 1/rms of the row nx (+ nadd) exactly as the RMS_NORM kernel (k_norm) computes it: virtual
-// thread v < T (T = that kernel's block size, g.norm_threads) sums the squares of elements
-// v, v + T, ... with fmaf, each warp of 32 virtual threads adds its sums by warp_sum, and the
-// T / 32 warp sums are added by warp_sum again (block_sum). Thread t of this block plays
-// virtual threads t + 256 k, lane for lane, so every sum is the same tree of the same
-// operations and b comes out bit for bit as the unfused kernels give it.
-__device__ __forceinline__ float norm_inv(const MvArgs& g, float* red /* 32 floats */) {
-    const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
-    const int T = g.norm_threads;
-    static_assert(kQ8Warps * 32 == 256, "thread t plays virtual threads t + 256 k");
-    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 2
-    for (int64_t base = 0; base < g.K; base += T) {
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const int v = tid + 256 * k;
-            const int64_t i = base + v;
-            if (v < T && i < g.K) {
-                float e = g.nx[i];
-                if (g.nadd) e = e + g.nadd[i];
-                part[k] = fmaf(e, e, part[k]);
-            }
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        part[k] = warp_sum(part[k]);
-        if (lane == 0) red[warp + 8 * k] = part[k];
-    }
-    __syncthreads();
-    float t = lane < T / 32 ? red[lane] : 0.0f;
-    t = warp_sum(t);
-    return rsqrtf(t / static_cast<float>(g.K) + g.neps);
-}
-
 // Quantizes b's float4 number i (v: its values) into xq / xd; 8 consecutive threads hold one
 // block of 32 and call it together.
 __device__ __forceinline__ void q8_quantize4(float4 v, int64_t i, int lane, int32_t* xq,
@@ -937,21 +1080,18 @@ __device__ __forceinline__ void q8_quantize4(float4 v, int64_t i, int lane, int3
     if (lane % 8 == 0) xd[i / 8] = d;
 }
 
-// The segment holding row m (of all segments) and m's row within it.
-__device__ __forceinline__ int seg_of(const MvArgs& g, int64_t m, int64_t* ms) {
-    int s = 0;
-    while (s + 1 < g.n_seg && m >= g.seg[s].end) s++;
-    *ms = m - (s > 0 ? g.seg[s - 1].end : 0);
-    return s;
-}
-
 // One column of b (N == 1), K a multiple of 256, b 16-byte aligned. Dynamic shared memory:
 // K / 4 words of int8 quants, then K / 32 float scales. Blocks loop over groups of
 // kQ8Warps / S rows (grid capped so that each block's quantization of b is shared by several
 // rows); S warps share a row (split-K: warp part p takes the groups of U chunks p, p + S, ...,
 // and the block adds the parts), so that a short matrix or a long row still has enough loads
 // in flight. With S > 1 or the epilogue, M % (kQ8Warps / S) == 0 (the launcher checks).
-template <Type T, bool glu, bool epi, bool wide>
+//
+// pre (FERRY_CUDA_MV_PRELOAD, wide only): the warp's first group of U chunks is loaded into
+// registers before pdl_wait (weights never depend on the kernel before; only b does), so
+// those loads overlap the previous kernel's tail and b's quantization instead of following
+// them; used by the first row group's first iteration, the same values in the same order.
+template <Type T, bool glu, bool epi, bool wide, bool pre = false>
 __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(MvArgs g, int S) {
     // Chunks per warp whose loads are issued before the first is used. Wide (the default;
     // FERRY_CUDA_MV_WIDE=0 turns it off): a row of K = 2048 in one round trip instead of two.
@@ -988,6 +1128,26 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
             if constexpr (glu) prefetch_l2(g.a2 + a_mat + m0 * g.a_nb1 + off, n, lane);
         }
     }
+    // pre: the first group (gi = part) of the first row group, loaded now.
+    Lane8i w0[pre ? U : 1], w02[pre && glu ? U : 1];
+    bool first = false;
+    if constexpr (pre) {
+        const int64_t m0 = static_cast<int64_t>(blockIdx.x) * R + rl;
+        first = m0 < g.M && part < n_chunks / U;
+        if (first) {
+            const char* a0 = g.a + a_mat + m0 * g.a_nb1;
+            if constexpr (epi) {
+                int64_t ms = 0;
+                a0 = g.seg[seg_of(g, m0, &ms)].a + ms * g.a_nb1;
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                IDec<T>::get(a0, part * U + u, lane, w0[u]);
+                if constexpr (glu)
+                    IDec<T>::get(g.a2 + a_mat + m0 * g.a_nb1, part * U + u, lane, w02[u]);
+            }
+        }
+    }
     pdl_wait();
     // 8 consecutive threads quantize one block of 32 (K / 4 is a multiple of the block size,
     // so every warp runs each iteration whole). kPre loads per thread are issued before the
@@ -996,20 +1156,7 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
     const int64_t n4 = g.K / 4;
     if (g.nx) {
         // b = the folded RMS_NORM (+ ADD) and MUL, element for element as k_norm computes it.
-        const float inv = norm_inv(g, nred);
-        const bool write_sum = g.nsum && blockIdx.x == 0 && blockIdx.y == 0;
-        for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
-            float4 e = reinterpret_cast<const float4*>(g.nx)[i];
-            const float4 w = reinterpret_cast<const float4*>(g.nw)[i];
-            if (g.nadd) {
-                const float4 c = reinterpret_cast<const float4*>(g.nadd)[i];
-                e = make_float4(e.x + c.x, e.y + c.y, e.z + c.z, e.w + c.w);
-                if (write_sum) reinterpret_cast<float4*>(g.nsum)[i] = e;
-            }
-            const float4 v = make_float4((e.x * inv) * w.x, (e.y * inv) * w.y, (e.z * inv) * w.z,
-                                         (e.w * inv) * w.w);
-            q8_quantize4(v, i, lane, xq, xd);
-        }
+        norm_prologue(g, nred, [&](int64_t i, float4 v) { q8_quantize4(v, i, lane, xq, xd); });
     } else {
         constexpr int kPre = wide ? 8 : 1;
         for (int64_t i0 = threadIdx.x; i0 < n4; i0 += kPre * blockDim.x) {
@@ -1045,17 +1192,27 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
         for (int64_t gi = valid ? part : n_groups; gi < n_groups; gi += S) {
             const int64_t c = gi * U;
             Lane8i w[U], w2[glu ? U : 1];
+            if (pre && first) {
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                IDec<T>::get(row, c + u, lane, w[u]);
-                if constexpr (glu) IDec<T>::get(row2, c + u, lane, w2[u]);
+                for (int u = 0; u < U; u++) {
+                    w[u] = w0[u];
+                    if constexpr (glu) w2[u] = w02[u];
+                }
+            } else {
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    IDec<T>::get(row, c + u, lane, w[u]);
+                    if constexpr (glu) IDec<T>::get(row2, c + u, lane, w2[u]);
+                }
             }
+            first = false;
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 acc += q8_dot<T>(w[u], xq, xd);
                 if constexpr (glu) acc2 += q8_dot<T>(w2[u], xq, xd);
             }
         }
+        first = false;
         for (int64_t c = valid ? n_groups * U + part : n_chunks; c < n_chunks; c += S) {
             Lane8i w;
             IDec<T>::get(row, c, lane, w);
@@ -1083,7 +1240,7 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
         }
         const bool leader = part == 0 && valid;
         if constexpr (epi) {
-            q8_epilogue(g, g.seg[sg], ms, rl, leader, lane, acc, pair);
+            mv_epilogue(g, g.seg[sg], ms, rl, leader, lane, acc, pair);
             continue;
         }
         if (leader && lane == 0) {
@@ -1118,6 +1275,16 @@ bool q8_vec_ok(const MvArgs& g, Type t) {
 bool q8_wide_mode() {
     static const bool on = [] {
         const char* v = std::getenv("FERRY_CUDA_MV_WIDE");
+        return !(v && v[0] == '0');
+    }();
+    return on;
+}
+
+// The first weights loaded into registers before pdl_wait (k_mul_mat_vec_q8's pre): on
+// unless FERRY_CUDA_MV_PRELOAD=0.
+bool q8_preload_mode() {
+    static const bool on = [] {
+        const char* v = std::getenv("FERRY_CUDA_MV_PRELOAD");
         return !(v && v[0] == '0');
     }();
     return on;
@@ -1165,7 +1332,10 @@ void launch_q8(const MvArgs& g, unsigned mats, int n_sm, cudaStream_t st) {
     const int S = q8_split(g.M, g.K / 256, U, n_sm, epi);
     const unsigned cap = static_cast<unsigned>(n_sm) * kQ8MinBlocks;
     const unsigned blocks = std::min(n_blocks(g.M, kQ8Warps / S), std::max(1u, cap / mats));
-    if (wide) {
+    if (wide && q8_preload_mode()) {
+        launch_pdl(k_mul_mat_vec_q8<T, glu, epi, true, true>, dim3(blocks, mats, 1),
+                   dim3(32 * kQ8Warps), smem, st, g, S);
+    } else if (wide) {
         launch_pdl(k_mul_mat_vec_q8<T, glu, epi, true>, dim3(blocks, mats, 1), dim3(32 * kQ8Warps),
                    smem, st, g, S);
     } else {
@@ -1434,7 +1604,8 @@ bool can_fuse_mul_mat_epilogue(const Tensor* mm, const Tensor* rope, const Tenso
     if (mm->src[0]->ne[2] != 1 || mm->src[0]->ne[3] != 1) return false;
     MvArgs g = make_args(mm, nullptr);
     if (!fast_vec_ok(g, mm->src[0]->type) || !aligned16(g.b, {g.b_nb1, g.b_nb2, g.b_nb3}) ||
-        !q8_vec_ok(g, mm->src[0]->type) || g.M % kQ8Warps != 0 || !mm->is_contiguous()) {
+        !(q8_vec_ok(g, mm->src[0]->type) || vec_fused_ok(g, mm->src[0]->type)) ||
+        g.M % kQ8Warps != 0 || g.M % kMvWarps != 0 || !mm->is_contiguous()) {
         return false;
     }
     const Tensor* last = mm;  // the tensor set_rows stores
@@ -1519,13 +1690,19 @@ bool can_fold_norm(const NormPrologue& p, const Tensor* mm) {
     }
     if (norm_threads(K) > 4 * 32 * kQ8Warps) return false;
     MvArgs g = make_args(mm, nullptr);
-    return g.K == K && g.ne2 == 1 && g.ne3 == 1 && q8_vec_ok(g, mm->src[0]->type);
+    if (g.K != K || g.ne2 != 1 || g.ne3 != 1) return false;
+    // The float kernel keeps b in (at most 48 KiB of) shared memory.
+    return q8_vec_ok(g, mm->src[0]->type) ||
+           (vec_fused_ok(g, mm->src[0]->type) && K * 4 <= 48 * 1024);
 }
 
 Status op_mul_mat_norm(OpContext& ctx, const Tensor* mm, const NormPrologue& p) {
     MvArgs g = make_args(mm, nullptr);
     set_norm(g, &p);
-    return dispatch_q8<false>(ctx, g, mm->src[0]->type);
+    const Type t = mm->src[0]->type;
+    if (q8_vec_ok(g, t)) return dispatch_q8<false>(ctx, g, t);
+    if (vec_fused_ok(g, t)) return dispatch_vec_fused<false>(ctx, g, t, g.M);
+    return Status::error("CUDA: folded RMS_NORM without the int8 or the fused float kernel");
 }
 
 Status op_mul_mat_epilogue(OpContext& ctx, const EpilogueUnit* units, int n_units,
@@ -1534,6 +1711,19 @@ Status op_mul_mat_epilogue(OpContext& ctx, const EpilogueUnit* units, int n_unit
         return Status::errorf("CUDA: MUL_MAT epilogue of %d products", n_units);
     }
     MvArgs g = make_args(units[0].mm, nullptr);
+    const Type t = units[0].mm->src[0]->type;
+    if (!q8_vec_ok(g, t)) {
+        // The float kernel: one launch for the units whose products split their rows alike
+        // (each adds its parts as its unfused launch would), one after another otherwise.
+        if (!vec_fused_ok(g, t)) return Status::error("CUDA: MUL_MAT epilogue: no fused kernel");
+        const int s0 = choose_split(units[0].mm->src[0]->ne[1], g.K, ctx.n_sm);
+        int n = 1;
+        while (n < n_units && choose_split(units[n].mm->src[0]->ne[1], g.K, ctx.n_sm) == s0) n++;
+        if (n < n_units) {
+            FERRY_TRY(op_mul_mat_epilogue(ctx, units, n, pro));
+            return op_mul_mat_epilogue(ctx, units + n, n_units - n, pro);
+        }
+    }
     g.err = ctx.err;
     g.n_seg = n_units;
     int64_t rows = 0;
@@ -1567,7 +1757,8 @@ Status op_mul_mat_epilogue(OpContext& ctx, const EpilogueUnit* units, int n_unit
     }
     g.M = rows;
     set_norm(g, pro);
-    return dispatch_q8<false, true>(ctx, g, units[0].mm->src[0]->type);
+    if (q8_vec_ok(g, t)) return dispatch_q8<false, true>(ctx, g, t);
+    return dispatch_vec_fused<false>(ctx, g, t, units[0].mm->src[0]->ne[1]);
 }
 
 Status op_mul_mat_swiglu(OpContext& ctx, const Tensor* gate, const Tensor* up, const Tensor* glu,
@@ -1579,7 +1770,14 @@ Status op_mul_mat_swiglu(OpContext& ctx, const Tensor* gate, const Tensor* up, c
         set_norm(g, pro);
         return dispatch_q8<true>(ctx, g, gate->src[0]->type);
     }
-    if (pro && pro->norm) return Status::error("CUDA: folded RMS_NORM without the int8 kernel");
+    if (pro && pro->norm) {
+        if (!vec_fused_ok(g, gate->src[0]->type)) {
+            return Status::error(
+                "CUDA: folded RMS_NORM without the int8 or the fused float kernel");
+        }
+        set_norm(g, pro);
+        return dispatch_vec_fused<true>(ctx, g, gate->src[0]->type, g.M);
+    }
     const dim3 grid(1, static_cast<unsigned>(g.ne2 * g.ne3), 1);
     return dispatch_vec<true>(ctx, g, gate->src[0]->type, grid, choose_split(g.M, g.K, ctx.n_sm));
 }
