@@ -190,7 +190,9 @@ TEST(Cuda, FusedDecodeMatchesUnfusedAndTheOracle) {
             continue;  // f16 and f32: the float kernel's fusions; the others: the int8 kernel's
         }
         static const std::vector<std::string> kOff = {"FERRY_CUDA_FUSION=0"};
-        const std::vector<std::vector<float>> on = step_logits(enc, {});
+        // The float kernel's folded norm is off by default: asked for here, so it is checked.
+        static const std::vector<std::string> kOn = {"FERRY_CUDA_MV_FNORM=1"};
+        const std::vector<std::vector<float>> on = step_logits(enc, kOn);
         const std::vector<std::vector<float>> off = step_logits(enc, kOff);
         ASSERT_EQ(on.size(), cases().size()) << enc;
         ASSERT_EQ(off.size(), cases().size()) << enc;
@@ -553,9 +555,12 @@ TEST(Cuda, FoldedNormMatchesTheUnfusedKernels) {
                     // 0: GPU, folded; 1: GPU, norm kernels apart; 2: CPU
                     std::vector<float> outs[3], sums[3];
                     for (int d = 0; d < 3; d++) {
+                        // The float kernel folds the norm only when asked (FERRY_CUDA_MV_FNORM).
+                        if (d == 0) setenv("FERRY_CUDA_MV_FNORM", "1", 1);
                         if (d == 1) setenv("FERRY_CUDA_FUSE_NORM_MV", "0", 1);
                         Expected<std::unique_ptr<Backend>> gbe = gpu()->make_backend();
                         unsetenv("FERRY_CUDA_FUSE_NORM_MV");
+                        unsetenv("FERRY_CUDA_MV_FNORM");
                         ASSERT_TRUE(gbe) << gbe.message();
                         Backend* be = d < 2 ? gbe->get() : cbe.get();
                         BufferType* bt = d < 2 ? gpu()->buffer_type() : cpu::host_buffer_type();

@@ -487,6 +487,11 @@ class CudaBackend : public Backend {
         use_epilogue_ = !env_off("FERRY_CUDA_FUSE_EPILOGUE");
         use_qkv_ = !env_off("FERRY_CUDA_FUSE_QKV");
         use_norm_mv_ = !env_off("FERRY_CUDA_FUSE_NORM_MV");
+        // The norm folded into the float kernel too (F16/BF16/F32 weights): off by default,
+        // measured slower on the H200 (bench/results/cuda.md); FERRY_CUDA_MV_FNORM=1 (early
+        // weight loads) or 2 (without) turns it on.
+        const char* fn = std::getenv("FERRY_CUDA_MV_FNORM");
+        use_fnorm_ = fn && (std::strcmp(fn, "1") == 0 || std::strcmp(fn, "2") == 0);
         const char* p = std::getenv("FERRY_CUDA_PROFILE");
         profile_ = p && std::strcmp(p, "1") == 0;
     }
@@ -605,7 +610,7 @@ class CudaBackend : public Backend {
     cudaStream_t stream_;
     OpContext ctx_;
     bool use_graphs_ = true, use_fusion_ = true, use_add_norm_ = true, use_epilogue_ = true,
-         use_qkv_ = true, use_norm_mv_ = true;
+         use_qkv_ = true, use_norm_mv_ = true, use_fnorm_ = false;
     std::vector<Step> steps_;
     std::unordered_map<const Tensor*, int> consumers_;
     std::unordered_map<const Tensor*, int> kconsumers_;  // readers that are not views, by storage
@@ -849,7 +854,7 @@ bool CudaBackend::fold_norm(const Step& s, Step* t) const {
     const auto it = consumers_.find(mul);
     if (it == consumers_.end() || it->second != static_cast<int>(mms.size())) return false;
     for (const Tensor* mm : mms) {
-        if (!can_fold_norm(p, mm)) return false;
+        if (!can_fold_norm(p, mm, use_fnorm_)) return false;
     }
     std::vector<const Tensor*> ins = {p.norm->src[0], mul->src[1]};
     if (p.add) ins = {p.add->src[0], p.add->src[1], mul->src[1]};

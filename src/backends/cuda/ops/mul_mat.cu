@@ -201,14 +201,31 @@ struct Dec<Type::Q6_K> {
 
 // Plain types: lane takes 8 consecutive elements (one 16-byte load for F16/BF16, two for F32);
 // the row must be 16-byte aligned and K a multiple of 8 (checked by the launcher).
+// The raw bytes of a lane's 8 weights of a plain-type row in chunk c (one 16-byte load for
+// F16/BF16, two for F32), so that they can be loaded early and decoded later (from_raw).
+struct Raw8 {
+    uint4 a, b;
+};
+
+template <Type T>
+__device__ __forceinline__ Raw8 load_raw(const char* row, int64_t c, int lane) {
+    const int64_t e = c * 256 + 8 * lane;
+    Raw8 r;
+    if constexpr (T == Type::F32) {
+        r.a = *reinterpret_cast<const uint4*>(row + e * 4);
+        r.b = *reinterpret_cast<const uint4*>(row + e * 4 + 16);
+    } else {
+        r.a = *reinterpret_cast<const uint4*>(row + e * 2);
+        r.b = make_uint4(0u, 0u, 0u, 0u);
+    }
+    return r;
+}
+
 template <>
 struct Dec<Type::F16> {
     static constexpr bool kMin = false;
-    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
-        const int64_t e = c * 256 + 8 * lane;
-        if (e >= K) return false;
-        const uint4 v = *reinterpret_cast<const uint4*>(row + e * 2);
-        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+    __device__ static void from_raw(const Raw8& r, int64_t e, Lane8& w) {
+        const uint32_t u[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u[k]));
@@ -219,6 +236,11 @@ struct Dec<Type::F16> {
         w.m = 0.0f;
         w.o0 = e;
         w.o1 = e + 4;
+    }
+    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+        const int64_t e = c * 256 + 8 * lane;
+        if (e >= K) return false;
+        from_raw(load_raw<Type::F16>(row, c, lane), e, w);
         return true;
     }
 };
@@ -226,11 +248,8 @@ struct Dec<Type::F16> {
 template <>
 struct Dec<Type::BF16> {
     static constexpr bool kMin = false;
-    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
-        const int64_t e = c * 256 + 8 * lane;
-        if (e >= K) return false;
-        const uint4 v = *reinterpret_cast<const uint4*>(row + e * 2);
-        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+    __device__ static void from_raw(const Raw8& r, int64_t e, Lane8& w) {
+        const uint32_t u[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             w.q[2 * k] = __uint_as_float(u[k] << 16);
@@ -240,6 +259,11 @@ struct Dec<Type::BF16> {
         w.m = 0.0f;
         w.o0 = e;
         w.o1 = e + 4;
+    }
+    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+        const int64_t e = c * 256 + 8 * lane;
+        if (e >= K) return false;
+        from_raw(load_raw<Type::BF16>(row, c, lane), e, w);
         return true;
     }
 };
@@ -247,23 +271,24 @@ struct Dec<Type::BF16> {
 template <>
 struct Dec<Type::F32> {
     static constexpr bool kMin = false;
-    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
-        const int64_t e = c * 256 + 8 * lane;
-        if (e >= K) return false;
-        const float4 a = *reinterpret_cast<const float4*>(row + e * 4);
-        const float4 b = *reinterpret_cast<const float4*>(row + e * 4 + 16);
-        w.q[0] = a.x;
-        w.q[1] = a.y;
-        w.q[2] = a.z;
-        w.q[3] = a.w;
-        w.q[4] = b.x;
-        w.q[5] = b.y;
-        w.q[6] = b.z;
-        w.q[7] = b.w;
+    __device__ static void from_raw(const Raw8& r, int64_t e, Lane8& w) {
+        w.q[0] = __uint_as_float(r.a.x);
+        w.q[1] = __uint_as_float(r.a.y);
+        w.q[2] = __uint_as_float(r.a.z);
+        w.q[3] = __uint_as_float(r.a.w);
+        w.q[4] = __uint_as_float(r.b.x);
+        w.q[5] = __uint_as_float(r.b.y);
+        w.q[6] = __uint_as_float(r.b.z);
+        w.q[7] = __uint_as_float(r.b.w);
         w.d = 1.0f;
         w.m = 0.0f;
         w.o0 = e;
         w.o1 = e + 4;
+    }
+    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+        const int64_t e = c * 256 + 8 * lane;
+        if (e >= K) return false;
+        from_raw(load_raw<Type::F32>(row, c, lane), e, w);
         return true;
     }
 };
@@ -320,6 +345,9 @@ struct MvArgs {
     float* nsum;
     float neps;
     int norm_threads;
+    // The float kernel with a folded norm: the first group of weights is loaded before the
+    // norm is computed (FERRY_CUDA_MV_FNORM=2 turns it off).
+    bool early;
 };
 
 template <bool aligned>
@@ -509,6 +537,8 @@ __global__ void __launch_bounds__(32 * kMvWarps, MINB) k_mul_mat_vec(MvArgs g) {
         }
         return g.a + a_mat + m * g.a_nb1;
     };
+    const int64_t n_chunks = (g.K + 255) / 256;
+    const int64_t n_full = g.K / 256;
     pdl_trigger();
     {
         const int64_t m0 = static_cast<int64_t>(blockIdx.x) * R + rl;
@@ -521,6 +551,27 @@ __global__ void __launch_bounds__(32 * kMvWarps, MINB) k_mul_mat_vec(MvArgs g) {
             if constexpr (glu) prefetch_l2(g.a2 + a_mat + m0 * g.a_nb1, g.a_row_bytes, lane);
         }
     }
+    // Folded norm (plain weights, g.early): the warp's first group of U chunks is loaded now,
+    // so that its loads overlap the kernel before and the norm instead of following them;
+    // decoded by the first group's iteration (the same values in the same order).
+    constexpr bool kEarly = fused && (T == Type::F16 || T == Type::BF16 || T == Type::F32);
+    Raw8 e0[kEarly ? U : 1], e02[kEarly && glu ? U : 1];
+    bool early = false;
+    if constexpr (kEarly) {
+        const int64_t m0 = static_cast<int64_t>(blockIdx.x) * R + rl;
+        early = g.nx && g.early && m0 < g.M && part + (U - 1) * S < n_full;
+        if (early) {
+            int sg0;
+            int64_t ms0;
+            const char* r0 = row_of(m0, &sg0, &ms0);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                e0[u] = load_raw<T>(r0, part + u * S, lane);
+                if constexpr (glu)
+                    e02[u] = load_raw<T>(g.a2 + a_mat + m0 * g.a_nb1, part + u * S, lane);
+            }
+        }
+    }
     pdl_wait();
     if constexpr (fused) {
         if (g.nx) {
@@ -531,8 +582,6 @@ __global__ void __launch_bounds__(32 * kMvWarps, MINB) k_mul_mat_vec(MvArgs g) {
             b_nb1 = g.K * 4;
         }
     }
-    const int64_t n_chunks = (g.K + 255) / 256;
-    const int64_t n_full = g.K / 256;
     // Unfused: one row group per block.
     const int64_t group_step = fused ? static_cast<int64_t>(gridDim.x) * R : g.M;
     for (int64_t mb = static_cast<int64_t>(blockIdx.x) * R; mb < g.M; mb += group_step) {
@@ -551,10 +600,25 @@ __global__ void __launch_bounds__(32 * kMvWarps, MINB) k_mul_mat_vec(MvArgs g) {
         if (valid) {
             for (; c + (U - 1) * S < n_full; c += U * S) {
                 Lane8 w[U], w2[glu ? U : 1];
+                bool decoded = false;
+                if constexpr (kEarly) {
+                    if (early) {
 #pragma unroll
-                for (int u = 0; u < U; u++) {
-                    Dec<T>::get(row, g.K, c + u * S, lane, w[u]);
-                    if constexpr (glu) Dec<T>::get(row2, g.K, c + u * S, lane, w2[u]);
+                        for (int u = 0; u < U; u++) {
+                            const int64_t e = (c + u * S) * 256 + 8 * lane;
+                            Dec<T>::from_raw(e0[u], e, w[u]);
+                            if constexpr (glu) Dec<T>::from_raw(e02[u], e, w2[u]);
+                        }
+                        early = false;
+                        decoded = true;
+                    }
+                }
+                if (!decoded) {
+#pragma unroll
+                    for (int u = 0; u < U; u++) {
+                        Dec<T>::get(row, g.K, c + u * S, lane, w[u]);
+                        if constexpr (glu) Dec<T>::get(row2, g.K, c + u * S, lane, w2[u]);
+                    }
                 }
 #pragma unroll
                 for (int u = 0; u < U; u++) {
@@ -745,6 +809,7 @@ MvArgs make_args(const Tensor* dst, const Tensor* res) {
     g.nsum = nullptr;
     g.neps = 0.0f;
     g.norm_threads = 0;
+    g.early = false;
     return g;
 }
 
@@ -889,30 +954,44 @@ struct Lane8i {
 template <Type T>
 struct IDec;
 
+// A lane's raw words of one chunk (Q4_0, Q8_0: kRaw), loaded early and decoded later.
+struct RawI {
+    uint32_t v0, v1;
+    uint16_t d;
+};
+
 template <>
 struct IDec<Type::Q4_0> {
     static constexpr bool kMin = false;
+    static constexpr bool kRaw = true;
     static constexpr int kShift = 4;
-    __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
+    __device__ static RawI load(const char* row, int64_t c, int lane) {
+        const char* bp = row + (c * 8 + lane / 4) * 18;
+        return RawI{ld32_a2(bp + 2 + 4 * (lane % 4)), 0u, ld16(bp)};
+    }
+    __device__ static void decode(const RawI& r, int64_t c, int lane, Lane8i& w) {
         const int64_t blk = c * 8 + lane / 4;
-        const char* bp = row + blk * 18;
         const int p = lane % 4;
-        const uint32_t v = ld32_a2(bp + 2 + 4 * p);
+        const uint32_t v = r.v0;
         // Each byte 16 * (q - 8): the nibble moved to the byte's top half with its top bit
         // flipped (two logic operations instead of a byte-wise subtract); q8_dot divides the
         // sum by 16 (kShift), exactly, as every product is a multiple of 16.
         w.v0 = static_cast<int32_t>(((v << 4) & 0xf0f0f0f0u) ^ 0x80808080u);
         w.v1 = static_cast<int32_t>((v & 0xf0f0f0f0u) ^ 0x80808080u);
-        w.d = h2f(ld16(bp));
+        w.d = h2f(r.d);
         w.m = 0.0f;
         w.o0 = static_cast<int32_t>(blk * 32 + 4 * p);
         w.o1 = w.o0 + 16;
+    }
+    __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
+        decode(load(row, c, lane), c, lane, w);
     }
 };
 
 template <>
 struct IDec<Type::Q4_1> {
     static constexpr bool kMin = true;
+    static constexpr bool kRaw = false;
     static constexpr int kShift = 0;
     __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
         const int64_t blk = c * 8 + lane / 4;
@@ -931,23 +1010,31 @@ struct IDec<Type::Q4_1> {
 template <>
 struct IDec<Type::Q8_0> {
     static constexpr bool kMin = false;
+    static constexpr bool kRaw = true;
     static constexpr int kShift = 0;
-    __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
-        const int64_t blk = c * 8 + lane / 4;
-        const char* bp = row + blk * 34;
+    __device__ static RawI load(const char* row, int64_t c, int lane) {
+        const char* bp = row + (c * 8 + lane / 4) * 34;
         const int p = lane % 4;
-        w.v0 = static_cast<int32_t>(ld32_a2(bp + 2 + 8 * p));
-        w.v1 = static_cast<int32_t>(ld32_a2(bp + 6 + 8 * p));
-        w.d = h2f(ld16(bp));
+        return RawI{ld32_a2(bp + 2 + 8 * p), ld32_a2(bp + 6 + 8 * p), ld16(bp)};
+    }
+    __device__ static void decode(const RawI& r, int64_t c, int lane, Lane8i& w) {
+        const int64_t blk = c * 8 + lane / 4;
+        w.v0 = static_cast<int32_t>(r.v0);
+        w.v1 = static_cast<int32_t>(r.v1);
+        w.d = h2f(r.d);
         w.m = 0.0f;
-        w.o0 = static_cast<int32_t>(blk * 32 + 8 * p);
+        w.o0 = static_cast<int32_t>(blk * 32 + 8 * (lane % 4));
         w.o1 = w.o0 + 4;
+    }
+    __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
+        decode(load(row, c, lane), c, lane, w);
     }
 };
 
 template <>
 struct IDec<Type::Q4_K> {
     static constexpr bool kMin = true;
+    static constexpr bool kRaw = false;
     static constexpr int kShift = 0;
     __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
         const char* bp = row + c * 144;
@@ -968,6 +1055,7 @@ struct IDec<Type::Q4_K> {
 template <>
 struct IDec<Type::Q5_K> {
     static constexpr bool kMin = true;
+    static constexpr bool kRaw = false;
     static constexpr int kShift = 0;
     __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
         const char* bp = row + c * 176;
@@ -992,6 +1080,7 @@ struct IDec<Type::Q5_K> {
 template <>
 struct IDec<Type::Q6_K> {
     static constexpr bool kMin = false;
+    static constexpr bool kRaw = false;
     static constexpr int kShift = 2;
     __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
         const char* bp = row + c * 210;
@@ -1087,10 +1176,12 @@ __device__ __forceinline__ void q8_quantize4(float4 v, int64_t i, int lane, int3
 // and the block adds the parts), so that a short matrix or a long row still has enough loads
 // in flight. With S > 1 or the epilogue, M % (kQ8Warps / S) == 0 (the launcher checks).
 //
-// pre (FERRY_CUDA_MV_PRELOAD, wide only): the warp's first group of U chunks is loaded into
-// registers before pdl_wait (weights never depend on the kernel before; only b does), so
-// those loads overlap the previous kernel's tail and b's quantization instead of following
-// them; used by the first row group's first iteration, the same values in the same order.
+// pre (Q4_0 and Q8_0, wide; FERRY_CUDA_MV_PRELOAD=0 turns it off): the raw words of the warp's
+// first group of U chunks are loaded before pdl_wait (weights never depend on the kernel
+// before, only b does), so those loads overlap that kernel's tail and b's quantization
+// instead of following them; the first row group's first iteration decodes them (the same
+// values in the same order). Raw words, 3 registers a chunk: the decoded chunks spilled
+// 200-236 bytes under the 64-register cap (ptxas).
 template <Type T, bool glu, bool epi, bool wide, bool pre = false>
 __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(MvArgs g, int S) {
     // Chunks per warp whose loads are issued before the first is used. Wide (the default;
@@ -1128,8 +1219,7 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
             if constexpr (glu) prefetch_l2(g.a2 + a_mat + m0 * g.a_nb1 + off, n, lane);
         }
     }
-    // pre: the first group (gi = part) of the first row group, loaded now.
-    Lane8i w0[pre ? U : 1], w02[pre && glu ? U : 1];
+    RawI r0[pre ? U : 1], r02[pre && glu ? U : 1];
     bool first = false;
     if constexpr (pre) {
         const int64_t m0 = static_cast<int64_t>(blockIdx.x) * R + rl;
@@ -1142,9 +1232,9 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
             }
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                IDec<T>::get(a0, part * U + u, lane, w0[u]);
+                r0[u] = IDec<T>::load(a0, part * U + u, lane);
                 if constexpr (glu)
-                    IDec<T>::get(g.a2 + a_mat + m0 * g.a_nb1, part * U + u, lane, w02[u]);
+                    r02[u] = IDec<T>::load(g.a2 + a_mat + m0 * g.a_nb1, part * U + u, lane);
             }
         }
     }
@@ -1192,27 +1282,31 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
         for (int64_t gi = valid ? part : n_groups; gi < n_groups; gi += S) {
             const int64_t c = gi * U;
             Lane8i w[U], w2[glu ? U : 1];
-            if (pre && first) {
+            bool decoded = false;
+            if constexpr (pre) {
+                if (first) {
 #pragma unroll
-                for (int u = 0; u < U; u++) {
-                    w[u] = w0[u];
-                    if constexpr (glu) w2[u] = w02[u];
+                    for (int u = 0; u < U; u++) {
+                        IDec<T>::decode(r0[u], c + u, lane, w[u]);
+                        if constexpr (glu) IDec<T>::decode(r02[u], c + u, lane, w2[u]);
+                    }
+                    first = false;
+                    decoded = true;
                 }
-            } else {
+            }
+            if (!decoded) {
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     IDec<T>::get(row, c + u, lane, w[u]);
                     if constexpr (glu) IDec<T>::get(row2, c + u, lane, w2[u]);
                 }
             }
-            first = false;
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 acc += q8_dot<T>(w[u], xq, xd);
                 if constexpr (glu) acc2 += q8_dot<T>(w2[u], xq, xd);
             }
         }
-        first = false;
         for (int64_t c = valid ? n_groups * U + part : n_chunks; c < n_chunks; c += S) {
             Lane8i w;
             IDec<T>::get(row, c, lane, w);
@@ -1280,8 +1374,7 @@ bool q8_wide_mode() {
     return on;
 }
 
-// The first weights loaded into registers before pdl_wait (k_mul_mat_vec_q8's pre): on
-// unless FERRY_CUDA_MV_PRELOAD=0.
+// k_mul_mat_vec_q8's pre: on unless FERRY_CUDA_MV_PRELOAD=0.
 bool q8_preload_mode() {
     static const bool on = [] {
         const char* v = std::getenv("FERRY_CUDA_MV_PRELOAD");
@@ -1332,10 +1425,14 @@ void launch_q8(const MvArgs& g, unsigned mats, int n_sm, cudaStream_t st) {
     const int S = q8_split(g.M, g.K / 256, U, n_sm, epi);
     const unsigned cap = static_cast<unsigned>(n_sm) * kQ8MinBlocks;
     const unsigned blocks = std::min(n_blocks(g.M, kQ8Warps / S), std::max(1u, cap / mats));
-    if (wide && q8_preload_mode()) {
-        launch_pdl(k_mul_mat_vec_q8<T, glu, epi, true, true>, dim3(blocks, mats, 1),
-                   dim3(32 * kQ8Warps), smem, st, g, S);
-    } else if (wide) {
+    if constexpr (IDec<T>::kRaw) {
+        if (wide && q8_preload_mode()) {
+            launch_pdl(k_mul_mat_vec_q8<T, glu, epi, true, true>, dim3(blocks, mats, 1),
+                       dim3(32 * kQ8Warps), smem, st, g, S);
+            return;
+        }
+    }
+    if (wide) {
         launch_pdl(k_mul_mat_vec_q8<T, glu, epi, true>, dim3(blocks, mats, 1), dim3(32 * kQ8Warps),
                    smem, st, g, S);
     } else {
@@ -1657,6 +1754,15 @@ bool can_join_mul_mat_epilogues(const EpilogueUnit& a, const EpilogueUnit& b) {
 
 namespace {
 
+// FERRY_CUDA_MV_FNORM=2: the float kernel's folded norm without the early weight loads.
+bool fnorm_early_mode() {
+    static const bool on = [] {
+        const char* v = std::getenv("FERRY_CUDA_MV_FNORM");
+        return !(v && v[0] == '2');
+    }();
+    return on;
+}
+
 // A row of K F32 elements, contiguous and 16-byte aligned.
 bool f32_row(const Tensor* t, int64_t K) {
     return t->type == Type::F32 && t->ne[0] == K && t->nrows() == 1 && t->is_contiguous() &&
@@ -1672,11 +1778,12 @@ void set_norm(MvArgs& g, const NormPrologue* p) {
     g.nw = reinterpret_cast<const float*>(device_ptr(p->mul->src[1]));
     g.neps = p->norm->param_f(0);
     g.norm_threads = norm_threads(g.K);
+    g.early = fnorm_early_mode();
 }
 
 }  // namespace
 
-bool can_fold_norm(const NormPrologue& p, const Tensor* mm) {
+bool can_fold_norm(const NormPrologue& p, const Tensor* mm, bool float_kernel) {
     const Tensor* mul = p.mul;
     const Tensor* norm = p.norm;
     if (!mul || !norm || mm->op != Op::MUL_MAT || mm->src[1] != mul || use_gemm(mm)) return false;
@@ -1693,7 +1800,7 @@ bool can_fold_norm(const NormPrologue& p, const Tensor* mm) {
     if (g.K != K || g.ne2 != 1 || g.ne3 != 1) return false;
     // The float kernel keeps b in (at most 48 KiB of) shared memory.
     return q8_vec_ok(g, mm->src[0]->type) ||
-           (vec_fused_ok(g, mm->src[0]->type) && K * 4 <= 48 * 1024);
+           (float_kernel && vec_fused_ok(g, mm->src[0]->type) && K * 4 <= 48 * 1024);
 }
 
 Status op_mul_mat_norm(OpContext& ctx, const Tensor* mm, const NormPrologue& p) {

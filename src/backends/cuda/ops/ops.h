@@ -74,7 +74,9 @@ struct NormPrologue {
     const Tensor* norm = nullptr;
     const Tensor* mul = nullptr;
 };
-bool can_fold_norm(const NormPrologue& p, const Tensor* mm);
+// float_kernel: into the float kernel's fused form too (F16/BF16/F32 weights), not only
+// the int8 kernel.
+bool can_fold_norm(const NormPrologue& p, const Tensor* mm, bool float_kernel);
 Status op_mul_mat_norm(OpContext& ctx, const Tensor* mm, const NormPrologue& p);
 // The RMS_NORM kernel's block size for rows of n elements.
 int norm_threads(int64_t n);
