@@ -488,8 +488,9 @@ class CudaBackend : public Backend {
         use_qkv_ = !env_off("FERRY_CUDA_FUSE_QKV");
         use_norm_mv_ = !env_off("FERRY_CUDA_FUSE_NORM_MV");
         // The norm folded into the float kernel too (F16/BF16/F32 weights): off by default,
-        // measured slower on the H200 (bench/results/cuda.md); FERRY_CUDA_MV_FNORM=1 (early
-        // weight loads) or 2 (without) turns it on.
+        // a wash on the H200 (bench/results/cuda.md, 1B F16 tg128: 611 with it against 627
+        // in one run, 659-661 against 640-649 in the next); FERRY_CUDA_MV_FNORM=1 (the first
+        // weights loaded before the norm) or 2 (without) turns it on.
         const char* fn = std::getenv("FERRY_CUDA_MV_FNORM");
         use_fnorm_ = fn && (std::strcmp(fn, "1") == 0 || std::strcmp(fn, "2") == 0);
         const char* p = std::getenv("FERRY_CUDA_PROFILE");

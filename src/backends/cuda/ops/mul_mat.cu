@@ -859,7 +859,15 @@ void launch_vec_fused(const MvArgs& g, int split, int n_sm, cudaStream_t st) {
     const size_t smem = g.nx ? static_cast<size_t>(g.K) * sizeof(float) : 0;
     const int R = kMvWarps / split;
     // A few blocks per SM loop over the row groups (each computes the folded norm once).
-    const unsigned blocks = std::min(n_blocks(g.M, R), static_cast<unsigned>(n_sm) * 3);
+    // FERRY_CUDA_MV_FCAP=0: a block per row group, as the unfused launch (not yet measured;
+    // ncu on the H200 read the capped q/k/v epilogue launch at 13.4 us for 12.6 MB: each
+    // block takes ~4 row groups one after another, a DRAM round trip and 1-3 barriers each).
+    static const bool cap = [] {
+        const char* v = std::getenv("FERRY_CUDA_MV_FCAP");
+        return !(v && v[0] == '0');
+    }();
+    const unsigned blocks =
+        cap ? std::min(n_blocks(g.M, R), static_cast<unsigned>(n_sm) * 3) : n_blocks(g.M, R);
     const dim3 grid(blocks, 1, 1), block(32 * kMvWarps);
     switch (split) {
         case 1:
@@ -954,44 +962,30 @@ struct Lane8i {
 template <Type T>
 struct IDec;
 
-// A lane's raw words of one chunk (Q4_0, Q8_0: kRaw), loaded early and decoded later.
-struct RawI {
-    uint32_t v0, v1;
-    uint16_t d;
-};
-
 template <>
 struct IDec<Type::Q4_0> {
     static constexpr bool kMin = false;
-    static constexpr bool kRaw = true;
     static constexpr int kShift = 4;
-    __device__ static RawI load(const char* row, int64_t c, int lane) {
-        const char* bp = row + (c * 8 + lane / 4) * 18;
-        return RawI{ld32_a2(bp + 2 + 4 * (lane % 4)), 0u, ld16(bp)};
-    }
-    __device__ static void decode(const RawI& r, int64_t c, int lane, Lane8i& w) {
+    __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
         const int64_t blk = c * 8 + lane / 4;
+        const char* bp = row + blk * 18;
         const int p = lane % 4;
-        const uint32_t v = r.v0;
+        const uint32_t v = ld32_a2(bp + 2 + 4 * p);
         // Each byte 16 * (q - 8): the nibble moved to the byte's top half with its top bit
         // flipped (two logic operations instead of a byte-wise subtract); q8_dot divides the
         // sum by 16 (kShift), exactly, as every product is a multiple of 16.
         w.v0 = static_cast<int32_t>(((v << 4) & 0xf0f0f0f0u) ^ 0x80808080u);
         w.v1 = static_cast<int32_t>((v & 0xf0f0f0f0u) ^ 0x80808080u);
-        w.d = h2f(r.d);
+        w.d = h2f(ld16(bp));
         w.m = 0.0f;
         w.o0 = static_cast<int32_t>(blk * 32 + 4 * p);
         w.o1 = w.o0 + 16;
-    }
-    __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
-        decode(load(row, c, lane), c, lane, w);
     }
 };
 
 template <>
 struct IDec<Type::Q4_1> {
     static constexpr bool kMin = true;
-    static constexpr bool kRaw = false;
     static constexpr int kShift = 0;
     __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
         const int64_t blk = c * 8 + lane / 4;
@@ -1010,31 +1004,23 @@ struct IDec<Type::Q4_1> {
 template <>
 struct IDec<Type::Q8_0> {
     static constexpr bool kMin = false;
-    static constexpr bool kRaw = true;
     static constexpr int kShift = 0;
-    __device__ static RawI load(const char* row, int64_t c, int lane) {
-        const char* bp = row + (c * 8 + lane / 4) * 34;
-        const int p = lane % 4;
-        return RawI{ld32_a2(bp + 2 + 8 * p), ld32_a2(bp + 6 + 8 * p), ld16(bp)};
-    }
-    __device__ static void decode(const RawI& r, int64_t c, int lane, Lane8i& w) {
-        const int64_t blk = c * 8 + lane / 4;
-        w.v0 = static_cast<int32_t>(r.v0);
-        w.v1 = static_cast<int32_t>(r.v1);
-        w.d = h2f(r.d);
-        w.m = 0.0f;
-        w.o0 = static_cast<int32_t>(blk * 32 + 8 * (lane % 4));
-        w.o1 = w.o0 + 4;
-    }
     __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
-        decode(load(row, c, lane), c, lane, w);
+        const int64_t blk = c * 8 + lane / 4;
+        const char* bp = row + blk * 34;
+        const int p = lane % 4;
+        w.v0 = static_cast<int32_t>(ld32_a2(bp + 2 + 8 * p));
+        w.v1 = static_cast<int32_t>(ld32_a2(bp + 6 + 8 * p));
+        w.d = h2f(ld16(bp));
+        w.m = 0.0f;
+        w.o0 = static_cast<int32_t>(blk * 32 + 8 * p);
+        w.o1 = w.o0 + 4;
     }
 };
 
 template <>
 struct IDec<Type::Q4_K> {
     static constexpr bool kMin = true;
-    static constexpr bool kRaw = false;
     static constexpr int kShift = 0;
     __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
         const char* bp = row + c * 144;
@@ -1055,7 +1041,6 @@ struct IDec<Type::Q4_K> {
 template <>
 struct IDec<Type::Q5_K> {
     static constexpr bool kMin = true;
-    static constexpr bool kRaw = false;
     static constexpr int kShift = 0;
     __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
         const char* bp = row + c * 176;
@@ -1080,7 +1065,6 @@ struct IDec<Type::Q5_K> {
 template <>
 struct IDec<Type::Q6_K> {
     static constexpr bool kMin = false;
-    static constexpr bool kRaw = false;
     static constexpr int kShift = 2;
     __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
         const char* bp = row + c * 210;
@@ -1175,14 +1159,7 @@ __device__ __forceinline__ void q8_quantize4(float4 v, int64_t i, int lane, int3
 // rows); S warps share a row (split-K: warp part p takes the groups of U chunks p, p + S, ...,
 // and the block adds the parts), so that a short matrix or a long row still has enough loads
 // in flight. With S > 1 or the epilogue, M % (kQ8Warps / S) == 0 (the launcher checks).
-//
-// pre (Q4_0 and Q8_0, wide; FERRY_CUDA_MV_PRELOAD=0 turns it off): the raw words of the warp's
-// first group of U chunks are loaded before pdl_wait (weights never depend on the kernel
-// before, only b does), so those loads overlap that kernel's tail and b's quantization
-// instead of following them; the first row group's first iteration decodes them (the same
-// values in the same order). Raw words, 3 registers a chunk: the decoded chunks spilled
-// 200-236 bytes under the 64-register cap (ptxas).
-template <Type T, bool glu, bool epi, bool wide, bool pre = false>
+template <Type T, bool glu, bool epi, bool wide>
 __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(MvArgs g, int S) {
     // Chunks per warp whose loads are issued before the first is used. Wide (the default;
     // FERRY_CUDA_MV_WIDE=0 turns it off): a row of K = 2048 in one round trip instead of two.
@@ -1217,25 +1194,6 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
             }
             prefetch_l2(a0 + off, n, lane);
             if constexpr (glu) prefetch_l2(g.a2 + a_mat + m0 * g.a_nb1 + off, n, lane);
-        }
-    }
-    RawI r0[pre ? U : 1], r02[pre && glu ? U : 1];
-    bool first = false;
-    if constexpr (pre) {
-        const int64_t m0 = static_cast<int64_t>(blockIdx.x) * R + rl;
-        first = m0 < g.M && part < n_chunks / U;
-        if (first) {
-            const char* a0 = g.a + a_mat + m0 * g.a_nb1;
-            if constexpr (epi) {
-                int64_t ms = 0;
-                a0 = g.seg[seg_of(g, m0, &ms)].a + ms * g.a_nb1;
-            }
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                r0[u] = IDec<T>::load(a0, part * U + u, lane);
-                if constexpr (glu)
-                    r02[u] = IDec<T>::load(g.a2 + a_mat + m0 * g.a_nb1, part * U + u, lane);
-            }
         }
     }
     pdl_wait();
@@ -1282,24 +1240,10 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
         for (int64_t gi = valid ? part : n_groups; gi < n_groups; gi += S) {
             const int64_t c = gi * U;
             Lane8i w[U], w2[glu ? U : 1];
-            bool decoded = false;
-            if constexpr (pre) {
-                if (first) {
 #pragma unroll
-                    for (int u = 0; u < U; u++) {
-                        IDec<T>::decode(r0[u], c + u, lane, w[u]);
-                        if constexpr (glu) IDec<T>::decode(r02[u], c + u, lane, w2[u]);
-                    }
-                    first = false;
-                    decoded = true;
-                }
-            }
-            if (!decoded) {
-#pragma unroll
-                for (int u = 0; u < U; u++) {
-                    IDec<T>::get(row, c + u, lane, w[u]);
-                    if constexpr (glu) IDec<T>::get(row2, c + u, lane, w2[u]);
-                }
+            for (int u = 0; u < U; u++) {
+                IDec<T>::get(row, c + u, lane, w[u]);
+                if constexpr (glu) IDec<T>::get(row2, c + u, lane, w2[u]);
             }
 #pragma unroll
             for (int u = 0; u < U; u++) {
@@ -1374,15 +1318,6 @@ bool q8_wide_mode() {
     return on;
 }
 
-// k_mul_mat_vec_q8's pre: on unless FERRY_CUDA_MV_PRELOAD=0.
-bool q8_preload_mode() {
-    static const bool on = [] {
-        const char* v = std::getenv("FERRY_CUDA_MV_PRELOAD");
-        return !(v && v[0] == '0');
-    }();
-    return on;
-}
-
 // FERRY_CUDA_MV_SPLIT: 0 no split-K; 1 the row-count rule below (measured on the H200,
 // bench/results/cuda.md, 1B Q4_0 tg128: 798 t/s with it against 814 without, when b's
 // quantization took one round trip per 1 KiB); unset: the row-length rule (long rows only).
@@ -1425,13 +1360,6 @@ void launch_q8(const MvArgs& g, unsigned mats, int n_sm, cudaStream_t st) {
     const int S = q8_split(g.M, g.K / 256, U, n_sm, epi);
     const unsigned cap = static_cast<unsigned>(n_sm) * kQ8MinBlocks;
     const unsigned blocks = std::min(n_blocks(g.M, kQ8Warps / S), std::max(1u, cap / mats));
-    if constexpr (IDec<T>::kRaw) {
-        if (wide && q8_preload_mode()) {
-            launch_pdl(k_mul_mat_vec_q8<T, glu, epi, true, true>, dim3(blocks, mats, 1),
-                       dim3(32 * kQ8Warps), smem, st, g, S);
-            return;
-        }
-    }
     if (wide) {
         launch_pdl(k_mul_mat_vec_q8<T, glu, epi, true>, dim3(blocks, mats, 1), dim3(32 * kQ8Warps),
                    smem, st, g, S);
