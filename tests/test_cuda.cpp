@@ -186,9 +186,13 @@ TEST(Cuda, FusedDecodeMatchesUnfusedAndTheOracle) {
     REQUIRE_GPU();
     for (const Peer& p : kPeers) {
         const std::string enc = p.enc;
-        if (enc != "q8_0" && enc != "q4_0" && enc != "q4_k_m" && enc != "f16") continue;
+        if (enc != "q8_0" && enc != "q4_0" && enc != "q4_k_m" && enc != "f16" && enc != "f32") {
+            continue;  // f16 and f32: the float kernel's fusions; the others: the int8 kernel's
+        }
         static const std::vector<std::string> kOff = {"FERRY_CUDA_FUSION=0"};
-        const std::vector<std::vector<float>> on = step_logits(enc, {});
+        // The float kernel's folded norm is off by default: asked for here, so it is checked.
+        static const std::vector<std::string> kOn = {"FERRY_CUDA_MV_FNORM=1"};
+        const std::vector<std::vector<float>> on = step_logits(enc, kOn);
         const std::vector<std::vector<float>> off = step_logits(enc, kOff);
         ASSERT_EQ(on.size(), cases().size()) << enc;
         ASSERT_EQ(off.size(), cases().size()) << enc;
@@ -522,7 +526,7 @@ TEST(Cuda, FusedKernelsNeverOverwriteWhatTheyRead) {
     }
 }
 
-// The RMS norm folded into the int8 product that reads it (FERRY_CUDA_FUSE_NORM_MV): every
+// The RMS norm folded into the product that reads it (FERRY_CUDA_FUSE_NORM_MV): every
 // block recomputes the norm in the RMS_NORM kernel's own order of operations, so the results
 // equal the unfused kernels' bit for bit, for each block size that kernel picks (K = 256:
 // 256 threads, 2048: 1024), with and without the residual ADD before it (whose sum is
@@ -537,7 +541,8 @@ TEST(Cuda, FoldedNormMatchesTheUnfusedKernels) {
     std::unique_ptr<Backend> cbe = cpu::make_cpu_backend(2);
     Lcg rnd{11u};
     const int64_t M = 1024;
-    for (Type t : {Type::Q4_0, Type::Q6_K}) {
+    // Q4_0, Q6_K: the int8 kernel; F16, BF16, F32: the float kernel (b in shared memory).
+    for (Type t : {Type::Q4_0, Type::Q6_K, Type::F16, Type::BF16, Type::F32}) {
         for (int64_t K : {int64_t{256}, int64_t{2048}}) {
             std::vector<uint8_t> wb[2];
             ASSERT_TRUE(random_weight_pair(t, K, M, rnd, wb));
@@ -550,9 +555,12 @@ TEST(Cuda, FoldedNormMatchesTheUnfusedKernels) {
                     // 0: GPU, folded; 1: GPU, norm kernels apart; 2: CPU
                     std::vector<float> outs[3], sums[3];
                     for (int d = 0; d < 3; d++) {
+                        // The float kernel folds the norm only when asked (FERRY_CUDA_MV_FNORM).
+                        if (d == 0) setenv("FERRY_CUDA_MV_FNORM", "1", 1);
                         if (d == 1) setenv("FERRY_CUDA_FUSE_NORM_MV", "0", 1);
                         Expected<std::unique_ptr<Backend>> gbe = gpu()->make_backend();
                         unsetenv("FERRY_CUDA_FUSE_NORM_MV");
+                        unsetenv("FERRY_CUDA_MV_FNORM");
                         ASSERT_TRUE(gbe) << gbe.message();
                         Backend* be = d < 2 ? gbe->get() : cbe.get();
                         BufferType* bt = d < 2 ? gpu()->buffer_type() : cpu::host_buffer_type();

@@ -487,6 +487,12 @@ class CudaBackend : public Backend {
         use_epilogue_ = !env_off("FERRY_CUDA_FUSE_EPILOGUE");
         use_qkv_ = !env_off("FERRY_CUDA_FUSE_QKV");
         use_norm_mv_ = !env_off("FERRY_CUDA_FUSE_NORM_MV");
+        // The norm folded into the float kernel too (F16/BF16/F32 weights): off by default,
+        // a wash on the H200 (bench/results/cuda.md, 1B F16 tg128: 611 with it against 627
+        // in one run, 659-661 against 640-649 in the next); FERRY_CUDA_MV_FNORM=1 (the first
+        // weights loaded before the norm) or 2 (without) turns it on.
+        const char* fn = std::getenv("FERRY_CUDA_MV_FNORM");
+        use_fnorm_ = fn && (std::strcmp(fn, "1") == 0 || std::strcmp(fn, "2") == 0);
         const char* p = std::getenv("FERRY_CUDA_PROFILE");
         profile_ = p && std::strcmp(p, "1") == 0;
     }
@@ -605,7 +611,7 @@ class CudaBackend : public Backend {
     cudaStream_t stream_;
     OpContext ctx_;
     bool use_graphs_ = true, use_fusion_ = true, use_add_norm_ = true, use_epilogue_ = true,
-         use_qkv_ = true, use_norm_mv_ = true;
+         use_qkv_ = true, use_norm_mv_ = true, use_fnorm_ = false;
     std::vector<Step> steps_;
     std::unordered_map<const Tensor*, int> consumers_;
     std::unordered_map<const Tensor*, int> kconsumers_;  // readers that are not views, by storage
@@ -812,7 +818,8 @@ bool CudaBackend::match_epilogue(const std::vector<const Tensor*>& kn, size_t i,
 }
 
 // A norm step s (kind 1: RMS_NORM+MUL, 4: ADD+RMS_NORM+MUL) whose MUL only the product
-// launch t that follows reads (kinds 0, 3, 5, the int8 kernel) is computed in t's prologue
+// launch t that follows reads (kinds 0, 3, 5: the int8 kernel, or the float kernel's fused
+// form for F16/BF16/F32 weights) is computed in t's prologue
 // instead (FERRY_CUDA_FUSE_NORM_MV=0 turns it off). Every block of t reads the norm's inputs
 // while other blocks write t's results, and block 0 writes the ADD's sum: none of these may
 // share a byte.
@@ -848,7 +855,7 @@ bool CudaBackend::fold_norm(const Step& s, Step* t) const {
     const auto it = consumers_.find(mul);
     if (it == consumers_.end() || it->second != static_cast<int>(mms.size())) return false;
     for (const Tensor* mm : mms) {
-        if (!can_fold_norm(p, mm)) return false;
+        if (!can_fold_norm(p, mm, use_fnorm_)) return false;
     }
     std::vector<const Tensor*> ins = {p.norm->src[0], mul->src[1]};
     if (p.add) ins = {p.add->src[0], p.add->src[1], mul->src[1]};

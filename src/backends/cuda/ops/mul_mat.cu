@@ -201,14 +201,31 @@ struct Dec<Type::Q6_K> {
 
 // Plain types: lane takes 8 consecutive elements (one 16-byte load for F16/BF16, two for F32);
 // the row must be 16-byte aligned and K a multiple of 8 (checked by the launcher).
+// The raw bytes of a lane's 8 weights of a plain-type row in chunk c (one 16-byte load for
+// F16/BF16, two for F32), so that they can be loaded early and decoded later (from_raw).
+struct Raw8 {
+    uint4 a, b;
+};
+
+template <Type T>
+__device__ __forceinline__ Raw8 load_raw(const char* row, int64_t c, int lane) {
+    const int64_t e = c * 256 + 8 * lane;
+    Raw8 r;
+    if constexpr (T == Type::F32) {
+        r.a = *reinterpret_cast<const uint4*>(row + e * 4);
+        r.b = *reinterpret_cast<const uint4*>(row + e * 4 + 16);
+    } else {
+        r.a = *reinterpret_cast<const uint4*>(row + e * 2);
+        r.b = make_uint4(0u, 0u, 0u, 0u);
+    }
+    return r;
+}
+
 template <>
 struct Dec<Type::F16> {
     static constexpr bool kMin = false;
-    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
-        const int64_t e = c * 256 + 8 * lane;
-        if (e >= K) return false;
-        const uint4 v = *reinterpret_cast<const uint4*>(row + e * 2);
-        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+    __device__ static void from_raw(const Raw8& r, int64_t e, Lane8& w) {
+        const uint32_t u[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u[k]));
@@ -219,6 +236,11 @@ struct Dec<Type::F16> {
         w.m = 0.0f;
         w.o0 = e;
         w.o1 = e + 4;
+    }
+    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+        const int64_t e = c * 256 + 8 * lane;
+        if (e >= K) return false;
+        from_raw(load_raw<Type::F16>(row, c, lane), e, w);
         return true;
     }
 };
@@ -226,11 +248,8 @@ struct Dec<Type::F16> {
 template <>
 struct Dec<Type::BF16> {
     static constexpr bool kMin = false;
-    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
-        const int64_t e = c * 256 + 8 * lane;
-        if (e >= K) return false;
-        const uint4 v = *reinterpret_cast<const uint4*>(row + e * 2);
-        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+    __device__ static void from_raw(const Raw8& r, int64_t e, Lane8& w) {
+        const uint32_t u[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             w.q[2 * k] = __uint_as_float(u[k] << 16);
@@ -240,6 +259,11 @@ struct Dec<Type::BF16> {
         w.m = 0.0f;
         w.o0 = e;
         w.o1 = e + 4;
+    }
+    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+        const int64_t e = c * 256 + 8 * lane;
+        if (e >= K) return false;
+        from_raw(load_raw<Type::BF16>(row, c, lane), e, w);
         return true;
     }
 };
@@ -247,23 +271,24 @@ struct Dec<Type::BF16> {
 template <>
 struct Dec<Type::F32> {
     static constexpr bool kMin = false;
-    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
-        const int64_t e = c * 256 + 8 * lane;
-        if (e >= K) return false;
-        const float4 a = *reinterpret_cast<const float4*>(row + e * 4);
-        const float4 b = *reinterpret_cast<const float4*>(row + e * 4 + 16);
-        w.q[0] = a.x;
-        w.q[1] = a.y;
-        w.q[2] = a.z;
-        w.q[3] = a.w;
-        w.q[4] = b.x;
-        w.q[5] = b.y;
-        w.q[6] = b.z;
-        w.q[7] = b.w;
+    __device__ static void from_raw(const Raw8& r, int64_t e, Lane8& w) {
+        w.q[0] = __uint_as_float(r.a.x);
+        w.q[1] = __uint_as_float(r.a.y);
+        w.q[2] = __uint_as_float(r.a.z);
+        w.q[3] = __uint_as_float(r.a.w);
+        w.q[4] = __uint_as_float(r.b.x);
+        w.q[5] = __uint_as_float(r.b.y);
+        w.q[6] = __uint_as_float(r.b.z);
+        w.q[7] = __uint_as_float(r.b.w);
         w.d = 1.0f;
         w.m = 0.0f;
         w.o0 = e;
         w.o1 = e + 4;
+    }
+    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+        const int64_t e = c * 256 + 8 * lane;
+        if (e >= K) return false;
+        from_raw(load_raw<Type::F32>(row, c, lane), e, w);
         return true;
     }
 };
@@ -320,6 +345,9 @@ struct MvArgs {
     float* nsum;
     float neps;
     int norm_threads;
+    // The float kernel with a folded norm: the first group of weights is loaded before the
+    // norm is computed (FERRY_CUDA_MV_FNORM=2 turns it off).
+    bool early;
 };
 
 template <bool aligned>
@@ -328,6 +356,111 @@ __device__ __forceinline__ float4 ld_x4(const float* x) {
         return *reinterpret_cast<const float4*>(x);
     } else {
         return make_float4(x[0], x[1], x[2], x[3]);
+    }
+}
+
+constexpr int kMvWarps = 8;  // warps per block of the vector kernel
+
+// The segment holding row m (of all segments) and m's row within it.
+__device__ __forceinline__ int seg_of(const MvArgs& g, int64_t m, int64_t* ms) {
+    int s = 0;
+    while (s + 1 < g.n_seg && m >= g.seg[s].end) s++;
+    *ms = m - (s > 0 ? g.seg[s - 1].end : 0);
+    return s;
+}
+
+// The decode epilogue, called by every warp of the block for each row group (the rows loop
+// is the same for all of them: M % (8 / S) == 0); v is the sum of row m (row ms of
+// segment sg), in every lane of the row's leading warp (part 0). Row pairs (2i, 2i+1) are rows
+// rl and rl ^ 1 of the block (segments hold whole row groups).
+__device__ __forceinline__ void mv_epilogue(const MvArgs& g, const MvSeg& sg, int64_t ms, int rl,
+                                            bool leader, int lane, float v, float* pair) {
+    if (sg.rope) {
+        if (leader && lane == 0) pair[rl] = v;
+        __syncthreads();
+        const float x0 = pair[rl & ~1], x1 = pair[rl | 1];
+        __syncthreads();  // the next row group's pair may be written after this
+        const int e = static_cast<int>(ms % g.rope_head);
+        if (leader && lane == 0 && e < g.rope_dims) {
+            // The same double angle as the ROPE kernel and the reference.
+            const int i = e / 2;
+            const double f = g.rope_ff ? static_cast<double>(*reinterpret_cast<const float*>(
+                                             g.rope_ff + i * g.rope_ff_nb0))
+                                       : 1.0;
+            const double theta = static_cast<double>(g.rope_pos[0]) * g.rope_fscale *
+                                 pow(g.rope_base, -2.0 * i / static_cast<double>(g.rope_dims)) / f;
+            double sd, cd;
+            sincos(theta, &sd, &cd);
+            const float cs = static_cast<float>(cd), sn = static_cast<float>(sd);
+            v = (e % 2 == 0) ? x0 * cs - x1 * sn : x0 * sn + x1 * cs;
+        }
+    }
+    if (!leader || lane != 0) return;
+    if (sg.write_out) sg.out[ms] = v;
+    if (sg.kv) {
+        const int32_t row = sg.kv_idx[0];
+        if (row < 0 || row >= sg.kv_rows) {
+            report_error(g.err, Op::SET_ROWS, row, sg.kv_rows, 0);
+        } else {
+            store_plain(sg.kv_type, sg.kv + row * sg.kv_nb1, ms, v);
+        }
+    }
+}
+
+// 1/rms of the row nx (+ nadd) exactly as the RMS_NORM kernel (k_norm) computes it: virtual
+// thread v < T (T = that kernel's block size, g.norm_threads) sums the squares of elements
+// v, v + T, ... with fmaf, each warp of 32 virtual threads adds its sums by warp_sum, and the
+// T / 32 warp sums are added by warp_sum again (block_sum). Thread t of this block plays
+// virtual threads t + 256 k, lane for lane, so every sum is the same tree of the same
+// operations and b comes out bit for bit as the unfused kernels give it.
+__device__ __forceinline__ float norm_inv(const MvArgs& g, float* red /* 32 floats */) {
+    const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+    const int T = g.norm_threads;
+    static_assert(kMvWarps * 32 == 256, "thread t plays virtual threads t + 256 k");
+    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 2
+    for (int64_t base = 0; base < g.K; base += T) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int v = tid + 256 * k;
+            const int64_t i = base + v;
+            if (v < T && i < g.K) {
+                float e = g.nx[i];
+                if (g.nadd) e = e + g.nadd[i];
+                part[k] = fmaf(e, e, part[k]);
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        part[k] = warp_sum(part[k]);
+        if (lane == 0) red[warp + 8 * k] = part[k];
+    }
+    __syncthreads();
+    float t = lane < T / 32 ? red[lane] : 0.0f;
+    t = warp_sum(t);
+    return rsqrtf(t / static_cast<float>(g.K) + g.neps);
+}
+
+// b = the folded [ADD ->] RMS_NORM -> MUL, element for element as the unfused kernels compute
+// it ((e * inv) * w with e = nx + nadd): put(i, v) takes float4 number i of b, called by
+// thread i % blockDim.x (whole warps together when K / 4 is a multiple of 32, as q8_quantize4
+// needs). Block (0, 0) writes the ADD's sum. Shared by the int8 and the float kernel.
+template <typename Put>
+__device__ __forceinline__ void norm_prologue(const MvArgs& g, float* nred, Put put) {
+    const float inv = norm_inv(g, nred);
+    const bool write_sum = g.nsum && blockIdx.x == 0 && blockIdx.y == 0;
+    const int64_t n4 = g.K / 4;
+    for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
+        float4 e = reinterpret_cast<const float4*>(g.nx)[i];
+        const float4 w = reinterpret_cast<const float4*>(g.nw)[i];
+        if (g.nadd) {
+            const float4 c = reinterpret_cast<const float4*>(g.nadd)[i];
+            e = make_float4(e.x + c.x, e.y + c.y, e.z + c.z, e.w + c.w);
+            if (write_sum) reinterpret_cast<float4*>(g.nsum)[i] = e;
+        }
+        put(i, make_float4((e.x * inv) * w.x, (e.y * inv) * w.y, (e.z * inv) * w.z,
+                           (e.w * inv) * w.w));
     }
 }
 
@@ -358,116 +491,204 @@ __device__ __forceinline__ void mv_chunk(const Lane8& w, const char* bm, int64_t
     }
 }
 
-constexpr int kMvWarps = 8;  // warps per block of the vector kernel
-
 // Matrix-vector product: S warps share a row (each takes every S-th 256-element chunk, so a
 // short matrix still puts enough loads in flight), kMvWarps / S rows per block. Chunks are
-// processed U at a time with every load issued before the first use. GLU: the row of a second
-// matrix (g.a2, the "up" weights) is multiplied too and the result is silu(a x) * (a2 x).
-// MINB > 1: the register cap that lets MINB blocks share an SM (more warps in flight, fewer
-// chunks in flight per warp); FERRY_CUDA_MV_OCC=0 picks MINB = 1 for decode, to compare.
-template <Type T, int NC, bool x_aligned, int S, bool glu, int MINB>
+// processed U at a time with every load issued before the first use; a row's sum is the same
+// for every U (chunk by chunk in order, each part's sum reduced by warp_sum, the parts added in
+// order). GLU: the row of a second matrix (g.a2, the "up" weights) is multiplied too and the
+// result is silu(a x) * (a2 x). MINB > 1: the register cap that lets MINB blocks share an SM
+// (more warps in flight, fewer chunks in flight per warp); FERRY_CUDA_MV_OCC=0 picks MINB = 1
+// for decode, to compare.
+//
+// fused (one column, one matrix, decode): the int8 kernel's fusions with the same arithmetic
+// as the unfused launch, so the two give the same bits: [ADD ->] RMS_NORM -> MUL folded into
+// the prologue (g.nx: every block computes b into shared memory, K floats of dynamic shared
+// memory, with norm_prologue) and the decode epilogue (g.n_seg > 0: up to kMaxSeg matrices
+// of one b as segments, each with its rope and/or KV-cache store, mv_epilogue). Blocks loop
+// over row groups (a capped grid shares each block's norm between several groups); every
+// segment's rows are a multiple of kMvWarps, so a block's rows lie in one segment and rope
+// pairs (2i, 2i + 1) in one block (S <= kMvWarps / 2).
+template <Type T, int NC, bool x_aligned, int S, bool glu, int MINB, bool fused = false>
 __global__ void __launch_bounds__(32 * kMvWarps, MINB) k_mul_mat_vec(MvArgs g) {
     constexpr int U = MINB > 1 ? (glu ? 1 : 2) : (glu ? 2 : 4);
+    constexpr int R = kMvWarps / S;  // rows per block and row group
+    static_assert(!fused || NC == 1, "the fused forms take one column");
     __shared__ float sh[kMvWarps][glu ? 2 * NC : NC];
+    __shared__ float pair[fused ? kMvWarps : 1], nred[fused ? 32 : 1];
+    extern __shared__ float4 mv_smem[];  // fused, g.nx: b, K floats
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int part = warp % S;
-    const int64_t m = static_cast<int64_t>(blockIdx.x) * (kMvWarps / S) + warp / S;
+    const int part = warp % S, rl = warp / S;
     const int64_t mat = blockIdx.y;
     const int64_t i2 = mat % g.ne2, i3 = mat / g.ne2;
-    const bool valid = m < g.M;
-    const int64_t mm = valid ? m : 0;
-    const int64_t aoff = mm * g.a_nb1 + (i2 / g.r2) * g.a_nb2 + (i3 / g.r3) * g.a_nb3;
-    const char* row = g.a + aoff;
-    const char* row2 = glu ? g.a2 + aoff : nullptr;
+    const int64_t a_mat = (i2 / g.r2) * g.a_nb2 + (i3 / g.r3) * g.a_nb3;
     const int64_t col0 = static_cast<int64_t>(blockIdx.z) * kMaxCols;
     const int n_cols = static_cast<int>(min(static_cast<int64_t>(NC), g.N - col0));
     const char* bm = g.b + i2 * g.b_nb2 + i3 * g.b_nb3 + col0 * g.b_nb1;
-    pdl_trigger();
-    if (valid && part == 0 && blockIdx.z == 0) {
-        // Weights never depend on the kernel before: the row's bytes are on their way to L2
-        // while that kernel finishes.
-        prefetch_l2(row, g.a_row_bytes, lane);
-        if constexpr (glu) prefetch_l2(row2, g.a_row_bytes, lane);
-    }
-    pdl_wait();
-    float acc[NC], acc2[glu ? NC : 1];
-#pragma unroll
-    for (int n = 0; n < NC; n++) acc[n] = 0.0f;
-#pragma unroll
-    for (int n = 0; n < (glu ? NC : 1); n++) acc2[n] = 0.0f;
-    const int64_t n_chunks = (g.K + 255) / 256;
-    const int64_t n_full = g.K / 256;
-    int64_t c = part;
-    if (valid) {
-        for (; c + (U - 1) * S < n_full; c += U * S) {
-            Lane8 w[U], w2[glu ? U : 1];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                Dec<T>::get(row, g.K, c + u * S, lane, w[u]);
-                if constexpr (glu) Dec<T>::get(row2, g.K, c + u * S, lane, w2[u]);
-            }
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                mv_chunk<T, NC, x_aligned>(w[u], bm, g.b_nb1, n_cols, acc);
-                if constexpr (glu) mv_chunk<T, NC, x_aligned>(w2[u], bm, g.b_nb1, n_cols, acc2);
+    int64_t b_nb1 = g.b_nb1;
+    // Row m's weights (of segment sg, its row ms there, with the epilogue).
+    auto row_of = [&](int64_t m, int* sg, int64_t* ms) -> const char* {
+        *ms = m;
+        *sg = 0;
+        if constexpr (fused) {
+            if (g.n_seg > 0) {
+                *sg = seg_of(g, m, ms);
+                return g.seg[*sg].a + *ms * g.a_nb1;
             }
         }
-        for (; c < n_chunks; c += S) {
-            Lane8 w;
-            if (Dec<T>::get(row, g.K, c, lane, w)) {
-                mv_chunk<T, NC, x_aligned>(w, bm, g.b_nb1, n_cols, acc);
-                if constexpr (glu) {
-                    Dec<T>::get(row2, g.K, c, lane, w);
-                    mv_chunk<T, NC, x_aligned>(w, bm, g.b_nb1, n_cols, acc2);
+        return g.a + a_mat + m * g.a_nb1;
+    };
+    const int64_t n_chunks = (g.K + 255) / 256;
+    const int64_t n_full = g.K / 256;
+    pdl_trigger();
+    {
+        const int64_t m0 = static_cast<int64_t>(blockIdx.x) * R + rl;
+        if (m0 < g.M && part == 0 && blockIdx.z == 0) {
+            // Weights never depend on the kernel before: the row's bytes are on their way to
+            // L2 while that kernel finishes.
+            int sg0;
+            int64_t ms0;
+            prefetch_l2(row_of(m0, &sg0, &ms0), g.a_row_bytes, lane);
+            if constexpr (glu) prefetch_l2(g.a2 + a_mat + m0 * g.a_nb1, g.a_row_bytes, lane);
+        }
+    }
+    // Folded norm (plain weights, g.early): the warp's first group of U chunks is loaded now,
+    // so that its loads overlap the kernel before and the norm instead of following them;
+    // decoded by the first group's iteration (the same values in the same order).
+    constexpr bool kEarly = fused && (T == Type::F16 || T == Type::BF16 || T == Type::F32);
+    Raw8 e0[kEarly ? U : 1], e02[kEarly && glu ? U : 1];
+    bool early = false;
+    if constexpr (kEarly) {
+        const int64_t m0 = static_cast<int64_t>(blockIdx.x) * R + rl;
+        early = g.nx && g.early && m0 < g.M && part + (U - 1) * S < n_full;
+        if (early) {
+            int sg0;
+            int64_t ms0;
+            const char* r0 = row_of(m0, &sg0, &ms0);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                e0[u] = load_raw<T>(r0, part + u * S, lane);
+                if constexpr (glu)
+                    e02[u] = load_raw<T>(g.a2 + a_mat + m0 * g.a_nb1, part + u * S, lane);
+            }
+        }
+    }
+    pdl_wait();
+    if constexpr (fused) {
+        if (g.nx) {
+            float4* xs = mv_smem;
+            norm_prologue(g, nred, [&](int64_t i, float4 v) { xs[i] = v; });
+            __syncthreads();
+            bm = reinterpret_cast<const char*>(xs);
+            b_nb1 = g.K * 4;
+        }
+    }
+    // Unfused: one row group per block.
+    const int64_t group_step = fused ? static_cast<int64_t>(gridDim.x) * R : g.M;
+    for (int64_t mb = static_cast<int64_t>(blockIdx.x) * R; mb < g.M; mb += group_step) {
+        const int64_t m = mb + rl;
+        const bool valid = m < g.M;  // always, with the epilogue
+        int sg = 0;
+        int64_t ms = 0;
+        const char* row = row_of(valid ? m : 0, &sg, &ms);
+        const char* row2 = glu ? g.a2 + a_mat + (valid ? m : 0) * g.a_nb1 : nullptr;
+        float acc[NC], acc2[glu ? NC : 1];
+#pragma unroll
+        for (int n = 0; n < NC; n++) acc[n] = 0.0f;
+#pragma unroll
+        for (int n = 0; n < (glu ? NC : 1); n++) acc2[n] = 0.0f;
+        int64_t c = part;
+        if (valid) {
+            for (; c + (U - 1) * S < n_full; c += U * S) {
+                Lane8 w[U], w2[glu ? U : 1];
+                bool decoded = false;
+                if constexpr (kEarly) {
+                    if (early) {
+#pragma unroll
+                        for (int u = 0; u < U; u++) {
+                            const int64_t e = (c + u * S) * 256 + 8 * lane;
+                            Dec<T>::from_raw(e0[u], e, w[u]);
+                            if constexpr (glu) Dec<T>::from_raw(e02[u], e, w2[u]);
+                        }
+                        early = false;
+                        decoded = true;
+                    }
+                }
+                if (!decoded) {
+#pragma unroll
+                    for (int u = 0; u < U; u++) {
+                        Dec<T>::get(row, g.K, c + u * S, lane, w[u]);
+                        if constexpr (glu) Dec<T>::get(row2, g.K, c + u * S, lane, w2[u]);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    mv_chunk<T, NC, x_aligned>(w[u], bm, b_nb1, n_cols, acc);
+                    if constexpr (glu) mv_chunk<T, NC, x_aligned>(w2[u], bm, b_nb1, n_cols, acc2);
+                }
+            }
+            for (; c < n_chunks; c += S) {
+                Lane8 w;
+                if (Dec<T>::get(row, g.K, c, lane, w)) {
+                    mv_chunk<T, NC, x_aligned>(w, bm, b_nb1, n_cols, acc);
+                    if constexpr (glu) {
+                        Dec<T>::get(row2, g.K, c, lane, w);
+                        mv_chunk<T, NC, x_aligned>(w, bm, b_nb1, n_cols, acc2);
+                    }
                 }
             }
         }
-    }
 #pragma unroll
-    for (int n = 0; n < NC; n++) acc[n] = warp_sum(acc[n]);
-    if constexpr (glu) {
+        for (int n = 0; n < NC; n++) acc[n] = warp_sum(acc[n]);
+        if constexpr (glu) {
 #pragma unroll
-        for (int n = 0; n < NC; n++) acc2[n] = warp_sum(acc2[n]);
-    }
-    if constexpr (S > 1) {
-        if (lane == 0) {
+            for (int n = 0; n < NC; n++) acc2[n] = warp_sum(acc2[n]);
+        }
+        if constexpr (S > 1) {
+            if (lane == 0) {
+#pragma unroll
+                for (int n = 0; n < NC; n++) {
+                    sh[warp][n] = acc[n];
+                    if constexpr (glu) sh[warp][NC + n] = acc2[n];
+                }
+            }
+            __syncthreads();
 #pragma unroll
             for (int n = 0; n < NC; n++) {
-                sh[warp][n] = acc[n];
-                if constexpr (glu) sh[warp][NC + n] = acc2[n];
+                float t = 0.0f, t2 = 0.0f;
+#pragma unroll
+                for (int p = 0; p < S; p++) {
+                    t += sh[rl * S + p][n];
+                    if constexpr (glu) t2 += sh[rl * S + p][NC + n];
+                }
+                acc[n] = t;
+                if constexpr (glu) acc2[n] = t2;
+            }
+            if constexpr (fused) __syncthreads();  // sh is written again by the next group
+        }
+        const bool leader = part == 0 && valid;
+        if constexpr (fused && !glu) {
+            if (g.n_seg > 0) {
+                mv_epilogue(g, g.seg[sg], ms, rl, leader, lane, acc[0], pair);
+                continue;
             }
         }
-        __syncthreads();
-        if (part != 0) return;
+        if (!leader || lane >= n_cols) continue;
+        float v = 0.0f, v2 = 0.0f;
 #pragma unroll
         for (int n = 0; n < NC; n++) {
-            float t = 0.0f, t2 = 0.0f;
-#pragma unroll
-            for (int p = 0; p < S; p++) {
-                t += sh[warp + p][n];
-                if constexpr (glu) t2 += sh[warp + p][NC + n];
+            if (n == lane) {
+                v = acc[n];
+                if constexpr (glu) v2 = acc2[n];
             }
-            acc[n] = t;
-            if constexpr (glu) acc2[n] = t2;
         }
-    }
-    if (!valid || lane >= n_cols) return;
-    float v = 0.0f, v2 = 0.0f;
-#pragma unroll
-    for (int n = 0; n < NC; n++) {
-        if (n == lane) {
-            v = acc[n];
-            if constexpr (glu) v2 = acc2[n];
+        const int64_t col = col0 + lane;
+        if constexpr (glu) v = v / (1.0f + expf(-v)) * v2;
+        if (g.res) {
+            v += reinterpret_cast<const float*>(g.res + col * g.res_nb1 + i2 * g.res_nb2 +
+                                                i3 * g.res_nb3)[m];
         }
+        g.out[((i3 * g.ne2 + i2) * g.N + col) * g.M + m] = v;
     }
-    const int64_t col = col0 + lane;
-    if constexpr (glu) v = v / (1.0f + expf(-v)) * v2;
-    if (g.res) {
-        v += reinterpret_cast<const float*>(g.res + col * g.res_nb1 + i2 * g.res_nb2 +
-                                            i3 * g.res_nb3)[m];
-    }
-    g.out[((i3 * g.ne2 + i2) * g.N + col) * g.M + m] = v;
 }
 
 // Any layout: warp per (row, matrix), lanes over elements, columns one after another.
@@ -526,10 +747,8 @@ void launch_vec(const MvArgs& g, dim3 grid, int split, cudaStream_t st) {
                 return launch_vec_s<T, 1, 1, glu>(g, grid, st);
             case 2:
                 return launch_vec_s<T, 1, 2, glu>(g, grid, st);
-            case 4:
-                return launch_vec_s<T, 1, 4, glu>(g, grid, st);
             default:
-                return launch_vec_s<T, 1, 8, glu>(g, grid, st);
+                return launch_vec_s<T, 1, 4, glu>(g, grid, st);
         }
     }
     if constexpr (!glu) {
@@ -590,6 +809,7 @@ MvArgs make_args(const Tensor* dst, const Tensor* res) {
     g.nsum = nullptr;
     g.neps = 0.0f;
     g.norm_threads = 0;
+    g.early = false;
     return g;
 }
 
@@ -604,13 +824,82 @@ bool fast_vec_ok(const MvArgs& g, Type t) {
     return g.K % 8 == 0 && aligned16(g.a, {g.a_nb1, g.a_nb2, g.a_nb3});
 }
 
-// Warps per row: enough rows x warps to give every SM ~32 warps, at most one per chunk.
+// Warps per row: enough rows x warps to give every SM ~32 warps, at most one per chunk, and
+// at most kMvWarps / 2, so that a block holds row pairs (the fused epilogue's rope; the
+// unfused product must add the same parts: a k or v projection of 512 rows took 8 before).
 int choose_split(int64_t M, int64_t K, int n_sm) {
     const int64_t target = 32 * static_cast<int64_t>(n_sm);
     const int64_t chunks = (K + 255) / 256;
     int s = 1;
-    while (s < kMvWarps && M * s < target && 2 * s <= chunks) s *= 2;
+    while (2 * s <= kMvWarps / 2 && M * s < target && 2 * s <= chunks) s *= 2;
     return s;
+}
+
+// The float kernel's fused forms (norm prologue, decode epilogue) for plain weights, on
+// unless FERRY_CUDA_MV_FFUSED=0 (then the F16/BF16/F32 decode runs as before: norm kernels
+// apart, rope and KV store as their own kernels).
+bool vec_fused_mode() {
+    static const bool on = [] {
+        const char* v = std::getenv("FERRY_CUDA_MV_FFUSED");
+        return !(v && v[0] == '0');
+    }();
+    return on;
+}
+
+// The float kernel takes this product fused: plain weights, one column of one matrix, and the
+// fast path's layout (what launch_mat_vec picks for it unfused).
+bool vec_fused_ok(const MvArgs& g, Type t) {
+    return vec_fused_mode() && (t == Type::F32 || t == Type::F16 || t == Type::BF16) && g.N == 1 &&
+           g.ne2 == 1 && g.ne3 == 1 && fast_vec_ok(g, t) &&
+           aligned16(g.b, {g.b_nb1, g.b_nb2, g.b_nb3});
+}
+
+template <Type T, bool glu>
+void launch_vec_fused(const MvArgs& g, int split, int n_sm, cudaStream_t st) {
+    const size_t smem = g.nx ? static_cast<size_t>(g.K) * sizeof(float) : 0;
+    const int R = kMvWarps / split;
+    // A few blocks per SM loop over the row groups (each computes the folded norm once).
+    // FERRY_CUDA_MV_FCAP=0: a block per row group, as the unfused launch (not yet measured;
+    // ncu on the H200 read the capped q/k/v epilogue launch at 13.4 us for 12.6 MB: each
+    // block takes ~4 row groups one after another, a DRAM round trip and 1-3 barriers each).
+    static const bool cap = [] {
+        const char* v = std::getenv("FERRY_CUDA_MV_FCAP");
+        return !(v && v[0] == '0');
+    }();
+    const unsigned blocks =
+        cap ? std::min(n_blocks(g.M, R), static_cast<unsigned>(n_sm) * 3) : n_blocks(g.M, R);
+    const dim3 grid(blocks, 1, 1), block(32 * kMvWarps);
+    switch (split) {
+        case 1:
+            launch_pdl(k_mul_mat_vec<T, 1, true, 1, glu, 3, true>, grid, block, smem, st, g);
+            break;
+        case 2:
+            launch_pdl(k_mul_mat_vec<T, 1, true, 2, glu, 3, true>, grid, block, smem, st, g);
+            break;
+        default:
+            launch_pdl(k_mul_mat_vec<T, 1, true, 4, glu, 3, true>, grid, block, smem, st, g);
+            break;
+    }
+}
+
+// The fused float kernel with the unfused launch's split for this product (M rows).
+template <bool glu>
+Status dispatch_vec_fused(OpContext& ctx, const MvArgs& g, Type t, int64_t M) {
+    const int split = choose_split(M, g.K, ctx.n_sm);
+    switch (t) {
+        case Type::F32:
+            launch_vec_fused<Type::F32, glu>(g, split, ctx.n_sm, ctx.stream);
+            break;
+        case Type::F16:
+            launch_vec_fused<Type::F16, glu>(g, split, ctx.n_sm, ctx.stream);
+            break;
+        case Type::BF16:
+            launch_vec_fused<Type::BF16, glu>(g, split, ctx.n_sm, ctx.stream);
+            break;
+        default:
+            return Status::errorf("CUDA: fused MUL_MAT weight type %s", type_name(t));
+    }
+    return launch_status(glu ? "MUL_MAT+MUL_MAT+SWIGLU (vec, fused)" : "MUL_MAT (vec, fused)");
 }
 
 template <bool glu>
@@ -846,79 +1135,6 @@ __device__ __forceinline__ float q8_dot(const Lane8i& w, const int32_t* xq, cons
     return r;
 }
 
-// The decode epilogue, called by every warp of the block for each row group (the rows loop
-// is the same for all of them: M % (kQ8Warps / S) == 0); v is the sum of row m (row ms of
-// segment sg), in every lane of the row's leading warp (part 0). Row pairs (2i, 2i+1) are rows
-// rl and rl ^ 1 of the block (segments hold whole row groups).
-__device__ __forceinline__ void q8_epilogue(const MvArgs& g, const MvSeg& sg, int64_t ms, int rl,
-                                            bool leader, int lane, float v, float* pair) {
-    if (sg.rope) {
-        if (leader && lane == 0) pair[rl] = v;
-        __syncthreads();
-        const float x0 = pair[rl & ~1], x1 = pair[rl | 1];
-        __syncthreads();  // the next row group's pair may be written after this
-        const int e = static_cast<int>(ms % g.rope_head);
-        if (leader && lane == 0 && e < g.rope_dims) {
-            // The same double angle as the ROPE kernel and the reference.
-            const int i = e / 2;
-            const double f = g.rope_ff ? static_cast<double>(*reinterpret_cast<const float*>(
-                                             g.rope_ff + i * g.rope_ff_nb0))
-                                       : 1.0;
-            const double theta = static_cast<double>(g.rope_pos[0]) * g.rope_fscale *
-                                 pow(g.rope_base, -2.0 * i / static_cast<double>(g.rope_dims)) / f;
-            double sd, cd;
-            sincos(theta, &sd, &cd);
-            const float cs = static_cast<float>(cd), sn = static_cast<float>(sd);
-            v = (e % 2 == 0) ? x0 * cs - x1 * sn : x0 * sn + x1 * cs;
-        }
-    }
-    if (!leader || lane != 0) return;
-    if (sg.write_out) sg.out[ms] = v;
-    if (sg.kv) {
-        const int32_t row = sg.kv_idx[0];
-        if (row < 0 || row >= sg.kv_rows) {
-            report_error(g.err, Op::SET_ROWS, row, sg.kv_rows, 0);
-        } else {
-            store_plain(sg.kv_type, sg.kv + row * sg.kv_nb1, ms, v);
-        }
-    }
-}
-
-// 1/rms of the row nx (+ nadd) exactly as the RMS_NORM kernel (k_norm) computes it: virtual
-// thread v < T (T = that kernel's block size, g.norm_threads) sums the squares of elements
-// v, v + T, ... with fmaf, each warp of 32 virtual threads adds its sums by warp_sum, and the
-// T / 32 warp sums are added by warp_sum again (block_sum). Thread t of this block plays
-// virtual threads t + 256 k, lane for lane, so every sum is the same tree of the same
-// operations and b comes out bit for bit as the unfused kernels give it.
-__device__ __forceinline__ float norm_inv(const MvArgs& g, float* red /* 32 floats */) {
-    const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
-    const int T = g.norm_threads;
-    static_assert(kQ8Warps * 32 == 256, "thread t plays virtual threads t + 256 k");
-    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 2
-    for (int64_t base = 0; base < g.K; base += T) {
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const int v = tid + 256 * k;
-            const int64_t i = base + v;
-            if (v < T && i < g.K) {
-                float e = g.nx[i];
-                if (g.nadd) e = e + g.nadd[i];
-                part[k] = fmaf(e, e, part[k]);
-            }
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        part[k] = warp_sum(part[k]);
-        if (lane == 0) red[warp + 8 * k] = part[k];
-    }
-    __syncthreads();
-    float t = lane < T / 32 ? red[lane] : 0.0f;
-    t = warp_sum(t);
-    return rsqrtf(t / static_cast<float>(g.K) + g.neps);
-}
-
 // Quantizes b's float4 number i (v: its values) into xq / xd; 8 consecutive threads hold one
 // block of 32 and call it together.
 __device__ __forceinline__ void q8_quantize4(float4 v, int64_t i, int lane, int32_t* xq,
@@ -935,14 +1151,6 @@ __device__ __forceinline__ void q8_quantize4(float4 v, int64_t i, int lane, int3
     const uint32_t q3 = static_cast<uint32_t>(round_clamp(v.w * id, -127, 127)) & 0xffu;
     xq[i] = static_cast<int32_t>(q0 | (q1 << 8) | (q2 << 16) | (q3 << 24));
     if (lane % 8 == 0) xd[i / 8] = d;
-}
-
-// The segment holding row m (of all segments) and m's row within it.
-__device__ __forceinline__ int seg_of(const MvArgs& g, int64_t m, int64_t* ms) {
-    int s = 0;
-    while (s + 1 < g.n_seg && m >= g.seg[s].end) s++;
-    *ms = m - (s > 0 ? g.seg[s - 1].end : 0);
-    return s;
 }
 
 // One column of b (N == 1), K a multiple of 256, b 16-byte aligned. Dynamic shared memory:
@@ -996,20 +1204,7 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
     const int64_t n4 = g.K / 4;
     if (g.nx) {
         // b = the folded RMS_NORM (+ ADD) and MUL, element for element as k_norm computes it.
-        const float inv = norm_inv(g, nred);
-        const bool write_sum = g.nsum && blockIdx.x == 0 && blockIdx.y == 0;
-        for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
-            float4 e = reinterpret_cast<const float4*>(g.nx)[i];
-            const float4 w = reinterpret_cast<const float4*>(g.nw)[i];
-            if (g.nadd) {
-                const float4 c = reinterpret_cast<const float4*>(g.nadd)[i];
-                e = make_float4(e.x + c.x, e.y + c.y, e.z + c.z, e.w + c.w);
-                if (write_sum) reinterpret_cast<float4*>(g.nsum)[i] = e;
-            }
-            const float4 v = make_float4((e.x * inv) * w.x, (e.y * inv) * w.y, (e.z * inv) * w.z,
-                                         (e.w * inv) * w.w);
-            q8_quantize4(v, i, lane, xq, xd);
-        }
+        norm_prologue(g, nred, [&](int64_t i, float4 v) { q8_quantize4(v, i, lane, xq, xd); });
     } else {
         constexpr int kPre = wide ? 8 : 1;
         for (int64_t i0 = threadIdx.x; i0 < n4; i0 += kPre * blockDim.x) {
@@ -1083,7 +1278,7 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
         }
         const bool leader = part == 0 && valid;
         if constexpr (epi) {
-            q8_epilogue(g, g.seg[sg], ms, rl, leader, lane, acc, pair);
+            mv_epilogue(g, g.seg[sg], ms, rl, leader, lane, acc, pair);
             continue;
         }
         if (leader && lane == 0) {
@@ -1434,7 +1629,8 @@ bool can_fuse_mul_mat_epilogue(const Tensor* mm, const Tensor* rope, const Tenso
     if (mm->src[0]->ne[2] != 1 || mm->src[0]->ne[3] != 1) return false;
     MvArgs g = make_args(mm, nullptr);
     if (!fast_vec_ok(g, mm->src[0]->type) || !aligned16(g.b, {g.b_nb1, g.b_nb2, g.b_nb3}) ||
-        !q8_vec_ok(g, mm->src[0]->type) || g.M % kQ8Warps != 0 || !mm->is_contiguous()) {
+        !(q8_vec_ok(g, mm->src[0]->type) || vec_fused_ok(g, mm->src[0]->type)) ||
+        g.M % kQ8Warps != 0 || g.M % kMvWarps != 0 || !mm->is_contiguous()) {
         return false;
     }
     const Tensor* last = mm;  // the tensor set_rows stores
@@ -1486,6 +1682,15 @@ bool can_join_mul_mat_epilogues(const EpilogueUnit& a, const EpilogueUnit& b) {
 
 namespace {
 
+// FERRY_CUDA_MV_FNORM=2: the float kernel's folded norm without the early weight loads.
+bool fnorm_early_mode() {
+    static const bool on = [] {
+        const char* v = std::getenv("FERRY_CUDA_MV_FNORM");
+        return !(v && v[0] == '2');
+    }();
+    return on;
+}
+
 // A row of K F32 elements, contiguous and 16-byte aligned.
 bool f32_row(const Tensor* t, int64_t K) {
     return t->type == Type::F32 && t->ne[0] == K && t->nrows() == 1 && t->is_contiguous() &&
@@ -1501,11 +1706,12 @@ void set_norm(MvArgs& g, const NormPrologue* p) {
     g.nw = reinterpret_cast<const float*>(device_ptr(p->mul->src[1]));
     g.neps = p->norm->param_f(0);
     g.norm_threads = norm_threads(g.K);
+    g.early = fnorm_early_mode();
 }
 
 }  // namespace
 
-bool can_fold_norm(const NormPrologue& p, const Tensor* mm) {
+bool can_fold_norm(const NormPrologue& p, const Tensor* mm, bool float_kernel) {
     const Tensor* mul = p.mul;
     const Tensor* norm = p.norm;
     if (!mul || !norm || mm->op != Op::MUL_MAT || mm->src[1] != mul || use_gemm(mm)) return false;
@@ -1519,13 +1725,19 @@ bool can_fold_norm(const NormPrologue& p, const Tensor* mm) {
     }
     if (norm_threads(K) > 4 * 32 * kQ8Warps) return false;
     MvArgs g = make_args(mm, nullptr);
-    return g.K == K && g.ne2 == 1 && g.ne3 == 1 && q8_vec_ok(g, mm->src[0]->type);
+    if (g.K != K || g.ne2 != 1 || g.ne3 != 1) return false;
+    // The float kernel keeps b in (at most 48 KiB of) shared memory.
+    return q8_vec_ok(g, mm->src[0]->type) ||
+           (float_kernel && vec_fused_ok(g, mm->src[0]->type) && K * 4 <= 48 * 1024);
 }
 
 Status op_mul_mat_norm(OpContext& ctx, const Tensor* mm, const NormPrologue& p) {
     MvArgs g = make_args(mm, nullptr);
     set_norm(g, &p);
-    return dispatch_q8<false>(ctx, g, mm->src[0]->type);
+    const Type t = mm->src[0]->type;
+    if (q8_vec_ok(g, t)) return dispatch_q8<false>(ctx, g, t);
+    if (vec_fused_ok(g, t)) return dispatch_vec_fused<false>(ctx, g, t, g.M);
+    return Status::error("CUDA: folded RMS_NORM without the int8 or the fused float kernel");
 }
 
 Status op_mul_mat_epilogue(OpContext& ctx, const EpilogueUnit* units, int n_units,
@@ -1534,6 +1746,19 @@ Status op_mul_mat_epilogue(OpContext& ctx, const EpilogueUnit* units, int n_unit
         return Status::errorf("CUDA: MUL_MAT epilogue of %d products", n_units);
     }
     MvArgs g = make_args(units[0].mm, nullptr);
+    const Type t = units[0].mm->src[0]->type;
+    if (!q8_vec_ok(g, t)) {
+        // The float kernel: one launch for the units whose products split their rows alike
+        // (each adds its parts as its unfused launch would), one after another otherwise.
+        if (!vec_fused_ok(g, t)) return Status::error("CUDA: MUL_MAT epilogue: no fused kernel");
+        const int s0 = choose_split(units[0].mm->src[0]->ne[1], g.K, ctx.n_sm);
+        int n = 1;
+        while (n < n_units && choose_split(units[n].mm->src[0]->ne[1], g.K, ctx.n_sm) == s0) n++;
+        if (n < n_units) {
+            FERRY_TRY(op_mul_mat_epilogue(ctx, units, n, pro));
+            return op_mul_mat_epilogue(ctx, units + n, n_units - n, pro);
+        }
+    }
     g.err = ctx.err;
     g.n_seg = n_units;
     int64_t rows = 0;
@@ -1567,7 +1792,8 @@ Status op_mul_mat_epilogue(OpContext& ctx, const EpilogueUnit* units, int n_unit
     }
     g.M = rows;
     set_norm(g, pro);
-    return dispatch_q8<false, true>(ctx, g, units[0].mm->src[0]->type);
+    if (q8_vec_ok(g, t)) return dispatch_q8<false, true>(ctx, g, t);
+    return dispatch_vec_fused<false>(ctx, g, t, units[0].mm->src[0]->ne[1]);
 }
 
 Status op_mul_mat_swiglu(OpContext& ctx, const Tensor* gate, const Tensor* up, const Tensor* glu,
@@ -1579,7 +1805,14 @@ Status op_mul_mat_swiglu(OpContext& ctx, const Tensor* gate, const Tensor* up, c
         set_norm(g, pro);
         return dispatch_q8<true>(ctx, g, gate->src[0]->type);
     }
-    if (pro && pro->norm) return Status::error("CUDA: folded RMS_NORM without the int8 kernel");
+    if (pro && pro->norm) {
+        if (!vec_fused_ok(g, gate->src[0]->type)) {
+            return Status::error(
+                "CUDA: folded RMS_NORM without the int8 or the fused float kernel");
+        }
+        set_norm(g, pro);
+        return dispatch_vec_fused<true>(ctx, g, gate->src[0]->type, g.M);
+    }
     const dim3 grid(1, static_cast<unsigned>(g.ne2 * g.ne3), 1);
     return dispatch_vec<true>(ctx, g, gate->src[0]->type, grid, choose_split(g.M, g.K, ctx.n_sm));
 }

@@ -54,7 +54,8 @@ bool can_fuse_mul_mat_add(const Tensor* mm, const Tensor* add);
 Status op_add_rms_norm_mul(OpContext& ctx, const Tensor* add, const Tensor* norm,
                            const Tensor* mul);
 bool can_fuse_add_rms_norm_mul(const Tensor* add, const Tensor* norm, const Tensor* mul);
-//   MUL_MAT(a, x) -> ROPE and/or SET_ROWS (decode, int8 kernel): the product's epilogue
+//   MUL_MAT(a, x) -> ROPE and/or SET_ROWS (decode; the int8 kernel for block formats, the
+//   float kernel for F16/BF16/F32 weights, sharing the epilogue code): the product's epilogue
 //   rotates row pairs and/or stores the row into the KV cache; write_out: the ROPE's (or the
 //   product's) own result is written too. Up to 3 such products of one b (q, k, v) run as
 //   one launch.
@@ -64,7 +65,8 @@ struct EpilogueUnit {
     const Tensor* set_rows = nullptr;  // or nullptr
     bool write_out = false;
 };
-//   [ADD(a, b) ->] RMS_NORM -> MUL(., w) -> the int8 product(s) reading the MUL (decode): the
+//   [ADD(a, b) ->] RMS_NORM -> MUL(., w) -> the product(s) reading the MUL (decode, int8 or
+//   float kernel): the
 //   norm computed in the product kernel's prologue, by every block, in the RMS_NORM kernel's
 //   order of operations (bit-identical); the MUL's result is not written, the ADD's is.
 struct NormPrologue {
@@ -72,7 +74,9 @@ struct NormPrologue {
     const Tensor* norm = nullptr;
     const Tensor* mul = nullptr;
 };
-bool can_fold_norm(const NormPrologue& p, const Tensor* mm);
+// float_kernel: into the float kernel's fused form too (F16/BF16/F32 weights), not only
+// the int8 kernel.
+bool can_fold_norm(const NormPrologue& p, const Tensor* mm, bool float_kernel);
 Status op_mul_mat_norm(OpContext& ctx, const Tensor* mm, const NormPrologue& p);
 // The RMS_NORM kernel's block size for rows of n elements.
 int norm_threads(int64_t n);
