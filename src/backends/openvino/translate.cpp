@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <openvino/op/ops.hpp>
 #include <unordered_map>
@@ -680,12 +681,13 @@ bool cache_operand(Tr& tr, const Tensor* view, CacheOperand* out) {
 
 // Attention over a KV cache read in place (cache_operand): the scores and the weighted sum
 // read the bound rows of the cache as they were before this graph, and the rows this graph
-// writes (at most the step's tokens) enter apart: their scores replace those of the stale
-// rows at their positions before the softmax, and their weights multiply the new values
-// instead of the stale rows. The plugin makes no copy of the window with the new rows
-// scattered in, and the query heads that share a KV head are one product (no repeated
-// copies of K and V); what it still does to the window per step is the one pass that lays
-// it out head-major for its products (and converts f16 to f32).
+// writes (the step's tokens) enter apart: one softmax runs over the old rows' scores (the
+// stale rows where the new ones go masked to -inf) and the new rows' side by side, and the
+// weighted sum adds the old rows' part and the new rows'. So the plugin makes no copy of the
+// window with the new rows scattered in, and the query heads that share a KV head are one
+// product (no repeated copies of K and V); what it still does to the window per step is the
+// one pass that lays it out head-major for its products (and converts f16 to f32).
+// (Positions repeated within one step would be attended twice; the reference keeps the last.)
 Status attend_in_place(Tr& tr, const Tensor* t, const CacheOperand& kc, const CacheOperand& vc) {
     const Tensor* q = t->src[0];
     const Tensor* k = t->src[1];
@@ -706,29 +708,39 @@ Status attend_in_place(Tr& tr, const Tensor* t, const CacheOperand& kc, const Ca
                        std::make_shared<op::v0::Concat>(ov::OutputVector{i64c({G, -1}), cols}, 0));
     };
     Val n_new = std::make_shared<op::v3::ShapeOf>(kc.rows, ov::element::i64);
-    Val s_old = per_head(std::make_shared<op::v0::MatMul>(qg, kw, false, true), n_kv);
-    Val s_new = per_head(std::make_shared<op::v0::MatMul>(qg, kn, false, true), n_new);
-    // Column of each new row in the window; rows past it go to a spare column, cut off after
-    // (they are not attended, as the reference's view would not reach them).
+    Val scale = f32s(t->param_f(0));
+    Val s_old = std::make_shared<op::v1::Multiply>(
+        per_head(std::make_shared<op::v0::MatMul>(qg, kw, false, true), n_kv), scale);
+    Val s_new = std::make_shared<op::v1::Multiply>(
+        per_head(std::make_shared<op::v0::MatMul>(qg, kn, false, true), n_new), scale);
+    // Column of each new row in the window (rows past it are not attended, as the reference's
+    // view would not reach them: -inf). The stale rows at those columns get -inf, a mask of
+    // n_kv floats: the scores are never copied to put the new ones in their place.
     Val inside = std::make_shared<op::v1::Less>(kc.rows, n_kv);
-    Val at = std::make_shared<op::v1::Select>(inside, kc.rows, n_kv);
-    Val spare_shape =
-        std::make_shared<op::v0::Concat>(ov::OutputVector{i64c({1, H}), nq, i64c({1})}, 0);
-    Val spare = std::make_shared<op::v3::Broadcast>(f32s(0.0f), spare_shape);
-    auto cut = [&](Val x) { return slice(x, i64c({0}), n_kv, 3); };
-    Val s = std::make_shared<op::v0::Concat>(ov::OutputVector{s_old, spare}, 3);
-    s = cut(std::make_shared<op::v3::ScatterUpdate>(s, at, s_new, i64s(3)));
-    s = std::make_shared<op::v1::Multiply>(s, f32s(t->param_f(0)));
-    const int64_t sne[4] = {k->ne[1], q->ne[1], q->ne[2], q->ne[3]};
-    Val p = masked_softmax(tr, s, t, t->src[3], sne);  // [1, H, n_q, n_kv]
-    // The new rows' weights (0 for rows past the window), and the stale rows' set to 0.
-    Val p_new = std::make_shared<op::v8::Gather>(
-        p, std::make_shared<op::v1::Select>(inside, kc.rows, i64s(0)), i64s(3));
-    p_new = std::make_shared<op::v1::Multiply>(p_new, f32(inside));
-    Val zeros = std::make_shared<op::v3::Broadcast>(
-        f32s(0.0f), std::make_shared<op::v3::ShapeOf>(p_new, ov::element::i64));
-    Val p_old = std::make_shared<op::v0::Concat>(ov::OutputVector{p, spare}, 3);
-    p_old = cut(std::make_shared<op::v3::ScatterUpdate>(p_old, at, zeros, i64s(3)));
+    Val at = std::make_shared<op::v1::Select>(inside, kc.rows, n_kv);  // n_kv: a spare column
+    const float inf = std::numeric_limits<float>::infinity();
+    Val n_kv1 = std::make_shared<op::v1::Add>(n_kv, i64c({1}));
+    Val stale = std::make_shared<op::v3::ScatterUpdate>(
+        std::make_shared<op::v3::Broadcast>(f32s(0.0f), n_kv1), at,
+        std::make_shared<op::v3::Broadcast>(f32s(-inf), n_new), i64s(0));
+    s_old = std::make_shared<op::v1::Add>(s_old, slice(stale, i64c({0}), n_kv, 0));
+    s_new = std::make_shared<op::v1::Add>(
+        s_new, std::make_shared<op::v1::Select>(inside, f32s(0.0f), f32s(-inf)));
+    if (const Tensor* mask = t->src[3]) {
+        // The mask's rows for the queries, its columns for the old rows and the new rows.
+        const int64_t sne[4] = {k->ne[1], q->ne[1], q->ne[2], q->ne[3]};
+        Val m = slice(tr.vf(mask), i64c({0}), nq, 2);
+        m = expand(m, mask, sne, false, 2);
+        s_old = std::make_shared<op::v1::Add>(s_old, m);
+        s_new = std::make_shared<op::v1::Add>(
+            s_new, std::make_shared<op::v8::Gather>(
+                       m, std::make_shared<op::v1::Select>(inside, kc.rows, i64s(0)), i64s(3)));
+    }
+    // One softmax over the old rows' scores and the new rows' side by side.
+    Val p = std::make_shared<op::v8::Softmax>(
+        std::make_shared<op::v0::Concat>(ov::OutputVector{s_old, s_new}, 3), 3);
+    Val p_old = slice(p, i64c({0}), n_kv, 3);
+    Val p_new = slice(p, n_kv, i64c({std::numeric_limits<int64_t>::max()}), 3);
     Val vw = transpose(f32(vc.window), {1, 0, 2});  // [G, n_kv, Dv]
     Val vn = transpose(vc.values, {1, 0, 2});       // [G, n, Dv]
     Val o = std::make_shared<op::v1::Add>(
