@@ -5,7 +5,8 @@
 # For each model, `ferry run` greedy with a short prompt and with a long one (the attended
 # length of every decode step is the prompt plus the tokens so far), printing the decode
 # tokens/s of each run and its peak RSS; then `ferry bench -p 512 -n 64` and `-p 16 -n 64` on
-# the 1B file (tg there starts from an empty cache, so its context stays short).
+# the 1B file (tg there starts from an empty cache, so its context stays short; BENCH=0 skips
+# them).
 set -euo pipefail
 a="$1"; b="$2"; tiny="$3"; big="$4"; rounds="${5:-2}"
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -31,6 +32,7 @@ for round in $(seq "$rounds"); do
     done
   done
 done
+[ "${BENCH:-1}" = 0 ] && exit 0
 for p in 512 16; do
   for build in A B; do
     bin="$a"; [ "$build" = B ] && bin="$b"
