@@ -30,6 +30,10 @@ std::atomic<uint64_t> g_compiles{0};
 std::atomic<uint64_t> g_hits{0};
 std::atomic<uint64_t> g_compile_us{0};
 std::atomic<uint64_t> g_declined{0};  // bit per Op (test hook)
+std::atomic<uint64_t> g_runs{0};
+std::atomic<uint64_t> g_copied{0};
+std::atomic<uint64_t> g_window{0};
+std::atomic<uint64_t> g_attn_in_place{0};
 static_assert(static_cast<size_t>(Op::COUNT) <= 64);
 
 // Diagnostics from the environment (docs/openvino.md): FERRY_OPENVINO_TRACE=1 prints resident
@@ -362,6 +366,7 @@ class OvBackend : public Backend {
             cm->req = cm->model.create_infer_request();
             cm->dequant.resize(cm->plan.inputs.size());
             g_compiles++;
+            g_attn_in_place += static_cast<uint64_t>(cm->plan.attention_in_place);
             const double total_ms = ms_since(t0);
             g_compile_us += static_cast<uint64_t>(total_ms * 1000.0);
             if (tracing()) {
@@ -380,6 +385,7 @@ class OvBackend : public Backend {
         const auto t1 = std::chrono::steady_clock::now();
         FERRY_TRY(bind(g, cm));
         cm.req.infer();
+        g_runs++;
         // The first run also makes the plugin's kernels and repacks the weights for them.
         if (cm.runs++ == 0) trace_mem("first inference", ms_since(t1));
         if (profiling()) {
@@ -453,6 +459,7 @@ class OvBackend : public Backend {
                         buf.data() + r * n0, n0);
                 }
                 cm.req.set_tensor(inputs[i], ov::Tensor(ov::element::f32, shape_of(t), buf.data()));
+                g_copied += buf.size() * sizeof(float);
                 continue;
             }
             if (in.kind == ModelPlan::Input::StridedLeaf) {
@@ -472,6 +479,7 @@ class OvBackend : public Backend {
                 }
                 ov::Shape sh = shape_of(t);
                 sh[2] = static_cast<size_t>(rows);
+                g_window += static_cast<uint64_t>(rows) * t->nb[1];
                 cm.req.set_tensor(inputs[i], ov::Tensor(inputs[i].get_element_type(), sh, t->data));
             } else if (t->is_contiguous()) {
                 cm.req.set_tensor(inputs[i],
@@ -501,6 +509,7 @@ class OvBackend : public Backend {
                                           dev_->name(), t->name, t->nbytes(), r.get_byte_size());
                 }
                 std::memcpy(t->data, r.data(), r.get_byte_size());
+                g_copied += r.get_byte_size();
             } else if (o.kind == ModelPlan::Output::WriteIndex) {
                 Tensor* s = g.leafs[static_cast<size_t>(o.node)];
                 ov::Tensor idx = cm.req.get_tensor(outputs[i]);
@@ -528,6 +537,7 @@ class OvBackend : public Backend {
                         std::memcpy(dst + static_cast<size_t>(ix[e]) * es, src + e * es, es);
                     }
                 }
+                g_copied += n * es;
                 i++;  // the values result was consumed with its indices
             }
         }
@@ -655,6 +665,10 @@ Stats stats() {
     s.compiles = g_compiles.load();
     s.cache_hits = g_hits.load();
     s.compile_ms = static_cast<double>(g_compile_us.load()) / 1000.0;
+    s.runs = g_runs.load();
+    s.bytes_copied = g_copied.load();
+    s.bytes_bound_window = g_window.load();
+    s.attention_in_place = g_attn_in_place.load();
     return s;
 }
 

@@ -2,7 +2,9 @@
 #include "backends/openvino/translate.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <openvino/op/ops.hpp>
 #include <unordered_map>
@@ -72,6 +74,15 @@ struct Tr {
     std::unordered_map<const Tensor*, std::vector<std::pair<Val, Val>>> writes;
     std::unordered_map<const Tensor*, int> leaf_index;
     std::map<int, std::shared_ptr<op::v0::Parameter>> sym;  // DimSymbol -> i64 [1]
+    // Leaves bound by their first rows only (window_symbol): leaf -> the row-count symbol.
+    std::unordered_map<const Tensor*, int> windowed;
+    // Each SET_ROWS node: the rows it writes (i64 [n]) and their values as the storage holds
+    // them (read back as f32, [n, row]), for attention that reads the cache in place.
+    struct RowWrite {
+        Val rows;
+        Val values;
+    };
+    std::unordered_map<const Tensor*, RowWrite> row_writes;
     ModelPlan plan;
     ov::ParameterVector params;
     ov::ResultVector results;
@@ -473,7 +484,17 @@ Status tr_set_rows(Tr& tr, const Tensor* t) {
     std::vector<int64_t> cols(static_cast<size_t>(C));
     for (int64_t c = 0; c < C; c++) cols[static_cast<size_t>(c)] = c;
     Val flat = reshape(std::make_shared<op::v1::Add>(rows, i64c(cols)), i64c({-1}));
-    (void)dst;
+    // The rows and their values as the storage will hold them, rounded to its type: the CPU
+    // plugin computes in f32 and drops a Convert to f16 and back inside a model, so an f16
+    // storage's rounding is made in f32 arithmetic (Veltkamp: x rounded to the 11 significant
+    // bits of f16, to nearest; f16's range limits aside, which K and V rows stay far from).
+    Val row_vals = reshape(tr.vf(src), i64c({-1, C}));
+    if (dst->type == Type::F16) {
+        Val big = std::make_shared<op::v1::Multiply>(row_vals, f32s(8193.0f));  // (2^13 + 1) x
+        Val diff = std::make_shared<op::v1::Subtract>(row_vals, big);
+        row_vals = std::make_shared<op::v1::Add>(big, diff);
+    }
+    tr.row_writes[t] = {reshape(to(tr.v(t->src[2]), ov::element::i64), i64c({-1})), row_vals};
     FERRY_TRY(tr.write(t, tr.v(src), flat));
     Expected<Val> r = tr.strided(t);
     if (!r) return r.status();
@@ -613,10 +634,135 @@ Status tr_rope(Tr& tr, const Tensor* t) {
     return Status::ok();
 }
 
+std::atomic<bool> g_attention_in_place{true};
+
+// A K or V operand that reads a KV cache in place: a view of whole rows [D, n_kv, G] (heads
+// side by side in a row) of the SET_ROWS result on a leaf bound by its first n_kv rows, the only
+// write into that leaf in this graph.
+struct CacheOperand {
+    const Tensor* leaf = nullptr;
+    const Tensor* index = nullptr;  // the SET_ROWS row indices
+    Val window;                     // the bound rows as [n_kv, G, D] (the cache's own type)
+    Val rows;                       // the rows written: i64 [n]
+    Val values;                     // their values as stored, f32 [n, G, D]
+    Val n_kv;                       // i64 [1]
+};
+
+bool cache_operand(Tr& tr, const Tensor* view, CacheOperand* out) {
+    if (view->op != Op::VIEW || view->view_offs != 0 || view->ne[3] != 1) return false;
+    const Tensor* st = view->src[0];
+    if (!st || st->op != Op::SET_ROWS || st->view_offs != 0) return false;
+    const Tensor* s = st->src[0];
+    if (s->op != Op::NONE || (s->type != Type::F32 && s->type != Type::F16)) return false;
+    auto w = tr.windowed.find(s);
+    auto rw = tr.row_writes.find(st);
+    auto wr = tr.writes.find(s);
+    if (w == tr.windowed.end() || rw == tr.row_writes.end() || wr == tr.writes.end() ||
+        wr->second.size() != 1) {
+        return false;
+    }
+    const Tensor* src = st->src[1];
+    const size_t es = type_size(s->type);
+    const int64_t D = view->ne[0], G = view->ne[2];
+    if (src->ne[0] != s->ne[0] || src->ne[2] != 1 || src->ne[3] != 1 || view->nb[0] != es ||
+        view->nb[1] != s->nb[1] || view->dim_sym[1] != w->second ||
+        view->nb[2] != static_cast<size_t>(D) * es || D * G != s->ne[0] ||
+        view->dim_sym[0] != kDimFixed || view->dim_sym[2] != kDimFixed) {
+        return false;
+    }
+    out->leaf = s;
+    out->index = st->src[2];
+    out->n_kv = tr.sym_param(w->second);
+    out->window = reshape(tr.val.at(s), i64c({-1, G, D}));
+    out->rows = rw->second.rows;
+    out->values = reshape(rw->second.values, i64c({-1, G, D}));
+    return true;
+}
+
+// Attention over a KV cache read in place (cache_operand): the scores and the weighted sum
+// read the bound rows of the cache as they were before this graph, and the rows this graph
+// writes (the step's tokens) enter apart: one softmax runs over the old rows' scores (the
+// stale rows where the new ones go masked to -inf) and the new rows' side by side, and the
+// weighted sum adds the old rows' part and the new rows'. So the plugin makes no copy of the
+// window with the new rows scattered in, and the query heads that share a KV head are one
+// product (no repeated copies of K and V); what it still does to the window per step is the
+// one pass that lays it out head-major for its products (and converts f16 to f32).
+// (Positions repeated within one step would be attended twice; the reference keeps the last.)
+Status attend_in_place(Tr& tr, const Tensor* t, const CacheOperand& kc, const CacheOperand& vc) {
+    const Tensor* q = t->src[0];
+    const Tensor* k = t->src[1];
+    const Tensor* v = t->src[2];
+    const int64_t H = q->ne[2], G = k->ne[2], D = k->ne[0], Dv = v->ne[0];
+    Val nq = tr.dim(q, 1);
+    Val n_kv = kc.n_kv;
+    // [G, r*n_q, D]: query head h = g*r + j reads KV head g.
+    Val qg = reshape(tr.vf(q), i64c({G, -1, D}));
+    Val kw = transpose(f32(kc.window), {1, 0, 2});  // [G, n_kv, D]
+    Val kn = transpose(kc.values, {1, 0, 2});       // [G, n, D]
+    auto per_head = [&](Val x, Val cols) {          // [G, r*n_q, c] -> [1, H, n_q, c]
+        return reshape(
+            x, std::make_shared<op::v0::Concat>(ov::OutputVector{i64c({1, H}), nq, cols}, 0));
+    };
+    auto grouped = [&](Val x, Val cols) {  // [1, H, n_q, c] -> [G, r*n_q, c]
+        return reshape(x,
+                       std::make_shared<op::v0::Concat>(ov::OutputVector{i64c({G, -1}), cols}, 0));
+    };
+    Val n_new = std::make_shared<op::v3::ShapeOf>(kc.rows, ov::element::i64);
+    Val scale = f32s(t->param_f(0));
+    Val s_old = std::make_shared<op::v1::Multiply>(
+        per_head(std::make_shared<op::v0::MatMul>(qg, kw, false, true), n_kv), scale);
+    Val s_new = std::make_shared<op::v1::Multiply>(
+        per_head(std::make_shared<op::v0::MatMul>(qg, kn, false, true), n_new), scale);
+    // Column of each new row in the window (rows past it are not attended, as the reference's
+    // view would not reach them: -inf). The stale rows at those columns get -inf, a mask of
+    // n_kv floats: the scores are never copied to put the new ones in their place.
+    Val inside = std::make_shared<op::v1::Less>(kc.rows, n_kv);
+    Val at = std::make_shared<op::v1::Select>(inside, kc.rows, n_kv);  // n_kv: a spare column
+    const float inf = std::numeric_limits<float>::infinity();
+    Val n_kv1 = std::make_shared<op::v1::Add>(n_kv, i64c({1}));
+    Val stale = std::make_shared<op::v3::ScatterUpdate>(
+        std::make_shared<op::v3::Broadcast>(f32s(0.0f), n_kv1), at,
+        std::make_shared<op::v3::Broadcast>(f32s(-inf), n_new), i64s(0));
+    s_old = std::make_shared<op::v1::Add>(s_old, slice(stale, i64c({0}), n_kv, 0));
+    s_new = std::make_shared<op::v1::Add>(
+        s_new, std::make_shared<op::v1::Select>(inside, f32s(0.0f), f32s(-inf)));
+    if (const Tensor* mask = t->src[3]) {
+        // The mask's rows for the queries, its columns for the old rows and the new rows.
+        const int64_t sne[4] = {k->ne[1], q->ne[1], q->ne[2], q->ne[3]};
+        Val m = slice(tr.vf(mask), i64c({0}), nq, 2);
+        m = expand(m, mask, sne, false, 2);
+        s_old = std::make_shared<op::v1::Add>(s_old, m);
+        s_new = std::make_shared<op::v1::Add>(
+            s_new, std::make_shared<op::v8::Gather>(
+                       m, std::make_shared<op::v1::Select>(inside, kc.rows, i64s(0)), i64s(3)));
+    }
+    // One softmax over the old rows' scores and the new rows' side by side.
+    Val p = std::make_shared<op::v8::Softmax>(
+        std::make_shared<op::v0::Concat>(ov::OutputVector{s_old, s_new}, 3), 3);
+    Val p_old = slice(p, i64c({0}), n_kv, 3);
+    Val p_new = slice(p, n_kv, i64c({std::numeric_limits<int64_t>::max()}), 3);
+    Val vw = transpose(f32(vc.window), {1, 0, 2});  // [G, n_kv, Dv]
+    Val vn = transpose(vc.values, {1, 0, 2});       // [G, n, Dv]
+    Val o = std::make_shared<op::v1::Add>(
+        std::make_shared<op::v0::MatMul>(grouped(p_old, n_kv), vw),
+        std::make_shared<op::v0::MatMul>(grouped(p_new, n_new), vn));  // [G, r*n_q, Dv]
+    o = per_head(o, i64c({Dv}));                                       // [1, H, n_q, Dv]
+    tr.val[t] = transpose(o, {0, 2, 1, 3});                            // [1, n_q, H, Dv]
+    tr.plan.attention_in_place++;
+    return Status::ok();
+}
+
 Status tr_flash_attn(Tr& tr, const Tensor* t) {
     const Tensor* q = t->src[0];
     const Tensor* k = t->src[1];
     const Tensor* v = t->src[2];
+    CacheOperand kc, vc;
+    if (g_attention_in_place.load() && q->ne[3] == 1 && k->ne[2] == v->ne[2] && k->ne[2] > 0 &&
+        q->ne[2] % k->ne[2] == 0 && q->dim_sym[2] == kDimFixed && q->dim_sym[0] == kDimFixed &&
+        v->dim_sym[0] == kDimFixed && cache_operand(tr, k, &kc) && cache_operand(tr, v, &vc) &&
+        kc.leaf != vc.leaf && kc.index == vc.index) {
+        return attend_in_place(tr, t, kc, vc);
+    }
     // Heads of k/v repeated to q's (head h reads kv head h / (n_head / n_head_kv)).
     Val kv_k = expand(tr.vf(k), k, q->ne, true, 2);                         // [ne3, H, n_kv, D]
     Val kv_v = expand(tr.vf(v), v, q->ne, true, 2);                         // [ne3, H, n_kv, Dv]
@@ -756,6 +902,10 @@ int window_symbol(const Graph& g, const Tensor* s) {
 
 }  // namespace
 
+void set_attention_in_place(bool on) {
+    g_attention_in_place = on;
+}
+
 bool translatable(const Tensor* node, std::string* why) {
     if (static_cast<size_t>(node->op) >= static_cast<size_t>(Op::COUNT)) return false;
     // ROPE: the rotated values of f32 only (the pairs are read as floats).
@@ -821,6 +971,7 @@ Expected<ModelPlan> translate_graph(const Graph& g) {
             in.window = w;
             tr.plan.inputs.push_back(in);
             tr.val[t] = p;
+            tr.windowed[t] = w;
             continue;
         }
         const bool deq = !plain(t->type);

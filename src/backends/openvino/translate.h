@@ -40,10 +40,17 @@ struct ModelPlan {
                         // storage owner at leaf index `node`, elements stored after the run.
     };
     std::vector<Output> outputs;
+    // FLASH_ATTN_EXT nodes translated to read their KV cache in place (translate.cpp,
+    // attend_in_place) rather than through a copy of its window with this graph's rows in it.
+    int attention_in_place = 0;
 };
 
 // Whether a translator takes this node (types and shapes it handles). Cheap.
 bool translatable(const Tensor* node, std::string* why = nullptr);
+
+// Test hook: whether attention over a KV cache reads it in place (default) or, as before,
+// through a copy of its window with the graph's rows scattered in (to compare the two).
+void set_attention_in_place(bool on);
 
 // Builds the model for g. Fails (naming the node) when a node cannot be translated.
 Expected<ModelPlan> translate_graph(const Graph& g);
