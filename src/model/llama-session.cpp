@@ -1,6 +1,7 @@
 // Llama inference sessions: the KV cache, the forward graph and decoding.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 
@@ -75,8 +76,13 @@ struct LlamaSession::Impl {
 constexpr size_t kDeviceLogitsMax = size_t{64} << 20;
 
 void LlamaSession::Impl::reserve_logits(size_t n_floats) {
+    // FERRY_HOST_LOGITS=0: ordinary memory always (for before/after measurements).
+    static const bool host_logits = [] {
+        const char* v = std::getenv("FERRY_HOST_LOGITS");
+        return !(v && std::strcmp(v, "0") == 0);
+    }();
     const size_t bytes = n_floats * sizeof(float);
-    if (!(logits_buf && logits_buf->size() >= bytes) && !host_logits_refused &&
+    if (host_logits && !(logits_buf && logits_buf->size() >= bytes) && !host_logits_refused &&
         bytes <= kDeviceLogitsMax) {
         BufferType* bt = m->device ? m->device->host_buffer_type() : nullptr;
         if (bt && bt->is_host()) {
