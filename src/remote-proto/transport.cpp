@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 
 namespace ferry::remote {
@@ -191,10 +192,25 @@ bool Socket::wait_until_deadline(short events, int64_t deadline_ns) {
     }
 }
 
+// FERRY_SOCKET_SPIN_US=N: before a receive blocks, poll the socket without sleeping for up to
+// N microseconds (0, the default: block at once). A blocked thread that the kernel wakes can
+// take tens of microseconds to run again on an idle host (a deep C-state), which a remote
+// decode step pays twice; spinning trades a busy core for that latency.
+int64_t socket_spin_ns() {
+    static const int64_t ns = [] {
+        const char* v = std::getenv("FERRY_SOCKET_SPIN_US");
+        const long us = v ? std::strtol(v, nullptr, 10) : 0;
+        return us > 0 ? int64_t{std::min(us, 1000000L)} * 1000 : int64_t{0};
+    }();
+    return ns;
+}
+
 Status Socket::recv_some(void* p, size_t cap, size_t* got, bool idle_ok, std::vector<int>* fds) {
     *got = 0;
     const bool timed = frame_ms_ > 0 && !idle_ok;
     if (timed && !deadline_ns_) deadline_ns_ = now_ns() + int64_t{frame_ms_} * 1000000;
+    const int64_t spin = socket_spin_ns();
+    int64_t spin_until = 0;
     for (;;) {
         iovec iov{p, cap};
         msghdr msg{};
@@ -203,13 +219,19 @@ Status Socket::recv_some(void* p, size_t cap, size_t* got, bool idle_ok, std::ve
         alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * 4)];
         msg.msg_control = ctrl;
         msg.msg_controllen = sizeof(ctrl);
-        const ssize_t r = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC | (timed ? MSG_DONTWAIT : 0));
+        const bool spinning = spin && (!spin_until || now_ns() < spin_until);
+        const ssize_t r =
+            ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC | (timed || spinning ? MSG_DONTWAIT : 0));
         if (r >= 0) {
             take_fds(&msg, fds);
             *got = static_cast<size_t>(r);
             return Status::ok();
         }
         if (errno == EINTR) continue;
+        if (spinning && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            if (!spin_until) spin_until = now_ns() + spin;
+            continue;
+        }
         if (timed && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             if (wait_until_deadline(POLLIN, deadline_ns_)) continue;
             return Status::errorf("timed out (a frame must arrive within %d ms)", frame_ms_);
