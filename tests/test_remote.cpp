@@ -1,6 +1,7 @@
 // The remote backend end to end: a real `ferry serve` process on a unix socket and on a tcp
 // port of 127.0.0.1, clients in this process (and in forked children), real sockets.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include "ferry/graph.h"
 #include "ferry/op-tests.h"
 #include "ferry/remote.h"
+#include "remote-proto/transport.h"
 #include "shell.h"
 #include "test_remote_util.h"
 
@@ -817,6 +819,33 @@ TEST_P(Remote, EventsAreFreedOnTheServer) {
 INSTANTIATE_TEST_SUITE_P(Transports, Remote, ::testing::Values("unix", "tcp"));
 
 // Four clients at once get bit-identical results; afterwards the server's memory is back.
+TEST(RemoteSocket, ASpinningReceiveGetsDataThatComesDuringOrAfterItsSpin) {
+    // A client's receive polls for kClientSpinNs before it blocks (on hosts with cores to
+    // spare): data that arrives while it spins, after it has gone to sleep, or an orderly
+    // close, all come through as with a plain blocking receive.
+    int fds[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+    remote::Socket a(fds[0]), b(fds[1]);
+    a.set_spin_ns(5'000'000);  // 5 ms
+    for (int delay_ms : {0, 1, 30}) {
+        std::thread writer([&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+            const uint32_t v = 0xC0FFEE00u + static_cast<uint32_t>(delay_ms);
+            ASSERT_TRUE(b.send_all(&v, sizeof(v), nullptr, 0).is_ok());
+        });
+        uint32_t got = 0;
+        Status st = a.recv_exact(&got, sizeof(got), nullptr);
+        writer.join();
+        ASSERT_TRUE(st.is_ok()) << st.message();
+        EXPECT_EQ(got, 0xC0FFEE00u + static_cast<uint32_t>(delay_ms));
+    }
+    b.close();
+    uint32_t none = 0;
+    bool eof = false;
+    EXPECT_FALSE(a.recv_exact(&none, sizeof(none), nullptr, &eof).is_ok());
+    EXPECT_TRUE(eof);
+}
+
 TEST(RemoteServer, FourConcurrentClientsThenMemoryReturnsToBaseline) {
     for (const std::string transport : {"unix", "tcp"}) {
         SCOPED_TRACE(transport);

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 namespace ferry::remote {
 
@@ -192,24 +193,23 @@ bool Socket::wait_until_deadline(short events, int64_t deadline_ns) {
     }
 }
 
-// FERRY_SOCKET_SPIN_US=N: before a receive blocks, poll the socket without sleeping for up to
-// N microseconds (0, the default: block at once). A blocked thread that the kernel wakes can
-// take tens of microseconds to run again on an idle host (a deep C-state), which a remote
-// decode step pays twice; spinning trades a busy core for that latency.
-int64_t socket_spin_ns() {
-    static const int64_t ns = [] {
-        const char* v = std::getenv("FERRY_SOCKET_SPIN_US");
-        const long us = v ? std::strtol(v, nullptr, 10) : 0;
+int64_t socket_spin_ns(bool client) {
+    const char* v = std::getenv("FERRY_SOCKET_SPIN_US");
+    if (v) {
+        const long us = std::strtol(v, nullptr, 10);
         return us > 0 ? int64_t{std::min(us, 1000000L)} * 1000 : int64_t{0};
-    }();
-    return ns;
+    }
+    // A client on a host with cores to spare spins through a GPU step's wait, as the CUDA
+    // runtime's own synchronization does when cores outnumber contexts; on small machines the
+    // core may be the server's (a CPU device next door), so it sleeps at once.
+    return client && std::thread::hardware_concurrency() >= 8 ? kClientSpinNs : 0;
 }
 
 Status Socket::recv_some(void* p, size_t cap, size_t* got, bool idle_ok, std::vector<int>* fds) {
     *got = 0;
     const bool timed = frame_ms_ > 0 && !idle_ok;
     if (timed && !deadline_ns_) deadline_ns_ = now_ns() + int64_t{frame_ms_} * 1000000;
-    const int64_t spin = socket_spin_ns();
+    const int64_t spin = spin_ns_;
     int64_t spin_until = 0;
     for (;;) {
         iovec iov{p, cap};

@@ -27,6 +27,7 @@ Expected<std::shared_ptr<Connection>> Connection::open(const std::string& addr,
         Expected<Socket> s = connect_to(*a);
         if (!s) return c->error(s.message());
         c->sock_ = std::move(*s);
+        c->sock_.set_spin_ns(socket_spin_ns(true));
         unix_socket = a->kind == Address::Kind::Unix;
     }
     std::string tok = token;
