@@ -99,7 +99,8 @@ class Socket {
 // threads, and 0 for servers and small hosts. A blocked thread the kernel wakes may take tens
 // of microseconds to run again on an idle host (a deep C-state), and a remote decode step
 // waits for one reply: measured on the H200 host, spinning clients raised 1B Q4_0 decode over
-// unix sockets from 0.88 to 0.95 of local, while spinning servers gained nothing.
+// unix sockets from 0.88 to 0.96 of local in one run and from 0.90 to 0.92 in another, while
+// spinning servers gained nothing.
 constexpr int64_t kClientSpinNs = 2'000'000;
 int64_t socket_spin_ns(bool client);
 
