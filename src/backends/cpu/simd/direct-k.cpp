@@ -450,9 +450,17 @@ struct Q6Tile {
             for (int c = 0; c < NC; c++) acc[r][c] = _mm256_setzero_ps();
         const __m256i m4 = _mm256_set1_epi8(0x0f);
         const __m256i m30 = _mm256_set1_epi8(0x30);
-        // Lane 0 takes word 0 of a dword pair, lane 1 word 1.
-        const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3,
-                                              2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+        // Vector v needs group 2v's scale (a word) in every word of lane 0 and group 2v + 1's in
+        // lane 1. With groups 0-7 (v < 4) or 8-15 in both lanes, one in-lane byte shuffle per
+        // vector picks them: word 2 (v % 4) in lane 0, word 2 (v % 4) + 1 in lane 1 (instead of
+        // a cross-lane permute and a shuffle per vector).
+        __m256i pick[4];
+        for (int k = 0; k < 4; k++) {
+            const char a = static_cast<char>(4 * k), b = static_cast<char>(4 * k + 1);
+            const char c = static_cast<char>(4 * k + 2), d = static_cast<char>(4 * k + 3);
+            pick[k] = _mm256_setr_epi8(a, b, a, b, a, b, a, b, a, b, a, b, a, b, a, b, c, d, c, d,
+                                       c, d, c, d, c, d, c, d, c, d, c, d);
+        }
         for (int64_t i = 0; i < n / kQK_K; i++) {
             const BlockQ8_K* yb[NC];
             for (int c = 0; c < NC; c++) {
@@ -467,6 +475,8 @@ struct Q6Tile {
                 const float d = h2f(reinterpret_cast<const uint8_t*>(&xb->d));
                 const __m256i sc16 = _mm256_cvtepi8_epi16(
                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb->scales)));
+                const __m256i sc_half[2] = {_mm256_permute2x128_si256(sc16, sc16, 0x00),
+                                            _mm256_permute2x128_si256(sc16, sc16, 0x11)};
                 __m256i isum[NC];
                 for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
                 for (int h = 0; h < 2; h++) {
@@ -488,8 +498,7 @@ struct Q6Tile {
                     };
                     for (int k = 0; k < 4; k++) {
                         const int v = 4 * h + k;
-                        const __m256i sv = _mm256_shuffle_epi8(
-                            _mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(v)), pick);
+                        const __m256i sv = _mm256_shuffle_epi8(sc_half[h], pick[k]);
                         for (int c = 0; c < NC; c++) {
                             const __m256i q = _mm256_loadu_si256(
                                 reinterpret_cast<const __m256i*>(yb[c]->qs + 32 * v));

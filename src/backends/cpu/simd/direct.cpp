@@ -665,8 +665,82 @@ struct QTile {
     };
 };
 
+// Q4_0 with two blocks per step: the two blocks' int16 pair sums are folded into one vector
+// (vphaddw, then vpmaddwd: dwords [b0 b0 b1 b1] per 128 bits) before a single conversion and fma
+// against the scales [dx0 dy0, dx0 dy0, dx1 dy1, dx1 dy1] x 2, which come from one vcvtph2ps of the
+// two fp16 scales instead of two scalar conversions, multiplies and broadcasts. The nibbles are
+// unpacked from one 128-bit broadcast load: a per-qword shift (0 in the low half, 4 in the high
+// half) and a mask. The 8 * (sum of y pairs) offset is folded the same way once per column.
+// Measured (bench_mul_mat, Zen 3): see bench/results/mul_mat-cpu.md.
 template <int NR, int NC>
-using Q4_0Tile = QTile<QKind::Q4_0>::K<NR, NC>;
+struct Q4_0Pair {
+    static constexpr size_t kB = sizeof(BlockQ4_0);
+    static constexpr size_t kY = sizeof(BlockQ8_0);
+
+    // fp16 scales at p and p + stride -> [s0 s0 s1 s1 s0 s0 s1 s1].
+    static __m256 scales(const uint8_t* p, size_t stride, __m128i dup) {
+        __m128i h = _mm_cvtsi32_si128(load_u16(p));
+        h = _mm_insert_epi16(h, load_u16(p + stride), 1);
+        return _mm256_cvtph_ps(_mm_shuffle_epi8(h, dup));
+    }
+
+    static void run(int64_t n, const uint8_t* x, size_t bx, const uint8_t* y, size_t by, float* out,
+                    size_t ldo) {
+        const int64_t nb = n / 32;
+        const int64_t np = nb / 2;
+        if (np * 2 != nb) {
+            // Odd block count: the one-block tile (same results up to summation order).
+            QTile<QKind::Q4_0>::K<NR, NC>::run(n, x, bx, y, by, out, ldo);
+            return;
+        }
+        __m256 acc[NR][NC];
+        for (int r = 0; r < NR; r++)
+            for (int c = 0; c < NC; c++) acc[r][c] = _mm256_setzero_ps();
+        const __m256i ones16 = _mm256_set1_epi16(1);
+        const __m256i m4 = _mm256_set1_epi8(0x0f);
+        const __m256i eight = _mm256_set1_epi8(8);
+        const __m256i shift = _mm256_setr_epi64x(0, 0, 4, 4);
+        const __m128i dup = _mm_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 0, 1, 0, 1, 2, 3, 2, 3);
+        for (int64_t b = 0; b < nb; b += 2) {
+            __m256i y0[NC], y1[NC], yoff[NC];
+            __m256 dy[NC];
+            for (int c = 0; c < NC; c++) {
+                const uint8_t* yc = y + c * by + b * kY;
+                y0[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yc + 2));
+                y1[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yc + kY + 2));
+                yoff[c] = _mm256_hadd_epi16(_mm256_maddubs_epi16(eight, y0[c]),
+                                            _mm256_maddubs_epi16(eight, y1[c]));
+                dy[c] = scales(yc, kY, dup);
+            }
+            for (int r = 0; r < NR; r++) {
+                const uint8_t* xr = x + r * bx + b * kB;
+                if (kB * b % 64 < 2 * kB) prefetch_next_tile(xr, 2 * NR * bx);
+                const __m256i q0 = _mm256_broadcastsi128_si256(
+                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(xr + 2)));
+                const __m256i q1 = _mm256_broadcastsi128_si256(
+                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(xr + kB + 2)));
+                const __m256i u0 = _mm256_and_si256(_mm256_srlv_epi64(q0, shift), m4);
+                const __m256i u1 = _mm256_and_si256(_mm256_srlv_epi64(q1, shift), m4);
+                const __m256 dx = scales(xr, kB, dup);
+                for (int c = 0; c < NC; c++) {
+                    // Words: sums of 4 products (|.| <= 4 * 15 * 127 before the offset).
+                    const __m256i w =
+                        _mm256_sub_epi16(_mm256_hadd_epi16(_mm256_maddubs_epi16(u0, y0[c]),
+                                                           _mm256_maddubs_epi16(u1, y1[c])),
+                                         yoff[c]);
+                    const __m256i i = _mm256_madd_epi16(w, ones16);
+                    acc[r][c] =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(dx, dy[c]), acc[r][c]);
+                }
+            }
+        }
+        for (int c = 0; c < NC; c++)
+            for (int r = 0; r < NR; r++) out[c * ldo + r] = hsum256(acc[r][c]);
+    }
+};
+
+template <int NR, int NC>
+using Q4_0Tile = Q4_0Pair<NR, NC>;
 template <int NR, int NC>
 using Q4_1Tile = QTile<QKind::Q4_1>::K<NR, NC>;
 template <int NR, int NC>
