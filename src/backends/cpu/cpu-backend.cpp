@@ -290,6 +290,10 @@ class CpuBackend : public Backend {
         }
         ErrorSink errors;
         std::atomic<bool> stop{false};
+        // ComputeParams::claims: node i uses claims[i % 2]. Thread 0 zeroes the other one while
+        // node i runs; no thread can still be using it (it was node i - 1's, and every thread
+        // passed the barrier after that node), and the barrier after node i publishes the 0.
+        std::atomic<int64_t> claims[2] = {0, 0};
         const Step* steps = steps_.data();
         const size_t n_steps = steps_.size();
         pool_->run([&](int ith, int n_threads) {
@@ -305,6 +309,8 @@ class CpuBackend : public Backend {
                 p.poll = &limits_.should_abort;
             }
             for (size_t i = 0;; i++) {
+                p.claims = &claims[i % 2];
+                if (ith == 0) claims[(i + 1) % 2].store(0, std::memory_order_relaxed);
                 steps[i].fn(p, steps[i].node);
                 // The end of run() waits for every thread: no barrier after the last node.
                 if (i + 1 == n_steps) break;

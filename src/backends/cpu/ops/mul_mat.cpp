@@ -17,6 +17,8 @@
 // scratch and runs the register-tiled int8 GEMM over its columns (see simd/packed.cpp).
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 #include "backends/cpu/ops/ops.h"
 #include "backends/cpu/simd/simd.h"
@@ -28,7 +30,12 @@ constexpr size_t kHeader = 64;          // task counter, on its own cache line
 constexpr int64_t kRowChunk = 64;       // weight rows per task (multiple of 4 and of 32)
 constexpr int64_t kFloatColChunk = 64;  // columns per task for float weights
 constexpr int64_t kColChunk = 64;       // columns per task when splitting columns for balance
-constexpr int64_t kMinTasks = 16;       // split columns when rows alone give fewer tasks
+// FERRY_CPU_DYNAMIC=0: direct products take their chunks round-robin (for measurements).
+const bool kDynamicDirect = [] {
+    const char* v = std::getenv("FERRY_CPU_DYNAMIC");
+    return !(v && std::strcmp(v, "0") == 0);
+}();
+constexpr int64_t kMinTasks = 16;  // split columns when rows alone give fewer tasks
 // Up to this many converted elements of b, every thread converts all of b for itself: cheaper
 // than a barrier (decode: one column), and a descheduled thread never holds the others up.
 constexpr int64_t kPrivateConvElems = 16384;
@@ -148,6 +155,10 @@ void op_mul_mat(const ComputeParams& cp, Tensor* dst) {
     int64_t static_next = cp.ith;
     auto claim = [&]() -> int64_t {
         if (p.shared) return next_task.fetch_add(1, std::memory_order_relaxed);
+        // Without a phase barrier (each thread converted b itself): the node's shared counter
+        // when there is one, so a thread that falls behind (a preempted vCPU) leaves its chunks
+        // to the other threads instead of holding them up at the next barrier.
+        if (cp.claims && kDynamicDirect) return cp.claims->fetch_add(1, std::memory_order_relaxed);
         const int64_t t = static_next;
         static_next += cp.nth;
         return t;

@@ -42,6 +42,10 @@ struct ComputeParams {
     static constexpr uint32_t kPollEvery = 64;
     const std::function<bool()>* poll = nullptr;
     mutable uint32_t checks = 0;
+    // A counter shared by the node's threads, 0 when the node starts (nullptr outside a
+    // backend's compute): a kernel may claim work from it without a barrier of its own. Each
+    // node may use it for one sequence of claims.
+    std::atomic<int64_t>* claims = nullptr;
     void barrier() const {
         if (pool) pool->barrier();
     }
