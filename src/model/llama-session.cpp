@@ -1,10 +1,10 @@
 // Llama inference sessions: the KV cache, the forward graph and decoding.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 
+#include "core/env.h"
 #include "ferry/allocator.h"
 #include "ferry/llama.h"
 #include "ferry/scheduler.h"
@@ -77,10 +77,7 @@ constexpr size_t kDeviceLogitsMax = size_t{64} << 20;
 
 void LlamaSession::Impl::reserve_logits(size_t n_floats) {
     // FERRY_HOST_LOGITS=0: ordinary memory always (for before/after measurements).
-    static const bool host_logits = [] {
-        const char* v = std::getenv("FERRY_HOST_LOGITS");
-        return !(v && std::strcmp(v, "0") == 0);
-    }();
+    static const bool host_logits = !env_off("FERRY_HOST_LOGITS");
     const size_t bytes = n_floats * sizeof(float);
     if (host_logits && !(logits_buf && logits_buf->size() >= bytes) && !host_logits_refused &&
         bytes <= kDeviceLogitsMax) {

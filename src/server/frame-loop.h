@@ -11,10 +11,10 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <string>
 
+#include "core/env.h"
 #include "remote-proto/protocol.h"
 #include "server/server.h"
 
@@ -30,10 +30,8 @@ constexpr uint64_t kFrameSlack = 1u << 20;
 class FrameProfile {
   public:
     using Clock = std::chrono::steady_clock;
-    explicit FrameProfile(uint64_t session) : session_(session), last_(Clock::now()) {
-        const char* v = std::getenv("FERRY_SERVE_PROFILE");
-        on_ = v && *v && std::string(v) != "0";
-    }
+    explicit FrameProfile(uint64_t session)
+        : session_(session), on_(env_on("FERRY_SERVE_PROFILE")), last_(Clock::now()) {}
     FrameProfile(const FrameProfile&) = delete;
     FrameProfile& operator=(const FrameProfile&) = delete;
     ~FrameProfile() {

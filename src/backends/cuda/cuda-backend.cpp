@@ -11,6 +11,7 @@
 
 #include "backends/cuda/cublas-api.h"
 #include "backends/cuda/ops/ops.h"
+#include "core/env.h"
 
 namespace ferry::cuda {
 
@@ -39,11 +40,6 @@ std::vector<Op> g_declined;
 // Bumped whenever a device buffer is freed: a graph keyed by buffer objects and offsets stays
 // valid only while no buffer went away (a new one could take a freed one's address).
 std::atomic<uint64_t> g_buffer_epoch{1};
-
-bool env_off(const char* name) {
-    const char* v = std::getenv(name);
-    return v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0);
-}
 
 class CudaDevice;
 

@@ -18,6 +18,7 @@
 
 #include "backends/openvino/translate.h"
 #include "backends/openvino/weights.h"
+#include "core/env.h"
 
 namespace ferry {
 namespace openvino {
@@ -41,10 +42,6 @@ static_assert(static_cast<size_t>(Op::COUNT) <= 64);
 // with the plugin's per-node counters and prints each model's time per node type when it is
 // freed; FERRY_OPENVINO_DUMP=DIR writes every compiled model (as translated, and as the plugin
 // runs it) there.
-bool env_on(const char* name) {
-    const char* e = std::getenv(name);
-    return e && *e && *e != '0';
-}
 bool tracing() {
     static const bool on = env_on("FERRY_OPENVINO_TRACE");
     return on;

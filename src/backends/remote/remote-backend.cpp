@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "backends/remote/connection.h"
+#include "core/env.h"
 #include "ferry/remote.h"
 #include "remote-proto/protocol.h"
 
@@ -501,10 +502,7 @@ Device* RemoteBufferType::device() const {
 // FERRY_REMOTE_STAGING=0: reads of unmapped memory come back as TENSOR_GET replies, never
 // through shared memory (for before/after measurements).
 bool staged_reads() {
-    static const bool on = [] {
-        const char* v = std::getenv("FERRY_REMOTE_STAGING");
-        return !(v && std::strcmp(v, "0") == 0);
-    }();
+    static const bool on = !env_off("FERRY_REMOTE_STAGING");
     return on;
 }
 

@@ -17,11 +17,10 @@
 // scratch and runs the register-tiled int8 GEMM over its columns (see simd/packed.cpp).
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 #include "backends/cpu/ops/ops.h"
 #include "backends/cpu/simd/simd.h"
+#include "core/env.h"
 
 namespace ferry::cpu {
 namespace {
@@ -31,10 +30,7 @@ constexpr int64_t kRowChunk = 64;       // weight rows per task (multiple of 4 a
 constexpr int64_t kFloatColChunk = 64;  // columns per task for float weights
 constexpr int64_t kColChunk = 64;       // columns per task when splitting columns for balance
 // FERRY_CPU_DYNAMIC=0: direct products take their chunks round-robin (for measurements).
-const bool kDynamicDirect = [] {
-    const char* v = std::getenv("FERRY_CPU_DYNAMIC");
-    return !(v && std::strcmp(v, "0") == 0);
-}();
+const bool kDynamicDirect = !env_off("FERRY_CPU_DYNAMIC");
 constexpr int64_t kMinTasks = 16;  // split columns when rows alone give fewer tasks
 // Up to this many converted elements of b, every thread converts all of b for itself: cheaper
 // than a barrier (decode: one column), and a descheduled thread never holds the others up.
