@@ -180,14 +180,10 @@ class RemoteBuffer : public Buffer {
         // Into shared memory of the server's device (the host_buffer_type() of a remote
         // device): the server copies there itself, and nothing is left to do here.
         if (RemoteBuffer* hb = staged_reads() ? mapped_host_buffer(dst, size) : nullptr) {
-            wire::Writer w;
-            w.u64(handle_);
-            w.u64(off);
-            w.u64(hb->handle_);
-            w.u64(static_cast<uint64_t>(static_cast<const uint8_t*>(dst) -
-                                        static_cast<const uint8_t*>(hb->map_)));
-            w.u64(size);
-            return conn_->send_async(Cmd::TENSOR_COPY, w);
+            return post_copy(off, *hb,
+                             static_cast<uint64_t>(static_cast<const uint8_t*>(dst) -
+                                                   static_cast<const uint8_t*>(hb->map_)),
+                             size);
         }
         // Large reads of memory the client cannot map (a GPU's) come back through shared
         // memory: the server copies into a staging buffer, the client copies out of it.
@@ -222,6 +218,16 @@ class RemoteBuffer : public Buffer {
     // The mapped host buffer of this buffer's device on this connection that holds
     // [p, p + size), or nullptr. Called with the connection's mutex held.
     RemoteBuffer* mapped_host_buffer(const void* p, size_t size) const;
+    // Posts a TENSOR_COPY of this buffer's [off, +size) to `to` at to_off (a server-side copy).
+    Status post_copy(uint64_t off, const RemoteBuffer& to, uint64_t to_off, size_t size) {
+        wire::Writer w;
+        w.u64(handle_);
+        w.u64(off);
+        w.u64(to.handle_);
+        w.u64(to_off);
+        w.u64(size);
+        return conn_->send_async(Cmd::TENSOR_COPY, w);
+    }
     // Queues a TENSOR_COPY of [off, +size) into the device's staging buffer and the copy out
     // of it into dst; false when the device has no staging buffer (no shared memory).
     Expected<bool> read_staged(uint64_t off, void* dst, size_t size);
@@ -572,14 +578,8 @@ Expected<bool> RemoteBuffer::read_staged(uint64_t off, void* dst, size_t size) {
     Expected<RemoteDevice::StagingSlot> slot = dev->staging_slot(size);
     if (!slot) return slot.status();
     if (!slot->buffer) return false;
-    wire::Writer w;
-    w.u64(handle_);
-    w.u64(off);
-    w.u64(slot->buffer->handle_);
-    w.u64(slot->offset);
-    w.u64(size);
     const uint8_t* from = static_cast<const uint8_t*>(slot->buffer->map_) + slot->offset;
-    if (Status st = conn_->send_async(Cmd::TENSOR_COPY, w); !st) {
+    if (Status st = post_copy(off, *slot->buffer, slot->offset, size); !st) {
         dev->staging_read_done();  // nothing will copy out of the slot: give it back
         return st;
     }
