@@ -182,6 +182,19 @@ std::vector<uint8_t> make_input_bytes(const Tensor* t, const Fill& f, uint64_t s
                 }
             }
             break;
+        case Fill::Causal: {
+            const int64_t n1 = t->ne[1];
+            FERRY_ASSERT(n0 >= n1);  // every row sees at least one key
+            for (int64_t r = 0; r < n / n0; r++) {
+                const int64_t last = n0 - n1 + r % n1;
+                for (int64_t i = 0; i < n0; i++) {
+                    float& x = v[static_cast<size_t>(r * n0 + i)];
+                    x = static_cast<float>(f.lo + (f.hi - f.lo) * rng.uniform());
+                    if (i > last) x = -std::numeric_limits<float>::infinity();
+                }
+            }
+            break;
+        }
         case Fill::Distinct: {
             std::vector<int64_t> perm(static_cast<size_t>(n0));
             for (int64_t r = 0; r < n / n0; r++) {
@@ -747,6 +760,35 @@ void add_attention_cases(Table& T) {
         return b.g().flash_attn_ext(b.in(kF32, {32, 3, 4, 2}), b.in(kF32, {32, 9, 2, 2}),
                                     b.in(kF32, {32, 9, 2, 2}), nullptr, 0.2f);
     });
+    // Prefill-sized: 16+ queries per head take a backend's tiled kernels (CUDA: 64 queries x
+    // 64 keys a block), so these cross tile edges, skip whole masked tiles and leave tails.
+    T.add(Op::FLASH_ATTN_EXT, "f16_prefill_causal", kAttnF16, kNoteAttnF16, [s64](CaseBuilder& b) {
+        return b.g().flash_attn_ext(b.in(kF32, {64, 100, 8}), b.in(kF16, {64, 130, 2}),
+                                    b.in(kF16, {64, 130, 2}),
+                                    b.in(kF16, {130, 100}, Fill::causal()), s64);
+    });
+    T.add(Op::FLASH_ATTN_EXT, "f32_prefill_d128_no_mask", kFloatMath, kNoteFloatMath,
+          [](CaseBuilder& b) {
+              return b.g().flash_attn_ext(b.in(kF32, {128, 40, 4}), b.in(kF32, {128, 70, 2}),
+                                          b.in(kF32, {128, 70, 2}), nullptr, 0.088f);
+          });
+    T.add(Op::FLASH_ATTN_EXT, "f32_prefill_dv_differs", kFloatMath, kNoteFloatMath,
+          [s64](CaseBuilder& b) {
+              return b.g().flash_attn_ext(b.in(kF32, {64, 20, 4}), b.in(kF32, {64, 33, 4}),
+                                          b.in(kF32, {32, 33, 4}),
+                                          b.in(kF32, {33, 20, 4}, Fill::mask(0.5)), s64);
+          });
+    T.add(Op::FLASH_ATTN_EXT, "f32_prefill_batch_ne3", kFloatMath, kNoteFloatMath,
+          [](CaseBuilder& b) {
+              return b.g().flash_attn_ext(b.in(kF32, {32, 17, 4, 2}), b.in(kF32, {32, 20, 2, 2}),
+                                          b.in(kF32, {32, 20, 2, 2}), nullptr, 0.2f);
+          });
+    T.add(Op::FLASH_ATTN_EXT, "bf16_prefill_mask_padded", kAttnBF16, kNoteAttnBF16,
+          [s64](CaseBuilder& b) {
+              return b.g().flash_attn_ext(b.in(kF32, {64, 24, 8}), b.in(kBF16, {64, 50, 2}),
+                                          b.in(kBF16, {64, 50, 2}),
+                                          b.in(kF16, {50, 32}, Fill::mask(0.5)), s64);
+          });
 }
 
 // Fills in types/shapes from a dry build of the case's graph.

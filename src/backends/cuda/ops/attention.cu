@@ -9,6 +9,7 @@
 // merges the partial (max, sum, output) triples.
 #include "backends/cuda/ops/common.cuh"
 #include "backends/cuda/ops/ops.h"
+#include "core/env.h"
 
 namespace ferry::cuda {
 
@@ -178,6 +179,209 @@ __global__ void __launch_bounds__(32 * kWarps) k_attn(AttnArgs g) {
     }
 }
 
+// Prefill: a block takes kTQ queries of one head and walks the keys in tiles of kTK, holding
+// the tile's keys and values (as floats), its queries and the tile's probabilities in shared
+// memory, so each key is read once per kTQ queries instead of once per query. Thread (ty, tx)
+// of 16 x 16 owns the scores of queries 4ty..4ty+3 with keys tx + 16j, j < 4, and the outputs
+// of the same queries at columns tx + 16c; the 16 threads of a query row are one half-warp, so
+// the online softmax's row max and sum are half-warp shuffles. A key tile whose mask is -inf
+// for every query of the block (the causal upper triangle) is skipped before it is loaded.
+// Every step is fp32, as in k_attn.
+constexpr int kTQ = 64, kTK = 64, kTThreads = 256;
+constexpr int64_t kTiledMinQueries = 16;  // fewer queries per head: k_attn (and its KV split)
+
+bool tiled_enabled() {  // FERRY_CUDA_ATTN_TILED=0: every query through k_attn, as before
+    static const bool on = !env_off("FERRY_CUDA_ATTN_TILED");
+    return on;
+}
+
+template <int D>
+constexpr size_t tiled_smem() {
+    // q [kTQ][D + 1], k [kTK][D + 1], v [kTK][D], p [kTQ][kTK + 1]
+    return sizeof(float) * (kTQ * (D + 1) + kTK * (D + 1) + kTK * D + kTQ * (kTK + 1));
+}
+
+template <int D>
+__global__ void __launch_bounds__(kTThreads) k_attn_tiled(AttnArgs g) {
+    extern __shared__ float sm[];
+    float* qs = sm;                  // [kTQ][D + 1]
+    float* ks = qs + kTQ * (D + 1);  // [kTK][D + 1]
+    float* vs = ks + kTK * (D + 1);  // [kTK][D]
+    float* ps = vs + kTK * D;        // [kTQ][kTK + 1]
+    constexpr int C = D / 16;        // output columns per thread
+    pdl_wait();
+    pdl_trigger();
+    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kTQ;
+    const int64_t h = blockIdx.y, i3 = blockIdx.z;
+    const int64_t hk = h / g.rh, k3 = i3 / g.r3;
+    const int64_t D_ = g.D, Dv = g.Dv;
+
+    for (int i = tid; i < kTQ * D; i += kTThreads) {
+        const int r = i / D, d = i % D;
+        const int64_t iq = q0 + r;
+        float x = 0.0f;
+        if (iq < g.n_q && d < D_) {
+            x = reinterpret_cast<const float*>(g.q.p + iq * g.q.nb[1] + h * g.q.nb[2] +
+                                               i3 * g.q.nb[3])[d];
+        }
+        qs[r * (D + 1) + d] = x;
+    }
+    const char* mbase = nullptr;
+    if (g.has_mask) {
+        mbase = g.mask.p + (h % g.mask.ne[2]) * g.mask.nb[2] + (i3 % g.mask.ne[3]) * g.mask.nb[3];
+    }
+    const char* kbase = g.k.p + hk * g.k.nb[2] + k3 * g.k.nb[3];
+    const char* vbase = g.v.p + hk * g.v.nb[2] + k3 * g.v.nb[3];
+
+    float m[4], l[4], o[4][C];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < C; c++) o[i][c] = 0.0f;
+    }
+
+    for (int64_t j0 = 0; j0 < g.n_kv; j0 += kTK) {
+        // This thread's mask entries; skip the tile when no query of the block sees any key.
+        float mk[4][4];
+        bool any = false;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int64_t iq = q0 + 4 * ty + i;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int64_t jk = j0 + tx + 16 * j;
+                float x = -INFINITY;
+                if (iq < g.n_q && jk < g.n_kv) {
+                    x = 0.0f;
+                    if (g.has_mask) {
+                        const char* mrow = mbase + iq * g.mask.nb[1];
+                        x = g.mask_f16 ? h2f(reinterpret_cast<const uint16_t*>(mrow)[jk])
+                                       : reinterpret_cast<const float*>(mrow)[jk];
+                    }
+                }
+                mk[i][j] = x;
+                any |= x != -INFINITY;
+            }
+        }
+        if (!__syncthreads_or(any)) continue;
+
+        for (int i = tid; i < kTK * D; i += kTThreads) {
+            const int r = i / D, d = i % D;
+            const int64_t jk = j0 + r;
+            float kx = 0.0f, vx = 0.0f;
+            if (jk < g.n_kv) {
+                if (d < D_) kx = kv_at(g.kt, kbase + jk * g.k.nb[1], d);
+                if (d < Dv) vx = kv_at(g.vt, vbase + jk * g.v.nb[1], d);
+            }
+            ks[r * (D + 1) + d] = kx;
+            vs[r * D + d] = vx;
+        }
+        __syncthreads();
+
+        float s[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+#pragma unroll
+            for (int j = 0; j < 4; j++) s[i][j] = 0.0f;
+        }
+#pragma unroll 8
+        for (int d = 0; d < D; d++) {
+            float qv[4], kv[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) qv[i] = qs[(4 * ty + i) * (D + 1) + d];
+#pragma unroll
+            for (int j = 0; j < 4; j++) kv[j] = ks[(tx + 16 * j) * (D + 1) + d];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) s[i][j] = fmaf(qv[i], kv[j], s[i][j]);
+            }
+        }
+        // Online softmax per query row (16 threads of a half-warp hold a row's 64 scores).
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float tmax = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                s[i][j] = mk[i][j] == -INFINITY ? -INFINITY : s[i][j] * g.scale + mk[i][j];
+                tmax = fmaxf(tmax, s[i][j]);
+            }
+#pragma unroll
+            for (int off = 8; off > 0; off /= 2) {
+                tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
+            }
+            const float m_new = fmaxf(m[i], tmax);
+            float corr = 1.0f, sum = 0.0f;
+            if (m_new != -INFINITY) {
+                corr = expf(m[i] - m_new);  // 0 when m was -inf
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const float p = s[i][j] == -INFINITY ? 0.0f : expf(s[i][j] - m_new);
+                    s[i][j] = p;
+                    sum += p;
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; j++) s[i][j] = 0.0f;
+            }
+#pragma unroll
+            for (int off = 8; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+            l[i] = l[i] * corr + sum;
+            m[i] = m_new;
+#pragma unroll
+            for (int c = 0; c < C; c++) o[i][c] *= corr;
+#pragma unroll
+            for (int j = 0; j < 4; j++) ps[(4 * ty + i) * (kTK + 1) + tx + 16 * j] = s[i][j];
+        }
+        __syncthreads();
+#pragma unroll 4
+        for (int j = 0; j < kTK; j++) {
+            float pv[4], vv[C];
+#pragma unroll
+            for (int i = 0; i < 4; i++) pv[i] = ps[(4 * ty + i) * (kTK + 1) + j];
+#pragma unroll
+            for (int c = 0; c < C; c++) vv[c] = vs[j * D + tx + 16 * c];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+#pragma unroll
+                for (int c = 0; c < C; c++) o[i][c] = fmaf(pv[i], vv[c], o[i][c]);
+            }
+        }
+        __syncthreads();  // the next tile overwrites ks, vs and ps
+    }
+
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int64_t iq = q0 + 4 * ty + i;
+        if (iq >= g.n_q) continue;
+        float* out = reinterpret_cast<float*>(g.out.p) + ((i3 * g.n_q + iq) * g.n_head + h) * Dv;
+        const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            const int64_t d = tx + 16 * c;
+            if (d < Dv) out[d] = o[i][c] * inv;
+        }
+    }
+}
+
+template <int D>
+Status launch_tiled(OpContext& ctx, const AttnArgs& g, int64_t ne3) {
+    constexpr size_t smem = tiled_smem<D>();
+    static const cudaError_t attr = cudaFuncSetAttribute(
+        k_attn_tiled<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (attr != cudaSuccess) {
+        return Status::errorf("CUDA: FLASH_ATTN_EXT: %zu bytes of shared memory: %s", smem,
+                              cudaGetErrorString(attr));
+    }
+    const dim3 grid(n_blocks(g.n_q, kTQ), static_cast<unsigned>(g.n_head),
+                    static_cast<unsigned>(ne3));
+    launch_pdl(k_attn_tiled<D>, grid, dim3(kTThreads), smem, ctx.stream, g);
+    return launch_status("FLASH_ATTN_EXT (tiled)");
+}
+
 int choose_split(const Tensor* node, int n_sm) {
     const Tensor* q = node->src[0];
     const Tensor* k = node->src[1];
@@ -233,8 +437,12 @@ Status op_flash_attn_ext(OpContext& ctx, const Tensor* dst) {
     g.counters = ctx.counters;
     const int64_t rows = q->ne[1] * q->ne[2] * q->ne[3];
     if (rows == 0) return Status::ok();
-    const dim3 grid(n_blocks(rows, 1), static_cast<unsigned>(g.n_split));
     const int64_t dmax = std::max(g.D, g.Dv);
+    if (g.n_q >= kTiledMinQueries && q->ne[2] <= 65535 && q->ne[3] <= 65535 && tiled_enabled()) {
+        if (dmax <= 64) return launch_tiled<64>(ctx, g, q->ne[3]);
+        if (dmax <= 128) return launch_tiled<128>(ctx, g, q->ne[3]);
+    }
+    const dim3 grid(n_blocks(rows, 1), static_cast<unsigned>(g.n_split));
     if (dmax <= 32) {
         launch_pdl(k_attn<1>, grid, dim3(32 * kWarps), 0, ctx.stream, g);
     } else if (dmax <= 64) {
