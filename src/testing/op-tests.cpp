@@ -706,6 +706,16 @@ void add_attention_cases(Table& T) {
             Tensor* a = b.g().permute(b.in(kF32, {64, 5, 8}), 0, 2, 1, 3);  // [64, 8, 5]
             return b.g().rope(a, b.in(kI32, {5}, Fill::positions(64)), 64, mode, 10000.0f, 1.0f);
         });
+        // Prefill-sized (16+ positions: a backend may share each position's angles between
+        // heads): partial rotation, frequency factors, a permuted source.
+        T.add(Op::ROPE, m + "_prefill_partial_ff", kRope, kNoteRope, [mode](CaseBuilder& b) {
+            return b.g().rope(b.in(kF32, {70, 3, 20}), b.in(kI32, {20}, Fill::positions(4096)), 48,
+                              mode, 500000.0f, 1.0f, b.in(kF32, {24}, Fill::uniform(1, 8)));
+        });
+        T.add(Op::ROPE, m + "_prefill_permuted", kRope, kNoteRope, [mode](CaseBuilder& b) {
+            Tensor* a = b.g().permute(b.in(kF32, {128, 17, 4}), 0, 2, 1, 3);  // [128, 4, 17]
+            return b.g().rope(a, b.in(kI32, {17}, Fill::positions(64)), 128, mode, 10000.0f, 1.0f);
+        });
         // Llama 3 style frequency factors (divisors in [1, 8]).
         T.add(Op::ROPE, m + "_freq_factors", kRope, kNoteRope, [mode](CaseBuilder& b) {
             return b.g().rope(b.in(kF32, {64, 4, 6}), b.in(kI32, {6}, Fill::positions(64)), 48,
@@ -783,6 +793,12 @@ void add_attention_cases(Table& T) {
               return b.g().flash_attn_ext(b.in(kF32, {32, 17, 4, 2}), b.in(kF32, {32, 20, 2, 2}),
                                           b.in(kF32, {32, 20, 2, 2}), nullptr, 0.2f);
           });
+    T.add(Op::FLASH_ATTN_EXT, "f16_prefill_d36", kAttnF16, kNoteAttnF16, [](CaseBuilder& b) {
+        // 72-byte rows: not whole 16-byte chunks, so element-by-element tile loads.
+        return b.g().flash_attn_ext(b.in(kF32, {36, 20, 4}), b.in(kF16, {36, 40, 2}),
+                                    b.in(kF16, {36, 40, 2}), b.in(kF16, {40, 20}, Fill::causal()),
+                                    0.1667f);
+    });
     T.add(Op::FLASH_ATTN_EXT, "bf16_prefill_mask_padded", kAttnBF16, kNoteAttnBF16,
           [s64](CaseBuilder& b) {
               return b.g().flash_attn_ext(b.in(kF32, {64, 24, 8}), b.in(kBF16, {64, 50, 2}),

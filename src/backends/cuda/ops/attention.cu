@@ -22,6 +22,7 @@ struct AttnArgs {
     TV q, k, v, mask, out;
     Type kt, vt;
     bool has_mask, mask_f16;
+    bool kv_vec;  // k and v rows 16-byte aligned, whole 16-byte chunks (k_attn_tiled's loads)
     float scale;
     int64_t n_head, n_q, n_kv, D, Dv;
     int64_t rh, r3;  // n_head / n_head_kv, q.ne3 / k.ne3
@@ -183,9 +184,10 @@ __global__ void __launch_bounds__(32 * kWarps) k_attn(AttnArgs g) {
 // the tile's keys and values (as floats), its queries and the tile's probabilities in shared
 // memory, so each key is read once per kTQ queries instead of once per query. Thread (ty, tx)
 // of 16 x 16 owns the scores of queries 4ty..4ty+3 with keys tx + 16j, j < 4, and the outputs
-// of the same queries at columns tx + 16c; the 16 threads of a query row are one half-warp, so
-// the online softmax's row max and sum are half-warp shuffles. A key tile whose mask is -inf
-// for every query of the block (the causal upper triangle) is skipped before it is loaded.
+// of the same queries at columns 64g + 4tx .. 64g + 4tx + 3; shared memory is read as float4
+// (q and k rows padded to D + 4 floats: conflict-free). The 16 threads of a query row are one
+// half-warp, so the online softmax's row max and sum are half-warp shuffles. A key tile whose mask
+// is -inf for every query of the block (the causal upper triangle) is skipped before it is loaded.
 // Every step is fp32, as in k_attn.
 constexpr int kTQ = 64, kTK = 64, kTThreads = 256;
 constexpr int64_t kTiledMinQueries = 16;  // fewer queries per head: k_attn (and its KV split)
@@ -197,18 +199,68 @@ bool tiled_enabled() {  // FERRY_CUDA_ATTN_TILED=0: every query through k_attn, 
 
 template <int D>
 constexpr size_t tiled_smem() {
-    // q [kTQ][D + 1], k [kTK][D + 1], v [kTK][D], p [kTQ][kTK + 1]
-    return sizeof(float) * (kTQ * (D + 1) + kTK * (D + 1) + kTK * D + kTQ * (kTK + 1));
+    // q [kTQ][D + 4], k [kTK][D + 4], v [kTK][D], p [kTQ][kTK + 4]
+    return sizeof(float) * (kTQ * (D + 4) + kTK * (D + 4) + kTK * D + kTQ * (kTK + 4));
+}
+
+// Rows j0 .. j0 + kTK - 1 (those < n_kv; zeros past it) of a K or V view, elements 0 .. n - 1,
+// into dst[r * ld + e] as floats: 16-byte loads, all issued before the first is stored.
+template <int D>
+__device__ __forceinline__ void load_tile_vec(Type t, const char* base, int64_t nb1, int64_t j0,
+                                              int64_t n_kv, int64_t n, float* dst, int ld,
+                                              int tid) {
+    const int es = t == Type::F32 ? 4 : 2;
+    const int per = 16 / es;  // elements per chunk
+    const int cpr = static_cast<int>(n) / per;
+    const int total = kTK * cpr;
+    constexpr int kMax = kTK * D * 4 / 16 / kTThreads;  // chunks per thread at most (F32)
+    uint4 raw[kMax];
+#pragma unroll
+    for (int i = 0; i < kMax; i++) {
+        const int c = tid + i * kTThreads;
+        raw[i] = make_uint4(0u, 0u, 0u, 0u);
+        if (c < total) {
+            const int r = c / cpr;
+            if (j0 + r < n_kv) {
+                raw[i] = *reinterpret_cast<const uint4*>(base + (j0 + r) * nb1 + (c % cpr) * 16);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < kMax; i++) {
+        const int c = tid + i * kTThreads;
+        if (c >= total) break;
+        float* o = dst + (c / cpr) * ld + (c % cpr) * per;
+        const uint32_t w[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
+        if (es == 4) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[e] = __uint_as_float(w[e]);
+        } else if (t == Type::F16) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                o[2 * e] = h2f(static_cast<uint16_t>(w[e] & 0xffffu));
+                o[2 * e + 1] = h2f(static_cast<uint16_t>(w[e] >> 16));
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                o[2 * e] = bf2f(static_cast<uint16_t>(w[e] & 0xffffu));
+                o[2 * e + 1] = bf2f(static_cast<uint16_t>(w[e] >> 16));
+            }
+        }
+    }
 }
 
 template <int D>
 __global__ void __launch_bounds__(kTThreads) k_attn_tiled(AttnArgs g) {
-    extern __shared__ float sm[];
-    float* qs = sm;                  // [kTQ][D + 1]
-    float* ks = qs + kTQ * (D + 1);  // [kTK][D + 1]
-    float* vs = ks + kTK * (D + 1);  // [kTK][D]
-    float* ps = vs + kTK * D;        // [kTQ][kTK + 1]
-    constexpr int C = D / 16;        // output columns per thread
+    constexpr int LD = D + 4;     // q and k rows: 16-byte aligned, conflict-free float4 reads
+    constexpr int PLD = kTK + 4;  // probability rows
+    constexpr int G = D / 64;     // 64-column groups of the output a thread takes 4 columns of
+    extern __shared__ float4 sm4[];
+    float* qs = reinterpret_cast<float*>(sm4);  // [kTQ][LD]
+    float* ks = qs + kTQ * LD;                  // [kTK][LD]
+    float* vs = ks + kTK * LD;                  // [kTK][D]
+    float* ps = vs + kTK * D;                   // [kTQ][PLD]
     pdl_wait();
     pdl_trigger();
     const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
@@ -225,7 +277,8 @@ __global__ void __launch_bounds__(kTThreads) k_attn_tiled(AttnArgs g) {
             x = reinterpret_cast<const float*>(g.q.p + iq * g.q.nb[1] + h * g.q.nb[2] +
                                                i3 * g.q.nb[3])[d];
         }
-        qs[r * (D + 1) + d] = x;
+        qs[r * LD + d] = x;
+        ks[r * LD + d] = 0.0f;  // columns D_ .. D - 1 stay 0 (the vector loads skip them)
     }
     const char* mbase = nullptr;
     if (g.has_mask) {
@@ -234,13 +287,13 @@ __global__ void __launch_bounds__(kTThreads) k_attn_tiled(AttnArgs g) {
     const char* kbase = g.k.p + hk * g.k.nb[2] + k3 * g.k.nb[3];
     const char* vbase = g.v.p + hk * g.v.nb[2] + k3 * g.v.nb[3];
 
-    float m[4], l[4], o[4][C];
+    float m[4], l[4], o[4][4 * G];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         m[i] = -INFINITY;
         l[i] = 0.0f;
 #pragma unroll
-        for (int c = 0; c < C; c++) o[i][c] = 0.0f;
+        for (int c = 0; c < 4 * G; c++) o[i][c] = 0.0f;
     }
 
     for (int64_t j0 = 0; j0 < g.n_kv; j0 += kTK) {
@@ -268,36 +321,51 @@ __global__ void __launch_bounds__(kTThreads) k_attn_tiled(AttnArgs g) {
         }
         if (!__syncthreads_or(any)) continue;
 
-        for (int i = tid; i < kTK * D; i += kTThreads) {
-            const int r = i / D, d = i % D;
-            const int64_t jk = j0 + r;
-            float kx = 0.0f, vx = 0.0f;
-            if (jk < g.n_kv) {
-                if (d < D_) kx = kv_at(g.kt, kbase + jk * g.k.nb[1], d);
-                if (d < Dv) vx = kv_at(g.vt, vbase + jk * g.v.nb[1], d);
+        if (g.kv_vec) {
+            load_tile_vec<D>(g.kt, kbase, g.k.nb[1], j0, g.n_kv, D_, ks, LD, tid);
+            load_tile_vec<D>(g.vt, vbase, g.v.nb[1], j0, g.n_kv, Dv, vs, D, tid);
+        } else {
+            for (int i = tid; i < kTK * D; i += kTThreads) {
+                const int r = i / D, d = i % D;
+                const int64_t jk = j0 + r;
+                float kx = 0.0f, vx = 0.0f;
+                if (jk < g.n_kv) {
+                    if (d < D_) kx = kv_at(g.kt, kbase + jk * g.k.nb[1], d);
+                    if (d < Dv) vx = kv_at(g.vt, vbase + jk * g.v.nb[1], d);
+                }
+                ks[r * LD + d] = kx;
+                vs[r * D + d] = vx;
             }
-            ks[r * (D + 1) + d] = kx;
-            vs[r * D + d] = vx;
         }
         __syncthreads();
 
+        // Scores of queries 4ty + i with keys tx + 16j, four elements of d at a time.
         float s[4][4];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
 #pragma unroll
             for (int j = 0; j < 4; j++) s[i][j] = 0.0f;
         }
-#pragma unroll 8
-        for (int d = 0; d < D; d++) {
-            float qv[4], kv[4];
+#pragma unroll 4
+        for (int d = 0; d < D; d += 4) {
+            float4 qv[4], kv[4];
 #pragma unroll
-            for (int i = 0; i < 4; i++) qv[i] = qs[(4 * ty + i) * (D + 1) + d];
+            for (int i = 0; i < 4; i++) {
+                qv[i] = *reinterpret_cast<const float4*>(qs + (4 * ty + i) * LD + d);
+            }
 #pragma unroll
-            for (int j = 0; j < 4; j++) kv[j] = ks[(tx + 16 * j) * (D + 1) + d];
+            for (int j = 0; j < 4; j++) {
+                kv[j] = *reinterpret_cast<const float4*>(ks + (tx + 16 * j) * LD + d);
+            }
 #pragma unroll
             for (int i = 0; i < 4; i++) {
 #pragma unroll
-                for (int j = 0; j < 4; j++) s[i][j] = fmaf(qv[i], kv[j], s[i][j]);
+                for (int j = 0; j < 4; j++) {
+                    s[i][j] = fmaf(qv[i].x, kv[j].x, s[i][j]);
+                    s[i][j] = fmaf(qv[i].y, kv[j].y, s[i][j]);
+                    s[i][j] = fmaf(qv[i].z, kv[j].z, s[i][j]);
+                    s[i][j] = fmaf(qv[i].w, kv[j].w, s[i][j]);
+                }
             }
         }
         // Online softmax per query row (16 threads of a half-warp hold a row's 64 scores).
@@ -332,22 +400,37 @@ __global__ void __launch_bounds__(kTThreads) k_attn_tiled(AttnArgs g) {
             l[i] = l[i] * corr + sum;
             m[i] = m_new;
 #pragma unroll
-            for (int c = 0; c < C; c++) o[i][c] *= corr;
+            for (int c = 0; c < 4 * G; c++) o[i][c] *= corr;
 #pragma unroll
-            for (int j = 0; j < 4; j++) ps[(4 * ty + i) * (kTK + 1) + tx + 16 * j] = s[i][j];
+            for (int j = 0; j < 4; j++) ps[(4 * ty + i) * PLD + tx + 16 * j] = s[i][j];
         }
         __syncthreads();
-#pragma unroll 4
-        for (int j = 0; j < kTK; j++) {
-            float pv[4], vv[C];
-#pragma unroll
-            for (int i = 0; i < 4; i++) pv[i] = ps[(4 * ty + i) * (kTK + 1) + j];
-#pragma unroll
-            for (int c = 0; c < C; c++) vv[c] = vs[j * D + tx + 16 * c];
+        // Outputs of queries 4ty + i at columns 64gi + 4tx .. + 3, four keys at a time.
+#pragma unroll 2
+        for (int j = 0; j < kTK; j += 4) {
+            float4 pv[4];
 #pragma unroll
             for (int i = 0; i < 4; i++) {
+                pv[i] = *reinterpret_cast<const float4*>(ps + (4 * ty + i) * PLD + j);
+            }
 #pragma unroll
-                for (int c = 0; c < C; c++) o[i][c] = fmaf(pv[i], vv[c], o[i][c]);
+            for (int jj = 0; jj < 4; jj++) {
+#pragma unroll
+                for (int gi = 0; gi < G; gi++) {
+                    const float4 v4 =
+                        *reinterpret_cast<const float4*>(vs + (j + jj) * D + 64 * gi + 4 * tx);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const float p = jj == 0   ? pv[i].x
+                                        : jj == 1 ? pv[i].y
+                                        : jj == 2 ? pv[i].z
+                                                  : pv[i].w;
+                        o[i][4 * gi] = fmaf(p, v4.x, o[i][4 * gi]);
+                        o[i][4 * gi + 1] = fmaf(p, v4.y, o[i][4 * gi + 1]);
+                        o[i][4 * gi + 2] = fmaf(p, v4.z, o[i][4 * gi + 2]);
+                        o[i][4 * gi + 3] = fmaf(p, v4.w, o[i][4 * gi + 3]);
+                    }
+                }
             }
         }
         __syncthreads();  // the next tile overwrites ks, vs and ps
@@ -360,11 +443,32 @@ __global__ void __launch_bounds__(kTThreads) k_attn_tiled(AttnArgs g) {
         float* out = reinterpret_cast<float*>(g.out.p) + ((i3 * g.n_q + iq) * g.n_head + h) * Dv;
         const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
 #pragma unroll
-        for (int c = 0; c < C; c++) {
-            const int64_t d = tx + 16 * c;
-            if (d < Dv) out[d] = o[i][c] * inv;
+        for (int gi = 0; gi < G; gi++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t d = 64 * gi + 4 * tx + e;
+                if (d < Dv) out[d] = o[i][4 * gi + e] * inv;
+            }
         }
     }
+}
+
+// k_attn_tiled may load rows of t in 16-byte chunks: F32/F16/BF16, the first n elements whole
+// chunks, every row (any head, any batch) starting 16-byte aligned.
+bool vec_rows(const Tensor* t, int64_t n) {
+    if (t->type != Type::F32 && t->type != Type::F16 && t->type != Type::BF16) return false;
+    const int64_t es = static_cast<int64_t>(type_size(t->type));
+    if (t->nb[0] != static_cast<size_t>(es) || (n * es) % 16 != 0) return false;
+    if (reinterpret_cast<uintptr_t>(device_ptr(t)) % 16 != 0) return false;
+    for (int d = 1; d < 4; d++) {
+        if (t->ne[d] > 1 && t->nb[d] % 16 != 0) return false;
+    }
+    return true;
+}
+
+bool vec_off() {  // FERRY_CUDA_ATTN_VEC=0: the tiled kernel loads element by element
+    static const bool off = env_off("FERRY_CUDA_ATTN_VEC");
+    return off;
 }
 
 template <int D>
@@ -438,6 +542,7 @@ Status op_flash_attn_ext(OpContext& ctx, const Tensor* dst) {
     const int64_t rows = q->ne[1] * q->ne[2] * q->ne[3];
     if (rows == 0) return Status::ok();
     const int64_t dmax = std::max(g.D, g.Dv);
+    g.kv_vec = vec_rows(k, g.D) && vec_rows(v, g.Dv) && !vec_off();
     if (g.n_q >= kTiledMinQueries && q->ne[2] <= 65535 && q->ne[3] <= 65535 && tiled_enabled()) {
         if (dmax <= 64) return launch_tiled<64>(ctx, g, q->ne[3]);
         if (dmax <= 128) return launch_tiled<128>(ctx, g, q->ne[3]);

@@ -1426,6 +1426,23 @@ __global__ void k_to_half(const char* b, int64_t nb1, int64_t K, int64_t N, uint
     }
 }
 
+// k_to_half for rows of whole float4s (K % 4 == 0, b and nb1 16-byte aligned): one 16-byte
+// load and one 8-byte store per 4 elements.
+__global__ void k_to_half4(const char* b, int64_t nb1, int64_t K, int64_t N, uint16_t* out,
+                           bool bf16) {
+    const int64_t k4 = K / 4, n = k4 * N;
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t c = i / k4, k = i % k4;
+        const float4 v = reinterpret_cast<const float4*>(b + c * nb1)[k];
+        const uint32_t lo = bf16 ? f2bf(v.x) | (static_cast<uint32_t>(f2bf(v.y)) << 16)
+                                 : f2h(v.x) | (static_cast<uint32_t>(f2h(v.y)) << 16);
+        const uint32_t hi = bf16 ? f2bf(v.z) | (static_cast<uint32_t>(f2bf(v.w)) << 16)
+                                 : f2h(v.z) | (static_cast<uint32_t>(f2h(v.w)) << 16);
+        reinterpret_cast<uint2*>(out)[i] = make_uint2(lo, hi);
+    }
+}
+
 // Dequantizes rows of a block format (rows at stride nb1) into a contiguous F16 [K, M].
 template <Type T>
 __global__ void k_dequant_f16(const char* a, int64_t nb1, int64_t K, int64_t M, uint16_t* out) {
@@ -1437,12 +1454,16 @@ __global__ void k_dequant_f16(const char* a, int64_t nb1, int64_t K, int64_t M, 
         const int64_t m = wi / n_chunks, c = wi % n_chunks;
         Lane8 w;
         if (!Dec<T>::get(a + m * nb1, K, c, lane, w)) continue;
+        // Each lane's two runs of 4 weights as two 8-byte stores (K % 4 == 0: aligned).
         uint16_t* o = out + m * K;
+        uint32_t h[4];
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            o[w.o0 + k] = f2h(fmaf(w.d, w.q[k], w.m));
-            o[w.o1 + k] = f2h(fmaf(w.d, w.q[4 + k], w.m));
+            h[k] = static_cast<uint32_t>(f2h(fmaf(w.d, w.q[2 * k], w.m))) |
+                   (static_cast<uint32_t>(f2h(fmaf(w.d, w.q[2 * k + 1], w.m))) << 16);
         }
+        *reinterpret_cast<uint2*>(o + w.o0) = make_uint2(h[0], h[1]);
+        *reinterpret_cast<uint2*>(o + w.o1) = make_uint2(h[2], h[3]);
     }
 }
 
@@ -1488,9 +1509,14 @@ Status launch_gemm(OpContext& ctx, const Tensor* dst) {
             FERRY_TRY(cublas_status(api, api->set_math_mode(h, CUBLAS_DEFAULT_MATH), "math mode"));
             const bool bf16 = t == Type::BF16;
             uint16_t* bh = reinterpret_cast<uint16_t*>(ctx.scratch.ptr);
-            const unsigned conv_grid = std::min(n_blocks(K * N, 256), 8192u);
-            k_to_half<<<conv_grid, 256, 0, ctx.stream>>>(bm, static_cast<int64_t>(b->nb[1]), K, N,
-                                                         bh, bf16);
+            const int64_t bnb1 = static_cast<int64_t>(b->nb[1]);
+            if (K % 4 == 0 && bnb1 % 16 == 0 && reinterpret_cast<uintptr_t>(bm) % 16 == 0) {
+                k_to_half4<<<std::min(n_blocks(K / 4 * N, 256), 8192u), 256, 0, ctx.stream>>>(
+                    bm, bnb1, K, N, bh, bf16);
+            } else {
+                k_to_half<<<std::min(n_blocks(K * N, 256), 8192u), 256, 0, ctx.stream>>>(
+                    bm, bnb1, K, N, bh, bf16);
+            }
             FERRY_TRY(launch_status("MUL_MAT (convert b)"));
             const void* aw = am;
             int64_t lda = static_cast<int64_t>(a->nb[1] / 2);
