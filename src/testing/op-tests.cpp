@@ -770,6 +770,31 @@ void add_attention_cases(Table& T) {
         return b.g().flash_attn_ext(b.in(kF32, {32, 3, 4, 2}), b.in(kF32, {32, 9, 2, 2}),
                                     b.in(kF32, {32, 9, 2, 2}), nullptr, 0.2f);
     });
+    // Decode-sized (one query per head) over 256+ keys (a backend may take one block per KV
+    // head there): head groups of 7, per-head masks, cache views, f32.
+    T.add(Op::FLASH_ATTN_EXT, "f16_decode_d128_g7", kAttnF16, kNoteAttnF16, [](CaseBuilder& b) {
+        return b.g().flash_attn_ext(b.in(kF32, {128, 1, 14}), b.in(kF16, {128, 260, 2}),
+                                    b.in(kF16, {128, 260, 2}),
+                                    b.in(kF16, {260, 1}, Fill::mask(0.2)), 0.088f);
+    });
+    T.add(Op::FLASH_ATTN_EXT, "f16_decode_cache_view", kAttnF16, kNoteAttnF16,
+          [s64](CaseBuilder& b) {
+              Tensor* k = b.g().permute(b.in(kF16, {64, 2, 270}), 0, 2, 1, 3);
+              Tensor* v = b.g().permute(b.in(kF16, {64, 2, 270}), 0, 2, 1, 3);
+              return b.g().flash_attn_ext(b.in(kF32, {64, 1, 8}), k, v,
+                                          b.in(kF16, {270, 1}, Fill::mask(0.3)), s64);
+          });
+    T.add(Op::FLASH_ATTN_EXT, "bf16_decode_mask_per_head", kAttnBF16, kNoteAttnBF16,
+          [s64](CaseBuilder& b) {
+              return b.g().flash_attn_ext(b.in(kF32, {64, 1, 8}), b.in(kBF16, {64, 300, 2}),
+                                          b.in(kBF16, {64, 300, 2}),
+                                          b.in(kF32, {300, 1, 8}, Fill::mask(0.5)), s64);
+          });
+    T.add(Op::FLASH_ATTN_EXT, "f32_decode_batch_ne3", kFloatMath, kNoteFloatMath,
+          [](CaseBuilder& b) {
+              return b.g().flash_attn_ext(b.in(kF32, {32, 1, 4, 2}), b.in(kF32, {32, 280, 2, 2}),
+                                          b.in(kF32, {32, 280, 2, 2}), nullptr, 0.2f);
+          });
     // Prefill-sized: 16+ queries per head take a backend's tiled kernels (CUDA: 64 queries x
     // 64 keys a block), so these cross tile edges, skip whole masked tiles and leave tails.
     T.add(Op::FLASH_ATTN_EXT, "f16_prefill_causal", kAttnF16, kNoteAttnF16, [s64](CaseBuilder& b) {
@@ -792,6 +817,20 @@ void add_attention_cases(Table& T) {
           [](CaseBuilder& b) {
               return b.g().flash_attn_ext(b.in(kF32, {32, 17, 4, 2}), b.in(kF32, {32, 20, 2, 2}),
                                           b.in(kF32, {32, 20, 2, 2}), nullptr, 0.2f);
+          });
+    T.add(Op::FLASH_ATTN_EXT, "f16_prefill_d128_causal", kAttnF16, kNoteAttnF16,
+          [](CaseBuilder& b) {
+              return b.g().flash_attn_ext(b.in(kF32, {128, 70, 8}), b.in(kF16, {128, 90, 2}),
+                                          b.in(kF16, {128, 90, 2}),
+                                          b.in(kF16, {90, 70}, Fill::causal()), 0.088f);
+          });
+    T.add(Op::FLASH_ATTN_EXT, "f16_prefill_permuted_kv", kAttnF16, kNoteAttnF16,
+          [s64](CaseBuilder& b) {
+              // K/V as a cache [D, n_head_kv, n_kv] viewed as [D, n_kv, n_head_kv].
+              Tensor* k = b.g().permute(b.in(kF16, {64, 2, 80}), 0, 2, 1, 3);
+              Tensor* v = b.g().permute(b.in(kF16, {64, 2, 80}), 0, 2, 1, 3);
+              return b.g().flash_attn_ext(b.in(kF32, {64, 33, 8}), k, v,
+                                          b.in(kF16, {80, 33}, Fill::causal()), s64);
           });
     T.add(Op::FLASH_ATTN_EXT, "f16_prefill_d36", kAttnF16, kNoteAttnF16, [](CaseBuilder& b) {
         // 72-byte rows: not whole 16-byte chunks, so element-by-element tile loads.

@@ -453,6 +453,463 @@ __global__ void __launch_bounds__(kTThreads) k_attn_tiled(AttnArgs g) {
     }
 }
 
+// Prefill with an F16 cache on tensor cores (mma.sync m16n8k16, f16 inputs, f32 accumulators):
+// a block of 4 warps takes 64 queries of one head, each warp 16 of them, and walks the keys
+// in tiles of 64 (K as [key][d], V transposed to [d][key], both f16 in shared memory). q is
+// rounded to f16 for q.k and the probabilities to f16 for p.v (the test bound's f16 note);
+// scores, the online softmax and the outputs stay f32. Fragment layouts (PTX ISA, mma
+// m16n8k16 .f16): with gid = lane / 4 and tig = lane % 4, A register r holds row gid + 8 (r & 1)
+// at columns 2 tig + 8 (r >> 1) + {0, 1}; B register r holds column gid at rows 2 tig + 8 r +
+// {0, 1}; C holds rows gid (c0, c1) and gid + 8 (c2, c3) at columns 2 tig + {0, 1}. A score
+// tile's C registers are, as they stand, the A registers of the p.v product.
+constexpr int kMQ = 64, kMK = 64, kMWarps = 4;
+
+template <int D>
+constexpr size_t mma_smem() {
+    return sizeof(uint16_t) * (kMK * (D + 8) + D * (kMK + 8));  // K [kMK][D + 8], Vt [D][kMK + 8]
+}
+
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+__device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
+    return static_cast<uint32_t>(f2h(lo)) | (static_cast<uint32_t>(f2h(hi)) << 16);
+}
+
+template <int D>
+__global__ void __launch_bounds__(32 * kMWarps, D <= 64 ? 3 : 2) k_attn_mma(AttnArgs g) {
+    constexpr int LK = D + 8, LV = kMK + 8;  // row strides (halves): conflict-free fragments
+    constexpr int NT = D / 8;                // output column tiles
+    extern __shared__ uint4 mma_sm[];
+    uint16_t* ks = reinterpret_cast<uint16_t*>(mma_sm);  // [kMK][LK]
+    uint16_t* vt = ks + kMK * LK;                        // [D][LV]
+    pdl_wait();
+    pdl_trigger();
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int gid = lane / 4, tig = lane % 4;
+    const int64_t h = blockIdx.y, i3 = blockIdx.z;
+    const int64_t hk = h / g.rh, k3 = i3 / g.r3;
+    const int64_t qb = static_cast<int64_t>(blockIdx.x) * kMQ;  // the block's first query
+    const int64_t qw = qb + 16 * warp;                          // the warp's first query
+    const int64_t r0 = qw + gid, r1 = r0 + 8;                   // this thread's two rows
+
+    // q as A fragments, rounded to f16 (rows past n_q are 0).
+    uint32_t qa[D / 16][4];
+    {
+        const float* q0 = r0 < g.n_q ? reinterpret_cast<const float*>(
+                                           g.q.p + r0 * g.q.nb[1] + h * g.q.nb[2] + i3 * g.q.nb[3])
+                                     : nullptr;
+        const float* q1 = r1 < g.n_q ? reinterpret_cast<const float*>(
+                                           g.q.p + r1 * g.q.nb[1] + h * g.q.nb[2] + i3 * g.q.nb[3])
+                                     : nullptr;
+#pragma unroll
+        for (int s = 0; s < D / 16; s++) {
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const float* qr = (r & 1) ? q1 : q0;
+                const int d = 16 * s + 8 * (r >> 1) + 2 * tig;
+                qa[s][r] = qr ? pack_h2(qr[d], qr[d + 1]) : 0u;
+            }
+        }
+    }
+    const char* mbase = nullptr;
+    if (g.has_mask) {
+        mbase = g.mask.p + (h % g.mask.ne[2]) * g.mask.nb[2] + (i3 % g.mask.ne[3]) * g.mask.nb[3];
+    }
+    const char* kbase = g.k.p + hk * g.k.nb[2] + k3 * g.k.nb[3];
+    const char* vbase = g.v.p + hk * g.v.nb[2] + k3 * g.v.nb[3];
+
+    float o[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[n][e] = 0.0f;
+    }
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+
+    for (int64_t j0 = 0; j0 < g.n_kv; j0 += kMK) {
+        // This thread's mask entries (score tile t: keys j0 + 8t + 2 tig + {0, 1}; read again
+        // from L1 after the product, to keep registers): skip the tile when no query of the
+        // block sees any of its keys.
+        auto mask_at = [&](int t, int e) {
+            const int64_t iq = (e < 2) ? r0 : r1;
+            const int64_t jk = j0 + 8 * t + 2 * tig + (e & 1);
+            float x = -INFINITY;
+            if (iq < g.n_q && jk < g.n_kv) {
+                x = 0.0f;
+                if (g.has_mask) {
+                    const char* mrow = mbase + iq * g.mask.nb[1];
+                    x = g.mask_f16 ? h2f(reinterpret_cast<const uint16_t*>(mrow)[jk])
+                                   : reinterpret_cast<const float*>(mrow)[jk];
+                }
+            }
+            return x;
+        };
+        bool any = false;
+#pragma unroll
+        for (int t = 0; t < kMK / 8; t++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) any |= mask_at(t, e) != -INFINITY;
+        }
+        if (!__syncthreads_or(any)) continue;
+
+        // K rows as they are, V transposed; rows past n_kv are 0. D = 128: K, then V (fewer
+        // registers held).
+        {
+            constexpr int CPR = D / 8;  // 16-byte chunks per row
+            constexpr int PER = kMK * CPR / (32 * kMWarps);
+            auto load = [&](const char* base, int64_t nb1, uint4(&r)[PER]) {
+#pragma unroll
+                for (int i = 0; i < PER; i++) {
+                    const int c = tid + i * 32 * kMWarps;
+                    const int64_t jk = j0 + c / CPR;
+                    r[i] = jk < g.n_kv
+                               ? *reinterpret_cast<const uint4*>(base + jk * nb1 + (c % CPR) * 16)
+                               : make_uint4(0u, 0u, 0u, 0u);
+                }
+            };
+            auto store_k = [&](const uint4(&r)[PER]) {
+#pragma unroll
+                for (int i = 0; i < PER; i++) {
+                    const int c = tid + i * 32 * kMWarps;
+                    *reinterpret_cast<uint4*>(ks + (c / CPR) * LK + (c % CPR) * 8) = r[i];
+                }
+            };
+            auto store_v = [&](const uint4(&r)[PER]) {
+#pragma unroll
+                for (int i = 0; i < PER; i++) {
+                    const int c = tid + i * 32 * kMWarps;
+                    const int key = c / CPR, d0 = (c % CPR) * 8;
+                    const uint32_t w[4] = {r[i].x, r[i].y, r[i].z, r[i].w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        vt[(d0 + 2 * e) * LV + key] = static_cast<uint16_t>(w[e] & 0xffffu);
+                        vt[(d0 + 2 * e + 1) * LV + key] = static_cast<uint16_t>(w[e] >> 16);
+                    }
+                }
+            };
+            uint4 kr[PER];
+            load(kbase, g.k.nb[1], kr);
+            if constexpr (D <= 64) {
+                uint4 vr[PER];
+                load(vbase, g.v.nb[1], vr);
+                store_k(kr);
+                store_v(vr);
+            } else {
+                store_k(kr);
+                load(vbase, g.v.nb[1], kr);
+                store_v(kr);
+            }
+        }
+        __syncthreads();
+
+        // Scores: 8 tiles of 8 keys, D / 16 steps each.
+        float sc[kMK / 8][4];
+#pragma unroll
+        for (int t = 0; t < kMK / 8; t++) {
+            sc[t][0] = sc[t][1] = sc[t][2] = sc[t][3] = 0.0f;
+            const uint16_t* kr = ks + (8 * t + gid) * LK + 2 * tig;
+#pragma unroll
+            for (int s = 0; s < D / 16; s++) {
+                const uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr + 16 * s);
+                const uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + 16 * s + 8);
+                mma_f16(sc[t], qa[s], b0, b1);
+            }
+        }
+        // Online softmax; rows r0 (c0, c1) and r1 (c2, c3), each spread over the 4 lanes of
+        // a quad.
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int t = 0; t < kMK / 8; t++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float mk = mask_at(t, e);
+                sc[t][e] = mk == -INFINITY ? -INFINITY : sc[t][e] * g.scale + mk;
+            }
+            mx0 = fmaxf(mx0, fmaxf(sc[t][0], sc[t][1]));
+            mx1 = fmaxf(mx1, fmaxf(sc[t][2], sc[t][3]));
+        }
+#pragma unroll
+        for (int off = 1; off < 4; off *= 2) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+        }
+        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+        const float c0 = n0 == -INFINITY ? 1.0f : expf(m0 - n0);
+        const float c1 = n1 == -INFINITY ? 1.0f : expf(m1 - n1);
+        float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+        for (int t = 0; t < kMK / 8; t++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float nm = e < 2 ? n0 : n1;
+                const float p = sc[t][e] == -INFINITY ? 0.0f : expf(sc[t][e] - nm);
+                sc[t][e] = p;
+                if (e < 2) {
+                    s0 += p;
+                } else {
+                    s1 += p;
+                }
+            }
+        }
+#pragma unroll
+        for (int off = 1; off < 4; off *= 2) {
+            s0 += __shfl_xor_sync(0xffffffffu, s0, off);
+            s1 += __shfl_xor_sync(0xffffffffu, s1, off);
+        }
+        l0 = l0 * c0 + s0;
+        l1 = l1 * c1 + s1;
+        m0 = n0;
+        m1 = n1;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            o[n][0] *= c0;
+            o[n][1] *= c0;
+            o[n][2] *= c1;
+            o[n][3] *= c1;
+        }
+        // o += p v: 4 steps of 16 keys; p's A registers come from score tiles 2u and 2u + 1.
+#pragma unroll
+        for (int u = 0; u < kMK / 16; u++) {
+            const uint32_t pa[4] = {pack_h2(sc[2 * u][0], sc[2 * u][1]),
+                                    pack_h2(sc[2 * u][2], sc[2 * u][3]),
+                                    pack_h2(sc[2 * u + 1][0], sc[2 * u + 1][1]),
+                                    pack_h2(sc[2 * u + 1][2], sc[2 * u + 1][3])};
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                const uint16_t* vr = vt + (8 * n + gid) * LV + 16 * u + 2 * tig;
+                const uint32_t b0 = *reinterpret_cast<const uint32_t*>(vr);
+                const uint32_t b1 = *reinterpret_cast<const uint32_t*>(vr + 8);
+                mma_f16(o[n], pa, b0, b1);
+            }
+        }
+        __syncthreads();  // the next tile overwrites ks and vt
+    }
+
+    const float i0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, i1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int64_t iq = half ? r1 : r0;
+        if (iq >= g.n_q) continue;
+        float* out = reinterpret_cast<float*>(g.out.p) + ((i3 * g.n_q + iq) * g.n_head + h) * g.Dv;
+        const float inv = half ? i1 : i0;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            const int d = 8 * n + 2 * tig;
+            out[d] = o[n][2 * half] * inv;
+            out[d + 1] = o[n][2 * half + 1] * inv;
+        }
+    }
+}
+
+bool mma_enabled() {  // FERRY_CUDA_ATTN_MMA=0: F16 caches through k_attn_tiled (fp32) too
+    static const bool on = !env_off("FERRY_CUDA_ATTN_MMA");
+    return on;
+}
+
+template <int D>
+Status launch_mma(OpContext& ctx, const AttnArgs& g, int64_t ne3) {
+    constexpr size_t smem = mma_smem<D>();
+    static_assert(smem <= 48 * 1024, "k_attn_mma fits the default shared memory");
+    const dim3 grid(n_blocks(g.n_q, kMQ), static_cast<unsigned>(g.n_head),
+                    static_cast<unsigned>(ne3));
+    launch_pdl(k_attn_mma<D>, grid, dim3(32 * kMWarps), smem, ctx.stream, g);
+    return launch_status("FLASH_ATTN_EXT (mma)");
+}
+
+// Decode (one query per head) over a short cache: one block per KV head takes all G query
+// heads that share it, so each key and value row is read once, in three phases of one round
+// trip to memory each: the scores (thread j takes key j for every head, q in shared memory),
+// the softmax of each head (warp g for head g), and p v (F16/BF16 rows: thread (slice, c) takes
+// 8 columns 8c.. of every slices-th value row; the slices of a warp added by shuffles, the
+// warps in shared memory). k_attn with its KV split instead walks the keys one dependent load
+// at a time per warp and merges the splits through global memory.
+constexpr int kDThreads = 256;
+constexpr int kDWarps = kDThreads / 32;
+// Measured on the H200 (bench/results/cuda.md, stop 19): 1B Q4_0 tg128 (n_kv <= 128) 914-935
+// t/s with this kernel against 967-971 with k_attn's split (8 blocks, three dependent phases,
+// against 256 short blocks), tg1024 (n_kv up to 1024) 760 against 697. Between the two the
+// crossover was not measured; 256 keys is the guess.
+constexpr int64_t kDecodeMinKv = 256;
+constexpr int64_t kDecodeMaxKv = 1024;
+constexpr int kDecodeMaxG = 8;
+
+size_t decode_smem(int64_t G, int64_t D, int64_t Dv, int64_t n_kv) {
+    return sizeof(float) * static_cast<size_t>(G * D + G * n_kv + kDWarps * G * Dv + G);
+}
+
+__device__ __forceinline__ void unpack8(Type t, uint4 r, float (&x)[8]) {
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const uint16_t lo = static_cast<uint16_t>(w[e] & 0xffffu);
+        const uint16_t hi = static_cast<uint16_t>(w[e] >> 16);
+        x[2 * e] = t == Type::F16 ? h2f(lo) : bf2f(lo);
+        x[2 * e + 1] = t == Type::F16 ? h2f(hi) : bf2f(hi);
+    }
+}
+
+// g.kv_vec and 2-byte K/V with D, Dv in {8, 16, 32, 64, 128} take the vector paths (the
+// launcher's vec2 flag); anything else reads element by element.
+__global__ void __launch_bounds__(kDThreads) k_attn_decode(AttnArgs g, bool vec2) {
+    extern __shared__ float dsm[];
+    const int G = static_cast<int>(g.rh);
+    const int64_t D = g.D, Dv = g.Dv, n_kv = g.n_kv;
+    float* qs = dsm;                         // [G][D]
+    float* sc = qs + G * D;                  // [G][n_kv]: scores, then probabilities
+    float* part = sc + G * n_kv;             // [kDWarps][G][Dv]
+    float* inv_l = part + kDWarps * G * Dv;  // [G]
+    pdl_wait();
+    pdl_trigger();
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int64_t hk = blockIdx.x, i3 = blockIdx.y;
+    const int64_t k3 = i3 / g.r3;
+    for (int64_t i = tid; i < G * D; i += kDThreads) {
+        const int64_t gi = i / D, d = i % D, h = hk * G + gi;
+        qs[i] = reinterpret_cast<const float*>(g.q.p + h * g.q.nb[2] + i3 * g.q.nb[3])[d];
+    }
+    __syncthreads();
+    const char* kbase = g.k.p + hk * g.k.nb[2] + k3 * g.k.nb[3];
+    const char* vbase = g.v.p + hk * g.v.nb[2] + k3 * g.v.nb[3];
+
+    // Scores.
+    for (int64_t j = tid; j < n_kv; j += kDThreads) {
+        float acc[kDecodeMaxG];
+#pragma unroll
+        for (int gi = 0; gi < kDecodeMaxG; gi++) acc[gi] = 0.0f;
+        const char* krow = kbase + j * g.k.nb[1];
+        if (vec2) {
+            constexpr int kMaxChunks = 16;  // D <= 128 halves
+            const int chunks = static_cast<int>(D / 8);
+            uint4 raw[kMaxChunks];
+#pragma unroll
+            for (int c = 0; c < kMaxChunks; c++) {
+                if (c < chunks) raw[c] = reinterpret_cast<const uint4*>(krow)[c];
+            }
+#pragma unroll
+            for (int c = 0; c < kMaxChunks; c++) {
+                if (c >= chunks) break;
+                float x[8];
+                unpack8(g.kt, raw[c], x);
+#pragma unroll
+                for (int gi = 0; gi < kDecodeMaxG; gi++) {
+                    if (gi >= G) break;
+#pragma unroll
+                    for (int e = 0; e < 8; e++) {
+                        acc[gi] = fmaf(qs[gi * D + 8 * c + e], x[e], acc[gi]);
+                    }
+                }
+            }
+        } else {
+            for (int64_t d = 0; d < D; d++) {
+                const float x = kv_at(g.kt, krow, d);
+#pragma unroll
+                for (int gi = 0; gi < kDecodeMaxG; gi++) {
+                    if (gi >= G) break;
+                    acc[gi] = fmaf(qs[gi * D + d], x, acc[gi]);
+                }
+            }
+        }
+#pragma unroll
+        for (int gi = 0; gi < kDecodeMaxG; gi++) {
+            if (gi >= G) break;
+            float mk = 0.0f;
+            if (g.has_mask) {
+                const int64_t h = hk * G + gi;
+                const char* mrow = g.mask.p + (h % g.mask.ne[2]) * g.mask.nb[2] +
+                                   (i3 % g.mask.ne[3]) * g.mask.nb[3];
+                mk = g.mask_f16 ? h2f(reinterpret_cast<const uint16_t*>(mrow)[j])
+                                : reinterpret_cast<const float*>(mrow)[j];
+            }
+            sc[gi * n_kv + j] = mk == -INFINITY ? -INFINITY : acc[gi] * g.scale + mk;
+        }
+    }
+    __syncthreads();
+
+    // Softmax of each head.
+    if (warp < G) {
+        float* row = sc + warp * n_kv;
+        float mx = -INFINITY;
+        for (int64_t j = lane; j < n_kv; j += 32) mx = fmaxf(mx, row[j]);
+        mx = warp_max(mx);
+        float sum = 0.0f;
+        for (int64_t j = lane; j < n_kv; j += 32) {
+            const float p = mx == -INFINITY || row[j] == -INFINITY ? 0.0f : expf(row[j] - mx);
+            row[j] = p;
+            sum += p;
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) inv_l[warp] = sum > 0.0f ? 1.0f / sum : 0.0f;
+    }
+    __syncthreads();
+
+    // p v: each warp's partial sums into part[warp].
+    if (vec2) {
+        const int cpr = static_cast<int>(Dv / 8);  // divides 32
+        const int c = tid % cpr, slice = tid / cpr, slices = kDThreads / cpr;
+        float acc[kDecodeMaxG][8];
+#pragma unroll
+        for (int gi = 0; gi < kDecodeMaxG; gi++) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[gi][e] = 0.0f;
+        }
+#pragma unroll 4
+        for (int64_t j = slice; j < n_kv; j += slices) {
+            float x[8];
+            unpack8(g.vt, reinterpret_cast<const uint4*>(vbase + j * g.v.nb[1])[c], x);
+#pragma unroll
+            for (int gi = 0; gi < kDecodeMaxG; gi++) {
+                if (gi >= G) break;
+                const float p = sc[gi * n_kv + j];
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[gi][e] = fmaf(p, x[e], acc[gi][e]);
+            }
+        }
+#pragma unroll
+        for (int gi = 0; gi < kDecodeMaxG; gi++) {
+            if (gi >= G) break;
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                for (int off = cpr; off < 32; off *= 2) {
+                    acc[gi][e] += __shfl_xor_sync(0xffffffffu, acc[gi][e], off);
+                }
+                if (lane < cpr) part[(warp * G + gi) * Dv + 8 * c + e] = acc[gi][e];
+            }
+        }
+    } else {
+        // Threads over columns, warps' worth of rows each (every warp writes its part).
+        for (int64_t i = lane; i < G * Dv; i += 32) {
+            const int64_t gi = i / Dv, d = i % Dv;
+            float a = 0.0f;
+            for (int64_t j = warp; j < n_kv; j += kDWarps) {
+                a = fmaf(sc[gi * n_kv + j], kv_at(g.vt, vbase + j * g.v.nb[1], d), a);
+            }
+            part[(warp * G + gi) * Dv + d] = a;
+        }
+    }
+    __syncthreads();
+    for (int64_t i = tid; i < G * Dv; i += kDThreads) {
+        const int64_t gi = i / Dv, d = i % Dv;
+        float v = 0.0f;
+        for (int w = 0; w < kDWarps; w++) v += part[(w * G + gi) * Dv + d];
+        const int64_t h = hk * G + gi;
+        reinterpret_cast<float*>(g.out.p)[(i3 * g.n_head + h) * Dv + d] = v * inv_l[gi];
+    }
+}
+
+bool decode_enabled() {  // FERRY_CUDA_ATTN_DECODE=0: decode through k_attn and its KV split
+    static const bool on = !env_off("FERRY_CUDA_ATTN_DECODE");
+    return on;
+}
+
 // k_attn_tiled may load rows of t in 16-byte chunks: F32/F16/BF16, the first n elements whole
 // chunks, every row (any head, any batch) starting 16-byte aligned.
 bool vec_rows(const Tensor* t, int64_t n) {
@@ -544,8 +1001,27 @@ Status op_flash_attn_ext(OpContext& ctx, const Tensor* dst) {
     const int64_t dmax = std::max(g.D, g.Dv);
     g.kv_vec = vec_rows(k, g.D) && vec_rows(v, g.Dv) && !vec_off();
     if (g.n_q >= kTiledMinQueries && q->ne[2] <= 65535 && q->ne[3] <= 65535 && tiled_enabled()) {
+        // F16 keys and values of one head size (64 or 128), 16-byte rows: tensor cores.
+        if (g.kt == Type::F16 && g.vt == Type::F16 && g.kv_vec && g.D == g.Dv && mma_enabled()) {
+            if (g.D == 64) return launch_mma<64>(ctx, g, q->ne[3]);
+            if (g.D == 128) return launch_mma<128>(ctx, g, q->ne[3]);
+        }
         if (dmax <= 64) return launch_tiled<64>(ctx, g, q->ne[3]);
         if (dmax <= 128) return launch_tiled<128>(ctx, g, q->ne[3]);
+    }
+    if (g.n_q == 1 && g.n_kv >= kDecodeMinKv && g.n_kv <= kDecodeMaxKv && g.rh <= kDecodeMaxG &&
+        g.n_head == g.rh * k->ne[2] && dmax <= 128 && k->ne[2] <= 65535 && q->ne[3] <= 65535 &&
+        decode_enabled()) {
+        const size_t smem = decode_smem(g.rh, g.D, g.Dv, g.n_kv);
+        if (smem <= 48 * 1024) {
+            auto pow2_upto128 = [](int64_t n) { return n >= 8 && n <= 128 && (n & (n - 1)) == 0; };
+            const bool vec2 = g.kv_vec && g.kt != Type::F32 && g.vt != Type::F32 &&
+                              pow2_upto128(g.D) && pow2_upto128(g.Dv);
+            launch_pdl(k_attn_decode,
+                       dim3(static_cast<unsigned>(k->ne[2]), static_cast<unsigned>(q->ne[3])),
+                       dim3(kDThreads), smem, ctx.stream, g, vec2);
+            return launch_status("FLASH_ATTN_EXT (decode)");
+        }
     }
     const dim3 grid(n_blocks(rows, 1), static_cast<unsigned>(g.n_split));
     if (dmax <= 32) {
