@@ -759,6 +759,62 @@ Status Session::cmd_graph_compute(const uint8_t* p, size_t n, Reply* out) {
     const uint8_t mode = r.u8();
     if (!r.ok()) return Status::error("malformed request");
     FERRY_TRY(device(dev).status());
+    if (!(mode & remote::kGraphInputs)) return compute_table(dev, mode, r, out);
+    if (version_ < 4) return Status::errorf("unknown graph mode %u", mode);
+    // The step's input writes (version 4). Every one is checked (a handle of this session,
+    // its range inside that buffer) before any is applied, so a bad one changes nothing.
+    const uint32_t count = r.u32();
+    if (!r.ok() || count == 0 || count > remote::kMaxComputeInputs) {
+        return Status::errorf("%u inputs (1..%u)", count, remote::kMaxComputeInputs);
+    }
+    inputs_.clear();
+    for (uint32_t i = 0; i < count; i++) {
+        InputWrite in;
+        const uint64_t h = r.u64();
+        in.off = r.u64();
+        in.size = r.u64();
+        in.data = r.ok() ? r.bytes(in.size) : nullptr;
+        if (!in.data) return Status::errorf("input %u: truncated", i);
+        Expected<SrvBuffer*> b = lookup(h);
+        if (!b) return b.status().context(strfmt("input %u", i));
+        if (!range_within(in.off, in.size, (*b)->size)) {
+            return Status::errorf(
+                "input %u: range [%llu, +%llu) is outside the buffer of %llu bytes", i,
+                static_cast<unsigned long long>(in.off), static_cast<unsigned long long>(in.size),
+                static_cast<unsigned long long>((*b)->size));
+        }
+        in.b = *b;
+        inputs_.push_back(in);
+    }
+    // Writes into device memory of the compute's device go on its stream, in order before the
+    // compute (as a local run's inputs do), instead of one synchronous copy each; they read
+    // this frame's bytes and these tensors until the backend is synchronized, which every
+    // path below does before returning (run_cached on success).
+    Expected<Backend*> be = backend(dev);
+    if (!be) return be.status();
+    input_tensors_.assign(inputs_.size(), Tensor());
+    bool queued = false;
+    Status st;
+    for (size_t i = 0; i < inputs_.size() && st; i++) {
+        const InputWrite& in = inputs_[i];
+        Tensor& t = input_tensors_[i];
+        t.buffer = in.b->buf.get();
+        t.offs = in.off;
+        std::snprintf(t.name, sizeof(t.name), "input %zu", i);
+        if (in.b->dev == dev && !t.buffer->base()) {
+            st = (*be)->set_tensor_async(&t, in.data, 0, in.size);
+            queued = true;
+        } else {
+            st = t.buffer->set_tensor(&t, in.data, 0, in.size);
+        }
+        if (!st) st = st.context(strfmt("input %zu", i));
+    }
+    if (st) st = compute_table(dev, static_cast<uint8_t>(mode & ~remote::kGraphInputs), r, out);
+    if (!st && queued) (void)(*be)->synchronize();
+    return st;
+}
+
+Status Session::compute_table(uint32_t dev, uint8_t mode, wire::Reader& r, Reply* out) {
     std::vector<uint8_t> bytes;
     uint32_t count = 0;
     bool delta = false;

@@ -20,6 +20,7 @@
 
 #include "ferry/backend.h"
 #include "ferry/graph.h"
+#include "remote-proto/wire.h"
 
 namespace ferry::server {
 
@@ -119,6 +120,8 @@ class Session {
     Status cmd_supports_op(const uint8_t* p, size_t n, Reply* out);
     Status run_cached(uint32_t dev, Reply* out);
     Status cmd_graph_compute(const uint8_t* p, size_t n, Reply* out);
+    // The table part of a GRAPH_COMPUTE (mode kGraphFull or kGraphDelta), read from r.
+    Status compute_table(uint32_t dev, uint8_t mode, wire::Reader& r, Reply* out);
     Status cmd_stats(Reply* out);
     Status cmd_event(uint16_t cmd, const uint8_t* p, size_t n, Reply* out);
     Status cmd_alloc_size(const uint8_t* p, size_t n, Reply* out);
@@ -161,6 +164,14 @@ class Session {
     // explicit clear: an event may refer to its device's streams.
     std::map<uint64_t, SrvEvent> events_;
     std::list<CachedGraph> cache_;  // most recently used first
+    // GRAPH_COMPUTE's input writes (kept to reuse their memory from step to step).
+    struct InputWrite {
+        SrvBuffer* b = nullptr;
+        uint64_t off = 0, size = 0;
+        const uint8_t* data = nullptr;  // in the request's payload
+    };
+    std::vector<InputWrite> inputs_;
+    std::vector<Tensor> input_tensors_;
     uint64_t requests_ = 0, errors_ = 0, cache_hits_ = 0, cache_misses_ = 0, delta_hits_ = 0;
 };
 

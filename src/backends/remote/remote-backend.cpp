@@ -154,6 +154,8 @@ class RemoteBuffer : public Buffer {
             return Status::ok();
         }
         const uint8_t* p = static_cast<const uint8_t*>(src);
+        // A small write (a step's input) travels inside the next compute's frame.
+        if (size <= kMaxFoldedInput) return conn_->post_input(handle_, off, src, size);
         for (size_t done = 0; done < size || (size == 0 && done == 0);) {
             const size_t n = std::min<size_t>(size - done, kMaxChunk);
             wire::Writer w;
@@ -834,12 +836,10 @@ class RemoteBackend : public Backend {
             std::list<Connection::SentGraph>& sent = conn_->sent_graphs();
             if (!sent.empty() && sent.front().hash == last_hash_) {
                 wire::Writer w;
-                w.u32(dev_->index());
-                w.u8(kGraphDelta);
                 w.u64(last_hash_);
                 w.u32(last_count_);
                 w.u32(0);
-                return conn_->send_async(Cmd::GRAPH_COMPUTE, w);
+                return conn_->send_compute(dev_->index(), kGraphDelta, w);
             }
         }
         Status st = compute_full(g);
@@ -904,8 +904,7 @@ class RemoteBackend : public Backend {
         last_table_count_ = n;
         const uint64_t hash = wire::hash64(table.data(), table.size());
         std::lock_guard<std::recursive_mutex> lock(conn_->mutex());
-        wire::Writer w;
-        w.u32(dev_->index());
+        wire::Writer w;  // the table part of the request
         const bool cache = (conn_->caps() & kCapGraphCache) != 0;
         // Delta against the most recent table of the same size the server still holds.
         std::list<Connection::SentGraph>& sent = conn_->sent_graphs();
@@ -928,8 +927,9 @@ class RemoteBackend : public Backend {
             }
             if (changed.size() * 2 > n) base = nullptr;
         }
+        uint8_t mode = kGraphFull;
         if (base) {
-            w.u8(kGraphDelta);
+            mode = kGraphDelta;
             w.u64(base->hash);
             w.u32(n);
             w.u32(static_cast<uint32_t>(changed.size()));
@@ -938,11 +938,10 @@ class RemoteBackend : public Backend {
                 w.bytes(table.data() + static_cast<size_t>(i) * kEntrySize, kEntrySize);
             }
         } else {
-            w.u8(kGraphFull);
             w.u32(n);
             w.bytes(table.data(), table.size());
         }
-        FERRY_TRY(conn_->send_async(Cmd::GRAPH_COMPUTE, w));
+        FERRY_TRY(conn_->send_compute(dev_->index(), mode, w));
         if (cache) {
             sent.remove_if([&](const Connection::SentGraph& s) { return s.hash == hash; });
             sent.push_front({hash, std::move(table)});
