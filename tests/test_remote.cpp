@@ -746,6 +746,10 @@ TEST_P(Remote, SmallInputWritesTravelInTheComputeFrame) {
     EXPECT_EQ(s1->errors, s0->errors);
     // Per step: GRAPH_COMPUTE and the read; plus the stats request itself.
     EXPECT_EQ(s1->requests - s0->requests, 2u * kSteps + 1);
+    // And one send per step: the compute is held until the read joins it (and the stats
+    // request before s1 was taken is one more).
+    EXPECT_EQ(s1->client_sends - s0->client_sends, 1u * kSteps + 1);
+    EXPECT_EQ(s1->client_waits - s0->client_waits, 1u * kSteps + 1);
 
     // A held input followed by a request that is not a compute goes out first, in order: the
     // read sees the bytes just written.

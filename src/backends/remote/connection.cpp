@@ -33,6 +33,7 @@ Expected<std::shared_ptr<Connection>> Connection::open(const std::string& addr,
         unix_socket = a->kind == Address::Kind::Unix;
     }
     c->fold_inputs_ = !env_off("FERRY_REMOTE_FOLD");
+    c->hold_compute_ = !env_off("FERRY_REMOTE_HOLD_COMPUTE");
     std::string tok = token;
     if (tok.empty()) {
         if (const char* env = std::getenv("FERRY_TOKEN")) tok = env;
@@ -98,9 +99,9 @@ Status Connection::fail(const std::string& why) {
 namespace {
 
 // Requests whose sending may wait for the next one: the small data-path requests a step
-// posts before its compute (inputs, clears, posted reads). Anything that starts work (a
-// compute), changes what others can see (a free) or waits (a call) goes out at once, with
-// whatever is held.
+// posts around its compute (inputs, clears, posted reads; the compute itself, see
+// send_frame). Anything that changes what others can see (a free) or waits (a call) goes
+// out at once, with whatever is held.
 bool may_hold(Cmd cmd) {
     switch (cmd) {
         case Cmd::TENSOR_SET:
@@ -132,7 +133,12 @@ Status Connection::send_frame(Cmd cmd, uint64_t id, const wire::Writer& prefix, 
     bytes_out_ += kHeaderSize + len;
     uint8_t hdr[kHeaderSize];
     write_header(hdr, h);
-    if (may_hold(cmd) && HeldFrames::fits(kHeaderSize + len)) {
+    // A compute is held too (when its frame is small: a decode step's delta): what follows
+    // it, the read of its result and the wait, joins it in one send, and the server then
+    // finds both in one receive and answers both in one send. The next request or wait sends
+    // it, whichever comes first.
+    const bool hold = may_hold(cmd) || (cmd == Cmd::GRAPH_COMPUTE && hold_compute_);
+    if (hold && HeldFrames::fits(kHeaderSize + len)) {
         const bool send_now =
             out_.add({{hdr, kHeaderSize}, {prefix.data(), prefix.size()}, {data, size}});
         return send_now ? flush() : Status::ok();

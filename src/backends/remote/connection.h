@@ -37,6 +37,7 @@ class Connection {
     uint64_t caps() const { return caps_; }
     uint64_t waits() const { return waits_; }
     uint64_t bytes_in() const { return bytes_in_; }
+    uint64_t sends() const { return sends_; }
     uint64_t session_id() const { return session_; }
     std::recursive_mutex& mutex() { return mu_; }
 
@@ -126,6 +127,8 @@ class Connection {
     std::vector<uint8_t> inputs_;
     uint32_t n_inputs_ = 0;
     bool fold_inputs_ = true;  // FERRY_REMOTE_FOLD=0 sends every input as a TENSOR_SET
+    // FERRY_REMOTE_HOLD_COMPUTE=0 sends a GRAPH_COMPUTE at once instead of with what follows.
+    bool hold_compute_ = true;
     BufferedReader in_{sock_};
     std::vector<int> fds_in_;  // descriptors received, not yet handed to a call
     std::list<SentGraph> sent_graphs_;

@@ -1059,6 +1059,7 @@ Expected<RemoteStats> remote_stats(Registry* reg) {
         std::lock_guard<std::recursive_mutex> lock(rr->conn()->mutex());
         s.client_waits = rr->conn()->waits();
         s.client_bytes_in = rr->conn()->bytes_in();
+        s.client_sends = rr->conn()->sends();
     }
     Expected<remote::Connection::Result> r =
         rr->conn()->call(remote::Cmd::SESSION_STATS, wire::Writer());
