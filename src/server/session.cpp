@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <new>
 
 #include "ferry/checked.h"
 #include "remote-proto/protocol.h"
@@ -108,7 +109,41 @@ void Session::free_buffer(SrvBuffer& b) {
     counters_->buffers.fetch_sub(1);
 }
 
+Expected<uint8_t*> Session::read_stage(uint32_t dev, uint64_t size) {
+    if (stage_base_ && stage_dev_ == dev && stage_cap_ >= size) return stage_base_;
+    stage_buf_.reset();
+    stage_plain_.reset();
+    stage_base_ = nullptr;
+    stage_cap_ = 0;
+    const uint64_t cap = std::max<uint64_t>(size, 64u << 10);
+    if (BufferType* hbt = opts_.devices[dev]->host_buffer_type(); hbt && hbt->is_host()) {
+        Expected<std::unique_ptr<Buffer>> b = hbt->allocate(static_cast<size_t>(cap));
+        if (b && (*b)->base()) {
+            stage_buf_ = std::move(*b);
+            stage_base_ = static_cast<uint8_t*>(stage_buf_->base());
+        }
+    }
+    if (!stage_base_) {
+        stage_plain_.reset(new (std::nothrow) uint8_t[cap]);  // uninitialized
+        if (!stage_plain_) {
+            return Status::errorf("no memory for a read of %llu bytes",
+                                  static_cast<unsigned long long>(size));
+        }
+        stage_base_ = stage_plain_.get();
+    }
+    stage_dev_ = dev;
+    stage_cap_ = cap;
+    return stage_base_;
+}
+
 void Session::handle(uint16_t cmd, const uint8_t* payload, size_t len, Reply* out) {
+    // The last reply has been sent (or copied): a large read stage is not kept.
+    if (stage_cap_ > kKeepReadStage) {
+        stage_buf_.reset();
+        stage_plain_.reset();
+        stage_base_ = nullptr;
+        stage_cap_ = 0;
+    }
     out->payload.clear();
     out->data = nullptr;
     out->data_len = 0;
@@ -610,9 +645,15 @@ Status Session::cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* o
                 out->data_len = size;
                 return Status::ok();
             }
-            Writer w(&out->payload);
-            uint8_t* dst = w.reserve(size);
-            return (*b)->buf->get_tensor(&t, dst, 0, size);
+            // Device memory: copied into the session's read stage (host memory of the
+            // device: pinned for CUDA, so the copy is one DMA; not zero-filled first) and
+            // sent from there.
+            Expected<uint8_t*> dst = read_stage((*b)->dev, size);
+            if (!dst) return dst.status();
+            FERRY_TRY((*b)->buf->get_tensor(&t, *dst, 0, size));
+            out->data = *dst;
+            out->data_len = size;
+            return Status::ok();
         }
     }
 }

@@ -172,6 +172,17 @@ class Session {
     };
     std::vector<InputWrite> inputs_;
     std::vector<Tensor> input_tensors_;
+    // Host memory TENSOR_GET copies device memory into before it is sent (a reply's data
+    // stays valid until the next request): the device's host buffer type where it has one
+    // (pinned for CUDA), plain memory otherwise. At most kKeepReadStage bytes are kept
+    // between requests.
+    static constexpr uint64_t kKeepReadStage = 4u << 20;
+    Expected<uint8_t*> read_stage(uint32_t dev, uint64_t size);
+    std::unique_ptr<Buffer> stage_buf_;
+    std::unique_ptr<uint8_t[]> stage_plain_;
+    uint8_t* stage_base_ = nullptr;
+    uint64_t stage_cap_ = 0;
+    uint32_t stage_dev_ = 0;
     uint64_t requests_ = 0, errors_ = 0, cache_hits_ = 0, cache_misses_ = 0, delta_hits_ = 0;
 };
 
