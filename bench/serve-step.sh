@@ -9,11 +9,14 @@
 # input its own TENSOR_SET frame, as protocol 3 sent them) and FERRY_REMOTE_HOLD_COMPUTE=0
 # (the compute sent at once, apart from the read that follows it).
 #
-# Usage: [DEVICE=CUDA0] [THREADS=2] [R=3] [OFF=0] bench/serve-step.sh FERRY MODEL [REPS] [N]
+# Usage: [DEVICE=CUDA0] [THREADS=2] [R=3] [OFF=0] [CHECK=1] bench/serve-step.sh FERRY MODEL [REPS] [N]
 #   DEVICE   the device to run locally and to serve (default: the local default device;
 #            the servers then serve every local device and the client picks the first)
 #   THREADS  -t for the local runs and the servers (CPU devices); default: ferry's own
 #   OFF=0    skip the "batching off" columns
+#   CHECK=1  first run `ferry test-ops` on the served device over both transports (every op
+#            case against the float64 reference: the served inputs, computes and reads of
+#            this build, tcp's reads of device memory included) and print the summary lines
 # On the H200 machine (1B Q4_0 tg128, the issue's target: unix >= 0.97, tcp >= 0.95):
 #   DEVICE=CUDA0 bench/serve-step.sh build/release/bin/ferry M.gguf 5 128
 # On the 2-core VM (CPU device):
@@ -34,6 +37,13 @@ for _ in $(seq 300); do
   grep -q listening "$dir/unix.log" && grep -q listening "$dir/tcp.log" && break
   sleep 0.1
 done
+if [ "${CHECK:-0}" = 1 ]; then
+  for a in "unix:$dir/s" "tcp:127.0.0.1:$port"; do
+    name="$("$ferry" devices --remote "$a" | grep -o "$a/[A-Za-z0-9_]*" | grep -v '/CPU$' | head -1 || true)"
+    [ -z "$name" ] && name="$a/CPU"
+    echo "test-ops on $name: $("$ferry" test-ops --remote "$a" --device "$name" "${thr_args[@]}" | tail -1)"
+  done
+fi
 tps() { # [ENV=V...] -- [--remote ADDR]: the t/s of the tg row
   local envs=()
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done
