@@ -9,6 +9,7 @@
 #include <cstring>
 #include <new>
 
+#include "core/copy.h"
 #include "ferry/checked.h"
 #include "remote-proto/protocol.h"
 #include "remote-proto/wire.h"
@@ -589,7 +590,11 @@ Status Session::cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* o
         uint8_t* sbase = static_cast<uint8_t*>((*s)->buf->base());
         uint8_t* dbase = static_cast<uint8_t*>((*d)->buf->base());
         if (sbase && dbase) {
-            std::memmove(dbase + doff, sbase + so, size);
+            if (dbase == sbase) {
+                std::memmove(dbase + doff, sbase + so, size);  // may overlap
+            } else {
+                copy_bytes(dbase + doff, sbase + so, size);
+            }
             return Status::ok();
         }
         Tensor ts, td;

@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "backends/remote/connection.h"
+#include "core/copy.h"
 #include "core/env.h"
 #include "ferry/remote.h"
 #include "remote-proto/protocol.h"
@@ -150,7 +151,7 @@ class RemoteBuffer : public Buffer {
         if (map_) {
             // Shared memory: written in place, once no queued work can still read it.
             if (!conn_->idle()) FERRY_TRY(conn_->drain());
-            if (size) std::memcpy(static_cast<uint8_t*>(map_) + off, src, size);
+            if (size) copy_bytes(static_cast<uint8_t*>(map_) + off, src, size);
             return Status::ok();
         }
         const uint8_t* p = static_cast<const uint8_t*>(src);
@@ -176,7 +177,7 @@ class RemoteBuffer : public Buffer {
         if (map_) {
             const uint8_t* from = static_cast<const uint8_t*>(map_) + off;
             return conn_->after_pending([=]() {
-                if (size) std::memcpy(dst, from, size);
+                if (size) copy_bytes(dst, from, size);
             });
         }
         // Into shared memory of the server's device (the host_buffer_type() of a remote
@@ -586,7 +587,7 @@ Expected<bool> RemoteBuffer::read_staged(uint64_t off, void* dst, size_t size) {
         return st;
     }
     FERRY_TRY(conn_->after_pending([=]() {
-        std::memcpy(dst, from, size);
+        copy_bytes(dst, from, size);
         dev->staging_read_done();
     }));
     return true;
