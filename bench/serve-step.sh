@@ -9,11 +9,14 @@
 # input its own TENSOR_SET frame, as protocol 3 sent them) and FERRY_REMOTE_HOLD_COMPUTE=0
 # (the compute sent at once, apart from the read that follows it).
 #
-# Usage: [DEVICE=CUDA0] [THREADS=2] [R=3] [OFF=0] [CHECK=1] bench/serve-step.sh FERRY MODEL [REPS] [N]
+# Usage: [DEVICE=CUDA0] [THREADS=2] [R=3] [OFF=0] [CHECK=1] [PROFILE=1] bench/serve-step.sh FERRY MODEL [REPS] [N]
 #   DEVICE   the device to run locally and to serve (default: the local default device;
 #            the servers then serve every local device and the client picks the first)
 #   THREADS  -t for the local runs and the servers (CPU devices); default: ferry's own
 #   OFF=0    skip the "batching off" columns
+#   PROFILE=1  servers with FERRY_SERVE_PROFILE=1 and one more client run per transport with
+#            FERRY_REMOTE_STATS=1 after the timed rows: where a served step's time goes on
+#            the server (per command) and the client's sends, receives and waits
 #   CHECK=1  first run `ferry test-ops` on the served device over both transports (every op
 #            case against the float64 reference: the served inputs, computes and reads of
 #            this build, tcp's reads of device memory included) and print the summary lines
@@ -28,9 +31,11 @@ port=$((20000 + RANDOM % 20000))
 dev_args=() thr_args=()
 [ -n "${DEVICE:-}" ] && dev_args=(--device "$DEVICE")
 [ -n "${THREADS:-}" ] && thr_args=(-t "$THREADS")
-"$ferry" serve --listen "unix:$dir/s" "${dev_args[@]}" "${thr_args[@]}" >"$dir/unix.log" 2>&1 &
+prof=()
+[ "${PROFILE:-0}" = 1 ] && prof=(FERRY_SERVE_PROFILE=1)
+env "${prof[@]}" "$ferry" serve --listen "unix:$dir/s" "${dev_args[@]}" "${thr_args[@]}" >"$dir/unix.log" 2>&1 &
 unix_pid=$!
-"$ferry" serve --listen "tcp:127.0.0.1:$port" "${dev_args[@]}" "${thr_args[@]}" >"$dir/tcp.log" 2>&1 &
+env "${prof[@]}" "$ferry" serve --listen "tcp:127.0.0.1:$port" "${dev_args[@]}" "${thr_args[@]}" >"$dir/tcp.log" 2>&1 &
 tcp_pid=$!
 trap 'kill $unix_pid $tcp_pid 2>/dev/null; rm -rf "$dir"' EXIT
 for _ in $(seq 300); do
@@ -90,3 +95,13 @@ for t in ("unix", "tcp"):
         print(f"{t} on / off: median of per-repetition ratios {st.median(rs):.3f} (" +
               ", ".join(f"{v:.2f}" for v in rs) + ")")'
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ "${PROFILE:-0}" = 1 ]; then
+  for a in "unix:$dir/s" "tcp:127.0.0.1:$port"; do
+    FERRY_REMOTE_STATS=1 "$ferry" bench -m "$model" -p 0 -n "$n" -r 1 "${thr_args[@]}" --remote "$a" 2>&1 |
+      grep 'ferry remote' || true
+  done
+  sleep 0.5  # the sessions' profiles are printed when they end
+  echo "server profiles (the last session of each is the FERRY_REMOTE_STATS run: warm-up + $n steps):"
+  grep -h profile "$dir/unix.log" | tail -1 | sed 's/^/unix: /'
+  grep -h profile "$dir/tcp.log" | tail -1 | sed 's/^/tcp: /'
+fi
