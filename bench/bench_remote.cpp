@@ -183,10 +183,10 @@ Expected<double> decode_step_us(DecodeStep& s, int i) {
 }
 
 // --ab-steps N: per transport, the decode-like step through three connections of this
-// process, alternating in blocks of 25 steps, N steps each, so that the medians compare them
-// in the same seconds: the step batching off (FERRY_REMOTE_FOLD=0
-// FERRY_REMOTE_HOLD_COMPUTE=0: every input its own TENSOR_SET frame and the compute sent
-// apart from the read, as protocol 3 clients sent a step), the inputs folded into the
+// process, in turn step by step, N steps each, so that the medians compare them in the same
+// seconds (the load of a shared machine comes in bursts): the step batching off
+// (FERRY_REMOTE_FOLD=0 FERRY_REMOTE_HOLD_COMPUTE=0: every input its own TENSOR_SET frame and the
+// compute sent apart from the read, as protocol 3 clients sent a step), the inputs folded into the
 // compute's frame only, and both (the default).
 int run_ab(const std::vector<const Child*>& servers, int steps, int64_t logits) {
     std::printf(
@@ -215,13 +215,13 @@ int run_ab(const std::vector<const Child*>& servers, int steps, int64_t logits) 
         unsetenv("FERRY_REMOTE_HOLD_COMPUTE");
         std::vector<double> t[kVariants];
         for (int i = 0; i < kVariants * steps; i++) {
-            const int v = (i / 25) % kVariants;
+            const int v = i % kVariants;
             Expected<double> us = decode_step_us(st[v], i);
             if (!us) {
                 std::fprintf(stderr, "%s\n", us.message().c_str());
                 return 1;
             }
-            if (i >= 25 * kVariants) t[v].push_back(*us);  // the first block of each: warm-up
+            if (i >= 25 * kVariants) t[v].push_back(*us);  // the first 25 of each: warm-up
         }
         const double m0 = percentile(t[0], 0.5), m1 = percentile(t[1], 0.5),
                      m2 = percentile(t[2], 0.5);
