@@ -117,7 +117,10 @@ Expected<uint8_t*> Session::read_stage(uint32_t dev, uint64_t size) {
     stage_base_ = nullptr;
     stage_cap_ = 0;
     const uint64_t cap = std::max<uint64_t>(size, 64u << 10);
-    if (BufferType* hbt = opts_.devices[dev]->host_buffer_type(); hbt && hbt->is_host()) {
+    // Page-locked memory only for reads the stage keeps (a decode step's logits); a larger
+    // read does not make the server pin memory for a client.
+    BufferType* hbt = cap <= kKeepReadStage ? opts_.devices[dev]->host_buffer_type() : nullptr;
+    if (hbt && hbt->is_host()) {
         Expected<std::unique_ptr<Buffer>> b = hbt->allocate(static_cast<size_t>(cap));
         if (b && (*b)->base()) {
             stage_buf_ = std::move(*b);

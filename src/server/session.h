@@ -173,9 +173,9 @@ class Session {
     std::vector<InputWrite> inputs_;
     std::vector<Tensor> input_tensors_;
     // Host memory TENSOR_GET copies device memory into before it is sent (a reply's data
-    // stays valid until the next request): the device's host buffer type where it has one
-    // (pinned for CUDA), plain memory otherwise. At most kKeepReadStage bytes are kept
-    // between requests.
+    // stays valid until the next request): for reads of at most kKeepReadStage bytes the
+    // device's host buffer type where it has one (pinned for CUDA), plain memory otherwise.
+    // At most kKeepReadStage bytes are kept between requests.
     static constexpr uint64_t kKeepReadStage = 4u << 20;
     Expected<uint8_t*> read_stage(uint32_t dev, uint64_t size);
     std::unique_ptr<Buffer> stage_buf_;
