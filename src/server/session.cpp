@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <new>
 
@@ -940,11 +941,19 @@ Status Session::compute_table(uint32_t dev, uint8_t mode, wire::Reader& r, Reply
         g.hash = hash;
         g.dev = dev;
         g.charge = charge;
+        const auto t0 = time_validation_ ? std::chrono::steady_clock::now()
+                                         : std::chrono::steady_clock::time_point();
         FERRY_TRY(build_table(bytes.data(), count, true, dev, &g.tensors));
         for (Tensor& t : g.tensors) {
             (t.op == Op::NONE ? g.graph.leafs : g.graph.nodes).push_back(&t);
         }
         g.work = estimate_work(g.graph);
+        if (time_validation_) {
+            validation_ns_ +=
+                static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                          std::chrono::steady_clock::now() - t0)
+                                          .count());
+        }
         g.bytes = std::move(bytes);
         cache_misses_++;
         if (delta) delta_hits_++;

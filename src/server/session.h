@@ -76,6 +76,11 @@ class Session {
     void handle(uint16_t cmd, const uint8_t* payload, size_t len, Reply* out);
 
     uint64_t id() const { return id_; }
+    // Graph tables deserialized and validated (cache misses), and the time that took in
+    // nanoseconds (counted only when `timed`: FERRY_SERVE_PROFILE).
+    void time_validation(bool timed) { time_validation_ = timed; }
+    uint64_t validations() const { return cache_misses_; }
+    uint64_t validation_ns() const { return validation_ns_; }
     // Called (rate-limited by the caller) while a compute runs; true stops it (the client is
     // gone). Set by the connection; the fuzzer leaves it unset.
     void set_abort_check(std::function<bool()> fn) { abort_check_ = std::move(fn); }
@@ -184,6 +189,8 @@ class Session {
     uint64_t stage_cap_ = 0;
     uint32_t stage_dev_ = 0;
     uint64_t requests_ = 0, errors_ = 0, cache_hits_ = 0, cache_misses_ = 0, delta_hits_ = 0;
+    bool time_validation_ = false;
+    uint64_t validation_ns_ = 0;
 };
 
 }  // namespace ferry::server
