@@ -32,6 +32,20 @@ bool tokens_equal(const std::string& a, const std::string& b) {
     return diff == 0;
 }
 
+// "entry N" (what errors of a node's kernel name it by), without snprintf: a table is named
+// entry by entry each time one is validated.
+void entry_name(char* out, uint32_t i) {
+    char digits[10];
+    int n = 0;
+    do {
+        digits[n++] = static_cast<char>('0' + i % 10);
+        i /= 10;
+    } while (i);
+    std::memcpy(out, "entry ", 6);
+    for (int k = 0; k < n; k++) out[6 + k] = digits[n - 1 - k];
+    out[6 + n] = '\0';
+}
+
 uint64_t elems(const Tensor* t) {
     return t ? static_cast<uint64_t>(t->nelements()) : 0;
 }
@@ -685,7 +699,7 @@ Status Session::build_table(const uint8_t* bytes, uint32_t n, bool with_storage,
         const remote::Entry e = remote::read_entry(r);
         if (!r.ok()) return Status::errorf("entry %u: truncated", i);
         Tensor& t = ts[i];
-        std::snprintf(t.name, sizeof(t.name), "entry %u", i);
+        entry_name(t.name, i);
         auto fail = [&](const Status& st) { return st.context(strfmt("entry %u", i)); };
         const TypeTraits* tr = type_traits_or_null(e.type);
         if (!tr || !tr->is_storage) return fail(Status::errorf("unknown type id %u", e.type));
