@@ -767,6 +767,36 @@ TEST_P(Remote, SmallInputWritesTravelInTheComputeFrame) {
     EXPECT_EQ(back, xb);
 }
 
+TEST_P(Remote, AHeldComputeRunsOnTheInputsWrittenBeforeIt) {
+    // The client holds a compute until its next request or wait. A write after it, of an
+    // input the compute reads, must not reach the compute: in shared memory (unix) the write
+    // waits for the compute first; as a request (tcp) it goes after the compute's frame.
+    Context ctx;
+    Tensor* x = ctx.new_tensor(Type::F32, {256});
+    Tensor* y = ctx.add(x, x);
+    y->flags |= kTensorOutput;
+    Graph g;
+    g.build_forward(y);
+    auto buf = allocate_context_tensors(ctx, dev_->buffer_type());
+    ASSERT_TRUE(buf) << buf.message();
+    auto be = dev_->make_backend();
+    ASSERT_TRUE(be);
+    for (int step = 0; step < 3; step++) {
+        std::vector<float> first(256, 1.0f + static_cast<float>(step)), second(256, 100.0f);
+        ASSERT_TRUE((*be)->set_tensor_async(x, first.data(), 0, 1024).is_ok());
+        ASSERT_TRUE((*be)->compute(g).is_ok());
+        ASSERT_TRUE((*be)->set_tensor_async(x, second.data(), 0, 1024).is_ok());
+        std::vector<float> got(256), back(256);
+        ASSERT_TRUE((*be)->get_tensor_async(y, got.data(), 0, 1024).is_ok());
+        ASSERT_TRUE((*be)->get_tensor_async(x, back.data(), 0, 1024).is_ok());
+        ASSERT_TRUE((*be)->synchronize().is_ok());
+        for (int i = 0; i < 256; i++) {
+            ASSERT_EQ(got[i], 2 * first[i]) << step << " " << i;
+            ASSERT_EQ(back[i], 100.0f) << step << " " << i;
+        }
+    }
+}
+
 TEST_P(Remote, EventsOrderWorkAcrossBackendsOfTheDevice) {
     // The server's CPU device has (trivial) events, so the remote device reports them.
     ASSERT_TRUE(dev_->caps().events);
