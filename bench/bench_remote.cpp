@@ -2,6 +2,9 @@
 // the remote backend, per transport, against a `ferry serve` this program starts.
 //
 //   bench_remote [--ferry PATH] [--mib N] [--pings N] [--steps N] [-t THREADS]
+//   bench_remote --ab-steps N [--logits N] [-t THREADS]
+//       a decode-like step, batching off against on (--logits: N floats read back too, as a
+//       decode step's logits: 128256 for Llama 3)
 //
 // -t sets the CPU threads of the local backend and of the servers' sessions (default: all
 // cores).
@@ -115,10 +118,125 @@ Expected<double> step_median_us(Device* dev, Backend* be, int steps) {
     return percentile(t, 0.5);
 }
 
+// A decode-like step in memory the client does not map (server-private buffers: what a GPU's
+// memory is to a unix client): five small input writes (as a llama step's tokens, positions,
+// mask, output ids and output mask), a small compute, the read of its result.
+struct DecodeStep {
+    Context ctx;
+    Tensor* in[5] = {};
+    Tensor* out = nullptr;
+    Graph g;
+    std::unique_ptr<Buffer> buf;
+    std::unique_ptr<Backend> be;
+    std::vector<std::vector<uint8_t>> data;
+    std::vector<float> got;
+    Tensor* logits = nullptr;  // --logits N: N floats read back each step besides the result
+    std::vector<float> logits_got;
+};
+
+Status make_decode_step(DecodeStep& s, Device* dev, int64_t logits) {
+    s.in[0] = s.ctx.new_tensor(Type::I32, {1});
+    s.in[1] = s.ctx.new_tensor(Type::I32, {1});
+    s.in[2] = s.ctx.new_tensor(Type::F32, {1024});
+    s.in[3] = s.ctx.new_tensor(Type::I32, {1});
+    s.in[4] = s.ctx.new_tensor(Type::F32, {1024});
+    s.out = s.ctx.add(s.in[2], s.in[4]);
+    s.out->flags |= kTensorOutput;
+    s.g.build_forward(s.out);
+    if (logits > 0) {
+        s.logits = s.ctx.new_tensor(Type::F32, {logits});
+        s.logits_got.resize(static_cast<size_t>(logits));
+    }
+    Expected<std::unique_ptr<Buffer>> b =
+        allocate_context_tensors(s.ctx, dev->buffer_type(), BufferUsage::Weights);
+    if (!b) return b.status();
+    s.buf = std::move(*b);
+    Expected<std::unique_ptr<Backend>> be = dev->make_backend();
+    if (!be) return be.status();
+    s.be = std::move(*be);
+    for (Tensor* t : s.in) s.data.emplace_back(t->nbytes(), uint8_t{0x3c});
+    s.got.resize(1024);
+    return Status::ok();
+}
+
+Expected<double> decode_step_us(DecodeStep& s, int i) {
+    const float v = static_cast<float>(i);
+    std::memcpy(s.data[2].data(), &v, sizeof(v));
+    const auto t0 = Clock::now();
+    for (int k = 0; k < 5; k++) {
+        FERRY_TRY(s.be->set_tensor_async(s.in[k], s.data[k].data(), 0, s.data[k].size()));
+    }
+    FERRY_TRY(s.be->compute(s.g));
+    FERRY_TRY(s.be->get_tensor_async(s.out, s.got.data(), 0, 4096));
+    if (s.logits) {
+        FERRY_TRY(s.be->get_tensor_async(s.logits, s.logits_got.data(), 0, s.logits->nbytes()));
+    }
+    FERRY_TRY(s.be->synchronize());
+    const double us = us_since(t0);
+    float want;
+    std::memcpy(&want, s.data[2].data(), 4);
+    float other;
+    std::memcpy(&other, s.data[4].data(), 4);
+    want += other;
+    if (s.got[0] != want) return Status::error("wrong decode step result");
+    return us;
+}
+
+// --ab-steps N: per transport, the decode-like step through three connections of this
+// process, in turn step by step, N steps each, so that the medians compare them in the same
+// seconds (the load of a shared machine comes in bursts): the step batching off
+// (FERRY_REMOTE_FOLD=0 FERRY_REMOTE_HOLD_COMPUTE=0: every input its own TENSOR_SET frame and the
+// compute sent apart from the read, as protocol 3 clients sent a step), the inputs folded into the
+// compute's frame only, and both (the default).
+int run_ab(const std::vector<const Child*>& servers, int steps, int64_t logits) {
+    std::printf(
+        "| transport | step median, batching off (us) | inputs folded (us) | folded + compute "
+        "held (us) | folded / off | both / off |\n");
+    std::printf("|---|---|---|---|---|---|\n");
+    constexpr int kVariants = 3;
+    for (const Child* c : servers) {
+        std::unique_ptr<Registry> regs[kVariants];
+        DecodeStep st[kVariants];
+        for (int v = 0; v < kVariants; v++) {
+            setenv("FERRY_REMOTE_FOLD", v == 0 ? "0" : "1", 1);
+            setenv("FERRY_REMOTE_HOLD_COMPUTE", v == 2 ? "1" : "0", 1);
+            Expected<std::unique_ptr<Registry>> reg = remote_open(c->addr);
+            if (!reg) {
+                std::fprintf(stderr, "%s\n", reg.message().c_str());
+                return 1;
+            }
+            regs[v] = std::move(*reg);
+            if (Status s = make_decode_step(st[v], regs[v]->devices()[0], logits); !s) {
+                std::fprintf(stderr, "%s\n", s.message().c_str());
+                return 1;
+            }
+        }
+        unsetenv("FERRY_REMOTE_FOLD");
+        unsetenv("FERRY_REMOTE_HOLD_COMPUTE");
+        std::vector<double> t[kVariants];
+        for (int i = 0; i < kVariants * steps; i++) {
+            const int v = i % kVariants;
+            Expected<double> us = decode_step_us(st[v], i);
+            if (!us) {
+                std::fprintf(stderr, "%s\n", us.message().c_str());
+                return 1;
+            }
+            if (i >= 25 * kVariants) t[v].push_back(*us);  // the first 25 of each: warm-up
+        }
+        const double m0 = percentile(t[0], 0.5), m1 = percentile(t[1], 0.5),
+                     m2 = percentile(t[2], 0.5);
+        std::printf("| %s | %.1f | %.1f | %.1f | %.3f | %.3f |\n",
+                    c->addr.rfind("unix:", 0) == 0 ? "unix" : "tcp loopback", m0, m1, m2, m1 / m0,
+                    m2 / m0);
+    }
+    return 0;
+}
+
 int run(int argc, char** argv) {
     std::string ferry;
     size_t mib = 64;
-    int pings = 2000, steps = 500, threads = 0;
+    int pings = 2000, steps = 500, threads = 0, ab_steps = 0;
+    int64_t logits = 0;
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
         if (a == "--ferry" && i + 1 < argc) {
@@ -131,10 +249,14 @@ int run(int argc, char** argv) {
             steps = std::atoi(argv[++i]);
         } else if (a == "-t" && i + 1 < argc) {
             threads = std::atoi(argv[++i]);
+        } else if (a == "--ab-steps" && i + 1 < argc) {
+            ab_steps = std::atoi(argv[++i]);
+        } else if (a == "--logits" && i + 1 < argc) {
+            logits = std::atoll(argv[++i]);
         } else {
             std::fprintf(stderr,
                          "usage: bench_remote [--ferry PATH] [--mib N] [--pings N] "
-                         "[--steps N] [-t THREADS]\n");
+                         "[--steps N] [-t THREADS] [--ab-steps N [--logits N]]\n");
             return 2;
         }
     }
@@ -156,6 +278,16 @@ int run(int argc, char** argv) {
     if (us.addr.empty() || tc.addr.empty() || iv.addr.empty()) {
         std::fprintf(stderr, "bench_remote: could not start %s serve\n", ferry.c_str());
         return 1;
+    }
+    if (ab_steps > 0) {
+        // Not the ivshmem window: a window serves one client at a time.
+        const int rc = run_ab({&us, &tc}, ab_steps, logits);
+        for (const Child* c : {&us, &tc, &iv}) {
+            kill(c->pid, SIGTERM);
+            waitpid(c->pid, nullptr, 0);
+        }
+        unlink(iv.addr.substr(8).c_str());
+        return rc;
     }
     std::printf(
         "| transport | empty request RTT median (us) | p99 (us) | set %zu MiB (GB/s) | get "

@@ -7,7 +7,9 @@
 #   STEPS="build ops tests bench serve"  which parts to run (default: those five); also
 #         "tg" (tg128 only, no variants), "repeat" (the q8_0/q4_0 oracle cases REPEAT times under
 #         each decode switch: a moving result is a race), "positions" (per-position flips against the oracle,
-#         CPU and CUDA0), "profile" (FERRY_CUDA_PROFILE), "ncu" (per-kernel times under ncu)
+#         CPU and CUDA0), "profile" (FERRY_CUDA_PROFILE), "ncu" (per-kernel times under ncu),
+#         "servestep" (bench/serve-step.sh: 1B Q4_0 tg128 local / unix / tcp, step batching on
+#         and off, SERVE_REPS rounds, served test-ops over unix and tcp first)
 #   TARGETS="ferry test_cuda test_ops"  what the build step builds
 #
 # Results are recorded by hand in bench/results/cuda.md with the date and the machine.
@@ -167,6 +169,15 @@ if has profile; then
     log "kernel profile pp512 q4_0"
     FERRY_CUDA_PROFILE=1 "$F" bench -m /tmp/llama-1b-q4_0.gguf --device CUDA0 -p 512 -n 0 -r 1 2>&1 | head -30 | tee -a "$OUT/summary.txt"
   fi
+fi
+
+if has servestep; then
+  # Served decode against local, batching on and off, unix and tcp side by side
+  # (bench/serve-step.sh; SERVE_REPS rounds of tg128 -r 3), after served test-ops on both.
+  gen_models
+  log "serve-step 1B q4_0"
+  DEVICE=CUDA0 CHECK=1 PROFILE=1 bash bench/serve-step.sh "$F" /tmp/llama-1b-q4_0.gguf \
+    "${SERVE_REPS:-5}" 128 2>&1 | tee -a "$OUT/summary.txt"
 fi
 
 if has serve; then

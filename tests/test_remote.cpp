@@ -704,6 +704,99 @@ TEST_P(Remote, AsyncErrorSurfacesAtTheNextWait) {
     }
 }
 
+TEST_P(Remote, SmallInputWritesTravelInTheComputeFrame) {
+    // Inputs in memory the client does not map (server-private here, a GPU's on a CUDA
+    // server): a step's small writes travel inside its GRAPH_COMPUTE frame, so the server
+    // handles two requests per step (the compute and the read of the result) instead of one
+    // more per input, and each step computes with the inputs written just before it.
+    Context ctx;
+    Tensor* a = ctx.new_tensor(Type::F32, {256});
+    Tensor* b = ctx.new_tensor(Type::F32, {256});
+    Tensor* c = ctx.new_tensor(Type::F32, {256});
+    Tensor* sum = ctx.add(a, b);
+    Tensor* out = ctx.add(sum, c);
+    out->flags |= kTensorOutput;
+    Graph g;
+    g.build_forward(out);
+    auto buf = allocate_context_tensors(ctx, dev_->buffer_type(), BufferUsage::Weights);
+    ASSERT_TRUE(buf) << buf.message();
+    ASSERT_EQ((*buf)->base(), nullptr) << "the inputs must be in memory the client cannot map";
+    auto be = dev_->make_backend();
+    ASSERT_TRUE(be);
+    auto s0 = remote_stats(reg_.get());
+    ASSERT_TRUE(s0);
+    constexpr int kSteps = 5;
+    for (int step = 0; step < kSteps; step++) {
+        auto xa = random_floats(256, 40 + step), xb = random_floats(256, 50 + step),
+             xc = random_floats(256, 60 + step);
+        ASSERT_TRUE((*be)->set_tensor_async(a, xa.data(), 0, 1024).is_ok());
+        ASSERT_TRUE((*be)->set_tensor_async(b, xb.data(), 0, 1024).is_ok());
+        ASSERT_TRUE((*be)->set_tensor_async(c, xc.data(), 0, 1024).is_ok());
+        ASSERT_TRUE((*be)->compute(g).is_ok());
+        std::vector<float> got(256);
+        ASSERT_TRUE((*be)->get_tensor_async(out, got.data(), 0, 1024).is_ok());
+        ASSERT_TRUE((*be)->synchronize().is_ok());
+        for (int i = 0; i < 256; i++) {
+            const float ab = xa[i] + xb[i];
+            ASSERT_EQ(got[i], ab + xc[i]) << step << " " << i;
+        }
+    }
+    auto s1 = remote_stats(reg_.get());
+    ASSERT_TRUE(s1);
+    EXPECT_EQ(s1->errors, s0->errors);
+    // Per step: GRAPH_COMPUTE and the read; plus the stats request itself.
+    EXPECT_EQ(s1->requests - s0->requests, 2u * kSteps + 1);
+    // And one send per step: the compute is held until the read joins it (and the stats
+    // request before s1 was taken is one more).
+    EXPECT_EQ(s1->client_sends - s0->client_sends, 1u * kSteps + 1);
+    EXPECT_EQ(s1->client_waits - s0->client_waits, 1u * kSteps + 1);
+
+    // A held input followed by a request that is not a compute goes out first, in order: the
+    // read sees the bytes just written.
+    auto xa = random_floats(256, 70);
+    ASSERT_TRUE((*be)->set_tensor_async(a, xa.data(), 0, 1024).is_ok());
+    std::vector<float> back(256);
+    ASSERT_TRUE((*be)->get_tensor_async(a, back.data(), 0, 1024).is_ok());
+    ASSERT_TRUE((*be)->synchronize().is_ok());
+    EXPECT_EQ(back, xa);
+    // And one that is only waited for reaches the server too.
+    auto xb = random_floats(256, 71);
+    ASSERT_TRUE((*be)->set_tensor_async(b, xb.data(), 0, 1024).is_ok());
+    ASSERT_TRUE((*be)->synchronize().is_ok());
+    ASSERT_TRUE((*buf)->get_tensor(b, back.data(), 0, 1024).is_ok());
+    EXPECT_EQ(back, xb);
+}
+
+TEST_P(Remote, AHeldComputeRunsOnTheInputsWrittenBeforeIt) {
+    // The client holds a compute until its next request or wait. A write after it, of an
+    // input the compute reads, must not reach the compute: in shared memory (unix) the write
+    // waits for the compute first; as a request (tcp) it goes after the compute's frame.
+    Context ctx;
+    Tensor* x = ctx.new_tensor(Type::F32, {256});
+    Tensor* y = ctx.add(x, x);
+    y->flags |= kTensorOutput;
+    Graph g;
+    g.build_forward(y);
+    auto buf = allocate_context_tensors(ctx, dev_->buffer_type());
+    ASSERT_TRUE(buf) << buf.message();
+    auto be = dev_->make_backend();
+    ASSERT_TRUE(be);
+    for (int step = 0; step < 3; step++) {
+        std::vector<float> first(256, 1.0f + static_cast<float>(step)), second(256, 100.0f);
+        ASSERT_TRUE((*be)->set_tensor_async(x, first.data(), 0, 1024).is_ok());
+        ASSERT_TRUE((*be)->compute(g).is_ok());
+        ASSERT_TRUE((*be)->set_tensor_async(x, second.data(), 0, 1024).is_ok());
+        std::vector<float> got(256), back(256);
+        ASSERT_TRUE((*be)->get_tensor_async(y, got.data(), 0, 1024).is_ok());
+        ASSERT_TRUE((*be)->get_tensor_async(x, back.data(), 0, 1024).is_ok());
+        ASSERT_TRUE((*be)->synchronize().is_ok());
+        for (int i = 0; i < 256; i++) {
+            ASSERT_EQ(got[i], 2 * first[i]) << step << " " << i;
+            ASSERT_EQ(back[i], 100.0f) << step << " " << i;
+        }
+    }
+}
+
 TEST_P(Remote, EventsOrderWorkAcrossBackendsOfTheDevice) {
     // The server's CPU device has (trivial) events, so the remote device reports them.
     ASSERT_TRUE(dev_->caps().events);

@@ -1555,6 +1555,109 @@ TEST_P(Hardening, PrepareWeightsIsValidatedAndVersionGated) {
     EXPECT_TRUE(srv_.alive());
 }
 
+// Protocol version 4: a GRAPH_COMPUTE carrying the step's input writes (kGraphInputs). Every
+// input is checked before any is applied; a version 3 client cannot use the section.
+TEST_P(Hardening, ComputeInputsAreCheckedBeforeAnyIsAppliedAndVersionGated) {
+    start();
+    RawClient c = hello();
+    const uint64_t h = alloc(c, 4096);
+    ASSERT_NE(h, 0u);
+    struct In {
+        uint64_t handle, off, size;
+        std::vector<uint8_t> data;
+    };
+    auto floats = [](float first) {
+        std::vector<uint8_t> d(64);
+        for (int i = 0; i < 16; i++) {
+            const float v = first + static_cast<float>(i);
+            std::memcpy(d.data() + 4 * i, &v, 4);
+        }
+        return d;
+    };
+    // The graph: y (offset 1024) = CONT(x (offset 0)), 16 floats.
+    Entry x = leaf(Type::F32, {16}, h, 0);
+    Entry y = leaf(Type::F32, {16}, h, 1024);
+    y.op = static_cast<uint32_t>(Op::CONT);
+    y.src[0] = 0;
+    auto compute = [&](RawClient& cl, const std::vector<In>& ins, int64_t count = -1,
+                       int64_t table_count = 2) {
+        return cl.request(
+            Cmd::GRAPH_COMPUTE, payload([&](wire::Writer& w) {
+                w.u32(0);
+                w.u8(remote::kGraphFull | remote::kGraphInputs);
+                w.u32(count < 0 ? static_cast<uint32_t>(ins.size()) : static_cast<uint32_t>(count));
+                for (const In& in : ins) {
+                    w.u64(in.handle);
+                    w.u64(in.off);
+                    w.u64(in.size);
+                    w.bytes(in.data.data(), in.data.size());
+                }
+                w.u32(static_cast<uint32_t>(table_count));
+                remote::write_entry(w, x);
+                remote::write_entry(w, y);
+            }));
+    };
+    auto read = [&](uint64_t off) {
+        auto r = c.request(Cmd::TENSOR_GET, payload([&](wire::Writer& w) {
+                               w.u64(h);
+                               w.u64(off);
+                               w.u64(64);
+                           }));
+        EXPECT_TRUE(r.ok && !r.is_error()) << r.message();
+        return r.payload;
+    };
+    auto refused = [&](const RawClient::Reply& rr, const char* what) {
+        ASSERT_TRUE(rr.is_error()) << what;
+        EXPECT_NE(rr.message().find(what), std::string::npos) << rr.message();
+    };
+    // Good: the input is written, then the graph copies it.
+    auto r = compute(c, {{h, 0, 64, floats(1)}});
+    ASSERT_TRUE(r.ok && !r.is_error()) << r.message();
+    EXPECT_EQ(read(1024), floats(1));
+    // A bad input after a good one: nothing is written, nothing computed.
+    refused(compute(c, {{h, 0, 64, floats(100)}, {h, 4090, 16, std::vector<uint8_t>(16)}}),
+            "input 1: range [4090, +16) is outside the buffer of 4096 bytes");
+    EXPECT_EQ(read(0), floats(1));
+    refused(compute(c, {{h, 0, 64, floats(100)}, {h + 1000, 0, 64, floats(2)}}),
+            "input 1: unknown buffer handle");
+    refused(compute(c, {{h, UINT64_MAX - 8, 16, std::vector<uint8_t>(16)}}),
+            "is outside the buffer");
+    refused(c.request(Cmd::GRAPH_COMPUTE, payload([&](wire::Writer& w) {
+                          w.u32(0);
+                          w.u8(remote::kGraphFull | remote::kGraphInputs);
+                          w.u32(1);
+                          w.u64(h);
+                          w.u64(0);
+                          w.u64(64);
+                          w.bytes(floats(100).data(), 10);  // and nothing after
+                      })),
+            "input 0: truncated");
+    refused(compute(c, {{h, 0, UINT64_MAX, {}}}), "input 0: truncated");
+    refused(compute(c, {}), "0 inputs (1..256)");
+    refused(compute(c, {{h, 0, 64, floats(100)}}, 300), "300 inputs (1..256)");
+    EXPECT_EQ(read(0), floats(1));
+    EXPECT_EQ(read(1024), floats(1));
+    // Inputs are applied before the table is read, as TENSOR_SETs sent just before it would
+    // be: a bad table leaves them written and computes nothing.
+    refused(compute(c, {{h, 0, 64, floats(7)}}, -1, 3), "table size does not match its count");
+    EXPECT_EQ(read(0), floats(7));
+    EXPECT_EQ(read(1024), floats(1));
+    // The session goes on.
+    r = compute(c, {{h, 0, 64, floats(9)}});
+    ASSERT_TRUE(r.ok && !r.is_error()) << r.message();
+    EXPECT_EQ(read(1024), floats(9));
+    // Version 3 has no inputs section.
+    RawClient v3;
+    ASSERT_TRUE(v3.connect(srv_.addr()));
+    r = v3.hello("", 3);
+    ASSERT_TRUE(r.ok && !r.is_error()) << r.message();
+    const uint64_t h3 = alloc(v3, 4096);
+    ASSERT_NE(h3, 0u);
+    x.handle = y.handle = h3;
+    refused(compute(v3, {{h3, 0, 64, floats(1)}}), "unknown graph mode 128");
+    EXPECT_TRUE(srv_.alive());
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, Hardening, ::testing::Values("unix", "tcp"));
 
 }  // namespace

@@ -56,6 +56,7 @@ struct RemoteStats {
     // This client's side of the connection, before the stats request itself.
     uint64_t client_waits = 0;     // times the client waited for replies (round trips)
     uint64_t client_bytes_in = 0;  // reply bytes received (frames with their headers)
+    uint64_t client_sends = 0;     // send system calls (a batch of frames is one)
 };
 
 // Stats of the session behind `reg` (a registry from remote_open or remote_connect).

@@ -15,8 +15,10 @@ constexpr uint32_t kMagic = 0x31595246u;  // "FRY1" little-endian
 // Version 2 added ALLOC_SIZE, INIT_TENSOR, the device caps bits 8/16/32 and the longer
 // SESSION_STATS record. A version 2 server still serves version 1 clients (answering their
 // SESSION_STATS with the 11 fields they expect). Version 3 added PREPARE_WEIGHTS and the
-// device caps bit 64. A server serves every version from kMinProtocolVersion to its own.
-constexpr uint32_t kProtocolVersion = 3;
+// device caps bit 64. Version 4 added GRAPH_COMPUTE's inputs section (kGraphInputs): the
+// small input writes of a step travel in the compute's own frame. A server serves every
+// version from kMinProtocolVersion to its own.
+constexpr uint32_t kProtocolVersion = 4;
 constexpr uint32_t kMinProtocolVersion = 1;
 
 // Frame header (24 bytes, little-endian), followed by `len` payload bytes.
@@ -87,10 +89,21 @@ constexpr uint8_t kBufferHost = 1;    // the device's host_buffer_type()
 // pages, which shared memory here cannot).
 constexpr uint8_t kBufferDevicePrivate = 2;
 
-// GRAPH_COMPUTE modes.
+// GRAPH_COMPUTE modes (the low bits of the mode byte).
 constexpr uint8_t kGraphFull = 0;  // u32 n, n entries
 constexpr uint8_t kGraphDelta =
     1;  // u64 base hash, u32 n, u32 n_changed, n_changed x (u32 idx, entry)
+// Mode flag (version 4): the mode byte is followed by the step's input writes, applied in
+// order before the graph runs, as TENSOR_SETs sent just before it would be:
+//   u32 n (1..kMaxComputeInputs), n x (u64 handle, u64 offset, u64 size, size bytes)
+// then the table part of the mode's low bits.
+constexpr uint8_t kGraphInputs = 0x80;
+constexpr uint32_t kMaxComputeInputs = 256;
+// Writes the client folds into the next GRAPH_COMPUTE: each at most this many bytes (larger
+// ones go as TENSOR_SET frames), at most kMaxComputeInputs of them and kMaxFoldedBytes in
+// all (the held ones are sent as TENSOR_SET frames first when one more would not fit).
+constexpr size_t kMaxFoldedInput = 32u << 10;
+constexpr size_t kMaxFoldedBytes = 256u << 10;
 
 // Limits the server enforces on tables.
 constexpr uint32_t kMaxTableEntries = 1u << 18;  // 262144 tensors

@@ -30,8 +30,10 @@ constexpr uint64_t kFrameSlack = 1u << 20;
 class FrameProfile {
   public:
     using Clock = std::chrono::steady_clock;
-    explicit FrameProfile(uint64_t session)
-        : session_(session), on_(env_on("FERRY_SERVE_PROFILE")), last_(Clock::now()) {}
+    explicit FrameProfile(Session& session)
+        : session_(&session), on_(env_on("FERRY_SERVE_PROFILE")), last_(Clock::now()) {
+        session.time_validation(on_);
+    }
     FrameProfile(const FrameProfile&) = delete;
     FrameProfile& operator=(const FrameProfile&) = delete;
     ~FrameProfile() {
@@ -46,8 +48,15 @@ class FrameProfile {
             line += strfmt(" %s %llu x %.1f us;", name, static_cast<unsigned long long>(n_[i]),
                            static_cast<double>(ns_[i]) / 1e3 / static_cast<double>(n_[i]));
         }
+        // Of GRAPH_COMPUTE's time: deserializing and validating tables that were not cached.
+        if (session_->validations()) {
+            line += strfmt(" of which table validation %llu x %.1f us;",
+                           static_cast<unsigned long long>(session_->validations()),
+                           static_cast<double>(session_->validation_ns()) / 1e3 /
+                               static_cast<double>(session_->validations()));
+        }
         std::fprintf(stderr, "ferry serve: session %llu profile:%s\n",
-                     static_cast<unsigned long long>(session_), line.c_str());
+                     static_cast<unsigned long long>(session_->id()), line.c_str());
     }
     // Adds the time since the last mark to `slot` (a command id, or one of the phases).
     void mark(size_t slot) {
@@ -64,7 +73,7 @@ class FrameProfile {
                             kReply = remote::kCmdMax + 3;
 
   private:
-    uint64_t session_;
+    Session* session_;
     bool on_ = false;
     Clock::time_point last_;
     std::array<uint64_t, remote::kCmdMax + 4> ns_{}, n_{};
@@ -89,7 +98,7 @@ void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t ke
     };
     FrameBuffer payload;
     Reply reply;
-    FrameProfile prof(session.id());
+    FrameProfile prof(session);
     for (;;) {
         uint8_t hdr[remote::kHeaderSize];
         size_t hdr_got = 0;

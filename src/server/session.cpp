@@ -6,8 +6,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <new>
 
+#include "core/copy.h"
 #include "ferry/checked.h"
 #include "remote-proto/protocol.h"
 #include "remote-proto/wire.h"
@@ -27,6 +30,20 @@ bool tokens_equal(const std::string& a, const std::string& b) {
         diff |= static_cast<unsigned>(a[i]) ^ static_cast<unsigned>(i < b.size() ? b[i] : 0);
     }
     return diff == 0;
+}
+
+// "entry N" (what errors of a node's kernel name it by), without snprintf: a table is named
+// entry by entry each time one is validated.
+void entry_name(char* out, uint32_t i) {
+    char digits[10];
+    int n = 0;
+    do {
+        digits[n++] = static_cast<char>('0' + i % 10);
+        i /= 10;
+    } while (i);
+    std::memcpy(out, "entry ", 6);
+    for (int k = 0; k < n; k++) out[6 + k] = digits[n - 1 - k];
+    out[6 + n] = '\0';
 }
 
 uint64_t elems(const Tensor* t) {
@@ -108,7 +125,44 @@ void Session::free_buffer(SrvBuffer& b) {
     counters_->buffers.fetch_sub(1);
 }
 
+Expected<uint8_t*> Session::read_stage(uint32_t dev, uint64_t size) {
+    if (stage_base_ && stage_dev_ == dev && stage_cap_ >= size) return stage_base_;
+    stage_buf_.reset();
+    stage_plain_.reset();
+    stage_base_ = nullptr;
+    stage_cap_ = 0;
+    const uint64_t cap = std::max<uint64_t>(size, 64u << 10);
+    // Page-locked memory only for reads the stage keeps (a decode step's logits); a larger
+    // read does not make the server pin memory for a client.
+    BufferType* hbt = cap <= kKeepReadStage ? opts_.devices[dev]->host_buffer_type() : nullptr;
+    if (hbt && hbt->is_host()) {
+        Expected<std::unique_ptr<Buffer>> b = hbt->allocate(static_cast<size_t>(cap));
+        if (b && (*b)->base()) {
+            stage_buf_ = std::move(*b);
+            stage_base_ = static_cast<uint8_t*>(stage_buf_->base());
+        }
+    }
+    if (!stage_base_) {
+        stage_plain_.reset(new (std::nothrow) uint8_t[cap]);  // uninitialized
+        if (!stage_plain_) {
+            return Status::errorf("no memory for a read of %llu bytes",
+                                  static_cast<unsigned long long>(size));
+        }
+        stage_base_ = stage_plain_.get();
+    }
+    stage_dev_ = dev;
+    stage_cap_ = cap;
+    return stage_base_;
+}
+
 void Session::handle(uint16_t cmd, const uint8_t* payload, size_t len, Reply* out) {
+    // The last reply has been sent (or copied): a large read stage is not kept.
+    if (stage_cap_ > kKeepReadStage) {
+        stage_buf_.reset();
+        stage_plain_.reset();
+        stage_base_ = nullptr;
+        stage_cap_ = 0;
+    }
     out->payload.clear();
     out->data = nullptr;
     out->data_len = 0;
@@ -554,7 +608,11 @@ Status Session::cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* o
         uint8_t* sbase = static_cast<uint8_t*>((*s)->buf->base());
         uint8_t* dbase = static_cast<uint8_t*>((*d)->buf->base());
         if (sbase && dbase) {
-            std::memmove(dbase + doff, sbase + so, size);
+            if (dbase == sbase) {
+                std::memmove(dbase + doff, sbase + so, size);  // may overlap
+            } else {
+                copy_bytes(dbase + doff, sbase + so, size);
+            }
             return Status::ok();
         }
         Tensor ts, td;
@@ -610,9 +668,15 @@ Status Session::cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* o
                 out->data_len = size;
                 return Status::ok();
             }
-            Writer w(&out->payload);
-            uint8_t* dst = w.reserve(size);
-            return (*b)->buf->get_tensor(&t, dst, 0, size);
+            // Device memory: copied into the session's read stage (host memory of the
+            // device: pinned for CUDA, so the copy is one DMA; not zero-filled first) and
+            // sent from there.
+            Expected<uint8_t*> dst = read_stage((*b)->dev, size);
+            if (!dst) return dst.status();
+            FERRY_TRY((*b)->buf->get_tensor(&t, *dst, 0, size));
+            out->data = *dst;
+            out->data_len = size;
+            return Status::ok();
         }
     }
 }
@@ -635,7 +699,7 @@ Status Session::build_table(const uint8_t* bytes, uint32_t n, bool with_storage,
         const remote::Entry e = remote::read_entry(r);
         if (!r.ok()) return Status::errorf("entry %u: truncated", i);
         Tensor& t = ts[i];
-        std::snprintf(t.name, sizeof(t.name), "entry %u", i);
+        entry_name(t.name, i);
         auto fail = [&](const Status& st) { return st.context(strfmt("entry %u", i)); };
         const TypeTraits* tr = type_traits_or_null(e.type);
         if (!tr || !tr->is_storage) return fail(Status::errorf("unknown type id %u", e.type));
@@ -759,6 +823,62 @@ Status Session::cmd_graph_compute(const uint8_t* p, size_t n, Reply* out) {
     const uint8_t mode = r.u8();
     if (!r.ok()) return Status::error("malformed request");
     FERRY_TRY(device(dev).status());
+    if (!(mode & remote::kGraphInputs)) return compute_table(dev, mode, r, out);
+    if (version_ < 4) return Status::errorf("unknown graph mode %u", mode);
+    // The step's input writes (version 4). Every one is checked (a handle of this session,
+    // its range inside that buffer) before any is applied, so a bad one changes nothing.
+    const uint32_t count = r.u32();
+    if (!r.ok() || count == 0 || count > remote::kMaxComputeInputs) {
+        return Status::errorf("%u inputs (1..%u)", count, remote::kMaxComputeInputs);
+    }
+    inputs_.clear();
+    for (uint32_t i = 0; i < count; i++) {
+        InputWrite in;
+        const uint64_t h = r.u64();
+        in.off = r.u64();
+        in.size = r.u64();
+        in.data = r.ok() ? r.bytes(in.size) : nullptr;
+        if (!in.data) return Status::errorf("input %u: truncated", i);
+        Expected<SrvBuffer*> b = lookup(h);
+        if (!b) return b.status().context(strfmt("input %u", i));
+        if (!range_within(in.off, in.size, (*b)->size)) {
+            return Status::errorf(
+                "input %u: range [%llu, +%llu) is outside the buffer of %llu bytes", i,
+                static_cast<unsigned long long>(in.off), static_cast<unsigned long long>(in.size),
+                static_cast<unsigned long long>((*b)->size));
+        }
+        in.b = *b;
+        inputs_.push_back(in);
+    }
+    // Writes into device memory of the compute's device go on its stream, in order before the
+    // compute (as a local run's inputs do), instead of one synchronous copy each; they read
+    // this frame's bytes and these tensors until the backend is synchronized, which every
+    // path below does before returning (run_cached on success).
+    Expected<Backend*> be = backend(dev);
+    if (!be) return be.status();
+    input_tensors_.assign(inputs_.size(), Tensor());
+    bool queued = false;
+    Status st;
+    for (size_t i = 0; i < inputs_.size() && st; i++) {
+        const InputWrite& in = inputs_[i];
+        Tensor& t = input_tensors_[i];
+        t.buffer = in.b->buf.get();
+        t.offs = in.off;
+        std::memcpy(t.name, "input", sizeof("input"));  // errors add its index
+        if (in.b->dev == dev && !t.buffer->base()) {
+            st = (*be)->set_tensor_async(&t, in.data, 0, in.size);
+            queued = true;
+        } else {
+            st = t.buffer->set_tensor(&t, in.data, 0, in.size);
+        }
+        if (!st) st = st.context(strfmt("input %zu", i));
+    }
+    if (st) st = compute_table(dev, static_cast<uint8_t>(mode & ~remote::kGraphInputs), r, out);
+    if (!st && queued) (void)(*be)->synchronize();
+    return st;
+}
+
+Status Session::compute_table(uint32_t dev, uint8_t mode, wire::Reader& r, Reply* out) {
     std::vector<uint8_t> bytes;
     uint32_t count = 0;
     bool delta = false;
@@ -835,11 +955,19 @@ Status Session::cmd_graph_compute(const uint8_t* p, size_t n, Reply* out) {
         g.hash = hash;
         g.dev = dev;
         g.charge = charge;
+        const auto t0 = time_validation_ ? std::chrono::steady_clock::now()
+                                         : std::chrono::steady_clock::time_point();
         FERRY_TRY(build_table(bytes.data(), count, true, dev, &g.tensors));
         for (Tensor& t : g.tensors) {
             (t.op == Op::NONE ? g.graph.leafs : g.graph.nodes).push_back(&t);
         }
         g.work = estimate_work(g.graph);
+        if (time_validation_) {
+            validation_ns_ +=
+                static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                          std::chrono::steady_clock::now() - t0)
+                                          .count());
+        }
         g.bytes = std::move(bytes);
         cache_misses_++;
         if (delta) delta_hits_++;

@@ -20,6 +20,7 @@
 
 #include "ferry/backend.h"
 #include "ferry/graph.h"
+#include "remote-proto/wire.h"
 
 namespace ferry::server {
 
@@ -75,6 +76,11 @@ class Session {
     void handle(uint16_t cmd, const uint8_t* payload, size_t len, Reply* out);
 
     uint64_t id() const { return id_; }
+    // Graph tables deserialized and validated (cache misses), and the time that took in
+    // nanoseconds (counted only when `timed`: FERRY_SERVE_PROFILE).
+    void time_validation(bool timed) { time_validation_ = timed; }
+    uint64_t validations() const { return cache_misses_; }
+    uint64_t validation_ns() const { return validation_ns_; }
     // Called (rate-limited by the caller) while a compute runs; true stops it (the client is
     // gone). Set by the connection; the fuzzer leaves it unset.
     void set_abort_check(std::function<bool()> fn) { abort_check_ = std::move(fn); }
@@ -119,6 +125,8 @@ class Session {
     Status cmd_supports_op(const uint8_t* p, size_t n, Reply* out);
     Status run_cached(uint32_t dev, Reply* out);
     Status cmd_graph_compute(const uint8_t* p, size_t n, Reply* out);
+    // The table part of a GRAPH_COMPUTE (mode kGraphFull or kGraphDelta), read from r.
+    Status compute_table(uint32_t dev, uint8_t mode, wire::Reader& r, Reply* out);
     Status cmd_stats(Reply* out);
     Status cmd_event(uint16_t cmd, const uint8_t* p, size_t n, Reply* out);
     Status cmd_alloc_size(const uint8_t* p, size_t n, Reply* out);
@@ -161,7 +169,28 @@ class Session {
     // explicit clear: an event may refer to its device's streams.
     std::map<uint64_t, SrvEvent> events_;
     std::list<CachedGraph> cache_;  // most recently used first
+    // GRAPH_COMPUTE's input writes (kept to reuse their memory from step to step).
+    struct InputWrite {
+        SrvBuffer* b = nullptr;
+        uint64_t off = 0, size = 0;
+        const uint8_t* data = nullptr;  // in the request's payload
+    };
+    std::vector<InputWrite> inputs_;
+    std::vector<Tensor> input_tensors_;
+    // Host memory TENSOR_GET copies device memory into before it is sent (a reply's data
+    // stays valid until the next request): for reads of at most kKeepReadStage bytes the
+    // device's host buffer type where it has one (pinned for CUDA), plain memory otherwise.
+    // At most kKeepReadStage bytes are kept between requests.
+    static constexpr uint64_t kKeepReadStage = 4u << 20;
+    Expected<uint8_t*> read_stage(uint32_t dev, uint64_t size);
+    std::unique_ptr<Buffer> stage_buf_;
+    std::unique_ptr<uint8_t[]> stage_plain_;
+    uint8_t* stage_base_ = nullptr;
+    uint64_t stage_cap_ = 0;
+    uint32_t stage_dev_ = 0;
     uint64_t requests_ = 0, errors_ = 0, cache_hits_ = 0, cache_misses_ = 0, delta_hits_ = 0;
+    bool time_validation_ = false;
+    uint64_t validation_ns_ = 0;
 };
 
 }  // namespace ferry::server

@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/env.h"
+
 namespace ferry::remote {
 
 Expected<std::shared_ptr<Connection>> Connection::open(const std::string& addr,
@@ -30,6 +32,8 @@ Expected<std::shared_ptr<Connection>> Connection::open(const std::string& addr,
         c->sock_.set_spin_ns(socket_spin_ns(true));
         unix_socket = a->kind == Address::Kind::Unix;
     }
+    c->fold_inputs_ = !env_off("FERRY_REMOTE_FOLD");
+    c->hold_compute_ = !env_off("FERRY_REMOTE_HOLD_COMPUTE");
     std::string tok = token;
     if (tok.empty()) {
         if (const char* env = std::getenv("FERRY_TOKEN")) tok = env;
@@ -62,14 +66,14 @@ Connection::~Connection() {
         if (sent_[c])
             per_cmd += strfmt(" %s=%llu", cmd_name(c), static_cast<unsigned long long>(sent_[c]));
     }
-    std::fprintf(stderr,
-                 "ferry remote %s: %llu waits, %llu sends, %llu receives, %llu bytes out, %llu "
-                 "bytes in;%s\n",
-                 addr_.c_str(), static_cast<unsigned long long>(waits_),
-                 static_cast<unsigned long long>(sends_),
-                 static_cast<unsigned long long>(in_.receives()),
-                 static_cast<unsigned long long>(bytes_out_),
-                 static_cast<unsigned long long>(bytes_in_), per_cmd.c_str());
+    std::fprintf(
+        stderr,
+        "ferry remote %s: %llu waits, %llu sends, %llu receives, %llu bytes out, %llu "
+        "bytes in; inputs folded into GRAPH_COMPUTE=%llu;%s\n",
+        addr_.c_str(), static_cast<unsigned long long>(waits_),
+        static_cast<unsigned long long>(sends_), static_cast<unsigned long long>(in_.receives()),
+        static_cast<unsigned long long>(bytes_out_), static_cast<unsigned long long>(bytes_in_),
+        static_cast<unsigned long long>(folded_), per_cmd.c_str());
 }
 
 Status Connection::error(const std::string& what, ErrorCode code) const {
@@ -84,6 +88,8 @@ Status Connection::fail(const std::string& why) {
         ring_.reset();
         pending_.clear();
         out_.clear();
+        inputs_.clear();
+        n_inputs_ = 0;
         in_.reset();
         close_fds_in();
     }
@@ -93,9 +99,9 @@ Status Connection::fail(const std::string& why) {
 namespace {
 
 // Requests whose sending may wait for the next one: the small data-path requests a step
-// posts before its compute (inputs, clears, posted reads). Anything that starts work (a
-// compute), changes what others can see (a free) or waits (a call) goes out at once, with
-// whatever is held.
+// posts around its compute (inputs, clears, posted reads; the compute itself, see
+// send_frame). Anything that changes what others can see (a free) or waits (a call) goes
+// out at once, with whatever is held.
 bool may_hold(Cmd cmd) {
     switch (cmd) {
         case Cmd::TENSOR_SET:
@@ -127,7 +133,12 @@ Status Connection::send_frame(Cmd cmd, uint64_t id, const wire::Writer& prefix, 
     bytes_out_ += kHeaderSize + len;
     uint8_t hdr[kHeaderSize];
     write_header(hdr, h);
-    if (may_hold(cmd) && HeldFrames::fits(kHeaderSize + len)) {
+    // A compute is held too (when its frame is small: a decode step's delta): what follows
+    // it, the read of its result and the wait, joins it in one send, and the server then
+    // finds both in one receive and answers both in one send. The next request or wait sends
+    // it, whichever comes first.
+    const bool hold = may_hold(cmd) || (cmd == Cmd::GRAPH_COMPUTE && hold_compute_);
+    if (hold && HeldFrames::fits(kHeaderSize + len)) {
         const bool send_now =
             out_.add({{hdr, kHeaderSize}, {prefix.data(), prefix.size()}, {data, size}});
         return send_now ? flush() : Status::ok();
@@ -140,12 +151,83 @@ Status Connection::send_frame(Cmd cmd, uint64_t id, const wire::Writer& prefix, 
 }
 
 Status Connection::flush() {
-    if (out_.empty() || dead_) return Status::ok();
+    if (dead_) return Status::ok();
+    FERRY_TRY(spill_inputs());
+    if (out_.empty()) return Status::ok();
     const uint8_t* parts[1] = {out_.data()};
     size_t left[1] = {out_.size()};
     Status st = write_parts(parts, left, 1);
     out_.clear();
     return st;
+}
+
+Status Connection::post_input(uint64_t handle, uint64_t offset, const void* data, size_t size) {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    if (dead_) return error("connection lost: " + dead_why_, ErrorCode::ConnectionLost);
+    if (!fold_inputs_ || size > kMaxFoldedInput) {
+        wire::Writer w;
+        w.u64(handle);
+        w.u64(offset);
+        w.u64(size);
+        return send_async(Cmd::TENSOR_SET, w, data, size);
+    }
+    if (n_inputs_ == kMaxComputeInputs || inputs_.size() + 24 + size > kMaxFoldedBytes) {
+        FERRY_TRY(spill_inputs());
+    }
+    wire::Writer w(&inputs_);
+    w.u64(handle);
+    w.u64(offset);
+    w.u64(size);
+    w.bytes(data, size);
+    n_inputs_++;
+    return Status::ok();
+}
+
+Status Connection::spill_inputs() {
+    if (!n_inputs_) return Status::ok();
+    std::vector<uint8_t> held;
+    held.swap(inputs_);
+    const uint32_t n = n_inputs_;
+    n_inputs_ = 0;
+    wire::Reader r(held.data(), held.size());
+    Status st;
+    for (uint32_t i = 0; i < n && st; i++) {
+        wire::Writer w;
+        w.u64(r.u64());
+        w.u64(r.u64());
+        const uint64_t size = r.u64();
+        w.u64(size);
+        const uint8_t* data = r.bytes(size);
+        st = send_async(Cmd::TENSOR_SET, w, data, static_cast<size_t>(size));
+    }
+    held.clear();
+    if (inputs_.empty()) inputs_.swap(held);  // keeps the memory for the next step
+    return st;
+}
+
+Status Connection::send_compute(uint32_t dev, uint8_t mode, const wire::Writer& body) {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    if (dead_) return error("connection lost: " + dead_why_, ErrorCode::ConnectionLost);
+    wire::Writer w;
+    w.u32(dev);
+    if (n_inputs_ && w.size() + 5 + inputs_.size() + body.size() + kHeaderSize <= kMaxPayload) {
+        w.u8(static_cast<uint8_t>(mode | kGraphInputs));
+        w.u32(n_inputs_);
+        w.bytes(inputs_.data(), inputs_.size());
+        folded_ += n_inputs_;
+        inputs_.clear();
+        n_inputs_ = 0;
+    } else {
+        FERRY_TRY(spill_inputs());
+        w.u8(mode);
+    }
+    const uint64_t id = next_id_++;
+    FERRY_TRY(send_frame(Cmd::GRAPH_COMPUTE, id, w, body.data(), body.size()));
+    Pending p;
+    p.id = id;
+    p.cmd = static_cast<uint16_t>(Cmd::GRAPH_COMPUTE);
+    pending_.push_back(std::move(p));
+    return Status::ok();
 }
 
 Status Connection::write_parts(const uint8_t** parts, size_t* left, int n_parts) {
@@ -322,6 +404,7 @@ Status Connection::send_async(Cmd cmd, const wire::Writer& prefix, const void* d
                               void* reply_dst, size_t reply_size) {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     if (dead_) return error("connection lost: " + dead_why_, ErrorCode::ConnectionLost);
+    FERRY_TRY(spill_inputs());  // held inputs go first, in the order they were posted
     const uint64_t id = next_id_++;
     FERRY_TRY(send_frame(cmd, id, prefix, data, size));
     Pending p;
@@ -349,6 +432,7 @@ Expected<Connection::Result> Connection::call(Cmd cmd, const wire::Writer& prefi
                                               size_t size) {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     if (dead_) return error("connection lost: " + dead_why_, ErrorCode::ConnectionLost);
+    FERRY_TRY(spill_inputs());
     const uint64_t id = next_id_++;
     FERRY_TRY(send_frame(cmd, id, prefix, data, size));
     Pending p;
@@ -381,6 +465,7 @@ Expected<Connection::Result> Connection::call(Cmd cmd, const wire::Writer& prefi
 
 Status Connection::drain() {
     std::lock_guard<std::recursive_mutex> lock(mu_);
+    if (!dead_) FERRY_TRY(spill_inputs());
     if (!pending_.empty()) waits_++;
     FERRY_TRY(flush());
     while (!pending_.empty()) {

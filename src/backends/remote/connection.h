@@ -37,6 +37,7 @@ class Connection {
     uint64_t caps() const { return caps_; }
     uint64_t waits() const { return waits_; }
     uint64_t bytes_in() const { return bytes_in_; }
+    uint64_t sends() const { return sends_; }
     uint64_t session_id() const { return session_; }
     std::recursive_mutex& mutex() { return mu_; }
 
@@ -54,6 +55,15 @@ class Connection {
     // exactly reply_size bytes) is written there when it arrives.
     Status send_async(Cmd cmd, const wire::Writer& prefix, const void* data = nullptr,
                       size_t size = 0, void* reply_dst = nullptr, size_t reply_size = 0);
+    // A posted TENSOR_SET of `size` bytes at `offset` of buffer `handle`: a small one is held
+    // and travels inside the next GRAPH_COMPUTE frame (its inputs section: no frame, no reply
+    // of its own; see kGraphInputs); it goes out as a TENSOR_SET frame instead when any other
+    // request is sent first, or when the held inputs are full. The bytes are copied before
+    // this returns.
+    Status post_input(uint64_t handle, uint64_t offset, const void* data, size_t size);
+    // Sends a GRAPH_COMPUTE on device `dev` with the held inputs; `body` is the table part
+    // of `mode` (kGraphFull or kGraphDelta).
+    Status send_compute(uint32_t dev, uint8_t mode, const wire::Writer& body);
     // Runs `fn` once every request sent so far has been answered (now, if none is in flight).
     Status after_pending(std::function<void()> fn);
     bool idle() const { return pending_.empty(); }
@@ -85,7 +95,9 @@ class Connection {
     // Sends a frame, or holds it (small data-path requests) to go out with the next one.
     Status send_frame(Cmd cmd, uint64_t id, const wire::Writer& prefix, const void* data,
                       size_t size);
-    Status flush();  // sends the held frames
+    Status flush();  // sends the held inputs and frames
+    // Sends the held inputs as TENSOR_SET frames (before a request that is not a compute).
+    Status spill_inputs();
     Status write_parts(const uint8_t** parts, size_t* left, int n_parts);
     // Reads one reply and retires the request at the front of the pipeline.
     Status read_reply(Result* sync_result, Status* sync_status);
@@ -111,12 +123,18 @@ class Connection {
     Status sticky_;
     std::deque<Pending> pending_;
     HeldFrames out_;  // held frames, sent before anything that waits or starts work
+    // Held inputs (post_input): n_inputs_ records of u64 handle, u64 offset, u64 size, bytes.
+    std::vector<uint8_t> inputs_;
+    uint32_t n_inputs_ = 0;
+    bool fold_inputs_ = true;  // FERRY_REMOTE_FOLD=0 sends every input as a TENSOR_SET
+    // FERRY_REMOTE_HOLD_COMPUTE=0 sends a GRAPH_COMPUTE at once instead of with what follows.
+    bool hold_compute_ = true;
     BufferedReader in_{sock_};
     std::vector<int> fds_in_;  // descriptors received, not yet handed to a call
     std::list<SentGraph> sent_graphs_;
     // Client-side counters, printed at exit when FERRY_REMOTE_STATS is set.
     uint64_t sent_[kCmdMax + 1] = {};
-    uint64_t bytes_out_ = 0, bytes_in_ = 0, waits_ = 0, sends_ = 0;
+    uint64_t bytes_out_ = 0, bytes_in_ = 0, waits_ = 0, sends_ = 0, folded_ = 0;
 };
 
 }  // namespace ferry::remote

@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "backends/remote/connection.h"
+#include "core/copy.h"
 #include "core/env.h"
 #include "ferry/remote.h"
 #include "remote-proto/protocol.h"
@@ -150,10 +151,12 @@ class RemoteBuffer : public Buffer {
         if (map_) {
             // Shared memory: written in place, once no queued work can still read it.
             if (!conn_->idle()) FERRY_TRY(conn_->drain());
-            if (size) std::memcpy(static_cast<uint8_t*>(map_) + off, src, size);
+            if (size) copy_bytes(static_cast<uint8_t*>(map_) + off, src, size);
             return Status::ok();
         }
         const uint8_t* p = static_cast<const uint8_t*>(src);
+        // A small write (a step's input) travels inside the next compute's frame.
+        if (size <= kMaxFoldedInput) return conn_->post_input(handle_, off, src, size);
         for (size_t done = 0; done < size || (size == 0 && done == 0);) {
             const size_t n = std::min<size_t>(size - done, kMaxChunk);
             wire::Writer w;
@@ -174,7 +177,7 @@ class RemoteBuffer : public Buffer {
         if (map_) {
             const uint8_t* from = static_cast<const uint8_t*>(map_) + off;
             return conn_->after_pending([=]() {
-                if (size) std::memcpy(dst, from, size);
+                if (size) copy_bytes(dst, from, size);
             });
         }
         // Into shared memory of the server's device (the host_buffer_type() of a remote
@@ -584,7 +587,7 @@ Expected<bool> RemoteBuffer::read_staged(uint64_t off, void* dst, size_t size) {
         return st;
     }
     FERRY_TRY(conn_->after_pending([=]() {
-        std::memcpy(dst, from, size);
+        copy_bytes(dst, from, size);
         dev->staging_read_done();
     }));
     return true;
@@ -834,12 +837,10 @@ class RemoteBackend : public Backend {
             std::list<Connection::SentGraph>& sent = conn_->sent_graphs();
             if (!sent.empty() && sent.front().hash == last_hash_) {
                 wire::Writer w;
-                w.u32(dev_->index());
-                w.u8(kGraphDelta);
                 w.u64(last_hash_);
                 w.u32(last_count_);
                 w.u32(0);
-                return conn_->send_async(Cmd::GRAPH_COMPUTE, w);
+                return conn_->send_compute(dev_->index(), kGraphDelta, w);
             }
         }
         Status st = compute_full(g);
@@ -904,8 +905,7 @@ class RemoteBackend : public Backend {
         last_table_count_ = n;
         const uint64_t hash = wire::hash64(table.data(), table.size());
         std::lock_guard<std::recursive_mutex> lock(conn_->mutex());
-        wire::Writer w;
-        w.u32(dev_->index());
+        wire::Writer w;  // the table part of the request
         const bool cache = (conn_->caps() & kCapGraphCache) != 0;
         // Delta against the most recent table of the same size the server still holds.
         std::list<Connection::SentGraph>& sent = conn_->sent_graphs();
@@ -928,8 +928,9 @@ class RemoteBackend : public Backend {
             }
             if (changed.size() * 2 > n) base = nullptr;
         }
+        uint8_t mode = kGraphFull;
         if (base) {
-            w.u8(kGraphDelta);
+            mode = kGraphDelta;
             w.u64(base->hash);
             w.u32(n);
             w.u32(static_cast<uint32_t>(changed.size()));
@@ -938,11 +939,10 @@ class RemoteBackend : public Backend {
                 w.bytes(table.data() + static_cast<size_t>(i) * kEntrySize, kEntrySize);
             }
         } else {
-            w.u8(kGraphFull);
             w.u32(n);
             w.bytes(table.data(), table.size());
         }
-        FERRY_TRY(conn_->send_async(Cmd::GRAPH_COMPUTE, w));
+        FERRY_TRY(conn_->send_compute(dev_->index(), mode, w));
         if (cache) {
             sent.remove_if([&](const Connection::SentGraph& s) { return s.hash == hash; });
             sent.push_front({hash, std::move(table)});
@@ -1060,6 +1060,7 @@ Expected<RemoteStats> remote_stats(Registry* reg) {
         std::lock_guard<std::recursive_mutex> lock(rr->conn()->mutex());
         s.client_waits = rr->conn()->waits();
         s.client_bytes_in = rr->conn()->bytes_in();
+        s.client_sends = rr->conn()->sends();
     }
     Expected<remote::Connection::Result> r =
         rr->conn()->call(remote::Cmd::SESSION_STATS, wire::Writer());
