@@ -71,6 +71,46 @@ struct MatKernels {
     int64_t packed_min_cols;
 };
 
+// --- Repacked path (weights rewritten once by CpuDevice::prepare_weights) ---------------------
+// Q4_0 weights in groups of kRepackRows consecutive rows, rewritten in place into the same
+// bytes (docs/cpu-repacked-weights.md): per 32-element block b of the group, at b * 144:
+//     bytes 0..15    the 8 rows' fp16 scales d (row r at 2r)
+//     bytes 16..143  4 vectors of 32 bytes: vector v holds bytes 4v..4v+3 of each row's qs
+//                    (row r at 16 + 32v + 4r), i.e. its elements 4v..4v+3 in the low nibbles
+//                    and 16+4v..16+4v+3 in the high ones
+// Rows past the last full group keep the GGUF layout. One vector of 8 rows x 4 quants meets 4
+// broadcast activation quants, so a dot ends in one lane per row: no horizontal sums, and the
+// weights of a group are one sequential stream.
+constexpr int kRepackRows = 8;
+
+struct RepackedKernels {
+    Type type;
+    // Bytes of one group of kRepackRows rows of n elements (= kRepackRows GGUF rows).
+    size_t (*group_bytes)(int64_t n);
+    // Rewrites the kRepackRows GGUF rows at x (consecutive) into a group; tmp: group_bytes.
+    void (*repack)(void* x, int64_t n, void* tmp);
+    // Writes row r < kRepackRows of group g in the GGUF layout (row_size(type, n) bytes).
+    void (*unpack_row)(const void* g, int64_t n, int r, void* out);
+    // Activation columns: quantize_b converts one F32 column of n elements into b_bytes(n)
+    // bytes: per block a float scale and an int32 offset term, then the column's Q8_0
+    // blocks from byte direct_b_offset(n) (what `direct` reads for the rows in GGUF layout).
+    FromFloatFn quantize_b;
+    size_t (*b_bytes)(int64_t n);
+    size_t (*direct_b_offset)(int64_t n);
+    // out[c * ldo + r] for the kRepackRows rows of group g, columns c < nc <= 4 at y + c * by.
+    void (*tile)(int64_t n, const void* g, const void* y, size_t by, int nc, float* out,
+                 size_t ldo);
+    // The direct tile for rows in GGUF layout against the Q8_0 part of the same columns.
+    DirectTileFn direct;
+};
+
+// Kernels for repacked weights of type t, nullptr when t has no repacked layout. portable:
+// the scalar kernels (the oracle; their results are bit-identical to the vector ones).
+const RepackedKernels* repacked_kernels(Type t, bool portable = false);
+// Whether this build repacks weights of type t at load: where a vector kernel for the layout
+// exists (AVX2 builds; AVX-512 builds keep their own direct tiles and repack nothing).
+bool repack_by_default(Type t);
+
 // Kernels for weight type t (a storage type other than I32). portable = true selects the
 // scalar kernels even where SIMD ones exist (tests compare the two).
 const MatKernels& mat_kernels(Type t, bool portable = false);
