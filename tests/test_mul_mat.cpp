@@ -440,11 +440,16 @@ std::vector<uint8_t> repack_copy(const cpu::simd::RepackedKernels& rk, const uin
     return out;
 }
 
-TEST(MulMatRepacked, KernelsMatchOracleAndPortableBitExactly) {
-    const Type t = Type::Q4_0;
+const Type kRepackTypes[] = {Type::Q4_0, Type::Q4_K};
+
+class MulMatRepacked : public ::testing::TestWithParam<Type> {};
+
+TEST_P(MulMatRepacked, KernelsMatchOracleAndPortableBitExactly) {
+    const Type t = GetParam();
+    const int64_t bs = block_size(t);
     // Rows no multiple of 8 (tails of 1..7 rows), one block per row, one to nine columns.
-    const KernelCase cases[] = {{32, 8, 1},  {32, 9, 3},   {96, 13, 5},  {160, 37, 9},
-                                {64, 16, 4}, {256, 71, 2}, {2048, 24, 6}};
+    const KernelCase cases[] = {{bs, 8, 1},      {bs, 9, 3},      {3 * bs, 13, 5}, {5 * bs, 37, 9},
+                                {2 * bs, 16, 4}, {8 * bs, 71, 2}, {2048, 24, 6}};
     for (const KernelCase& kc : cases) {
         const std::vector<float> af = random_floats(static_cast<size_t>(kc.m * kc.k), 13);
         const std::vector<float> bf = random_floats(static_cast<size_t>(kc.n * kc.k), 14);
@@ -479,13 +484,15 @@ TEST(MulMatRepacked, KernelsMatchOracleAndPortableBitExactly) {
     }
 }
 
-TEST(MulMatRepacked, UnpackRowGivesTheGgufRows) {
-    const cpu::simd::RepackedKernels* rk = cpu::simd::repacked_kernels(Type::Q4_0);
+TEST_P(MulMatRepacked, UnpackRowGivesTheGgufRows) {
+    const Type t = GetParam();
+    const cpu::simd::RepackedKernels* rk = cpu::simd::repacked_kernels(t);
     ASSERT_NE(rk, nullptr);
-    const int64_t k = 96, m = 8;
-    const size_t rs = row_size(Type::Q4_0, k);
-    const std::vector<float> af = random_floats(static_cast<size_t>(m * k), 21);
-    const std::vector<uint8_t> a = quantize_rows(Type::Q4_0, af.data(), m, k);
+    const int64_t k = 3 * block_size(t), m = 8;
+    const size_t rs = row_size(t, k);
+    // Wide range: Q4_K's 6-bit scales and mins take many values, high bits included.
+    const std::vector<float> af = random_floats(static_cast<size_t>(m * k), 21, -3.0f, 5.0f);
+    const std::vector<uint8_t> a = quantize_rows(t, af.data(), m, k);
     const std::vector<uint8_t> ar = repack_copy(*rk, a.data(), k, m);
     std::vector<uint8_t> row(rs);
     for (int r = 0; r < m; r++) {
@@ -494,26 +501,26 @@ TEST(MulMatRepacked, UnpackRowGivesTheGgufRows) {
     }
 }
 
-// A Q4_0 weight [k, m] in a CPU host buffer, filled with quantized random rows.
+// A weight [k, m] of type t in a CPU host buffer, filled with quantized random rows.
 struct Weight {
     Context ctx;
     Tensor* w = nullptr;
     std::unique_ptr<Buffer> buf;
     std::vector<uint8_t> bytes;  // the GGUF bytes
-    Weight(int64_t k, int64_t m, uint32_t seed) {
-        w = ctx.new_tensor(Type::Q4_0, {k, m});
+    Weight(Type t, int64_t k, int64_t m, uint32_t seed) {
+        w = ctx.new_tensor(t, {k, m});
         auto b = allocate_context_tensors(ctx, cpu::host_buffer_type());
         EXPECT_TRUE(b.has_value()) << b.message();
         buf = std::move(*b);
         const std::vector<float> f = random_floats(static_cast<size_t>(k * m), seed);
-        bytes = quantize_rows(Type::Q4_0, f.data(), m, k);
+        bytes = quantize_rows(t, f.data(), m, k);
         EXPECT_TRUE(buf->set_tensor(w, bytes.data(), 0, bytes.size()).is_ok());
     }
     bool repack() {
         bool done = false;
         auto* hb = dynamic_cast<cpu::HostBuffer*>(buf.get());
         EXPECT_NE(hb, nullptr);
-        const Status st = hb->repack(w, cpu::simd::repacked_kernels(Type::Q4_0), &done);
+        const Status st = hb->repack(w, cpu::simd::repacked_kernels(w->type), &done);
         EXPECT_TRUE(st.is_ok()) << st.message();
         return done;
     }
@@ -535,11 +542,11 @@ std::vector<float> weight_times(Tensor* w, int64_t n, int nth, Status* st) {
     return std::vector<float>(o, o + out->nelements());
 }
 
-TEST(MulMatRepacked, OpOnRepackedWeightMatchesGgufLayout) {
+TEST_P(MulMatRepacked, OpOnRepackedWeightMatchesGgufLayout) {
     // Decode (1 column), few columns, prefill (packed path in the GGUF layout); rows with a
     // tail of 3 past the last group.
     for (int64_t n : {1, 3, 40}) {
-        Weight wt(256, 75, 41);
+        Weight wt(GetParam(), 512, 75, 41);
         Status st;
         const std::vector<float> plain = weight_times(wt.w, n, 2, &st);
         ASSERT_TRUE(st.is_ok()) << st.message();
@@ -562,8 +569,9 @@ TEST(MulMatRepacked, OpOnRepackedWeightMatchesGgufLayout) {
     }
 }
 
-TEST(MulMatRepacked, GetTensorSetTensorAndCopyReadGgufBytes) {
-    Weight wt(128, 21, 51);
+TEST_P(MulMatRepacked, GetTensorSetTensorAndCopyReadGgufBytes) {
+    const Type t = GetParam();
+    Weight wt(t, 256, 21, 51);
     ASSERT_TRUE(wt.repack());
     const size_t size = wt.bytes.size();
     EXPECT_NE(0, std::memcmp(wt.w->data, wt.bytes.data(), size)) << "stored bytes not repacked";
@@ -579,7 +587,7 @@ TEST(MulMatRepacked, GetTensorSetTensorAndCopyReadGgufBytes) {
     }
     // copy_tensor into another host buffer gives the GGUF bytes.
     Context ctx;
-    Tensor* dst = ctx.new_tensor(Type::Q4_0, {128, 21});
+    Tensor* dst = ctx.new_tensor(t, {256, 21});
     auto db = allocate_context_tensors(ctx, cpu::host_buffer_type());
     ASSERT_TRUE(db.has_value());
     ASSERT_TRUE((*db)->copy_tensor(wt.w, dst));
@@ -593,8 +601,8 @@ TEST(MulMatRepacked, GetTensorSetTensorAndCopyReadGgufBytes) {
     EXPECT_EQ(0, std::memcmp(wt.w->data, want.data(), size));
 }
 
-TEST(MulMatRepacked, GetRowsOfRepackedWeightGivesTheSameRows) {
-    Weight wt(96, 19, 61);  // 2 groups and 3 GGUF rows
+TEST_P(MulMatRepacked, GetRowsOfRepackedWeightGivesTheSameRows) {
+    Weight wt(GetParam(), 512, 19, 61);  // 2 groups and 3 GGUF rows
     auto rows_of = [&](Status* st) {
         Context ctx;
         Tensor* idx = ctx.new_tensor(Type::I32, {6});
@@ -618,12 +626,12 @@ TEST(MulMatRepacked, GetRowsOfRepackedWeightGivesTheSameRows) {
     EXPECT_EQ(plain, packed);
 }
 
-TEST(MulMatRepacked, ViewIntoRepackedWeightIsAClearError) {
-    Weight wt(64, 16, 71);
+TEST_P(MulMatRepacked, ViewIntoRepackedWeightIsAClearError) {
+    Weight wt(GetParam(), 256, 16, 71);
     ASSERT_TRUE(wt.repack());
     Context ctx;
-    Tensor* v = ctx.view(wt.w, {64, 8}, {wt.w->nb[1]}, wt.w->nb[1] * 8);
-    Tensor* b = ctx.new_tensor(Type::F32, {64, 1});
+    Tensor* v = ctx.view(wt.w, {256, 8}, {wt.w->nb[1]}, wt.w->nb[1] * 8);
+    Tensor* b = ctx.new_tensor(Type::F32, {256, 1});
     Tensor* out = ctx.mul_mat(v, b);
     auto buf = allocate_context_tensors(ctx, cpu::host_buffer_type());
     ASSERT_TRUE(buf.has_value()) << buf.message();
@@ -634,13 +642,13 @@ TEST(MulMatRepacked, ViewIntoRepackedWeightIsAClearError) {
     EXPECT_NE(st.message().find("repacked"), std::string::npos) << st.message();
 }
 
-TEST(MulMatRepacked, DevicePrepareWeightsRepacksUnlessSwitchedOff) {
+TEST_P(MulMatRepacked, DevicePrepareWeightsRepacksUnlessSwitchedOff) {
     Device* cpu = cpu_device();
     ASSERT_NE(cpu, nullptr);
     EXPECT_TRUE(cpu->caps().prepare_weights);
-    const bool want = cpu::simd::repack_by_default(Type::Q4_0);
+    const bool want = cpu::simd::repack_by_default(GetParam());
     {
-        Weight wt(64, 16, 81);
+        Weight wt(GetParam(), 256, 16, 81);
         ::setenv("FERRY_CPU_REPACK", "0", 1);
         Tensor* ws[] = {wt.w};
         ASSERT_TRUE(cpu->prepare_weights(ws).is_ok());
@@ -655,5 +663,10 @@ TEST(MulMatRepacked, DevicePrepareWeightsRepacksUnlessSwitchedOff) {
         EXPECT_EQ(got, wt.bytes);
     }
 }
+
+INSTANTIATE_TEST_SUITE_P(Types, MulMatRepacked, ::testing::ValuesIn(kRepackTypes),
+                         [](const ::testing::TestParamInfo<Type>& info) {
+                             return std::string(type_name(info.param));
+                         });
 
 }  // namespace

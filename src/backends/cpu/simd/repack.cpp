@@ -130,6 +130,155 @@ void q4_0_tile_scalar(int64_t n, const void* gp, const void* yp, size_t by, int 
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Q4_K: per 256-element super-block i of a group, 1152 bytes at i * 1152 (layout in simd.h).
+
+constexpr size_t kKBlk = sizeof(BlockQ4_K);            // 144
+constexpr size_t kKGroupBlk = kR * sizeof(BlockQ4_K);  // 1152
+constexpr size_t kKLow = 32, kKHigh = 96, kKQs = 128;
+
+size_t q4_k_group_bytes(int64_t n) {
+    return kR * row_size(Type::Q4_K, n);
+}
+
+// 6-bit scale and min j of a GGUF Q4_K block's 12 scale bytes q.
+inline void k_scale_min(const uint8_t* q, int j, int* sc, int* mn) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *mn = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+        *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+// Scale and min j of row r in a repacked super-block.
+inline void rk_scale_min(const uint8_t* gb, int j, int r, int* sc, int* mn) {
+    const uint8_t lo = gb[kKLow + 8 * j + r];
+    const uint8_t hb = gb[kKHigh + 8 * (j & 3) + r];
+    const int h = j < 4 ? (hb & 0x0f) : (hb >> 4);
+    *sc = (lo & 0x0f) | ((h & 3) << 4);
+    *mn = (lo >> 4) | ((h >> 2) << 4);
+}
+
+void q4_k_repack(void* x, int64_t n, void* tmp) {
+    const size_t rs = row_size(Type::Q4_K, n);
+    std::memcpy(tmp, x, kR * rs);
+    const auto* src = static_cast<const uint8_t*>(tmp);
+    auto* dst = static_cast<uint8_t*>(x);
+    for (int64_t i = 0; i < n / kQK_K; i++) {
+        uint8_t* g = dst + i * kKGroupBlk;
+        std::memset(g + kKHigh, 0, 32);
+        for (int r = 0; r < kR; r++) {
+            const uint8_t* blk = src + r * rs + i * kKBlk;
+            std::memcpy(g + 2 * r, blk, 2);           // d
+            std::memcpy(g + 16 + 2 * r, blk + 2, 2);  // dmin
+            for (int j = 0; j < 8; j++) {
+                int sc, mn;
+                k_scale_min(blk + 4, j, &sc, &mn);
+                g[kKLow + 8 * j + r] = static_cast<uint8_t>((sc & 0x0f) | ((mn & 0x0f) << 4));
+                const int h = (sc >> 4) | ((mn >> 4) << 2);
+                g[kKHigh + 8 * (j & 3) + r] |= static_cast<uint8_t>(j < 4 ? h : h << 4);
+            }
+            const uint8_t* qs = blk + 4 + kKScaleSize;
+            for (int ch = 0; ch < 4; ch++) {
+                for (int v = 0; v < 8; v++) {
+                    std::memcpy(g + kKQs + 256 * ch + 32 * v + 4 * r, qs + 32 * ch + 4 * v, 4);
+                }
+            }
+        }
+    }
+}
+
+void q4_k_unpack_row(const void* gp, int64_t n, int r, void* out) {
+    const auto* g = static_cast<const uint8_t*>(gp);
+    auto* o = static_cast<uint8_t*>(out);
+    for (int64_t i = 0; i < n / kQK_K; i++) {
+        const uint8_t* gb = g + i * kKGroupBlk;
+        uint8_t* blk = o + i * kKBlk;
+        std::memcpy(blk, gb + 2 * r, 2);
+        std::memcpy(blk + 2, gb + 16 + 2 * r, 2);
+        int sc[8], mn[8];
+        for (int j = 0; j < 8; j++) rk_scale_min(gb, j, r, &sc[j], &mn[j]);
+        uint8_t* q = blk + 4;
+        for (int j = 0; j < 4; j++) {
+            q[j] = static_cast<uint8_t>((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+            q[j + 4] = static_cast<uint8_t>((mn[j] & 63) | ((mn[j + 4] >> 4) << 6));
+            q[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0x0f) | ((mn[j + 4] & 0x0f) << 4));
+        }
+        uint8_t* qs = blk + 4 + kKScaleSize;
+        for (int ch = 0; ch < 4; ch++) {
+            for (int v = 0; v < 8; v++) {
+                std::memcpy(qs + 32 * ch + 4 * v, gb + kKQs + 256 * ch + 32 * v + 4 * r, 4);
+            }
+        }
+    }
+}
+
+// Columns: per super-block the 8 sub-block sums of the quants (int16), then the Q8_K blocks.
+size_t k_col_extras(int64_t n) {
+    return static_cast<size_t>(n / kQK_K) * 16;
+}
+size_t q4_k_b_bytes(int64_t n) {
+    return k_col_extras(n) + row_size(Type::Q8_K, n);
+}
+
+void q4_k_quantize_b(const float* x, void* y, int64_t n) {
+    auto* base = static_cast<uint8_t*>(y);
+    uint8_t* q = base + k_col_extras(n);
+    quantize_row_q8_k(x, q, n);
+    for (int64_t i = 0; i < n / kQK_K; i++) {
+        const auto* blk = reinterpret_cast<const BlockQ8_K*>(q + i * sizeof(BlockQ8_K));
+        for (int j = 0; j < 8; j++) {
+            const int16_t s = static_cast<int16_t>(blk->bsums[2 * j] + blk->bsums[2 * j + 1]);
+            std::memcpy(base + 16 * i + 2 * j, &s, 2);
+        }
+    }
+}
+
+inline const BlockQ8_K* k_col_block(const uint8_t* yc, int64_t n, int64_t i) {
+    return reinterpret_cast<const BlockQ8_K*>(yc + k_col_extras(n) + i * sizeof(BlockQ8_K));
+}
+
+void q4_k_tile_scalar(int64_t n, const void* gp, const void* yp, size_t by, int nc, float* out,
+                      size_t ldo) {
+    const auto* g = static_cast<const uint8_t*>(gp);
+    for (int c = 0; c < nc; c++) {
+        const uint8_t* yc = static_cast<const uint8_t*>(yp) + c * by;
+        for (int r = 0; r < kR; r++) {
+            float acc = 0.0f;
+            for (int64_t i = 0; i < n / kQK_K; i++) {
+                const uint8_t* gb = g + i * kKGroupBlk;
+                const BlockQ8_K* y = k_col_block(yc, n, i);
+                int32_t isum = 0, msum = 0;
+                for (int j = 0; j < 8; j++) {
+                    int sc, mn;
+                    rk_scale_min(gb, j, r, &sc, &mn);
+                    const int ch = j / 2, hi = j % 2;
+                    int32_t dot = 0;
+                    for (int v = 0; v < 8; v++) {
+                        for (int b = 0; b < 4; b++) {
+                            const uint8_t byte = gb[kKQs + 256 * ch + 32 * v + 4 * r + b];
+                            const int u = hi ? byte >> 4 : byte & 0x0f;
+                            dot += u * y->qs[64 * ch + 32 * hi + 4 * v + b];
+                        }
+                    }
+                    isum += sc * dot;
+                    int16_t bs;
+                    std::memcpy(&bs, yc + 16 * i + 2 * j, 2);
+                    msum += mn * bs;
+                }
+                fp16_t hd, hm;
+                std::memcpy(&hd, gb + 2 * r, 2);
+                std::memcpy(&hm, gb + 16 + 2 * r, 2);
+                acc = std::fma(static_cast<float>(isum), fp16_to_fp32(hd) * y->d, acc);
+                acc = std::fma(static_cast<float>(msum), -(fp16_to_fp32(hm) * y->d), acc);
+            }
+            out[c * ldo + r] = acc;
+        }
+    }
+}
+
 #if FERRY_REPACK_AVX2
 
 inline int32_t load_i32(const void* p) {
@@ -185,6 +334,105 @@ void q4_0_tile_avx2(int64_t n, const void* g, const void* y, size_t by, int nc, 
     table[nc - 1](n, static_cast<const uint8_t*>(g), static_cast<const uint8_t*>(y), by, out, ldo);
 }
 
+// Q4_K, NC <= 2 columns (the int16 sums of both halves of a chunk for NC columns, their int32
+// totals and the float accumulators stay in registers). Per super-block the scales and mins are
+// unpacked once into int16 vectors: sc[j] with row r's scale in both words of dword r (for
+// vpmaddwd against the chunk's int16 pair sums), mp[k] with (min 2k, min 2k + 1) of row r in
+// dword r (against the column's sub-block sums 2k, 2k + 1).
+template <int NC>
+void q4_k_tile_avx2_n(int64_t n, const uint8_t* g, const uint8_t* y, size_t by, float* out,
+                      size_t ldo) {
+    const int64_t nsb = n / kQK_K;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i m30 = _mm256_set1_epi8(0x30);
+    const __m128i dup0 = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m128i dup1 = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+    const __m128i pair = _mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    __m256 acc[NC];
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nsb; i++) {
+        const uint8_t* gb = g + i * kKGroupBlk;
+        const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + kKLow));
+        const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + kKLow + 32));
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + kKHigh));
+        // Bytes 8j' + r (j' = j % 4, two j' per 128-bit lane): scales / mins of j 0..3, 4..7.
+        const __m256i sc03 = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                             _mm256_and_si256(_mm256_slli_epi16(h, 4), m30));
+        const __m256i mn03 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                             _mm256_and_si256(_mm256_slli_epi16(h, 2), m30));
+        const __m256i sc47 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(h, m30));
+        const __m256i mn47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                             _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
+        const __m128i sc_lane[4] = {_mm256_castsi256_si128(sc03), _mm256_extracti128_si256(sc03, 1),
+                                    _mm256_castsi256_si128(sc47),
+                                    _mm256_extracti128_si256(sc47, 1)};
+        const __m128i mn_lane[4] = {_mm256_castsi256_si128(mn03), _mm256_extracti128_si256(mn03, 1),
+                                    _mm256_castsi256_si128(mn47),
+                                    _mm256_extracti128_si256(mn47, 1)};
+        __m256i isum[NC], msum[NC];
+        for (int c = 0; c < NC; c++) {
+            isum[c] = _mm256_setzero_si256();
+            msum[c] = _mm256_setzero_si256();
+        }
+        for (int k = 0; k < 4; k++) {
+            const __m256i mp = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(mn_lane[k], pair));
+            for (int c = 0; c < NC; c++) {
+                const __m256i bs = _mm256_set1_epi32(load_i32(y + c * by + 16 * i + 4 * k));
+                msum[c] = _mm256_add_epi32(msum[c], _mm256_madd_epi16(mp, bs));
+            }
+        }
+        for (int ch = 0; ch < 4; ch++) {
+            const uint8_t* wq = gb + kKQs + 256 * ch;
+            __m256i plo[NC], phi[NC];
+            for (int v = 0; v < 8; v++) {
+                const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + 32 * v));
+                const __m256i lo = _mm256_and_si256(w, m4);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+                for (int c = 0; c < NC; c++) {
+                    const int8_t* q = k_col_block(y + c * by, n, i)->qs + 64 * ch + 4 * v;
+                    const __m256i a = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(q)));
+                    const __m256i b = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(q + 32)));
+                    plo[c] = v == 0 ? a : _mm256_add_epi16(plo[c], a);
+                    phi[c] = v == 0 ? b : _mm256_add_epi16(phi[c], b);
+                }
+            }
+            // Sub-blocks 2ch (low nibbles) and 2ch + 1: lane ch / 2 of sc03 / sc47... j = 2ch
+            // sits at bytes 8 (j % 2) of lane (j % 4) / 2 of sc03 (j < 4) or sc47.
+            const __m128i sl = sc_lane[ch];  // j = 2ch, 2ch + 1: lane ch of (sc03, sc47)
+            const __m256i s0 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sl, dup0));
+            const __m256i s1 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sl, dup1));
+            for (int c = 0; c < NC; c++) {
+                isum[c] = _mm256_add_epi32(
+                    isum[c],
+                    _mm256_add_epi32(_mm256_madd_epi16(plo[c], s0), _mm256_madd_epi16(phi[c], s1)));
+            }
+        }
+        const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb)));
+        const __m256 mx =
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16)));
+        for (int c = 0; c < NC; c++) {
+            const __m256 dy = _mm256_set1_ps(k_col_block(y + c * by, n, i)->d);
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(dx, dy), acc[c]);
+            const __m256 nm = _mm256_xor_ps(_mm256_mul_ps(mx, dy), _mm256_set1_ps(-0.0f));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum[c]), nm, acc[c]);
+        }
+    }
+    for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + c * ldo, acc[c]);
+}
+
+void q4_k_tile_avx2(int64_t n, const void* g, const void* y, size_t by, int nc, float* out,
+                    size_t ldo) {
+    const auto* gp = static_cast<const uint8_t*>(g);
+    const auto* yp = static_cast<const uint8_t*>(y);
+    for (int c = 0; c < nc; c += 2) {
+        if (nc - c >= 2) {
+            q4_k_tile_avx2_n<2>(n, gp, yp + c * by, by, out + c * ldo, ldo);
+        } else {
+            q4_k_tile_avx2_n<1>(n, gp, yp + c * by, by, out + c * ldo, ldo);
+        }
+    }
+}
+
 #endif  // FERRY_REPACK_AVX2
 
 RepackedKernels make_q4_0(bool portable) {
@@ -209,13 +457,38 @@ RepackedKernels make_q4_0(bool portable) {
     return k;
 }
 
+RepackedKernels make_q4_k(bool portable) {
+    // The fast and portable Q4_K direct tiles both read Q8_K blocks.
+    RepackedKernels k{};
+    k.type = Type::Q4_K;
+    k.group_bytes = q4_k_group_bytes;
+    k.repack = q4_k_repack;
+    k.unpack_row = q4_k_unpack_row;
+    k.quantize_b = q4_k_quantize_b;
+    k.b_bytes = q4_k_b_bytes;
+    k.direct_b_offset = k_col_extras;
+    k.tile = q4_k_tile_scalar;
+    k.direct = mat_kernels(Type::Q4_K, portable).direct;
+#if FERRY_REPACK_AVX2
+    if (!portable) k.tile = q4_k_tile_avx2;
+#endif
+    return k;
+}
+
 }  // namespace
 
 const RepackedKernels* repacked_kernels(Type t, bool portable) {
-    if (t != Type::Q4_0) return nullptr;
-    static const RepackedKernels fast = make_q4_0(false);
-    static const RepackedKernels port = make_q4_0(true);
-    return portable ? &port : &fast;
+    if (t == Type::Q4_0) {
+        static const RepackedKernels fast = make_q4_0(false);
+        static const RepackedKernels port = make_q4_0(true);
+        return portable ? &port : &fast;
+    }
+    if (t == Type::Q4_K) {
+        static const RepackedKernels fast = make_q4_k(false);
+        static const RepackedKernels port = make_q4_k(true);
+        return portable ? &port : &fast;
+    }
+    return nullptr;
 }
 
 bool repack_by_default(Type t) {

@@ -72,12 +72,21 @@ struct MatKernels {
 };
 
 // --- Repacked path (weights rewritten once by CpuDevice::prepare_weights) ---------------------
-// Q4_0 weights in groups of kRepackRows consecutive rows, rewritten in place into the same
+// Q4_0 and Q4_K weights in groups of kRepackRows consecutive rows, rewritten in place into the same
 // bytes (docs/cpu-repacked-weights.md): per 32-element block b of the group, at b * 144:
 //     bytes 0..15    the 8 rows' fp16 scales d (row r at 2r)
 //     bytes 16..143  4 vectors of 32 bytes: vector v holds bytes 4v..4v+3 of each row's qs
 //                    (row r at 16 + 32v + 4r), i.e. its elements 4v..4v+3 in the low nibbles
 //                    and 16+4v..16+4v+3 in the high ones
+// Q4_K weights, per 256-element super-block i of a group, at i * 1152:
+//     bytes 0..15    the 8 rows' fp16 d; 16..31 their fp16 dmin
+//     bytes 32..95   low 4 bits of scale (low nibble) and min (high nibble) of sub-block j of
+//                    row r at 32 + 8j + r
+//     bytes 96..127  their high 2 bits, (scale >> 4) | (min >> 4) << 2, at 96 + 8 (j % 4) + r,
+//                    low nibble for j < 4, high nibble for j >= 4
+//     bytes 128..    4 chunks of 256 bytes: chunk ch holds 8 vectors, vector v (at 128 + 256 ch
+//                    + 32v) bytes 4v..4v+3 of each row's qs chunk ch (row r at 4r): elements
+//                    64ch + 4v.. in the low nibbles, 64ch + 32 + 4v.. in the high ones
 // Rows past the last full group keep the GGUF layout. One vector of 8 rows x 4 quants meets 4
 // broadcast activation quants, so a dot ends in one lane per row: no horizontal sums, and the
 // weights of a group are one sequential stream.
@@ -92,8 +101,9 @@ struct RepackedKernels {
     // Writes row r < kRepackRows of group g in the GGUF layout (row_size(type, n) bytes).
     void (*unpack_row)(const void* g, int64_t n, int r, void* out);
     // Activation columns: quantize_b converts one F32 column of n elements into b_bytes(n)
-    // bytes: per block a float scale and an int32 offset term, then the column's Q8_0
-    // blocks from byte direct_b_offset(n) (what `direct` reads for the rows in GGUF layout).
+    // bytes: per-block terms (Q4_0: a float scale and the int32 -8 * sum q per block; Q4_K:
+    // the 8 sub-block sums of q per super-block, int16), then the column's Q8_0 / Q8_K blocks
+    // from byte direct_b_offset(n) (what `direct` reads for the rows in GGUF layout).
     FromFloatFn quantize_b;
     size_t (*b_bytes)(int64_t n);
     size_t (*direct_b_offset)(int64_t n);
