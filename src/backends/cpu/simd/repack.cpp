@@ -279,6 +279,103 @@ void q4_k_tile_scalar(int64_t n, const void* gp, const void* yp, size_t by, int 
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Q6_K: per 256-element super-block i of a group, 1680 bytes at i * 1680 (layout in simd.h).
+// Activation columns are plain Q8_K blocks (their bsums are per 16 elements, the scale block).
+
+constexpr size_t k6Blk = sizeof(BlockQ6_K);            // 210
+constexpr size_t k6GroupBlk = kR * sizeof(BlockQ6_K);  // 1680
+constexpr size_t k6Sc = 16, k6Ql = 144, k6Qh = 1168;
+
+size_t q6_k_group_bytes(int64_t n) {
+    return kR * row_size(Type::Q6_K, n);
+}
+
+void q6_k_repack(void* x, int64_t n, void* tmp) {
+    const size_t rs = row_size(Type::Q6_K, n);
+    std::memcpy(tmp, x, kR * rs);
+    const auto* src = static_cast<const uint8_t*>(tmp);
+    auto* dst = static_cast<uint8_t*>(x);
+    for (int64_t i = 0; i < n / kQK_K; i++) {
+        uint8_t* g = dst + i * k6GroupBlk;
+        for (int r = 0; r < kR; r++) {
+            const auto* blk = reinterpret_cast<const BlockQ6_K*>(src + r * rs + i * k6Blk);
+            std::memcpy(g + 2 * r, &blk->d, 2);
+            for (int j = 0; j < 16; j++) std::memcpy(g + k6Sc + 8 * j + r, &blk->scales[j], 1);
+            for (int h = 0; h < 2; h++) {
+                for (int w = 0; w < 16; w++) {
+                    std::memcpy(g + k6Ql + 512 * h + 32 * w + 4 * r, blk->ql + 64 * h + 4 * w, 4);
+                }
+                for (int v = 0; v < 8; v++) {
+                    std::memcpy(g + k6Qh + 256 * h + 32 * v + 4 * r, blk->qh + 32 * h + 4 * v, 4);
+                }
+            }
+        }
+    }
+}
+
+void q6_k_unpack_row(const void* gp, int64_t n, int r, void* out) {
+    const auto* g = static_cast<const uint8_t*>(gp);
+    auto* o = static_cast<uint8_t*>(out);
+    for (int64_t i = 0; i < n / kQK_K; i++) {
+        const uint8_t* gb = g + i * k6GroupBlk;
+        auto* blk = reinterpret_cast<BlockQ6_K*>(o + i * k6Blk);
+        std::memcpy(&blk->d, gb + 2 * r, 2);
+        for (int j = 0; j < 16; j++) std::memcpy(&blk->scales[j], gb + k6Sc + 8 * j + r, 1);
+        for (int h = 0; h < 2; h++) {
+            for (int w = 0; w < 16; w++) {
+                std::memcpy(blk->ql + 64 * h + 4 * w, gb + k6Ql + 512 * h + 32 * w + 4 * r, 4);
+            }
+            for (int v = 0; v < 8; v++) {
+                std::memcpy(blk->qh + 32 * h + 4 * v, gb + k6Qh + 256 * h + 32 * v + 4 * r, 4);
+            }
+        }
+    }
+}
+
+size_t q8_k_bytes(int64_t n) {
+    return row_size(Type::Q8_K, n);
+}
+size_t no_extras(int64_t) {
+    return 0;
+}
+
+// The 6-bit quant of element e (< 256) of row r in a repacked super-block.
+inline int q6_u(const uint8_t* gb, int r, int e) {
+    const int h = e / 128, s = (e % 128) / 32, l = e % 32;  // l = 4v + b
+    const uint8_t ql = gb[k6Ql + 512 * h + 32 * ((s & 1) * 8 + l / 4) + 4 * r + l % 4];
+    const uint8_t qh = gb[k6Qh + 256 * h + 32 * (l / 4) + 4 * r + l % 4];
+    const int lo = s < 2 ? (ql & 0x0f) : (ql >> 4);
+    return lo | (((qh >> (2 * s)) & 3) << 4);
+}
+
+void q6_k_tile_scalar(int64_t n, const void* gp, const void* yp, size_t by, int nc, float* out,
+                      size_t ldo) {
+    const auto* g = static_cast<const uint8_t*>(gp);
+    for (int c = 0; c < nc; c++) {
+        const auto* yc = static_cast<const uint8_t*>(yp) + c * by;
+        for (int r = 0; r < kR; r++) {
+            float acc = 0.0f;
+            for (int64_t i = 0; i < n / kQK_K; i++) {
+                const uint8_t* gb = g + i * k6GroupBlk;
+                const auto* y = reinterpret_cast<const BlockQ8_K*>(yc + i * sizeof(BlockQ8_K));
+                int32_t isum = 0, osum = 0;
+                for (int j = 0; j < 16; j++) {
+                    const int sc = static_cast<int8_t>(gb[k6Sc + 8 * j + r]);
+                    int32_t dot = 0;
+                    for (int e = 16 * j; e < 16 * j + 16; e++) dot += q6_u(gb, r, e) * y->qs[e];
+                    isum += sc * dot;
+                    osum += sc * y->bsums[j];
+                }
+                fp16_t hd;
+                std::memcpy(&hd, gb + 2 * r, 2);
+                acc = std::fma(static_cast<float>(isum - 32 * osum), fp16_to_fp32(hd) * y->d, acc);
+            }
+            out[c * ldo + r] = acc;
+        }
+    }
+}
+
 #if FERRY_REPACK_AVX2
 
 inline int32_t load_i32(const void* p) {
@@ -334,10 +431,10 @@ void q4_0_tile_avx2(int64_t n, const void* g, const void* y, size_t by, int nc, 
     table[nc - 1](n, static_cast<const uint8_t*>(g), static_cast<const uint8_t*>(y), by, out, ldo);
 }
 
-// Q4_K, NC <= 2 columns (the int16 sums of both halves of a chunk for NC columns, their int32
-// totals and the float accumulators stay in registers). Per super-block the scales and mins are
-// unpacked once into int16 vectors: sc[j] with row r's scale in both words of dword r (for
-// vpmaddwd against the chunk's int16 pair sums), mp[k] with (min 2k, min 2k + 1) of row r in
+// Q4_K, NC <= 4 columns (the int16 sums of both halves of a chunk for NC columns stay in
+// registers; the int32 totals and float accumulators may live in L1). Per super-block the scales
+// and mins are unpacked once into int16 vectors: sc[j] with row r's scale in both words of dword r
+// (for vpmaddwd against the chunk's int16 pair sums), mp[k] with (min 2k, min 2k + 1) of row r in
 // dword r (against the column's sub-block sums 2k, 2k + 1).
 template <int NC>
 void q4_k_tile_avx2_n(int64_t n, const uint8_t* g, const uint8_t* y, size_t by, float* out,
@@ -424,13 +521,105 @@ void q4_k_tile_avx2(int64_t n, const void* g, const void* y, size_t by, int nc, 
                     size_t ldo) {
     const auto* gp = static_cast<const uint8_t*>(g);
     const auto* yp = static_cast<const uint8_t*>(y);
-    for (int c = 0; c < nc; c += 2) {
-        if (nc - c >= 2) {
-            q4_k_tile_avx2_n<2>(n, gp, yp + c * by, by, out + c * ldo, ldo);
-        } else {
-            q4_k_tile_avx2_n<1>(n, gp, yp + c * by, by, out + c * ldo, ldo);
+    using Fn = void (*)(int64_t, const uint8_t*, const uint8_t*, size_t, float*, size_t);
+    static constexpr Fn table[4] = {q4_k_tile_avx2_n<1>, q4_k_tile_avx2_n<2>, q4_k_tile_avx2_n<3>,
+                                    q4_k_tile_avx2_n<4>};
+    table[nc - 1](n, gp, yp, by, out, ldo);
+}
+
+// Q6_K, NC <= 4 columns. Per half h and vector v of a group, 4 byte streams s give elements
+// 128h + 32s + 4v..+3 of the 8 rows: low (s < 2) or high nibbles of ql vector (s & 1) * 8 + v,
+// and bits 2s, 2s + 1 of qh vector v as bits 4, 5. Two vectors' int16 pair sums (at most
+// 2 * 2 * 63 * 128 = 32256) meet the int16 scale of their 16-element block in vpmaddwd.
+template <int NC>
+void q6_k_tile_avx2_n(int64_t n, const uint8_t* g, const uint8_t* y, size_t by, float* out,
+                      size_t ldo) {
+    const int64_t nsb = n / kQK_K;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i m30 = _mm256_set1_epi8(0x30);
+    const __m128i dup0 = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m128i pair = _mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    __m256 acc[NC];
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nsb; i++) {
+        const uint8_t* gb = g + i * k6GroupBlk;
+        const BlockQ8_K* yb[NC];
+        for (int c = 0; c < NC; c++) {
+            yb[c] = reinterpret_cast<const BlockQ8_K*>(y + c * by + i * sizeof(BlockQ8_K));
+        }
+        __m256i isum[NC], osum[NC];
+        for (int c = 0; c < NC; c++) {
+            isum[c] = _mm256_setzero_si256();
+            osum[c] = _mm256_setzero_si256();
+        }
+        for (int k = 0; k < 8; k++) {
+            const __m256i sp = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                _mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + k6Sc + 16 * k)), pair));
+            for (int c = 0; c < NC; c++) {
+                const __m256i bs = _mm256_set1_epi32(load_i32(yb[c]->bsums + 2 * k));
+                osum[c] = _mm256_add_epi32(osum[c], _mm256_madd_epi16(sp, bs));
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            const uint8_t* ql = gb + k6Ql + 512 * h;
+            const uint8_t* qh = gb + k6Qh + 256 * h;
+            for (int s = 0; s < 4; s++) {
+                for (int vq = 0; vq < 2; vq++) {  // v in 4vq..4vq+3: scale block j
+                    const int j = 8 * h + 2 * s + vq;
+                    const __m256i sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + k6Sc + 8 * j)),
+                        dup0));
+                    __m256i p[NC];
+                    for (int vv = 0; vv < 4; vv++) {
+                        const int v = 4 * vq + vv;
+                        const __m256i l = _mm256_loadu_si256(
+                            reinterpret_cast<const __m256i*>(ql + 32 * ((s & 1) * 8 + v)));
+                        const __m256i hb =
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * v));
+                        const __m256i lo =
+                            _mm256_and_si256(s < 2 ? l : _mm256_srli_epi16(l, 4), m4);
+                        __m256i hi;
+                        if (s == 0) {
+                            hi = _mm256_slli_epi16(hb, 4);
+                        } else if (s == 1) {
+                            hi = _mm256_slli_epi16(hb, 2);
+                        } else if (s == 2) {
+                            hi = hb;
+                        } else {
+                            hi = _mm256_srli_epi16(hb, 2);
+                        }
+                        const __m256i u = _mm256_or_si256(lo, _mm256_and_si256(hi, m30));
+                        for (int c = 0; c < NC; c++) {
+                            const int8_t* q = yb[c]->qs + 128 * h + 32 * s + 4 * v;
+                            const __m256i m =
+                                _mm256_maddubs_epi16(u, _mm256_set1_epi32(load_i32(q)));
+                            if (vv % 2 == 0) {
+                                p[c] = m;
+                            } else {
+                                p[c] = _mm256_add_epi16(p[c], m);
+                                isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p[c], sc));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb)));
+        for (int c = 0; c < NC; c++) {
+            const __m256i t = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(osum[c], 5));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t),
+                                     _mm256_mul_ps(dx, _mm256_set1_ps(yb[c]->d)), acc[c]);
         }
     }
+    for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + c * ldo, acc[c]);
+}
+
+void q6_k_tile_avx2(int64_t n, const void* g, const void* y, size_t by, int nc, float* out,
+                    size_t ldo) {
+    using Fn = void (*)(int64_t, const uint8_t*, const uint8_t*, size_t, float*, size_t);
+    static constexpr Fn table[4] = {q6_k_tile_avx2_n<1>, q6_k_tile_avx2_n<2>, q6_k_tile_avx2_n<3>,
+                                    q6_k_tile_avx2_n<4>};
+    table[nc - 1](n, static_cast<const uint8_t*>(g), static_cast<const uint8_t*>(y), by, out, ldo);
 }
 
 #endif  // FERRY_REPACK_AVX2
@@ -475,9 +664,31 @@ RepackedKernels make_q4_k(bool portable) {
     return k;
 }
 
+RepackedKernels make_q6_k(bool portable) {
+    RepackedKernels k{};
+    k.type = Type::Q6_K;
+    k.group_bytes = q6_k_group_bytes;
+    k.repack = q6_k_repack;
+    k.unpack_row = q6_k_unpack_row;
+    k.quantize_b = quantize_row_q8_k;
+    k.b_bytes = q8_k_bytes;
+    k.direct_b_offset = no_extras;
+    k.tile = q6_k_tile_scalar;
+    k.direct = mat_kernels(Type::Q6_K, portable).direct;
+#if FERRY_REPACK_AVX2
+    if (!portable) k.tile = q6_k_tile_avx2;
+#endif
+    return k;
+}
+
 }  // namespace
 
 const RepackedKernels* repacked_kernels(Type t, bool portable) {
+    if (t == Type::Q6_K) {
+        static const RepackedKernels fast = make_q6_k(false);
+        static const RepackedKernels port = make_q6_k(true);
+        return portable ? &port : &fast;
+    }
     if (t == Type::Q4_0) {
         static const RepackedKernels fast = make_q4_0(false);
         static const RepackedKernels port = make_q4_0(true);

@@ -72,8 +72,8 @@ struct MatKernels {
 };
 
 // --- Repacked path (weights rewritten once by CpuDevice::prepare_weights) ---------------------
-// Q4_0 and Q4_K weights in groups of kRepackRows consecutive rows, rewritten in place into the same
-// bytes (docs/cpu-repacked-weights.md): per 32-element block b of the group, at b * 144:
+// Q4_0, Q4_K and Q6_K weights in groups of kRepackRows consecutive rows, rewritten in place into
+// the same bytes (docs/cpu-repacked-weights.md): per 32-element block b of the group, at b * 144:
 //     bytes 0..15    the 8 rows' fp16 scales d (row r at 2r)
 //     bytes 16..143  4 vectors of 32 bytes: vector v holds bytes 4v..4v+3 of each row's qs
 //                    (row r at 16 + 32v + 4r), i.e. its elements 4v..4v+3 in the low nibbles
@@ -87,6 +87,14 @@ struct MatKernels {
 //     bytes 128..    4 chunks of 256 bytes: chunk ch holds 8 vectors, vector v (at 128 + 256 ch
 //                    + 32v) bytes 4v..4v+3 of each row's qs chunk ch (row r at 4r): elements
 //                    64ch + 4v.. in the low nibbles, 64ch + 32 + 4v.. in the high ones
+// Q6_K weights, per 256-element super-block i of a group, at i * 1680:
+//     bytes 0..15     the 8 rows' fp16 d
+//     bytes 16..143   int8 scale of 16-element block j of row r at 16 + 8j + r
+//     bytes 144..1167 ql: half h (elements 128h..) at 144 + 512h, 16 vectors: vector w holds
+//                     bytes 4w..4w+3 of each row's ql[64h..64h+63] (row r at 4r)
+//     bytes 1168..    qh: half h at 1168 + 256h, 8 vectors: vector v bytes 4v..4v+3 of each
+//                     row's qh[32h..32h+31]
+//                     (bit fields and nibbles mean what they mean in GGUF's Q6_K)
 // Rows past the last full group keep the GGUF layout. One vector of 8 rows x 4 quants meets 4
 // broadcast activation quants, so a dot ends in one lane per row: no horizontal sums, and the
 // weights of a group are one sequential stream.
