@@ -378,6 +378,15 @@ void q6_k_tile_scalar(int64_t n, const void* gp, const void* yp, size_t by, int 
 
 #if FERRY_REPACK_AVX2
 
+// A group's weights are one sequential stream, but one that a decode tile consumes slowly
+// enough (many operations per byte) for the hardware prefetcher to fall behind: each tile asks
+// for the bytes it will read `ahead` bytes later, one request per cache line, into L2.
+template <size_t kBytes>
+inline void prefetch_ahead(const uint8_t* p, size_t ahead) {
+    for (size_t o = 0; o < kBytes; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(p + ahead + o), _MM_HINT_T1);
+}
+
 inline int32_t load_i32(const void* p) {
     int32_t v;
     std::memcpy(&v, p, 4);
@@ -395,6 +404,7 @@ void q4_0_tile_avx2_n(int64_t n, const uint8_t* g, const uint8_t* y, size_t by, 
     for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t* gb = g + b * kGroupBlk;
+        if (b % 4 == 0) prefetch_ahead<4 * kGroupBlk>(gb, 16 * kGroupBlk);
         __m256i p[NC];
         for (int v = 0; v < 4; v++) {
             const __m256i w =
@@ -449,6 +459,7 @@ void q4_k_tile_avx2_n(int64_t n, const uint8_t* g, const uint8_t* y, size_t by, 
     for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nsb; i++) {
         const uint8_t* gb = g + i * kKGroupBlk;
+        prefetch_ahead<kKGroupBlk>(gb, 2 * kKGroupBlk);
         const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + kKLow));
         const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + kKLow + 32));
         const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + kKHigh));
@@ -543,6 +554,7 @@ void q6_k_tile_avx2_n(int64_t n, const uint8_t* g, const uint8_t* y, size_t by, 
     for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nsb; i++) {
         const uint8_t* gb = g + i * k6GroupBlk;
+        prefetch_ahead<k6GroupBlk>(gb, 2 * k6GroupBlk);
         const BlockQ8_K* yb[NC];
         for (int c = 0; c < NC; c++) {
             yb[c] = reinterpret_cast<const BlockQ8_K*>(y + c * by + i * sizeof(BlockQ8_K));
@@ -563,13 +575,16 @@ void q6_k_tile_avx2_n(int64_t n, const uint8_t* g, const uint8_t* y, size_t by, 
         for (int h = 0; h < 2; h++) {
             const uint8_t* ql = gb + k6Ql + 512 * h;
             const uint8_t* qh = gb + k6Qh + 256 * h;
+#pragma GCC unroll 4
             for (int s = 0; s < 4; s++) {
+#pragma GCC unroll 2
                 for (int vq = 0; vq < 2; vq++) {  // v in 4vq..4vq+3: scale block j
                     const int j = 8 * h + 2 * s + vq;
                     const __m256i sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
                         _mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + k6Sc + 8 * j)),
                         dup0));
                     __m256i p[NC];
+#pragma GCC unroll 4
                     for (int vv = 0; vv < 4; vv++) {
                         const int v = 4 * vq + vv;
                         const __m256i l = _mm256_loadu_si256(
