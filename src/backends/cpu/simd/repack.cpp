@@ -538,10 +538,59 @@ void q4_k_tile_avx2(int64_t n, const void* g, const void* y, size_t by, int nc, 
     table[nc - 1](n, gp, yp, by, out, ldo);
 }
 
+// One stream S of Q6_K vector v: the 6-bit quants of elements 128h + 32S + 4v..+3 of 8 rows.
+template <int S>
+inline __m256i q6_stream(const uint8_t* ql, const uint8_t* qh, int v, __m256i m4, __m256i m30) {
+    const __m256i l =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32 * ((S & 1) * 8 + v)));
+    const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * v));
+    __m256i lo, hi;
+    if constexpr (S < 2) {
+        lo = _mm256_and_si256(l, m4);
+    } else {
+        lo = _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
+    }
+    if constexpr (S == 0) {
+        hi = _mm256_slli_epi16(hb, 4);
+    } else if constexpr (S == 1) {
+        hi = _mm256_slli_epi16(hb, 2);
+    } else if constexpr (S == 2) {
+        hi = hb;
+    } else {
+        hi = _mm256_srli_epi16(hb, 2);
+    }
+    return _mm256_or_si256(lo, _mm256_and_si256(hi, m30));
+}
+
+// Stream S of half h into isum: 8 vectors, two at a time (their int16 pair sums add up to at
+// most 2 * 2 * 63 * 128 = 32256), each pair's sum meeting its 16-element block's scale.
+template <int S, int NC>
+inline void q6_half_stream(const uint8_t* gb, int h, const BlockQ8_K* const* yb, __m256i* isum,
+                           __m256i m4, __m256i m30, __m128i dup0) {
+    const uint8_t* ql = gb + k6Ql + 512 * h;
+    const uint8_t* qh = gb + k6Qh + 256 * h;
+    for (int vq = 0; vq < 2; vq++) {
+        const int j = 8 * h + 2 * S + vq;
+        const __m256i sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + k6Sc + 8 * j)), dup0));
+        for (int vp = 0; vp < 2; vp++) {
+            const int v = 4 * vq + 2 * vp;
+            const __m256i u0 = q6_stream<S>(ql, qh, v, m4, m30);
+            const __m256i u1 = q6_stream<S>(ql, qh, v + 1, m4, m30);
+            for (int c = 0; c < NC; c++) {
+                const int8_t* q = yb[c]->qs + 128 * h + 32 * S + 4 * v;
+                const __m256i p =
+                    _mm256_add_epi16(_mm256_maddubs_epi16(u0, _mm256_set1_epi32(load_i32(q))),
+                                     _mm256_maddubs_epi16(u1, _mm256_set1_epi32(load_i32(q + 4))));
+                isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p, sc));
+            }
+        }
+    }
+}
+
 // Q6_K, NC <= 4 columns. Per half h and vector v of a group, 4 byte streams s give elements
 // 128h + 32s + 4v..+3 of the 8 rows: low (s < 2) or high nibbles of ql vector (s & 1) * 8 + v,
-// and bits 2s, 2s + 1 of qh vector v as bits 4, 5. Two vectors' int16 pair sums (at most
-// 2 * 2 * 63 * 128 = 32256) meet the int16 scale of their 16-element block in vpmaddwd.
+// and bits 2s, 2s + 1 of qh vector v as bits 4, 5.
 template <int NC>
 void q6_k_tile_avx2_n(int64_t n, const uint8_t* g, const uint8_t* y, size_t by, float* out,
                       size_t ldo) {
@@ -573,51 +622,10 @@ void q6_k_tile_avx2_n(int64_t n, const uint8_t* g, const uint8_t* y, size_t by, 
             }
         }
         for (int h = 0; h < 2; h++) {
-            const uint8_t* ql = gb + k6Ql + 512 * h;
-            const uint8_t* qh = gb + k6Qh + 256 * h;
-#pragma GCC unroll 4
-            for (int s = 0; s < 4; s++) {
-#pragma GCC unroll 2
-                for (int vq = 0; vq < 2; vq++) {  // v in 4vq..4vq+3: scale block j
-                    const int j = 8 * h + 2 * s + vq;
-                    const __m256i sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
-                        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + k6Sc + 8 * j)),
-                        dup0));
-                    __m256i p[NC];
-#pragma GCC unroll 4
-                    for (int vv = 0; vv < 4; vv++) {
-                        const int v = 4 * vq + vv;
-                        const __m256i l = _mm256_loadu_si256(
-                            reinterpret_cast<const __m256i*>(ql + 32 * ((s & 1) * 8 + v)));
-                        const __m256i hb =
-                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * v));
-                        const __m256i lo =
-                            _mm256_and_si256(s < 2 ? l : _mm256_srli_epi16(l, 4), m4);
-                        __m256i hi;
-                        if (s == 0) {
-                            hi = _mm256_slli_epi16(hb, 4);
-                        } else if (s == 1) {
-                            hi = _mm256_slli_epi16(hb, 2);
-                        } else if (s == 2) {
-                            hi = hb;
-                        } else {
-                            hi = _mm256_srli_epi16(hb, 2);
-                        }
-                        const __m256i u = _mm256_or_si256(lo, _mm256_and_si256(hi, m30));
-                        for (int c = 0; c < NC; c++) {
-                            const int8_t* q = yb[c]->qs + 128 * h + 32 * s + 4 * v;
-                            const __m256i m =
-                                _mm256_maddubs_epi16(u, _mm256_set1_epi32(load_i32(q)));
-                            if (vv % 2 == 0) {
-                                p[c] = m;
-                            } else {
-                                p[c] = _mm256_add_epi16(p[c], m);
-                                isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p[c], sc));
-                            }
-                        }
-                    }
-                }
-            }
+            q6_half_stream<0, NC>(gb, h, yb, isum, m4, m30, dup0);
+            q6_half_stream<1, NC>(gb, h, yb, isum, m4, m30, dup0);
+            q6_half_stream<2, NC>(gb, h, yb, isum, m4, m30, dup0);
+            q6_half_stream<3, NC>(gb, h, yb, isum, m4, m30, dup0);
         }
         const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb)));
         for (int c = 0; c < NC; c++) {
