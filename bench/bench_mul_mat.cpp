@@ -148,6 +148,13 @@ Expected<Result> run_case(Type t, int64_t K, int64_t M, int64_t N, const Options
         FERRY_TRY(from_float_row(t, row.data(), w0 + r * rs, K));
     }
     for (int i = 1; i < copies; i++) std::memcpy(ws[i]->data, w0, wbytes);
+    // As the model loader does: the CPU device may repack the weights once
+    // (FERRY_CPU_REPACK=0: not).
+    for (Registry* reg : registries()) {
+        for (Device* d : reg->devices()) {
+            if (d->type() == DeviceType::CPU) FERRY_TRY(d->prepare_weights(ws));
+        }
+    }
     auto* bp = static_cast<float*>(b->data);
     for (int64_t i = 0; i < K * N; i++) bp[i] = dist(rng);
 

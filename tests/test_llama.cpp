@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -253,6 +255,74 @@ TEST(Llama, ChunkedAndIncrementalDecodeAgree) {
     for (int j = 0; j < kVocab; j++) ASSERT_NEAR(last->logits(0)[j], want[j], 2e-3);
 }
 
+// Q4_0 / Q4_K / Q6_K weights repacked at load (CpuDevice::prepare_weights) against the GGUF layout
+// (FERRY_CPU_REPACK=0), every fixture prompt, all positions batched and then one token at a
+// time. Both quantize the activations to the same Q8_0 blocks and each product differs only
+// in float summation order (NMSE ~1e-14, test_mul_mat), but a last-bit difference can move a
+// later activation across a Q8_0 rounding boundary: one quant off by one step d = amax / 127
+// in a row of n_embd = 256 changes that product by NMSE ~ (amax / 127)^2 / (256 rms^2) ~ 4e-6
+// (amax / rms ~ 4). Measured NMSE over all logits: q4_0 3.7e-6, q4_k_m 7.9e-9, q6_k 2.9e-5,
+// with the same KL to the fixture's oracle within 1% (test LlamaOracle, both layouts). Bound:
+// 1e-4 (25 such steps), and every position's argmax the same.
+TEST(Llama, RepackedLogitsMatchGgufLayout) {
+    for (const char* enc : {"q4_0", "q4_k_m", "q6_k"}) {
+        auto run = [enc](bool repack) {
+            if (!repack) ::setenv("FERRY_CPU_REPACK", "0", 1);
+            std::unique_ptr<LlamaModel> m = load(model_path(enc));
+            ::unsetenv("FERRY_CPU_REPACK");
+            std::vector<float> out;
+            if (!m) return out;
+            std::unique_ptr<LlamaSession> s = session(*m, Type::F32);
+            if (!s) return out;
+            for (const Case& c : cases()) {
+                s->reset();
+                EXPECT_TRUE(s->decode(c.tokens, true));
+                for (size_t i = 0; i < c.tokens.size(); i++) {
+                    const float* l = s->logits(static_cast<int32_t>(i));
+                    out.insert(out.end(), l, l + kVocab);
+                }
+                s->reset();
+                for (int32_t t : c.tokens) {
+                    const int32_t one[1] = {t};
+                    EXPECT_TRUE(s->decode(one, false));
+                    out.insert(out.end(), s->logits(0), s->logits(0) + kVocab);
+                }
+            }
+            return out;
+        };
+        const std::vector<float> plain = run(false);
+        const std::vector<float> packed = run(true);
+        ASSERT_EQ(plain.size(), packed.size());
+        ASSERT_FALSE(plain.empty());
+        double err = 0.0, ref = 0.0, maxabs = 0.0;
+        size_t agree = 0, rows = plain.size() / kVocab;
+        for (size_t r = 0; r < rows; r++) {
+            const float* a = plain.data() + r * kVocab;
+            const float* b = packed.data() + r * kVocab;
+            agree += argmax(a, kVocab) == argmax(b, kVocab);
+            for (int j = 0; j < kVocab; j++) {
+                const double d = static_cast<double>(a[j]) - b[j];
+                err += d * d;
+                ref += static_cast<double>(a[j]) * a[j];
+                maxabs = std::max(maxabs, std::abs(d));
+            }
+        }
+        std::printf(
+            "[ llama    ] %s repacked vs GGUF layout: nmse %.2e  maxabs %.2e  top1 %zu/%zu\n", enc,
+            err / ref, maxabs, agree, rows);
+        const std::string e = enc;
+        const Type main_type = e == "q4_0" ? Type::Q4_0 : e == "q6_k" ? Type::Q6_K : Type::Q4_K;
+        if (cpu::simd::repack_by_default(main_type)) {
+            // The repacked kernels really ran: not the same bits.
+            EXPECT_NE(0, std::memcmp(plain.data(), packed.data(), plain.size() * sizeof(float)));
+        } else {
+            EXPECT_EQ(0, std::memcmp(plain.data(), packed.data(), plain.size() * sizeof(float)));
+        }
+        EXPECT_LE(err / ref, 1e-4) << enc;
+        EXPECT_EQ(agree, rows) << enc;
+    }
+}
+
 // A device that is not the CPU (so weights are uploaded into its own buffer, not mapped) but
 // runs on host memory with the CPU kernels: the upload path and a two-backend schedule.
 class UploadDevice : public Device {
@@ -285,6 +355,12 @@ class UploadDevice : public Device {
 };
 
 TEST(Llama, WeightsUploadedToAnotherDeviceGiveTheSameLogits) {
+    // UploadDevice runs the CPU kernels on the GGUF layout: the CPU must keep that layout too
+    // (its prepare_weights repacks Q4_K; RepackedQ4_0LogitsMatchGgufLayout covers that path).
+    ::setenv("FERRY_CPU_REPACK", "0", 1);
+    struct Unset {
+        ~Unset() { ::unsetenv("FERRY_CPU_REPACK"); }
+    } unset;
     UploadDevice dev;
     ModelOptions mo;
     mo.devices.push_back(&dev);

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -383,5 +384,289 @@ TEST(MulMatOp, SupportedByCpuDevice) {
     ASSERT_NE(cpu, nullptr);
     EXPECT_TRUE(cpu->supports_op(out));
 }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Repacked weights (CpuDevice::prepare_weights): the layout's kernels, the op on a repacked
+// weight, and every other reader of the weight.
+
+namespace {
+
+Device* cpu_device() {
+    for (Registry* reg : registries()) {
+        for (Device* d : reg->devices()) {
+            if (d->type() == DeviceType::CPU) return d;
+        }
+    }
+    return nullptr;
+}
+
+// The repacked tile (8 rows) over every full group and the direct tile over the rest, as the
+// op does: out[c * m + r].
+std::vector<float> run_repacked(const cpu::simd::RepackedKernels& rk, const uint8_t* a,
+                                const float* b, int64_t k, int64_t m, int64_t n) {
+    const size_t rs = row_size(rk.type, k);
+    const size_t by = (rk.b_bytes(k) + 63) / 64 * 64;
+    std::vector<uint8_t> yq(by * static_cast<size_t>(n) + 64);
+    uint8_t* y = yq.data() + (64 - reinterpret_cast<uintptr_t>(yq.data()) % 64) % 64;
+    for (int64_t c = 0; c < n; c++) rk.quantize_b(b + c * k, y + c * by, k);
+    std::vector<float> out(static_cast<size_t>(m * n), NAN);
+    const int64_t full = m / cpu::simd::kRepackRows * cpu::simd::kRepackRows;
+    for (int64_t c = 0; c < n; c += 4) {
+        const int nc = static_cast<int>(std::min<int64_t>(4, n - c));
+        for (int64_t r = 0; r < full; r += cpu::simd::kRepackRows) {
+            rk.tile(k, a + r * rs, y + c * by, by, nc, out.data() + c * m + r,
+                    static_cast<size_t>(m));
+        }
+        for (int64_t r = full; r < m; r += cpu::simd::kDirectRows) {
+            const int nr = static_cast<int>(std::min<int64_t>(cpu::simd::kDirectRows, m - r));
+            rk.direct(k, a + r * rs, rs, nr, y + c * by + rk.direct_b_offset(k), by, nc,
+                      out.data() + c * m + r, static_cast<size_t>(m));
+        }
+    }
+    return out;
+}
+
+// Repacks the full groups of m rows at a (a copy) the way prepare_weights does.
+std::vector<uint8_t> repack_copy(const cpu::simd::RepackedKernels& rk, const uint8_t* a, int64_t k,
+                                 int64_t m) {
+    const size_t rs = row_size(rk.type, k);
+    std::vector<uint8_t> out(a, a + rs * static_cast<size_t>(m));
+    std::vector<uint8_t> tmp(rk.group_bytes(k));
+    for (int64_t r = 0; r + cpu::simd::kRepackRows <= m; r += cpu::simd::kRepackRows) {
+        rk.repack(out.data() + r * rs, k, tmp.data());
+    }
+    return out;
+}
+
+const Type kRepackTypes[] = {Type::Q4_0, Type::Q4_K, Type::Q6_K};
+
+class MulMatRepacked : public ::testing::TestWithParam<Type> {};
+
+TEST_P(MulMatRepacked, KernelsMatchOracleAndPortableBitExactly) {
+    const Type t = GetParam();
+    const int64_t bs = block_size(t);
+    // Rows no multiple of 8 (tails of 1..7 rows), one block per row, one to nine columns.
+    const KernelCase cases[] = {{bs, 8, 1},      {bs, 9, 3},      {3 * bs, 13, 5}, {5 * bs, 37, 9},
+                                {2 * bs, 16, 4}, {8 * bs, 71, 2}, {2048, 24, 6}};
+    for (const KernelCase& kc : cases) {
+        const std::vector<float> af = random_floats(static_cast<size_t>(kc.m * kc.k), 13);
+        const std::vector<float> bf = random_floats(static_cast<size_t>(kc.n * kc.k), 14);
+        const std::vector<uint8_t> a = quantize_rows(t, af.data(), kc.m, kc.k);
+        const std::vector<float> ad = dequantize(t, a.data(), kc.m, kc.k, row_size(t, kc.k));
+        const std::vector<float> bq = partner_round(t, bf.data(), kc.n, kc.k);
+        const std::vector<double> want = oracle(ad, bq, kc.k, kc.m, kc.n);
+        const size_t total = static_cast<size_t>(kc.m * kc.n);
+        std::vector<float> outs[2];
+        for (bool portable : {false, true}) {
+            const cpu::simd::RepackedKernels* rk = cpu::simd::repacked_kernels(t, portable);
+            ASSERT_NE(rk, nullptr);
+            EXPECT_EQ(rk->group_bytes(kc.k), cpu::simd::kRepackRows * row_size(t, kc.k));
+            const std::vector<uint8_t> ar = repack_copy(*rk, a.data(), kc.k, kc.m);
+            if (kc.m >= cpu::simd::kRepackRows) {
+                EXPECT_NE(0, std::memcmp(ar.data(), a.data(), a.size())) << "nothing repacked";
+            }
+            outs[portable] = run_repacked(*rk, ar.data(), bf.data(), kc.k, kc.m, kc.n);
+            EXPECT_LE(nmse(outs[portable].data(), want.data(), total), kExactNmse)
+                << "repacked portable=" << portable << " k=" << kc.k << " m=" << kc.m
+                << " n=" << kc.n;
+        }
+        // The 8-row tiles agree bit for bit (the GGUF-layout tail rows take the direct tiles,
+        // whose vector and scalar forms sum in different orders).
+        const int64_t full = kc.m / cpu::simd::kRepackRows * cpu::simd::kRepackRows;
+        for (int64_t c = 0; c < kc.n; c++) {
+            EXPECT_EQ(0, std::memcmp(outs[0].data() + c * kc.m, outs[1].data() + c * kc.m,
+                                     static_cast<size_t>(full) * sizeof(float)))
+                << "vector and scalar repacked kernels differ, k=" << kc.k << " m=" << kc.m
+                << " column " << c;
+        }
+    }
+}
+
+TEST_P(MulMatRepacked, UnpackRowGivesTheGgufRows) {
+    const Type t = GetParam();
+    const cpu::simd::RepackedKernels* rk = cpu::simd::repacked_kernels(t);
+    ASSERT_NE(rk, nullptr);
+    const int64_t k = 3 * block_size(t), m = 8;
+    const size_t rs = row_size(t, k);
+    // Wide range: Q4_K's 6-bit scales and mins take many values, high bits included.
+    const std::vector<float> af = random_floats(static_cast<size_t>(m * k), 21, -3.0f, 5.0f);
+    const std::vector<uint8_t> a = quantize_rows(t, af.data(), m, k);
+    const std::vector<uint8_t> ar = repack_copy(*rk, a.data(), k, m);
+    std::vector<uint8_t> row(rs);
+    for (int r = 0; r < m; r++) {
+        rk->unpack_row(ar.data(), k, r, row.data());
+        EXPECT_EQ(0, std::memcmp(row.data(), a.data() + r * rs, rs)) << "row " << r;
+    }
+}
+
+// A weight [k, m] of type t in a CPU host buffer, filled with quantized random rows.
+struct Weight {
+    Context ctx;
+    Tensor* w = nullptr;
+    std::unique_ptr<Buffer> buf;
+    std::vector<uint8_t> bytes;  // the GGUF bytes
+    Weight(Type t, int64_t k, int64_t m, uint32_t seed) {
+        w = ctx.new_tensor(t, {k, m});
+        auto b = allocate_context_tensors(ctx, cpu::host_buffer_type());
+        EXPECT_TRUE(b.has_value()) << b.message();
+        buf = std::move(*b);
+        const std::vector<float> f = random_floats(static_cast<size_t>(k * m), seed);
+        bytes = quantize_rows(t, f.data(), m, k);
+        EXPECT_TRUE(buf->set_tensor(w, bytes.data(), 0, bytes.size()).is_ok());
+    }
+    bool repack() {
+        bool done = false;
+        auto* hb = dynamic_cast<cpu::HostBuffer*>(buf.get());
+        EXPECT_NE(hb, nullptr);
+        const Status st = hb->repack(w, cpu::simd::repacked_kernels(w->type), &done);
+        EXPECT_TRUE(st.is_ok()) << st.message();
+        return done;
+    }
+};
+
+// out = w x b for b [k, n] random, with nth threads.
+std::vector<float> weight_times(Tensor* w, int64_t n, int nth, Status* st) {
+    Context ctx;
+    Tensor* b = ctx.new_tensor(Type::F32, {w->ne[0], n});
+    Tensor* out = ctx.mul_mat(w, b);
+    auto buf = allocate_context_tensors(ctx, cpu::host_buffer_type());
+    EXPECT_TRUE(buf.has_value()) << buf.message();
+    const std::vector<float> bf = random_floats(static_cast<size_t>(w->ne[0] * n), 31);
+    std::memcpy(b->data, bf.data(), bf.size() * 4);
+    Graph g;
+    g.build_forward(out);
+    *st = cpu::make_cpu_backend(nth)->compute(g);
+    const float* o = static_cast<const float*>(out->data);
+    return std::vector<float>(o, o + out->nelements());
+}
+
+TEST_P(MulMatRepacked, OpOnRepackedWeightMatchesGgufLayout) {
+    // Decode (1 column), few columns, prefill (packed path in the GGUF layout); rows with a
+    // tail of 3 past the last group.
+    for (int64_t n : {1, 3, 40}) {
+        Weight wt(GetParam(), 512, 75, 41);
+        Status st;
+        const std::vector<float> plain = weight_times(wt.w, n, 2, &st);
+        ASSERT_TRUE(st.is_ok()) << st.message();
+        ASSERT_TRUE(wt.repack());
+        ASSERT_NE(cpu::repacked_weight(wt.w), nullptr);
+        std::vector<float> outs[3];
+        for (int nth : {1, 2, 3}) {
+            outs[nth - 1] = weight_times(wt.w, n, nth, &st);
+            ASSERT_TRUE(st.is_ok()) << st.message();
+        }
+        // Same b quantization, another summation order only: bounded as the kernels' oracle.
+        std::vector<double> want(plain.begin(), plain.end());
+        EXPECT_LE(nmse(outs[0].data(), want.data(), want.size()), kExactNmse) << "n=" << n;
+        for (int i = 1; i < 3; i++) {
+            EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[i].data(), want.size() * sizeof(float)))
+                << "thread count changed the result, n=" << n;
+        }
+        // And the repacked rows really take the new path: the results are not the old bits.
+        EXPECT_NE(0, std::memcmp(outs[0].data(), plain.data(), want.size() * sizeof(float)));
+    }
+}
+
+TEST_P(MulMatRepacked, GetTensorSetTensorAndCopyReadGgufBytes) {
+    const Type t = GetParam();
+    Weight wt(t, 256, 21, 51);
+    ASSERT_TRUE(wt.repack());
+    const size_t size = wt.bytes.size();
+    EXPECT_NE(0, std::memcmp(wt.w->data, wt.bytes.data(), size)) << "stored bytes not repacked";
+    std::vector<uint8_t> got(size);
+    ASSERT_TRUE(wt.buf->get_tensor(wt.w, got.data(), 0, size).is_ok());
+    EXPECT_EQ(got, wt.bytes);
+    // Unaligned sub-ranges that start and end inside groups.
+    for (size_t off : {size_t{1}, size_t{77}, size_t{600}, size / 2}) {
+        const size_t len = std::min<size_t>(333, size - off);
+        std::vector<uint8_t> part(len);
+        ASSERT_TRUE(wt.buf->get_tensor(wt.w, part.data(), off, len).is_ok());
+        EXPECT_EQ(0, std::memcmp(part.data(), wt.bytes.data() + off, len)) << "offset " << off;
+    }
+    // copy_tensor into another host buffer gives the GGUF bytes.
+    Context ctx;
+    Tensor* dst = ctx.new_tensor(t, {256, 21});
+    auto db = allocate_context_tensors(ctx, cpu::host_buffer_type());
+    ASSERT_TRUE(db.has_value());
+    ASSERT_TRUE((*db)->copy_tensor(wt.w, dst));
+    EXPECT_EQ(0, std::memcmp(dst->data, wt.bytes.data(), size));
+    // A partial write puts the weight back into the GGUF layout first.
+    const uint8_t patch[4] = {1, 2, 3, 4};
+    ASSERT_TRUE(wt.buf->set_tensor(wt.w, patch, 40, 4).is_ok());
+    EXPECT_EQ(cpu::repacked_weight(wt.w), nullptr);
+    std::vector<uint8_t> want = wt.bytes;
+    std::memcpy(want.data() + 40, patch, 4);
+    EXPECT_EQ(0, std::memcmp(wt.w->data, want.data(), size));
+}
+
+TEST_P(MulMatRepacked, GetRowsOfRepackedWeightGivesTheSameRows) {
+    Weight wt(GetParam(), 512, 19, 61);  // 2 groups and 3 GGUF rows
+    auto rows_of = [&](Status* st) {
+        Context ctx;
+        Tensor* idx = ctx.new_tensor(Type::I32, {6});
+        Tensor* out = ctx.get_rows(wt.w, idx);
+        auto buf = allocate_context_tensors(ctx, cpu::host_buffer_type());
+        EXPECT_TRUE(buf.has_value());
+        const int32_t ids[6] = {0, 7, 8, 15, 16, 18};
+        std::memcpy(idx->data, ids, sizeof(ids));
+        Graph g;
+        g.build_forward(out);
+        *st = cpu::make_cpu_backend(2)->compute(g);
+        const float* o = static_cast<const float*>(out->data);
+        return std::vector<float>(o, o + out->nelements());
+    };
+    Status st;
+    const std::vector<float> plain = rows_of(&st);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    ASSERT_TRUE(wt.repack());
+    const std::vector<float> packed = rows_of(&st);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    EXPECT_EQ(plain, packed);
+}
+
+TEST_P(MulMatRepacked, ViewIntoRepackedWeightIsAClearError) {
+    Weight wt(GetParam(), 256, 16, 71);
+    ASSERT_TRUE(wt.repack());
+    Context ctx;
+    Tensor* v = ctx.view(wt.w, {256, 8}, {wt.w->nb[1]}, wt.w->nb[1] * 8);
+    Tensor* b = ctx.new_tensor(Type::F32, {256, 1});
+    Tensor* out = ctx.mul_mat(v, b);
+    auto buf = allocate_context_tensors(ctx, cpu::host_buffer_type());
+    ASSERT_TRUE(buf.has_value()) << buf.message();
+    Graph g;
+    g.build_forward(out);
+    const Status st = cpu::make_cpu_backend(1)->compute(g);
+    EXPECT_FALSE(st.is_ok());
+    EXPECT_NE(st.message().find("repacked"), std::string::npos) << st.message();
+}
+
+TEST_P(MulMatRepacked, DevicePrepareWeightsRepacksUnlessSwitchedOff) {
+    Device* cpu = cpu_device();
+    ASSERT_NE(cpu, nullptr);
+    EXPECT_TRUE(cpu->caps().prepare_weights);
+    const bool want = cpu::simd::repack_by_default(GetParam());
+    {
+        Weight wt(GetParam(), 256, 16, 81);
+        ::setenv("FERRY_CPU_REPACK", "0", 1);
+        Tensor* ws[] = {wt.w};
+        ASSERT_TRUE(cpu->prepare_weights(ws).is_ok());
+        ::unsetenv("FERRY_CPU_REPACK");
+        EXPECT_EQ(cpu::repacked_weight(wt.w), nullptr);
+        EXPECT_EQ(0, std::memcmp(wt.w->data, wt.bytes.data(), wt.bytes.size()));
+        ASSERT_TRUE(cpu->prepare_weights(ws).is_ok());
+        EXPECT_EQ(cpu::repacked_weight(wt.w) != nullptr, want);
+        ASSERT_TRUE(cpu->prepare_weights(ws).is_ok());  // twice: no harm
+        std::vector<uint8_t> got(wt.bytes.size());
+        ASSERT_TRUE(wt.buf->get_tensor(wt.w, got.data(), 0, got.size()).is_ok());
+        EXPECT_EQ(got, wt.bytes);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, MulMatRepacked, ::testing::ValuesIn(kRepackTypes),
+                         [](const ::testing::TestParamInfo<Type>& info) {
+                             return std::string(type_name(info.param));
+                         });
 
 }  // namespace

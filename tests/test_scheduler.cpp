@@ -266,7 +266,17 @@ TEST(Scheduler, AsyncDeviceGivesTheCpuLogitsBecauseReadsAreOrdered) {
     for (size_t i = 0; i < got.size(); i++) ASSERT_EQ(got[i], cpu[i]) << i;
 }
 
+// The test devices below run the CPU kernels on weights in the GGUF layout, so their logits
+// are the CPU's bit for bit only while the CPU keeps that layout too (its prepare_weights
+// repacks some types, which changes the float summation order): FERRY_CPU_REPACK=0 for the
+// scope of a test.
+struct NoCpuRepack {
+    NoCpuRepack() { ::setenv("FERRY_CPU_REPACK", "0", 1); }
+    ~NoCpuRepack() { ::unsetenv("FERRY_CPU_REPACK"); }
+};
+
 TEST(Scheduler, AsyncDeviceSplitWithTheCpuCopiesBothWaysAndGivesTheCpuLogits) {
+    NoCpuRepack gguf_layout;
     const std::vector<float> cpu = run_logits(fixture("q4_0"), nullptr, kTokens);
     ASSERT_FALSE(cpu.empty());
     // The device refuses SWIGLU and RMS_NORM: every layer goes FAR -> CPU -> FAR, and the
@@ -558,6 +568,7 @@ class PrepDevice : public FarDevice {
 };
 
 TEST(Scheduler, PreparedWeightsReachTheDevicesComputesLocallyAndThroughFerryServe) {
+    NoCpuRepack gguf_layout;
     const std::vector<float> cpu = run_logits(fixture("q4_0"), nullptr, kTokens);
     ASSERT_FALSE(cpu.empty());
 

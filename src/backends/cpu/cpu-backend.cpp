@@ -3,16 +3,20 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <new>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "backends/cpu/ops/ops.h"
 #include "backends/cpu/thread-pool.h"
+#include "core/env.h"
 
 namespace ferry::cpu {
 
@@ -95,6 +99,7 @@ Status HostBuffer::check_range(const Tensor* t, size_t offset, size_t size) cons
 
 Status HostBuffer::set_tensor(Tensor* t, const void* src, size_t offset, size_t size) {
     FERRY_TRY(check_range(t, offset, size));
+    restore(t->offs + offset, t->offs + offset + size);
     if (size) std::memcpy(static_cast<uint8_t*>(base_) + t->offs + offset, src, size);
     return Status::ok();
 }
@@ -102,11 +107,13 @@ Status HostBuffer::set_tensor(Tensor* t, const void* src, size_t offset, size_t 
 Status HostBuffer::get_tensor(const Tensor* t, void* dst, size_t offset, size_t size) {
     FERRY_TRY(check_range(t, offset, size));
     if (size) std::memcpy(dst, static_cast<uint8_t*>(base_) + t->offs + offset, size);
+    unpack_range(t->offs + offset, t->offs + offset + size, static_cast<uint8_t*>(dst));
     return Status::ok();
 }
 
 Status HostBuffer::memset_tensor(Tensor* t, uint8_t value, size_t offset, size_t size) {
     FERRY_TRY(check_range(t, offset, size));
+    restore(t->offs + offset, t->offs + offset + size);
     if (size) std::memset(static_cast<uint8_t*>(base_) + t->offs + offset, value, size);
     return Status::ok();
 }
@@ -114,13 +121,139 @@ Status HostBuffer::memset_tensor(Tensor* t, uint8_t value, size_t offset, size_t
 bool HostBuffer::copy_tensor(const Tensor* src, Tensor* dst) {
     if (!src->buffer || !src->buffer->base() || !src->data || !dst->data) return false;
     if (src->nbytes() != dst->nbytes()) return false;
+    if (dst->buffer == this) restore(dst->offs, dst->offs + dst->nbytes());
     std::memcpy(dst->data, src->data, src->nbytes());
+    // A repacked source reads as its GGUF bytes.
+    if (const auto* hb = dynamic_cast<const HostBuffer*>(src->buffer)) {
+        hb->unpack_range(src->offs, src->offs + src->nbytes(), static_cast<uint8_t*>(dst->data));
+    }
     return true;
 }
 
 Status HostBuffer::clear(uint8_t value) {
+    repacked_.clear();
     if (size_) std::memset(base_, value, size_);
     return Status::ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Repacked weights
+
+Status HostBuffer::repack(Tensor* t, const simd::RepackedKernels* rk, bool* done) {
+    *done = false;
+    const int64_t n = t->ne[0], rows = t->ne[1];
+    const size_t rs = row_size(rk->type, n);
+    if (t->type != rk->type || t->is_view() || t->ne[2] != 1 || t->ne[3] != 1 ||
+        t->nb[0] != type_size(t->type) || t->nb[1] != rs || rows < simd::kRepackRows ||
+        n % block_size(t->type) != 0) {
+        return Status::errorf("CPU: cannot repack %s: not a contiguous %s matrix of >= %d rows",
+                              describe(t).c_str(), type_name(rk->type), simd::kRepackRows);
+    }
+    const size_t groups = static_cast<size_t>(rows / simd::kRepackRows);
+    const size_t gb = rk->group_bytes(n);
+    const size_t bytes = groups * gb;
+    FERRY_TRY(check_range(t, 0, bytes));
+    bool partial = false;
+    if (repacked(t, &partial)) {
+        *done = true;  // already
+        return Status::ok();
+    }
+    if (partial) {
+        return Status::errorf("CPU: cannot repack %s: it overlaps a repacked tensor",
+                              describe(t).c_str());
+    }
+    uint8_t* p = static_cast<uint8_t*>(base_) + t->offs;
+    if (owner_ == Owner::None) {
+        // Caller memory, e.g. the model file mapped read-only and private (--mmap): ask for
+        // write access (a private mapping then copies the pages it writes; the file is never
+        // touched). Memory that cannot be made writable keeps its layout.
+        const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+        const uintptr_t lo = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+        const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + bytes + page - 1) & ~(page - 1);
+        if (::mprotect(reinterpret_cast<void*>(lo), hi - lo, PROT_READ | PROT_WRITE) != 0) {
+            return Status::ok();
+        }
+    }
+    std::vector<uint8_t> tmp(gb);
+    for (size_t g = 0; g < groups; g++) rk->repack(p + g * gb, n, tmp.data());
+    repacked_[t->offs] = {rk, n, rows, bytes};
+    *done = true;
+    return Status::ok();
+}
+
+const HostBuffer::Repacked* HostBuffer::repacked(const Tensor* t, bool* partial) const {
+    if (repacked_.empty()) return nullptr;
+    const size_t begin = t->offs, end = t->offs + std::max<size_t>(t->nbytes(), 1);
+    auto it = repacked_.lower_bound(begin);
+    if (it != repacked_.end() && it->first == begin) {
+        const Repacked& r = it->second;
+        if (t->type == r.rk->type && t->ne[0] == r.n && t->ne[1] == r.rows && t->ne[2] == 1 &&
+            t->ne[3] == 1 && t->nb[0] == type_size(t->type) && t->nb[1] == row_size(t->type, r.n)) {
+            return &r;
+        }
+        if (partial) *partial = true;
+        return nullptr;
+    }
+    bool overlap = it != repacked_.end() && it->first < end;
+    if (it != repacked_.begin()) {
+        const auto prev = std::prev(it);
+        overlap = overlap || prev->first + prev->second.bytes > begin;
+    }
+    if (partial && overlap) *partial = true;
+    return nullptr;
+}
+
+void HostBuffer::restore(size_t begin, size_t end) {
+    if (repacked_.empty() || end <= begin) return;
+    auto it = repacked_.lower_bound(begin);
+    if (it != repacked_.begin() && std::prev(it)->first + std::prev(it)->second.bytes > begin) {
+        --it;
+    }
+    while (it != repacked_.end() && it->first < end) {
+        const Repacked& r = it->second;
+        const size_t rs = row_size(r.rk->type, r.n);
+        const size_t gb = r.rk->group_bytes(r.n);
+        std::vector<uint8_t> tmp(gb);
+        uint8_t* p = static_cast<uint8_t*>(base_) + it->first;
+        for (size_t g = 0; g < r.bytes / gb; g++) {
+            std::memcpy(tmp.data(), p + g * gb, gb);
+            for (int row = 0; row < simd::kRepackRows; row++) {
+                r.rk->unpack_row(tmp.data(), r.n, row, p + g * gb + row * rs);
+            }
+        }
+        it = repacked_.erase(it);
+    }
+}
+
+void HostBuffer::unpack_range(size_t begin, size_t end, uint8_t* dst) const {
+    if (repacked_.empty() || end <= begin) return;
+    auto it = repacked_.lower_bound(begin);
+    if (it != repacked_.begin() && std::prev(it)->first + std::prev(it)->second.bytes > begin) {
+        --it;
+    }
+    for (; it != repacked_.end() && it->first < end; ++it) {
+        const Repacked& r = it->second;
+        const size_t rs = row_size(r.rk->type, r.n);
+        const size_t gb = r.rk->group_bytes(r.n);
+        std::vector<uint8_t> rows(gb);
+        const size_t lo = std::max(begin, it->first);
+        const size_t hi = std::min(end, it->first + r.bytes);
+        for (size_t g = (lo - it->first) / gb; g * gb + it->first < hi; g++) {
+            const size_t gstart = it->first + g * gb;
+            const uint8_t* src = static_cast<const uint8_t*>(base_) + gstart;
+            for (int row = 0; row < simd::kRepackRows; row++) {
+                r.rk->unpack_row(src, r.n, row, rows.data() + row * rs);
+            }
+            const size_t a = std::max(lo, gstart), b = std::min(hi, gstart + gb);
+            std::memcpy(dst + (a - begin), rows.data() + (a - gstart), b - a);
+        }
+    }
+}
+
+const HostBuffer::Repacked* repacked_weight(const Tensor* t, bool* partial) {
+    if (!simd::repacked_kernels(t->type) || !t->buffer) return nullptr;
+    const auto* hb = dynamic_cast<const HostBuffer*>(t->buffer);
+    return hb ? hb->repacked(t, partial) : nullptr;
 }
 
 namespace {
@@ -269,6 +402,16 @@ class CpuBackend : public Backend {
                     return Status::errorf("CPU: source %d of %s is not in host memory", s,
                                           describe(n).c_str());
                 }
+                // Only MUL_MAT and GET_ROWS read the repacked layout (as their weight).
+                if (n->src[s] && !(s == 0 && (n->op == Op::MUL_MAT || n->op == Op::GET_ROWS))) {
+                    bool partial = false;
+                    if (repacked_weight(n->src[s], &partial) || partial) {
+                        return Status::errorf(
+                            "CPU: source %d of %s is a repacked weight, which only MUL_MAT and "
+                            "GET_ROWS read (FERRY_CPU_REPACK=0 keeps the GGUF layout)",
+                            s, describe(n).c_str());
+                    }
+                }
             }
             const size_t ws = work_size(n, nth);
             if (ws > limits_.max_scratch) {
@@ -361,8 +504,27 @@ class CpuDevice : public Device {
     DeviceCaps caps() const override {
         DeviceCaps c;
         c.buffer_from_host_ptr = true;
-        c.events = true;  // trivial events (see CpuEvent)
+        c.events = true;           // trivial events (see CpuEvent)
+        c.prepare_weights = true;  // repacks weights (see prepare_weights)
         return c;
+    }
+    // Repacks the weights whose type has a repacked layout this build uses (simd.h: Q4_0 on
+    // AVX2) in place, into the same bytes, unless FERRY_CPU_REPACK=0. Weights that are no
+    // contiguous matrix of >= 8 rows in a host buffer keep their layout.
+    Status prepare_weights(std::span<Tensor* const> weights) override {
+        if (env_off("FERRY_CPU_REPACK")) return Status::ok();
+        for (Tensor* t : weights) {
+            if (!t || !simd::repack_by_default(t->type) || t->is_view() || !t->data) continue;
+            auto* hb = dynamic_cast<HostBuffer*>(t->buffer);
+            if (!hb) continue;
+            if (t->ne[2] != 1 || t->ne[3] != 1 || t->ne[1] < simd::kRepackRows ||
+                t->nb[0] != type_size(t->type) || t->nb[1] != row_size(t->type, t->ne[0])) {
+                continue;
+            }
+            bool done = false;
+            FERRY_TRY(hb->repack(t, simd::repacked_kernels(t->type), &done));
+        }
+        return Status::ok();
     }
     BufferType* buffer_type() override { return host_buffer_type(); }
     BufferType* host_buffer_type() override { return cpu::host_buffer_type(); }

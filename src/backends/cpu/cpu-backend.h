@@ -1,15 +1,29 @@
 // The CPU backend: host buffers, a thread pool, and the dispatch over CPU kernels.
 #pragma once
 
+#include <map>
 #include <memory>
 
+#include "backends/cpu/simd/simd.h"
 #include "ferry/backend.h"
 
 namespace ferry::cpu {
 
 // A host buffer: owns aligned memory, or wraps caller memory (buffer_from_host_ptr).
+//
+// Weights in it may be repacked in place (CpuDevice::prepare_weights, see simd.h's repacked
+// layout): the buffer records each repacked tensor (its bytes: the full groups of 8 rows), so
+// that the kernels know the layout and every other reader still sees the GGUF bytes: get_tensor
+// and copy_tensor unpack, and a write (set_tensor, memset_tensor, copy_tensor into it, clear)
+// that touches a repacked tensor first puts it back into the GGUF layout and forgets it.
 class HostBuffer : public Buffer {
   public:
+    struct Repacked {
+        const simd::RepackedKernels* rk;
+        int64_t n;     // elements per row
+        int64_t rows;  // rows of the tensor (the last rows % 8 keep the GGUF layout)
+        size_t bytes;  // bytes repacked: (rows / 8) groups
+    };
     // How the memory is released when the buffer goes: not at all (caller memory), free(),
     // or munmap() of map_len bytes.
     enum class Owner { None, Malloc, Mmap };
@@ -24,14 +38,31 @@ class HostBuffer : public Buffer {
     bool copy_tensor(const Tensor* src, Tensor* dst) override;
     Status clear(uint8_t value) override;
 
+    // Repacks tensor t (a contiguous matrix of at least 8 rows in this buffer, of rk's type)
+    // in place; *done tells whether it did (false: caller memory that cannot be written).
+    Status repack(Tensor* t, const simd::RepackedKernels* rk, bool* done);
+    // The record of t when t is exactly a repacked tensor (same start, type and shape), else
+    // nullptr; *partial (may be null) is set when t overlaps repacked bytes otherwise (a view
+    // into a repacked weight, which no kernel reads).
+    const Repacked* repacked(const Tensor* t, bool* partial) const;
+
   private:
     Status check_range(const Tensor* t, size_t offset, size_t size) const;
+    // Puts every repacked tensor overlapping bytes [begin, end) back into the GGUF layout.
+    void restore(size_t begin, size_t end);
+    // dst[0, end - begin) = GGUF bytes [begin, end) (dst holds the raw bytes already).
+    void unpack_range(size_t begin, size_t end, uint8_t* dst) const;
     BufferType* type_;
     void* base_;
     size_t size_;
     Owner owner_;
     size_t map_len_;
+    std::map<size_t, Repacked> repacked_;  // by offset
 };
+
+// The repacked record of t when t lives in a host buffer and is exactly a repacked tensor;
+// nullptr otherwise. *partial as for HostBuffer::repacked.
+const HostBuffer::Repacked* repacked_weight(const Tensor* t, bool* partial = nullptr);
 
 // Host memory buffer type (64-byte aligned). Shared by every device that can read host memory.
 BufferType* host_buffer_type();

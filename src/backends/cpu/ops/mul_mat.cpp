@@ -15,9 +15,14 @@
 // stored blocks, so the weights stream from memory exactly once. Packed path (many columns:
 // prefill): each task repacks its 64 weight rows into interleaved int8 groups in per-thread
 // scratch and runs the register-tiled int8 GEMM over its columns (see simd/packed.cpp).
+//
+// Repacked path (weights the CPU device repacked at load, simd.h): for any number of columns,
+// tiles of 8 weight rows x 4 columns straight from the repacked groups (no per-call packing);
+// the rows past the last full group (rows % 8, GGUF layout) go through the direct tiles.
 #include <algorithm>
 #include <atomic>
 
+#include "backends/cpu/cpu-backend.h"
 #include "backends/cpu/ops/ops.h"
 #include "backends/cpu/simd/simd.h"
 #include "core/env.h"
@@ -42,7 +47,9 @@ constexpr size_t align64(size_t n) {
 
 struct Plan {
     const simd::MatKernels* mk = nullptr;
-    const simd::PackedKernels* pk = nullptr;  // packed path when non-null
+    const simd::PackedKernels* pk = nullptr;    // packed path when non-null
+    const simd::RepackedKernels* rk = nullptr;  // repacked path when non-null
+    bool partial = false;  // a is a view into a repacked weight: no kernel reads it
     int64_t K = 0, M = 0, N = 0, ne2 = 0, ne3 = 0, r2 = 1, r3 = 1;
     size_t col_bytes = 0;   // converted column stride; 0: b read in place
     size_t conv_bytes = 0;  // all converted columns (one copy)
@@ -66,7 +73,10 @@ Plan make_plan(const Tensor* dst) {
     p.r2 = b->ne[2] / a->ne[2];
     p.r3 = b->ne[3] / a->ne[3];
     const int64_t ncols = p.N * p.ne2 * p.ne3;
-    if (p.mk->packed && p.N >= p.mk->packed_min_cols) {
+    if (const HostBuffer::Repacked* rp = repacked_weight(a, &p.partial)) {
+        p.rk = rp->rk;
+        p.col_bytes = align64(p.rk->b_bytes(p.K));
+    } else if (p.mk->packed && p.N >= p.mk->packed_min_cols) {
         p.pk = p.mk->packed;
         p.col_bytes = p.pk->column_bytes(p.K);
         p.group_bytes = align64(p.pk->group_bytes(p.K));
@@ -109,6 +119,15 @@ void op_mul_mat(const ComputeParams& cp, Tensor* dst) {
     const Tensor* a = dst->src[0];
     const Tensor* b = dst->src[1];
     const Plan p = make_plan(dst);
+    if (p.partial) {
+        if (cp.ith == 0 && cp.errors) {
+            cp.errors->fail(
+                strfmt("MUL_MAT %s: weight %s is a view into a repacked weight "
+                       "(FERRY_CPU_REPACK=0 keeps the GGUF layout)",
+                       describe(dst).c_str(), describe(a).c_str()));
+        }
+        return;
+    }
     if (cp.wsize < plan_bytes(p, cp.nth) || dst->nb[0] != sizeof(float) ||
         dst->nb[1] % sizeof(float) != 0) {
         // Same decision on every thread, so all of them leave before any barrier.
@@ -135,7 +154,9 @@ void op_mul_mat(const ComputeParams& cp, Tensor* dst) {
             const int64_t i1 = j % p.N, i2 = (j / p.N) % p.ne2, i3 = j / (p.N * p.ne2);
             const float* src = reinterpret_cast<const float*>(b_row(b, i1, i2, i3));
             uint8_t* out = conv + static_cast<size_t>(j) * p.col_bytes;
-            if (p.pk) {
+            if (p.rk) {
+                p.rk->quantize_b(src, out, p.K);
+            } else if (p.pk) {
                 p.pk->convert_column(src, p.K, out);
             } else {
                 p.mk->quantize_b(src, out, p.K);
@@ -184,7 +205,26 @@ void op_mul_mat(const ComputeParams& cp, Tensor* dst) {
             ymat = b_row(b, 0, i2, i3);
         }
 
-        if (p.pk) {
+        if (p.rk) {
+            // Full groups of 8 rows from the repacked bytes (a group starts at its first row's
+            // GGUF offset), the rest from the GGUF rows, 4 columns at a time.
+            constexpr int64_t kG = simd::kRepackRows;
+            const int64_t gend = std::max(r0, std::min(r1, p.M / kG * kG));
+            const size_t yoff = p.rk->direct_b_offset(p.K);
+            for (int64_t c = c0; c < c1; c += 4) {
+                if (cp.aborted()) return;
+                const int nc = static_cast<int>(std::min<int64_t>(4, c1 - c));
+                for (int64_t r = r0; r < gend; r += kG) {
+                    p.rk->tile(p.K, amat + r * a->nb[1], ymat + c * by, by, nc, omat + c * ldo + r,
+                               ldo);
+                }
+                for (int64_t r = gend; r < r1; r += simd::kDirectRows) {
+                    const int nr = static_cast<int>(std::min<int64_t>(simd::kDirectRows, r1 - r));
+                    p.rk->direct(p.K, amat + r * a->nb[1], a->nb[1], nr, ymat + c * by + yoff, by,
+                                 nc, omat + c * ldo + r, ldo);
+                }
+            }
+        } else if (p.pk) {
             // Repack this task's rows: groups of 16, in pairs for the kernel.
             const int64_t nrows = r1 - r0;
             const int ngroups = static_cast<int>((nrows + simd::kPackRows - 1) / simd::kPackRows);

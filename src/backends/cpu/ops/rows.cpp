@@ -3,7 +3,9 @@
 // Indices come from data (token ids, KV-cache slots), so each one is checked against the row
 // count before any access; a bad one is reported through the error sink and its row skipped.
 #include <cstring>
+#include <vector>
 
+#include "backends/cpu/cpu-backend.h"
 #include "backends/cpu/ops/kernel-util.h"
 #include "backends/cpu/ops/ops.h"
 
@@ -27,6 +29,19 @@ void op_get_rows(const ComputeParams& p, Tensor* dst) {
     const Tensor* idx = dst->src[1];
     const int64_t n = idx->ne[0], n1 = idx->ne[1], n2 = idx->ne[2];
     const int64_t ne0 = a->ne[0];
+    // A weight the CPU device repacked (a tied embedding, say): rows of full groups are
+    // unpacked to their GGUF bytes first.
+    bool partial = false;
+    const HostBuffer::Repacked* rp = repacked_weight(a, &partial);
+    if (partial) {
+        if (p.ith == 0 && p.errors) {
+            p.errors->fail(strfmt("GET_ROWS '%s': %s is a view into a repacked weight", dst->name,
+                                  describe(a).c_str()));
+        }
+        return;
+    }
+    std::vector<uint8_t> unpacked(rp ? a->nb[1] : 0);
+    const int64_t grouped = rp ? rp->bytes / a->nb[1] : 0;  // rows in repacked groups
     int64_t r0, r1;
     split_rows(n * n1 * n2, p.ith, p.nth, &r0, &r1);
     for (int64_t r = r0; r < r1; r++) {
@@ -42,7 +57,14 @@ void op_get_rows(const ComputeParams& p, Tensor* dst) {
                            describe(a).c_str()));
             continue;
         }
-        if (a->type == Type::I32) {  // index tables gather as they are
+        if (v < grouped) {
+            const int64_t g = v / simd::kRepackRows;
+            rp->rk->unpack_row(
+                static_cast<const uint8_t*>(a->data) + g * simd::kRepackRows * a->nb[1], rp->n,
+                static_cast<int>(v % simd::kRepackRows), unpacked.data());
+            kern::row_to_f32(a->type, unpacked.data(), reinterpret_cast<float*>(row(dst, i, j, k)),
+                             ne0);
+        } else if (a->type == Type::I32) {  // index tables gather as they are
             std::memcpy(row(dst, i, j, k), row(a, v, j, k), static_cast<size_t>(ne0) * 4);
         } else {
             kern::row_to_f32(a->type, row(a, v, j, k), reinterpret_cast<float*>(row(dst, i, j, k)),

@@ -71,6 +71,64 @@ struct MatKernels {
     int64_t packed_min_cols;
 };
 
+// --- Repacked path (weights rewritten once by CpuDevice::prepare_weights) ---------------------
+// Q4_0, Q4_K and Q6_K weights in groups of kRepackRows consecutive rows, rewritten in place into
+// the same bytes (docs/cpu-repacked-weights.md): per 32-element block b of the group, at b * 144:
+//     bytes 0..15    the 8 rows' fp16 scales d (row r at 2r)
+//     bytes 16..143  4 vectors of 32 bytes: vector v holds bytes 4v..4v+3 of each row's qs
+//                    (row r at 16 + 32v + 4r), i.e. its elements 4v..4v+3 in the low nibbles
+//                    and 16+4v..16+4v+3 in the high ones
+// Q4_K weights, per 256-element super-block i of a group, at i * 1152:
+//     bytes 0..15    the 8 rows' fp16 d; 16..31 their fp16 dmin
+//     bytes 32..95   low 4 bits of scale (low nibble) and min (high nibble) of sub-block j of
+//                    row r at 32 + 8j + r
+//     bytes 96..127  their high 2 bits, (scale >> 4) | (min >> 4) << 2, at 96 + 8 (j % 4) + r,
+//                    low nibble for j < 4, high nibble for j >= 4
+//     bytes 128..    4 chunks of 256 bytes: chunk ch holds 8 vectors, vector v (at 128 + 256 ch
+//                    + 32v) bytes 4v..4v+3 of each row's qs chunk ch (row r at 4r): elements
+//                    64ch + 4v.. in the low nibbles, 64ch + 32 + 4v.. in the high ones
+// Q6_K weights, per 256-element super-block i of a group, at i * 1680:
+//     bytes 0..15     the 8 rows' fp16 d
+//     bytes 16..143   int8 scale of 16-element block j of row r at 16 + 8j + r
+//     bytes 144..1167 ql: half h (elements 128h..) at 144 + 512h, 16 vectors: vector w holds
+//                     bytes 4w..4w+3 of each row's ql[64h..64h+63] (row r at 4r)
+//     bytes 1168..    qh: half h at 1168 + 256h, 8 vectors: vector v bytes 4v..4v+3 of each
+//                     row's qh[32h..32h+31]
+//                     (bit fields and nibbles mean what they mean in GGUF's Q6_K)
+// Rows past the last full group keep the GGUF layout. One vector of 8 rows x 4 quants meets 4
+// broadcast activation quants, so a dot ends in one lane per row: no horizontal sums, and the
+// weights of a group are one sequential stream.
+constexpr int kRepackRows = 8;
+
+struct RepackedKernels {
+    Type type;
+    // Bytes of one group of kRepackRows rows of n elements (= kRepackRows GGUF rows).
+    size_t (*group_bytes)(int64_t n);
+    // Rewrites the kRepackRows GGUF rows at x (consecutive) into a group; tmp: group_bytes.
+    void (*repack)(void* x, int64_t n, void* tmp);
+    // Writes row r < kRepackRows of group g in the GGUF layout (row_size(type, n) bytes).
+    void (*unpack_row)(const void* g, int64_t n, int r, void* out);
+    // Activation columns: quantize_b converts one F32 column of n elements into b_bytes(n)
+    // bytes: per-block terms (Q4_0: a float scale and the int32 -8 * sum q per block; Q4_K:
+    // the 8 sub-block sums of q per super-block, int16), then the column's Q8_0 / Q8_K blocks
+    // from byte direct_b_offset(n) (what `direct` reads for the rows in GGUF layout).
+    FromFloatFn quantize_b;
+    size_t (*b_bytes)(int64_t n);
+    size_t (*direct_b_offset)(int64_t n);
+    // out[c * ldo + r] for the kRepackRows rows of group g, columns c < nc <= 4 at y + c * by.
+    void (*tile)(int64_t n, const void* g, const void* y, size_t by, int nc, float* out,
+                 size_t ldo);
+    // The direct tile for rows in GGUF layout against the Q8_0 part of the same columns.
+    DirectTileFn direct;
+};
+
+// Kernels for repacked weights of type t, nullptr when t has no repacked layout. portable:
+// the scalar kernels (the oracle; their results are bit-identical to the vector ones).
+const RepackedKernels* repacked_kernels(Type t, bool portable = false);
+// Whether this build repacks weights of type t at load: where a vector kernel for the layout
+// exists (AVX2 builds; AVX-512 builds keep their own direct tiles and repack nothing).
+bool repack_by_default(Type t);
+
 // Kernels for weight type t (a storage type other than I32). portable = true selects the
 // scalar kernels even where SIMD ones exist (tests compare the two).
 const MatKernels& mat_kernels(Type t, bool portable = false);
