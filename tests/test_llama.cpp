@@ -255,17 +255,17 @@ TEST(Llama, ChunkedAndIncrementalDecodeAgree) {
     for (int j = 0; j < kVocab; j++) ASSERT_NEAR(last->logits(0)[j], want[j], 2e-3);
 }
 
-// Q4_0 / Q4_K / Q6_K weights repacked at load (CpuDevice::prepare_weights) against the GGUF layout
-// (FERRY_CPU_REPACK=0), every fixture prompt, all positions batched and then one token at a
+// Q4_0 / Q4_K / Q6_K / Q8_0 weights repacked at load (CpuDevice::prepare_weights) against the GGUF
+// layout (FERRY_CPU_REPACK=0), every fixture prompt, all positions batched and then one token at a
 // time. Both quantize the activations to the same Q8_0 blocks and each product differs only
 // in float summation order (NMSE ~1e-14, test_mul_mat), but a last-bit difference can move a
 // later activation across a Q8_0 rounding boundary: one quant off by one step d = amax / 127
 // in a row of n_embd = 256 changes that product by NMSE ~ (amax / 127)^2 / (256 rms^2) ~ 4e-6
 // (amax / rms ~ 4). Measured NMSE over all logits: q4_0 3.7e-6, q4_k_m 7.9e-9, q6_k 2.9e-5,
-// with the same KL to the fixture's oracle within 1% (test LlamaOracle, both layouts). Bound:
-// 1e-4 (25 such steps), and every position's argmax the same.
+// q8_0 1.3e-5, with the same KL to the fixture's oracle within 1% (test LlamaOracle, both
+// layouts). Bound: 1e-4 (25 such steps), and every position's argmax the same.
 TEST(Llama, RepackedLogitsMatchGgufLayout) {
-    for (const char* enc : {"q4_0", "q4_k_m", "q6_k"}) {
+    for (const char* enc : {"q4_0", "q4_k_m", "q6_k", "q8_0"}) {
         auto run = [enc](bool repack) {
             if (!repack) ::setenv("FERRY_CPU_REPACK", "0", 1);
             std::unique_ptr<LlamaModel> m = load(model_path(enc));
@@ -311,7 +311,10 @@ TEST(Llama, RepackedLogitsMatchGgufLayout) {
             "[ llama    ] %s repacked vs GGUF layout: nmse %.2e  maxabs %.2e  top1 %zu/%zu\n", enc,
             err / ref, maxabs, agree, rows);
         const std::string e = enc;
-        const Type main_type = e == "q4_0" ? Type::Q4_0 : e == "q6_k" ? Type::Q6_K : Type::Q4_K;
+        const Type main_type = e == "q4_0"   ? Type::Q4_0
+                               : e == "q6_k" ? Type::Q6_K
+                               : e == "q8_0" ? Type::Q8_0
+                                             : Type::Q4_K;
         if (cpu::simd::repack_by_default(main_type)) {
             // The repacked kernels really ran: not the same bits.
             EXPECT_NE(0, std::memcmp(plain.data(), packed.data(), plain.size() * sizeof(float)));

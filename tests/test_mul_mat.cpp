@@ -440,7 +440,7 @@ std::vector<uint8_t> repack_copy(const cpu::simd::RepackedKernels& rk, const uin
     return out;
 }
 
-const Type kRepackTypes[] = {Type::Q4_0, Type::Q4_K, Type::Q6_K};
+const Type kRepackTypes[] = {Type::Q4_0, Type::Q4_K, Type::Q6_K, Type::Q8_0};
 
 class MulMatRepacked : public ::testing::TestWithParam<Type> {};
 

@@ -254,7 +254,17 @@ std::vector<float> run_logits(const std::string& path, Device* dev,
 // tiny-llama's vocabulary has 1024 tokens.
 const std::vector<int32_t> kTokens = {1, 450, 496, 173, 170, 432, 172, 975, 278, 366, 112, 889};
 
+// The test devices here run the CPU kernels on weights in the GGUF layout, so their logits
+// are the CPU's bit for bit only while the CPU keeps that layout too (its prepare_weights
+// repacks some types, which changes the float summation order): FERRY_CPU_REPACK=0 for the
+// scope of a test.
+struct NoCpuRepack {
+    NoCpuRepack() { ::setenv("FERRY_CPU_REPACK", "0", 1); }
+    ~NoCpuRepack() { ::unsetenv("FERRY_CPU_REPACK"); }
+};
+
 TEST(Scheduler, AsyncDeviceGivesTheCpuLogitsBecauseReadsAreOrdered) {
+    NoCpuRepack gguf_layout;
     const std::vector<float> cpu = run_logits(fixture("q8_0"), nullptr, kTokens);
     ASSERT_FALSE(cpu.empty());
     // 2 ms per compute: a read that did not wait for the device would see stale logits.
@@ -265,15 +275,6 @@ TEST(Scheduler, AsyncDeviceGivesTheCpuLogitsBecauseReadsAreOrdered) {
     ASSERT_EQ(got.size(), cpu.size());
     for (size_t i = 0; i < got.size(); i++) ASSERT_EQ(got[i], cpu[i]) << i;
 }
-
-// The test devices below run the CPU kernels on weights in the GGUF layout, so their logits
-// are the CPU's bit for bit only while the CPU keeps that layout too (its prepare_weights
-// repacks some types, which changes the float summation order): FERRY_CPU_REPACK=0 for the
-// scope of a test.
-struct NoCpuRepack {
-    NoCpuRepack() { ::setenv("FERRY_CPU_REPACK", "0", 1); }
-    ~NoCpuRepack() { ::unsetenv("FERRY_CPU_REPACK"); }
-};
 
 TEST(Scheduler, AsyncDeviceSplitWithTheCpuCopiesBothWaysAndGivesTheCpuLogits) {
     NoCpuRepack gguf_layout;
@@ -288,6 +289,7 @@ TEST(Scheduler, AsyncDeviceSplitWithTheCpuCopiesBothWaysAndGivesTheCpuLogits) {
 }
 
 TEST(Scheduler, LayersPlacedOnTwoDevicesAndTheCpuGiveTheCpuLogits) {
+    NoCpuRepack gguf_layout;
     const std::vector<float> cpu = run_logits(fixture("q8_0"), nullptr, kTokens);
     ASSERT_FALSE(cpu.empty());
     FarDevice a, b;

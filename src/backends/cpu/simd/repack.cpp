@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "backends/cpu/simd/simd.h"
+#include "core/env.h"
 #include "core/quants.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -376,6 +377,78 @@ void q6_k_tile_scalar(int64_t n, const void* gp, const void* yp, size_t by, int 
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Q8_0: per 32-element block b of a group, 272 bytes at b * 272 (= 8 GGUF blocks of 34): the
+// 8 rows' fp16 scales, then 8 vectors of 32 bytes, vector v holding quants 4v .. 4v+3 of row r
+// at 16 + 32v + 4r. Columns are plain Q8_0 blocks. Per row and column, in both kernels:
+//     isum_b = sum_k w[k] * q[k]   (exact int32)
+//     acc    = fma(float(isum_b), d_x[r] * d_y, acc)   over blocks b in order
+
+constexpr size_t k8Blk = sizeof(BlockQ8_0);            // 34
+constexpr size_t k8GroupBlk = kR * sizeof(BlockQ8_0);  // 272
+
+size_t q8_0_group_bytes(int64_t n) {
+    return kR * row_size(Type::Q8_0, n);
+}
+
+void q8_0_repack(void* x, int64_t n, void* tmp) {
+    const size_t rs = row_size(Type::Q8_0, n);
+    std::memcpy(tmp, x, kR * rs);
+    const auto* src = static_cast<const uint8_t*>(tmp);
+    auto* dst = static_cast<uint8_t*>(x);
+    for (int64_t b = 0; b < n / 32; b++) {
+        uint8_t* g = dst + b * k8GroupBlk;
+        for (int r = 0; r < kR; r++) {
+            const uint8_t* blk = src + r * rs + b * k8Blk;
+            std::memcpy(g + 2 * r, blk, 2);
+            for (int v = 0; v < 8; v++)
+                std::memcpy(g + kQsOff + 32 * v + 4 * r, blk + 2 + 4 * v, 4);
+        }
+    }
+}
+
+void q8_0_unpack_row(const void* gp, int64_t n, int r, void* out) {
+    const auto* g = static_cast<const uint8_t*>(gp);
+    auto* o = static_cast<uint8_t*>(out);
+    for (int64_t b = 0; b < n / 32; b++) {
+        const uint8_t* gb = g + b * k8GroupBlk;
+        uint8_t* blk = o + b * k8Blk;
+        std::memcpy(blk, gb + 2 * r, 2);
+        for (int v = 0; v < 8; v++) std::memcpy(blk + 2 + 4 * v, gb + kQsOff + 32 * v + 4 * r, 4);
+    }
+}
+
+size_t q8_0_b_bytes(int64_t n) {
+    return row_size(Type::Q8_0, n);
+}
+
+void q8_0_tile_scalar(int64_t n, const void* gp, const void* yp, size_t by, int nc, float* out,
+                      size_t ldo) {
+    const auto* g = static_cast<const uint8_t*>(gp);
+    for (int c = 0; c < nc; c++) {
+        const auto* yb =
+            reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(yp) + c * by);
+        for (int r = 0; r < kR; r++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < n / 32; b++) {
+                const uint8_t* gb = g + b * k8GroupBlk;
+                int32_t isum = 0;
+                for (int v = 0; v < 8; v++) {
+                    for (int i = 0; i < 4; i++) {
+                        isum += static_cast<int8_t>(gb[kQsOff + 32 * v + 4 * r + i]) *
+                                yb[b].qs[4 * v + i];
+                    }
+                }
+                fp16_t hx, hy;
+                std::memcpy(&hx, gb + 2 * r, 2);
+                std::memcpy(&hy, &yb[b].d, 2);
+                acc = std::fma(static_cast<float>(isum), fp16_to_fp32(hx) * fp16_to_fp32(hy), acc);
+            }
+            out[c * ldo + r] = acc;
+        }
+    }
+}
+
 #if FERRY_REPACK_AVX2
 
 // A group's weights are one sequential stream, but one that a decode tile consumes slowly
@@ -645,6 +718,52 @@ void q6_k_tile_avx2(int64_t n, const void* g, const void* y, size_t by, int nc, 
     table[nc - 1](n, static_cast<const uint8_t*>(g), static_cast<const uint8_t*>(y), by, out, ldo);
 }
 
+// Q8_0: vpmaddubsw takes |w| against the column's 4 broadcast quants with w's signs (each pair
+// at most 2 * 128 * 127 = 32512: no saturation), vpmaddwd one int32 per row, added over the
+// block's 8 vectors in int32.
+template <int NC>
+void q8_0_tile_avx2_n(int64_t n, const uint8_t* g, const uint8_t* y, size_t by, float* out,
+                      size_t ldo) {
+    const int64_t nb = n / 32;
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    __m256 acc[NC];
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t* gb = g + b * k8GroupBlk;
+        if (b % 2 == 0) prefetch_ahead<2 * k8GroupBlk>(gb, 8 * k8GroupBlk);
+        __m256i isum[NC];
+        for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
+        for (int v = 0; v < 8; v++) {
+            const __m256i w =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + kQsOff + 32 * v));
+            const __m256i aw = _mm256_abs_epi8(w);
+            for (int c = 0; c < NC; c++) {
+                const uint8_t* yq = y + c * by + b * k8Blk + 2;
+                const __m256i q = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(yq + 4 * v)), w);
+                isum[c] = _mm256_add_epi32(isum[c],
+                                           _mm256_madd_epi16(_mm256_maddubs_epi16(aw, q), ones16));
+            }
+        }
+        const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb)));
+        for (int c = 0; c < NC; c++) {
+            fp16_t hy;
+            std::memcpy(&hy, y + c * by + b * k8Blk, 2);
+            const float dy = fp16_to_fp32(hy);
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]),
+                                     _mm256_mul_ps(dx, _mm256_set1_ps(dy)), acc[c]);
+        }
+    }
+    for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + c * ldo, acc[c]);
+}
+
+void q8_0_tile_avx2(int64_t n, const void* g, const void* y, size_t by, int nc, float* out,
+                    size_t ldo) {
+    using Fn = void (*)(int64_t, const uint8_t*, const uint8_t*, size_t, float*, size_t);
+    static constexpr Fn table[4] = {q8_0_tile_avx2_n<1>, q8_0_tile_avx2_n<2>, q8_0_tile_avx2_n<3>,
+                                    q8_0_tile_avx2_n<4>};
+    table[nc - 1](n, static_cast<const uint8_t*>(g), static_cast<const uint8_t*>(y), by, out, ldo);
+}
+
 #endif  // FERRY_REPACK_AVX2
 
 RepackedKernels make_q4_0(bool portable) {
@@ -665,6 +784,34 @@ RepackedKernels make_q4_0(bool portable) {
     k.direct = (!portable && fast_reads_q8_0) ? fast.direct : port.direct;
 #if FERRY_REPACK_AVX2
     if (!portable) k.tile = q4_0_tile_avx2;
+#endif
+    return k;
+}
+
+// FERRY_CPU_REPACK_Q8_0=0: Q8_0 keeps the GGUF layout (and its direct tiles) while the other
+// types repack.
+bool repack_q8_0() {
+    static const bool on = !env_off("FERRY_CPU_REPACK_Q8_0");
+    return on;
+}
+
+RepackedKernels make_q8_0(bool portable) {
+    // The tail rows' direct tile reads plain Q8_0 blocks (as make_q4_0 checks).
+    const MatKernels& fast = mat_kernels(Type::Q8_0, false);
+    const MatKernels& port = mat_kernels(Type::Q8_0, true);
+    const bool fast_reads_q8_0 = fast.quantize_b == port.quantize_b;
+    RepackedKernels k{};
+    k.type = Type::Q8_0;
+    k.group_bytes = q8_0_group_bytes;
+    k.repack = q8_0_repack;
+    k.unpack_row = q8_0_unpack_row;
+    k.quantize_b = (!portable && fast_reads_q8_0) ? fast.quantize_b : port.quantize_b;
+    k.b_bytes = q8_0_b_bytes;
+    k.direct_b_offset = no_extras;
+    k.tile = q8_0_tile_scalar;
+    k.direct = (!portable && fast_reads_q8_0) ? fast.direct : port.direct;
+#if FERRY_REPACK_AVX2
+    if (!portable) k.tile = q8_0_tile_avx2;
 #endif
     return k;
 }
@@ -715,6 +862,11 @@ const RepackedKernels* repacked_kernels(Type t, bool portable) {
     if (t == Type::Q4_0) {
         static const RepackedKernels fast = make_q4_0(false);
         static const RepackedKernels port = make_q4_0(true);
+        return portable ? &port : &fast;
+    }
+    if (t == Type::Q8_0 && repack_q8_0()) {
+        static const RepackedKernels fast = make_q8_0(false);
+        static const RepackedKernels port = make_q8_0(true);
         return portable ? &port : &fast;
     }
     if (t == Type::Q4_K) {

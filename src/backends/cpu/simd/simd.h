@@ -72,8 +72,9 @@ struct MatKernels {
 };
 
 // --- Repacked path (weights rewritten once by CpuDevice::prepare_weights) ---------------------
-// Q4_0, Q4_K and Q6_K weights in groups of kRepackRows consecutive rows, rewritten in place into
-// the same bytes (docs/cpu-repacked-weights.md): per 32-element block b of the group, at b * 144:
+// Q4_0, Q4_K, Q6_K and Q8_0 weights in groups of kRepackRows consecutive rows, rewritten in place
+// into the same bytes (docs/cpu-repacked-weights.md): per 32-element block b of the group, at b *
+// 144:
 //     bytes 0..15    the 8 rows' fp16 scales d (row r at 2r)
 //     bytes 16..143  4 vectors of 32 bytes: vector v holds bytes 4v..4v+3 of each row's qs
 //                    (row r at 16 + 32v + 4r), i.e. its elements 4v..4v+3 in the low nibbles
@@ -95,6 +96,10 @@ struct MatKernels {
 //     bytes 1168..    qh: half h at 1168 + 256h, 8 vectors: vector v bytes 4v..4v+3 of each
 //                     row's qh[32h..32h+31]
 //                     (bit fields and nibbles mean what they mean in GGUF's Q6_K)
+// Q8_0 weights, per 32-element block b of a group, at b * 272:
+//     bytes 0..15    the 8 rows' fp16 d
+//     bytes 16..271  8 vectors of 32 bytes: vector v holds quants 4v..4v+3 of each row (row r at
+//                    16 + 32v + 4r); FERRY_CPU_REPACK_Q8_0=0 keeps Q8_0 in the GGUF layout
 // Rows past the last full group keep the GGUF layout. One vector of 8 rows x 4 quants meets 4
 // broadcast activation quants, so a dot ends in one lane per row: no horizontal sums, and the
 // weights of a group are one sequential stream.
