@@ -30,40 +30,49 @@ namespace ferry::cpu::simd {
 namespace {
 
 constexpr int kR = kRepackRows;
-constexpr size_t kBlk = sizeof(BlockQ4_0);            // 18
-constexpr size_t kGroupBlk = kR * sizeof(BlockQ4_0);  // 144: one block of 8 rows
-constexpr size_t kQsOff = 2 * kR;                     // 16: the quants after the 8 scales
+constexpr size_t kQsOff = 2 * kR;  // 16: a block's quants after the 8 rows' scales
 
-size_t q4_0_group_bytes(int64_t n) {
-    return kR * row_size(Type::Q4_0, n);
-}
+// Q4_0 and Q8_0 (layout in simd.h): 32-element blocks of an fp16 scale and 4V quant bytes
+// (Q4_0: V = 4, nibble pairs; Q8_0: V = 8, int8). Per block b a group holds the 8 rows' scales,
+// then V vectors of 32 bytes, bytes 4v .. 4v+3 of row r's quants at 16 + 32v + 4r.
+template <Type T, int V>
+struct Blocks32 {
+    static constexpr size_t kBlk = 2 + 4 * V;
+    static constexpr size_t kGroupBlk = kR * kBlk;  // one block of 8 rows
 
-void q4_0_repack(void* x, int64_t n, void* tmp) {
-    const size_t rs = row_size(Type::Q4_0, n);
-    std::memcpy(tmp, x, kR * rs);
-    const auto* src = static_cast<const uint8_t*>(tmp);
-    auto* dst = static_cast<uint8_t*>(x);
-    for (int64_t b = 0; b < n / 32; b++) {
-        uint8_t* g = dst + b * kGroupBlk;
-        for (int r = 0; r < kR; r++) {
-            const uint8_t* blk = src + r * rs + b * kBlk;
-            std::memcpy(g + 2 * r, blk, 2);
-            for (int v = 0; v < 4; v++)
-                std::memcpy(g + kQsOff + 32 * v + 4 * r, blk + 2 + 4 * v, 4);
+    static size_t group_bytes(int64_t n) { return kR * row_size(T, n); }
+
+    static void repack(void* x, int64_t n, void* tmp) {
+        const size_t rs = row_size(T, n);
+        std::memcpy(tmp, x, kR * rs);
+        const auto* src = static_cast<const uint8_t*>(tmp);
+        auto* dst = static_cast<uint8_t*>(x);
+        for (int64_t b = 0; b < n / 32; b++) {
+            uint8_t* g = dst + b * kGroupBlk;
+            for (int r = 0; r < kR; r++) {
+                const uint8_t* blk = src + r * rs + b * kBlk;
+                std::memcpy(g + 2 * r, blk, 2);
+                for (int v = 0; v < V; v++)
+                    std::memcpy(g + kQsOff + 32 * v + 4 * r, blk + 2 + 4 * v, 4);
+            }
         }
     }
-}
 
-void q4_0_unpack_row(const void* gp, int64_t n, int r, void* out) {
-    const auto* g = static_cast<const uint8_t*>(gp);
-    auto* o = static_cast<uint8_t*>(out);
-    for (int64_t b = 0; b < n / 32; b++) {
-        const uint8_t* gb = g + b * kGroupBlk;
-        uint8_t* blk = o + b * kBlk;
-        std::memcpy(blk, gb + 2 * r, 2);
-        for (int v = 0; v < 4; v++) std::memcpy(blk + 2 + 4 * v, gb + kQsOff + 32 * v + 4 * r, 4);
+    static void unpack_row(const void* gp, int64_t n, int r, void* out) {
+        const auto* g = static_cast<const uint8_t*>(gp);
+        auto* o = static_cast<uint8_t*>(out);
+        for (int64_t b = 0; b < n / 32; b++) {
+            const uint8_t* gb = g + b * kGroupBlk;
+            uint8_t* blk = o + b * kBlk;
+            std::memcpy(blk, gb + 2 * r, 2);
+            for (int v = 0; v < V; v++)
+                std::memcpy(blk + 2 + 4 * v, gb + kQsOff + 32 * v + 4 * r, 4);
+        }
     }
-}
+};
+using Q4_0Groups = Blocks32<Type::Q4_0, 4>;  // 18-byte blocks, 144 bytes per group block
+using Q8_0Groups = Blocks32<Type::Q8_0, 8>;  // 34-byte blocks, 272 bytes per group block
+static_assert(Q4_0Groups::kBlk == sizeof(BlockQ4_0) && Q8_0Groups::kBlk == sizeof(BlockQ8_0));
 
 // Columns: [float d, int32 -8 * sum q] per block, then the Q8_0 blocks.
 size_t col_extras(int64_t n) {
@@ -112,7 +121,7 @@ void q4_0_tile_scalar(int64_t n, const void* gp, const void* yp, size_t by, int 
         for (int r = 0; r < kR; r++) {
             float acc = 0.0f;
             for (int64_t b = 0; b < n / 32; b++) {
-                const uint8_t* gb = g + b * kGroupBlk;
+                const uint8_t* gb = g + b * Q4_0Groups::kGroupBlk;
                 const ColBlock y = col_block(yc, n, b);
                 int32_t isum = y.off;
                 for (int v = 0; v < 4; v++) {
@@ -384,40 +393,6 @@ void q6_k_tile_scalar(int64_t n, const void* gp, const void* yp, size_t by, int 
 //     isum_b = sum_k w[k] * q[k]   (exact int32)
 //     acc    = fma(float(isum_b), d_x[r] * d_y, acc)   over blocks b in order
 
-constexpr size_t k8Blk = sizeof(BlockQ8_0);            // 34
-constexpr size_t k8GroupBlk = kR * sizeof(BlockQ8_0);  // 272
-
-size_t q8_0_group_bytes(int64_t n) {
-    return kR * row_size(Type::Q8_0, n);
-}
-
-void q8_0_repack(void* x, int64_t n, void* tmp) {
-    const size_t rs = row_size(Type::Q8_0, n);
-    std::memcpy(tmp, x, kR * rs);
-    const auto* src = static_cast<const uint8_t*>(tmp);
-    auto* dst = static_cast<uint8_t*>(x);
-    for (int64_t b = 0; b < n / 32; b++) {
-        uint8_t* g = dst + b * k8GroupBlk;
-        for (int r = 0; r < kR; r++) {
-            const uint8_t* blk = src + r * rs + b * k8Blk;
-            std::memcpy(g + 2 * r, blk, 2);
-            for (int v = 0; v < 8; v++)
-                std::memcpy(g + kQsOff + 32 * v + 4 * r, blk + 2 + 4 * v, 4);
-        }
-    }
-}
-
-void q8_0_unpack_row(const void* gp, int64_t n, int r, void* out) {
-    const auto* g = static_cast<const uint8_t*>(gp);
-    auto* o = static_cast<uint8_t*>(out);
-    for (int64_t b = 0; b < n / 32; b++) {
-        const uint8_t* gb = g + b * k8GroupBlk;
-        uint8_t* blk = o + b * k8Blk;
-        std::memcpy(blk, gb + 2 * r, 2);
-        for (int v = 0; v < 8; v++) std::memcpy(blk + 2 + 4 * v, gb + kQsOff + 32 * v + 4 * r, 4);
-    }
-}
-
 size_t q8_0_b_bytes(int64_t n) {
     return row_size(Type::Q8_0, n);
 }
@@ -431,7 +406,7 @@ void q8_0_tile_scalar(int64_t n, const void* gp, const void* yp, size_t by, int 
         for (int r = 0; r < kR; r++) {
             float acc = 0.0f;
             for (int64_t b = 0; b < n / 32; b++) {
-                const uint8_t* gb = g + b * k8GroupBlk;
+                const uint8_t* gb = g + b * Q8_0Groups::kGroupBlk;
                 int32_t isum = 0;
                 for (int v = 0; v < 8; v++) {
                     for (int i = 0; i < 4; i++) {
@@ -466,6 +441,16 @@ inline int32_t load_i32(const void* p) {
     return v;
 }
 
+// A repacked tile for nc <= 4 columns: its instantiation for that column count.
+using TileN = void (*)(int64_t, const uint8_t*, const uint8_t*, size_t, float*, size_t);
+using TileFn = void (*)(int64_t, const void*, const void*, size_t, int, float*, size_t);
+template <TileN F1, TileN F2, TileN F3, TileN F4>
+void tile_by_columns(int64_t n, const void* g, const void* y, size_t by, int nc, float* out,
+                     size_t ldo) {
+    static constexpr TileN table[4] = {F1, F2, F3, F4};
+    table[nc - 1](n, static_cast<const uint8_t*>(g), static_cast<const uint8_t*>(y), by, out, ldo);
+}
+
 template <int NC>
 void q4_0_tile_avx2_n(int64_t n, const uint8_t* g, const uint8_t* y, size_t by, float* out,
                       size_t ldo) {
@@ -476,8 +461,8 @@ void q4_0_tile_avx2_n(int64_t n, const uint8_t* g, const uint8_t* y, size_t by, 
     __m256 acc[NC];
     for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t* gb = g + b * kGroupBlk;
-        if (b % 4 == 0) prefetch_ahead<4 * kGroupBlk>(gb, 16 * kGroupBlk);
+        const uint8_t* gb = g + b * Q4_0Groups::kGroupBlk;
+        if (b % 4 == 0) prefetch_ahead<4 * Q4_0Groups::kGroupBlk>(gb, 16 * Q4_0Groups::kGroupBlk);
         __m256i p[NC];
         for (int v = 0; v < 4; v++) {
             const __m256i w =
@@ -506,13 +491,8 @@ void q4_0_tile_avx2_n(int64_t n, const uint8_t* g, const uint8_t* y, size_t by, 
     for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + c * ldo, acc[c]);
 }
 
-void q4_0_tile_avx2(int64_t n, const void* g, const void* y, size_t by, int nc, float* out,
-                    size_t ldo) {
-    using Fn = void (*)(int64_t, const uint8_t*, const uint8_t*, size_t, float*, size_t);
-    static constexpr Fn table[4] = {q4_0_tile_avx2_n<1>, q4_0_tile_avx2_n<2>, q4_0_tile_avx2_n<3>,
-                                    q4_0_tile_avx2_n<4>};
-    table[nc - 1](n, static_cast<const uint8_t*>(g), static_cast<const uint8_t*>(y), by, out, ldo);
-}
+constexpr TileFn q4_0_tile_avx2 = tile_by_columns<q4_0_tile_avx2_n<1>, q4_0_tile_avx2_n<2>,
+                                                  q4_0_tile_avx2_n<3>, q4_0_tile_avx2_n<4>>;
 
 // Q4_K, NC <= 4 columns (the int16 sums of both halves of a chunk for NC columns stay in
 // registers; the int32 totals and float accumulators may live in L1). Per super-block the scales
@@ -601,15 +581,8 @@ void q4_k_tile_avx2_n(int64_t n, const uint8_t* g, const uint8_t* y, size_t by, 
     for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + c * ldo, acc[c]);
 }
 
-void q4_k_tile_avx2(int64_t n, const void* g, const void* y, size_t by, int nc, float* out,
-                    size_t ldo) {
-    const auto* gp = static_cast<const uint8_t*>(g);
-    const auto* yp = static_cast<const uint8_t*>(y);
-    using Fn = void (*)(int64_t, const uint8_t*, const uint8_t*, size_t, float*, size_t);
-    static constexpr Fn table[4] = {q4_k_tile_avx2_n<1>, q4_k_tile_avx2_n<2>, q4_k_tile_avx2_n<3>,
-                                    q4_k_tile_avx2_n<4>};
-    table[nc - 1](n, gp, yp, by, out, ldo);
-}
+constexpr TileFn q4_k_tile_avx2 = tile_by_columns<q4_k_tile_avx2_n<1>, q4_k_tile_avx2_n<2>,
+                                                  q4_k_tile_avx2_n<3>, q4_k_tile_avx2_n<4>>;
 
 // One stream S of Q6_K vector v: the 6-bit quants of elements 128h + 32S + 4v..+3 of 8 rows.
 template <int S>
@@ -710,13 +683,8 @@ void q6_k_tile_avx2_n(int64_t n, const uint8_t* g, const uint8_t* y, size_t by, 
     for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + c * ldo, acc[c]);
 }
 
-void q6_k_tile_avx2(int64_t n, const void* g, const void* y, size_t by, int nc, float* out,
-                    size_t ldo) {
-    using Fn = void (*)(int64_t, const uint8_t*, const uint8_t*, size_t, float*, size_t);
-    static constexpr Fn table[4] = {q6_k_tile_avx2_n<1>, q6_k_tile_avx2_n<2>, q6_k_tile_avx2_n<3>,
-                                    q6_k_tile_avx2_n<4>};
-    table[nc - 1](n, static_cast<const uint8_t*>(g), static_cast<const uint8_t*>(y), by, out, ldo);
-}
+constexpr TileFn q6_k_tile_avx2 = tile_by_columns<q6_k_tile_avx2_n<1>, q6_k_tile_avx2_n<2>,
+                                                  q6_k_tile_avx2_n<3>, q6_k_tile_avx2_n<4>>;
 
 // Q8_0: vpmaddubsw takes |w| against the column's 4 broadcast quants with w's signs (each pair
 // at most 2 * 128 * 127 = 32512: no saturation), vpmaddwd one int32 per row, added over the
@@ -729,8 +697,8 @@ void q8_0_tile_avx2_n(int64_t n, const uint8_t* g, const uint8_t* y, size_t by, 
     __m256 acc[NC];
     for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t* gb = g + b * k8GroupBlk;
-        if (b % 2 == 0) prefetch_ahead<2 * k8GroupBlk>(gb, 8 * k8GroupBlk);
+        const uint8_t* gb = g + b * Q8_0Groups::kGroupBlk;
+        if (b % 2 == 0) prefetch_ahead<2 * Q8_0Groups::kGroupBlk>(gb, 8 * Q8_0Groups::kGroupBlk);
         __m256i isum[NC];
         for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
         for (int v = 0; v < 8; v++) {
@@ -738,7 +706,7 @@ void q8_0_tile_avx2_n(int64_t n, const uint8_t* g, const uint8_t* y, size_t by, 
                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + kQsOff + 32 * v));
             const __m256i aw = _mm256_abs_epi8(w);
             for (int c = 0; c < NC; c++) {
-                const uint8_t* yq = y + c * by + b * k8Blk + 2;
+                const uint8_t* yq = y + c * by + b * Q8_0Groups::kBlk + 2;
                 const __m256i q = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(yq + 4 * v)), w);
                 isum[c] = _mm256_add_epi32(isum[c],
                                            _mm256_madd_epi16(_mm256_maddubs_epi16(aw, q), ones16));
@@ -747,7 +715,7 @@ void q8_0_tile_avx2_n(int64_t n, const uint8_t* g, const uint8_t* y, size_t by, 
         const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb)));
         for (int c = 0; c < NC; c++) {
             fp16_t hy;
-            std::memcpy(&hy, y + c * by + b * k8Blk, 2);
+            std::memcpy(&hy, y + c * by + b * Q8_0Groups::kBlk, 2);
             const float dy = fp16_to_fp32(hy);
             acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]),
                                      _mm256_mul_ps(dx, _mm256_set1_ps(dy)), acc[c]);
@@ -756,13 +724,8 @@ void q8_0_tile_avx2_n(int64_t n, const uint8_t* g, const uint8_t* y, size_t by, 
     for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + c * ldo, acc[c]);
 }
 
-void q8_0_tile_avx2(int64_t n, const void* g, const void* y, size_t by, int nc, float* out,
-                    size_t ldo) {
-    using Fn = void (*)(int64_t, const uint8_t*, const uint8_t*, size_t, float*, size_t);
-    static constexpr Fn table[4] = {q8_0_tile_avx2_n<1>, q8_0_tile_avx2_n<2>, q8_0_tile_avx2_n<3>,
-                                    q8_0_tile_avx2_n<4>};
-    table[nc - 1](n, static_cast<const uint8_t*>(g), static_cast<const uint8_t*>(y), by, out, ldo);
-}
+constexpr TileFn q8_0_tile_avx2 = tile_by_columns<q8_0_tile_avx2_n<1>, q8_0_tile_avx2_n<2>,
+                                                  q8_0_tile_avx2_n<3>, q8_0_tile_avx2_n<4>>;
 
 #endif  // FERRY_REPACK_AVX2
 
@@ -774,9 +737,9 @@ RepackedKernels make_q4_0(bool portable) {
     const bool fast_reads_q8_0 = fast.quantize_b == port.quantize_b;
     RepackedKernels k{};
     k.type = Type::Q4_0;
-    k.group_bytes = q4_0_group_bytes;
-    k.repack = q4_0_repack;
-    k.unpack_row = q4_0_unpack_row;
+    k.group_bytes = Q4_0Groups::group_bytes;
+    k.repack = Q4_0Groups::repack;
+    k.unpack_row = Q4_0Groups::unpack_row;
     k.quantize_b = q4_0_quantize_b;
     k.b_bytes = q4_0_b_bytes;
     k.direct_b_offset = col_extras;
@@ -802,10 +765,10 @@ RepackedKernels make_q8_0(bool portable) {
     const bool fast_reads_q8_0 = fast.quantize_b == port.quantize_b;
     RepackedKernels k{};
     k.type = Type::Q8_0;
-    k.group_bytes = q8_0_group_bytes;
-    k.repack = q8_0_repack;
-    k.unpack_row = q8_0_unpack_row;
-    k.quantize_b = (!portable && fast_reads_q8_0) ? fast.quantize_b : port.quantize_b;
+    k.group_bytes = Q8_0Groups::group_bytes;
+    k.repack = Q8_0Groups::repack;
+    k.unpack_row = Q8_0Groups::unpack_row;
+    k.quantize_b = quantize_row_q8_0;
     k.b_bytes = q8_0_b_bytes;
     k.direct_b_offset = no_extras;
     k.tile = q8_0_tile_scalar;
