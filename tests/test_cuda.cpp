@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <span>
 #include <string>
@@ -609,6 +610,106 @@ TEST(Cuda, FoldedNormMatchesTheUnfusedKernels) {
                     EXPECT_TRUE(ss > 0.0 && std::isfinite(ss)) << what;
                 }
             }
+        }
+    }
+}
+
+// The int8 decode kernel's ring form (weights streamed into shared memory by bulk copies,
+// FERRY_CUDA_MV_RING) adds the same chunks in the same order as its register form: equal bit
+// for bit, for every block format, plain and gate+up+SWIGLU, with the residual ADD, rows that
+// leave a last partial group (M % 8 != 0), long rows (K = 8192: two warps per row), rows too
+// short for bulk copies (Q6_K with K = 256: 210 bytes, the register form either way), and
+// matrices tall enough that every block refills its slots (M = 24,000: ~11 row groups per
+// block against at most 8 slots). The register form is what ModelShapedProductsMatchTheCpu and
+// test-ops check against the CPU and float64; a CPU bound here keeps the comparison honest.
+TEST(Cuda, RingProductsEqualTheRegisterForm) {
+    REQUIRE_GPU();
+    std::unique_ptr<Backend> cbe = cpu::make_cpu_backend(2);
+    Lcg rnd{23u};
+    struct Shape {
+        int64_t K, M;
+    };
+    for (Type t : {Type::Q4_0, Type::Q4_1, Type::Q8_0, Type::Q4_K, Type::Q5_K, Type::Q6_K}) {
+        for (Shape sh :
+             {Shape{2048, 24000}, Shape{256, 9001}, Shape{8192, 2048}, Shape{2048, 3000}}) {
+            const int64_t K = sh.K, M = sh.M;
+            std::vector<uint8_t> wb[2];
+            ASSERT_TRUE(random_weight_pair(t, K, M, rnd, wb));
+            std::vector<float> xv(static_cast<size_t>(K)), rv(static_cast<size_t>(M));
+            for (float& v : xv) v = rnd();
+            for (float& v : rv) v = rnd();
+            for (bool glu : {false, true}) {
+                for (bool with_add : {false, true}) {
+                    if (glu && (with_add || M > 9001)) continue;
+                    // 0: GPU, ring; 1: GPU, register form; 2: CPU
+                    std::vector<float> outs[3];
+                    for (int d = 0; d < 3; d++) {
+                        if (d == 1) setenv("FERRY_CUDA_MV_RING", "0", 1);
+                        Expected<std::unique_ptr<Backend>> gbe = gpu()->make_backend();
+                        unsetenv("FERRY_CUDA_MV_RING");
+                        ASSERT_TRUE(gbe) << gbe.message();
+                        Backend* be = d < 2 ? gbe->get() : cbe.get();
+                        BufferType* bt = d < 2 ? gpu()->buffer_type() : cpu::host_buffer_type();
+                        Context in, gc;
+                        Tensor* w0 = in.new_tensor(t, {K, M});
+                        Tensor* w1 = in.new_tensor(t, {K, M});
+                        Tensor* x = in.new_tensor(Type::F32, {K, 1});
+                        Tensor* r = in.new_tensor(Type::F32, {M, 1});
+                        Expected<std::unique_ptr<Buffer>> buf = allocate_context_tensors(in, bt);
+                        ASSERT_TRUE(buf) << buf.message();
+                        ASSERT_TRUE(tensor_set(w0, wb[0].data(), wb[0].size()));
+                        ASSERT_TRUE(tensor_set(w1, wb[1].data(), wb[1].size()));
+                        ASSERT_TRUE(tensor_set(x, xv.data(), xv.size() * 4));
+                        ASSERT_TRUE(tensor_set(r, rv.data(), rv.size() * 4));
+                        Tensor* y = glu ? gc.swiglu(gc.mul_mat(w0, x), gc.mul_mat(w1, x))
+                                        : gc.mul_mat(w0, x);
+                        if (with_add) y = gc.add(y, r);
+                        y->flags |= kTensorOutput;
+                        Graph g;
+                        g.build_forward(y);
+                        GraphAllocator alloc(bt);
+                        ASSERT_TRUE(alloc.allocate(g));
+                        // Poisoned first: every element must be written.
+                        std::vector<float> poison(static_cast<size_t>(M), std::nanf(""));
+                        ASSERT_TRUE(tensor_set(y, poison.data(), poison.size() * 4));
+                        ASSERT_TRUE(be->compute(g));
+                        ASSERT_TRUE(be->synchronize());
+                        outs[d].resize(static_cast<size_t>(M));
+                        ASSERT_TRUE(tensor_get(y, outs[d].data(), outs[d].size() * 4));
+                    }
+                    const std::string what = std::string(type_name(t)) + " K=" + std::to_string(K) +
+                                             " M=" + std::to_string(M) +
+                                             (glu ? " gate+up+swiglu" : "") +
+                                             (with_add ? " add" : "");
+                    EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * 4), 0)
+                        << what;
+                    double err = 0.0, ref = 0.0;
+                    for (size_t i = 0; i < outs[0].size(); i++) {
+                        const double dd = static_cast<double>(outs[0][i]) - outs[2][i];
+                        err += dd * dd;
+                        ref += static_cast<double>(outs[2][i]) * outs[2][i];
+                    }
+                    // The bound of ModelShapedProductsMatchTheCpu for block formats (q8 b).
+                    EXPECT_LE(err / ref, 1e-4) << what;  // NaN (an unwritten row) fails too
+                }
+            }
+        }
+    }
+}
+
+// Token-by-token decode with the ring form gives the register form's logits bit for bit.
+TEST(Cuda, RingDecodeEqualsTheRegisterForm) {
+    REQUIRE_GPU();
+    for (const char* enc : {"q8_0", "q4_0", "q4_k_m", "q6_k"}) {
+        static const std::vector<std::string> kOff = {"FERRY_CUDA_MV_RING=0"};
+        const std::vector<std::vector<float>> on = step_logits(enc, {});
+        const std::vector<std::vector<float>> off = step_logits(enc, kOff);
+        ASSERT_EQ(on.size(), cases().size()) << enc;
+        ASSERT_EQ(off.size(), cases().size()) << enc;
+        for (size_t k = 0; k < on.size(); k++) {
+            ASSERT_EQ(on[k].size(), off[k].size()) << enc;
+            EXPECT_EQ(std::memcmp(on[k].data(), off[k].data(), on[k].size() * 4), 0)
+                << enc << " prompt " << k;
         }
     }
 }

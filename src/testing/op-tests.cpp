@@ -744,6 +744,26 @@ void add_attention_cases(Table& T) {
                                     b.in(kF16, {64, 65, 2}), b.in(kF16, {65, 1}, Fill::mask(0.3)),
                                     s64);
     });
+    // Decode over fewer than 256 keys in several batches per warp (a backend may load a batch
+    // of keys and values at once): head groups of 7 at D = 128, D = 32 with a batch dim and
+    // Dv != D, per-head masks.
+    T.add(Op::FLASH_ATTN_EXT, "f16_decode_short_d128_g7", kAttnF16, kNoteAttnF16,
+          [](CaseBuilder& b) {
+              return b.g().flash_attn_ext(b.in(kF32, {128, 1, 14}), b.in(kF16, {128, 200, 2}),
+                                          b.in(kF16, {128, 200, 2}),
+                                          b.in(kF16, {200, 1}, Fill::mask(0.2)), 0.088f);
+          });
+    T.add(Op::FLASH_ATTN_EXT, "f32_decode_short_dv_differs_ne3", kFloatMath, kNoteFloatMath,
+          [s64](CaseBuilder& b) {
+              return b.g().flash_attn_ext(b.in(kF32, {64, 1, 4, 2}), b.in(kF32, {64, 150, 2, 2}),
+                                          b.in(kF32, {32, 150, 2, 2}), nullptr, s64);
+          });
+    T.add(Op::FLASH_ATTN_EXT, "bf16_decode_short_mask_per_head", kAttnBF16, kNoteAttnBF16,
+          [](CaseBuilder& b) {
+              return b.g().flash_attn_ext(b.in(kF32, {32, 1, 8}), b.in(kBF16, {32, 130, 4}),
+                                          b.in(kBF16, {32, 130, 4}),
+                                          b.in(kF32, {130, 1, 8}, Fill::mask(0.5)), 0.18f);
+          });
     T.add(Op::FLASH_ATTN_EXT, "f32_dv_differs", kFloatMath, kNoteFloatMath, [s64](CaseBuilder& b) {
         return b.g().flash_attn_ext(b.in(kF32, {64, 5, 4}), b.in(kF32, {64, 17, 4}),
                                     b.in(kF32, {32, 17, 4}), b.in(kF32, {17, 5}, Fill::mask(0.3)),

@@ -55,6 +55,9 @@ struct OpContext {
     // 65536 zeroed ints kernels may count in (each leaves them zero again): the flash-attention
     // splits of a row count themselves there so the last one merges.
     int32_t* counters = nullptr;
+    // Decode products of block-format weights stream their rows through shared memory (the
+    // int8 kernel's ring form; FERRY_CUDA_MV_RING=0 when the backend is made turns it off).
+    bool mv_ring = true;
 };
 
 }  // namespace ferry::cuda

@@ -15,6 +15,7 @@
 // Any layout the fast paths do not take (odd K, unaligned rows) goes through a generic warp-per-
 // row kernel that reads elements one by one.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 
 #include "backends/cuda/cublas-api.h"
@@ -1121,12 +1122,22 @@ struct Chunk<Type::Q6_K> {
 
 constexpr int kQ8Warps = 8;
 constexpr int kQ8MinBlocks = 4;
+// Ring forms of the decode kernels (weights streamed into shared memory by bulk copies, see
+// k_mul_mat_vec_q8 below): at most this many stage slots, in a block of at most kRingSmem2 bytes of
+// dynamic shared memory (two blocks per SM) or, when two stages do not fit there, kRingSmem1
+// (one block per SM; the H200 lets a block take 227 KiB).
+constexpr int kRingMaxStages = 8;
+constexpr size_t kRingSmem2 = 110 * 1024;
+constexpr size_t kRingSmem1 = 220 * 1024;
 
 template <Type T>
 __device__ __forceinline__ float q8_dot(const Lane8i& w, const int32_t* xq, const float* xd) {
-    const int32_t a = xq[w.o0 / 4], b = xq[w.o1 / 4];
+    // Offsets are never negative: unsigned division is a shift (signed division by a power
+    // of two costs a sign correction, ~10 instructions per chunk here).
+    const uint32_t o0 = static_cast<uint32_t>(w.o0), o1 = static_cast<uint32_t>(w.o1);
+    const int32_t a = xq[o0 / 4], b = xq[o1 / 4];
     const int s = __dp4a(w.v1, b, __dp4a(w.v0, a, 0)) >> IDec<T>::kShift;
-    const float dx = xd[w.o0 / 32];
+    const float dx = xd[o0 / 32];
     float r = w.d * dx * static_cast<float>(s);
     if constexpr (IDec<T>::kMin) {
         const int sx = __dp4a(0x01010101, b, __dp4a(0x01010101, a, 0));
@@ -1159,13 +1170,25 @@ __device__ __forceinline__ void q8_quantize4(float4 v, int64_t i, int lane, int3
 // rows); S warps share a row (split-K: warp part p takes the groups of U chunks p, p + S, ...,
 // and the block adds the parts), so that a short matrix or a long row still has enough loads
 // in flight. With S > 1 or the epilogue, M % (kQ8Warps / S) == 0 (the launcher checks).
-template <Type T, bool glu, bool epi, bool wide>
-__global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(MvArgs g, int S) {
+// Ring (`ring`, sm_90; FERRY_CUDA_MV_RING=0 turns it off): the weights reach the warps through
+// shared memory instead of registers. The block's row groups are its stages (each the R rows
+// of a group, contiguous in memory: one bulk copy per matrix); a ring of P stage slots
+// (cp.async.bulk, completion on one mbarrier per slot) is started by lanes 0..P-1 of warp 0
+// before griddepcontrol.wait, so the weights stream in while the kernel before finishes and
+// while b is quantized, and refilled by thread 0 as slots free up. The warps then read the
+// rows from shared memory with the same decoders and add the same chunks in the same order:
+// bit for bit the register form. Measured on the H200 (bench/results/cuda.md, stop 20): 1B
+// Q4_0 tg128 +1.5-3% (the Q6_K output product 110 against 123-136 us); the products stay
+// bound by instruction issue, not by bytes in flight. The same ring in the float kernel
+// (F16 weights) was slower (656 against 669-677 t/s) and was removed.
+template <Type T, bool glu, bool epi, bool wide, bool ring = false>
+__global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
+    k_mul_mat_vec_q8(MvArgs g, int S, int P, int64_t stage_bytes) {
     // Chunks per warp whose loads are issued before the first is used. Wide (the default;
     // FERRY_CUDA_MV_WIDE=0 turns it off): a row of K = 2048 in one round trip instead of two.
     // With S = 1 the chunks are added in the same order either way (bit-identical).
     constexpr int U = wide ? (glu ? 4 : 8) : (glu ? 2 : 4);
-    extern __shared__ int32_t q8_smem[];
+    extern __shared__ __align__(16) int32_t q8_smem[];
     __shared__ float red[kQ8Warps], red2[glu ? kQ8Warps : 1], pair[kQ8Warps], nred[32];
     int32_t* xq = q8_smem;
     float* xd = reinterpret_cast<float*>(q8_smem + g.K / 4);
@@ -1178,7 +1201,42 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
     const int64_t a_mat = (i2 / g.r2) * g.a_nb2 + (i3 / g.r3) * g.a_nb3;
     const int64_t n_chunks = g.K / 256;
     pdl_trigger();
-    {
+    // The ring's slots start after b's quants and scales (128-byte aligned); slot s holds the
+    // rows of the block's iterations s, s + P, ...; the k-th use of a slot completes its
+    // barrier's phase k.
+    __shared__ uint64_t ring_bar[ring ? kRingMaxStages : 1];
+    [[maybe_unused]] char* ring_base =
+        reinterpret_cast<char*>(q8_smem) + ((g.K + g.K / 8 + 127) / 128) * 128;
+    [[maybe_unused]] const int64_t ring_rows =
+        static_cast<int64_t>(R) * g.a_nb1;  // bytes of one matrix's rows
+    // Issues the copies of the block's iteration j (when that row group exists).
+    [[maybe_unused]] auto issue = [&](int64_t j) {
+        const int64_t mb = (static_cast<int64_t>(blockIdx.x) + j * gridDim.x) * R;
+        if (mb >= g.M) return;
+        const int64_t rows = min(static_cast<int64_t>(R), g.M - mb);
+        const uint32_t bytes = static_cast<uint32_t>(rows * g.a_nb1);
+        const char* src = g.a + a_mat + mb * g.a_nb1;
+        if constexpr (epi) {
+            int64_t ms = 0;
+            src = g.seg[seg_of(g, mb, &ms)].a + ms * g.a_nb1;
+        }
+        const int slot = static_cast<int>(j % P);
+        char* dst = ring_base + slot * stage_bytes;
+        mbar_expect(&ring_bar[slot], glu ? 2 * bytes : bytes);
+        bulk_to_smem(dst, src, bytes, &ring_bar[slot]);
+        if constexpr (glu) {
+            bulk_to_smem(dst + ring_rows, g.a2 + a_mat + mb * g.a_nb1, bytes, &ring_bar[slot]);
+        }
+    };
+    if constexpr (ring) {
+        // Lane s of warp 0 starts slot s (one thread's issue is ~100 instructions of address
+        // arithmetic: P of them in a row would hold up the block's first barrier).
+        if (threadIdx.x < static_cast<unsigned>(P)) {
+            mbar_init(&ring_bar[threadIdx.x], 1);
+            mbar_init_fence();
+            issue(threadIdx.x);
+        }
+    } else {
         // Weights never depend on the kernel before: this warp's part of its first row is on
         // its way to L2 while that kernel finishes.
         const int64_t m0 = static_cast<int64_t>(blockIdx.x) * R + rl;
@@ -1224,8 +1282,9 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
     }
     __syncthreads();
     const int64_t n_groups = n_chunks / U;
+    int64_t it = 0;  // the block's iteration (ring slot it % P)
     for (int64_t mb = static_cast<int64_t>(blockIdx.x) * R; mb < g.M;
-         mb += static_cast<int64_t>(gridDim.x) * R) {
+         mb += static_cast<int64_t>(gridDim.x) * R, it++) {
         const int64_t m = mb + rl;
         const bool valid = m < g.M;  // always, when S > 1 or epi
         const char* row = g.a + a_mat + (valid ? m : 0) * g.a_nb1;
@@ -1236,6 +1295,12 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
             row = g.seg[sg].a + ms * g.a_nb1;
         }
         const char* row2 = glu ? g.a2 + a_mat + (valid ? m : 0) * g.a_nb1 : nullptr;
+        if constexpr (ring) {
+            const int slot = static_cast<int>(it % P);
+            mbar_wait(&ring_bar[slot], static_cast<uint32_t>((it / P) & 1));
+            row = ring_base + slot * stage_bytes + rl * g.a_nb1;
+            row2 = row + ring_rows;
+        }
         float acc = 0.0f, acc2 = 0.0f;
         for (int64_t gi = valid ? part : n_groups; gi < n_groups; gi += S) {
             const int64_t c = gi * U;
@@ -1259,6 +1324,11 @@ __global__ void __launch_bounds__(32 * kQ8Warps, kQ8MinBlocks) k_mul_mat_vec_q8(
                 IDec<T>::get(row2, c, lane, w);
                 acc2 += q8_dot<T>(w, xq, xd);
             }
+        }
+        if constexpr (ring) {
+            // Every warp is done with the slot: refill it with the block's iteration it + P.
+            __syncthreads();
+            if (threadIdx.x == 0) issue(it + P);
         }
         acc = warp_sum(acc);
         if constexpr (glu) acc2 = warp_sum(acc2);
@@ -1352,20 +1422,84 @@ int q8_split(int64_t M, int64_t n_chunks, int U, int n_sm, bool epi) {
     return s;
 }
 
+// How a ring launch streams its rows: P stage slots of `stage` bytes (one row group of R rows,
+// both matrices for GLU) after b_bytes of the kernel's own shared memory, `smem` bytes in
+// all, per_sm blocks per SM. P = 0: the register form instead. Bulk copies need 16-byte
+// aligned sources and sizes: rows contiguous (a_nb1 == a row's bytes), a multiple of 16 bytes
+// long, every matrix (and epilogue segment) 16-byte aligned.
+struct RingPlan {
+    int P = 0;
+    int per_sm = 0;
+    int64_t stage = 0;
+    size_t smem = 0;
+};
+
+RingPlan plan_ring(const MvArgs& g, int R, bool glu, bool segs, size_t b_bytes) {
+    RingPlan r;
+    if (g.a_nb1 != g.a_row_bytes || g.a_nb1 % 16 != 0 || g.a_nb2 % 16 != 0 || g.a_nb3 % 16 != 0) {
+        return r;
+    }
+    if (!aligned16(g.a, {}) || (glu && !aligned16(g.a2, {}))) return r;
+    if (segs) {
+        for (int s = 0; s < g.n_seg; s++) {
+            if (!aligned16(g.seg[s].a, {})) return r;
+        }
+    }
+    const int64_t stage = static_cast<int64_t>(R) * g.a_nb1 * (glu ? 2 : 1);
+    const size_t b = (b_bytes + 127) / 128 * 128;
+    for (int per_sm : {2, 1}) {
+        const size_t budget = per_sm == 2 ? kRingSmem2 : kRingSmem1;
+        if (b >= budget) continue;
+        const int64_t p = static_cast<int64_t>(budget - b) / stage;
+        if (p < 2) continue;
+        r.P = static_cast<int>(std::min<int64_t>(p, kRingMaxStages));
+        r.per_sm = per_sm;
+        r.stage = stage;
+        r.smem = b + static_cast<size_t>(r.P) * static_cast<size_t>(stage);
+        return r;
+    }
+    return r;
+}
+
+// Lets kernel k take kRingSmem1 bytes of dynamic shared memory on the current device (once per
+// device; `done` is the caller's, one per kernel).
+template <typename Kernel>
+void allow_ring_smem(Kernel k, std::atomic<uint64_t>& done) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    const uint64_t bit = uint64_t{1} << (dev % 64);
+    if (done.load(std::memory_order_acquire) & bit) return;
+    cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(kRingSmem1));
+    done.fetch_or(bit, std::memory_order_acq_rel);
+}
+
 template <Type T, bool glu, bool epi>
-void launch_q8(const MvArgs& g, unsigned mats, int n_sm, cudaStream_t st) {
+void launch_q8(const MvArgs& g, unsigned mats, int n_sm, bool ring, cudaStream_t st) {
     const size_t smem = static_cast<size_t>(g.K) + static_cast<size_t>(g.K) / 8;
     const bool wide = q8_wide_mode();
     const int U = wide ? (glu ? 4 : 8) : (glu ? 2 : 4);
     const int S = q8_split(g.M, g.K / 256, U, n_sm, epi);
+    const int R = kQ8Warps / S;
+    const RingPlan rp = wide && ring ? plan_ring(g, R, glu, epi, smem) : RingPlan{};
+    if (rp.P > 0) {
+        const unsigned cap = static_cast<unsigned>(n_sm * rp.per_sm);
+        const unsigned blocks = std::min(n_blocks(g.M, R), std::max(1u, cap / mats));
+        auto k = k_mul_mat_vec_q8<T, glu, epi, true, true>;
+        static std::atomic<uint64_t> smem_set{0};
+        allow_ring_smem(k, smem_set);
+        launch_pdl(k, dim3(blocks, mats, 1), dim3(32 * kQ8Warps), rp.smem, st, g, S, rp.P,
+                   rp.stage);
+        return;
+    }
     const unsigned cap = static_cast<unsigned>(n_sm) * kQ8MinBlocks;
-    const unsigned blocks = std::min(n_blocks(g.M, kQ8Warps / S), std::max(1u, cap / mats));
+    const unsigned blocks = std::min(n_blocks(g.M, R), std::max(1u, cap / mats));
     if (wide) {
         launch_pdl(k_mul_mat_vec_q8<T, glu, epi, true>, dim3(blocks, mats, 1), dim3(32 * kQ8Warps),
-                   smem, st, g, S);
+                   smem, st, g, S, 0, int64_t{0});
     } else {
         launch_pdl(k_mul_mat_vec_q8<T, glu, epi, false>, dim3(blocks, mats, 1), dim3(32 * kQ8Warps),
-                   smem, st, g, S);
+                   smem, st, g, S, 0, int64_t{0});
     }
 }
 
@@ -1374,22 +1508,22 @@ Status dispatch_q8(OpContext& ctx, const MvArgs& g, Type t) {
     const unsigned mats = static_cast<unsigned>(g.ne2 * g.ne3);
     switch (t) {
         case Type::Q4_0:
-            launch_q8<Type::Q4_0, glu, epi>(g, mats, ctx.n_sm, ctx.stream);
+            launch_q8<Type::Q4_0, glu, epi>(g, mats, ctx.n_sm, ctx.mv_ring, ctx.stream);
             break;
         case Type::Q4_1:
-            launch_q8<Type::Q4_1, glu, epi>(g, mats, ctx.n_sm, ctx.stream);
+            launch_q8<Type::Q4_1, glu, epi>(g, mats, ctx.n_sm, ctx.mv_ring, ctx.stream);
             break;
         case Type::Q8_0:
-            launch_q8<Type::Q8_0, glu, epi>(g, mats, ctx.n_sm, ctx.stream);
+            launch_q8<Type::Q8_0, glu, epi>(g, mats, ctx.n_sm, ctx.mv_ring, ctx.stream);
             break;
         case Type::Q4_K:
-            launch_q8<Type::Q4_K, glu, epi>(g, mats, ctx.n_sm, ctx.stream);
+            launch_q8<Type::Q4_K, glu, epi>(g, mats, ctx.n_sm, ctx.mv_ring, ctx.stream);
             break;
         case Type::Q5_K:
-            launch_q8<Type::Q5_K, glu, epi>(g, mats, ctx.n_sm, ctx.stream);
+            launch_q8<Type::Q5_K, glu, epi>(g, mats, ctx.n_sm, ctx.mv_ring, ctx.stream);
             break;
         case Type::Q6_K:
-            launch_q8<Type::Q6_K, glu, epi>(g, mats, ctx.n_sm, ctx.stream);
+            launch_q8<Type::Q6_K, glu, epi>(g, mats, ctx.n_sm, ctx.mv_ring, ctx.stream);
             break;
         default:
             return Status::errorf("CUDA: MUL_MAT weight type %s", type_name(t));
