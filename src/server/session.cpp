@@ -11,6 +11,7 @@
 #include <new>
 
 #include "core/copy.h"
+#include "core/env.h"
 #include "ferry/checked.h"
 #include "remote-proto/protocol.h"
 #include "remote-proto/wire.h"
@@ -44,6 +45,13 @@ void entry_name(char* out, uint32_t i) {
     std::memcpy(out, "entry ", 6);
     for (int k = 0; k < n; k++) out[6 + k] = digits[n - 1 - k];
     out[6 + n] = '\0';
+}
+
+// FERRY_SERVE_REVALIDATE_ALL=1: every table that is not cached is validated entry by entry,
+// none against a cached base (for before/after measurements).
+bool revalidate_all() {
+    static const bool on = env_on("FERRY_SERVE_REVALIDATE_ALL");
+    return on;
 }
 
 uint64_t elems(const Tensor* t) {
@@ -681,109 +689,180 @@ Status Session::cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* o
     }
 }
 
+// An entry's first 16 bytes are its storage (u64 handle, u64 offset); the rest is its shape
+// part (type, shape, strides, op, parameters, source indices, view, flags): everything
+// validate_node() reads.
+constexpr size_t kStorageBytes = 16;
+
+Status Session::decode_entry(const remote::Entry& e, uint32_t i, Tensor* ts) {
+    Tensor& t = ts[i];
+    t = Tensor();
+    entry_name(t.name, i);
+    const TypeTraits* tr = type_traits_or_null(e.type);
+    if (!tr || !tr->is_storage) return Status::errorf("unknown type id %u", e.type);
+    if (!op_info_or_null(e.op)) return Status::errorf("unknown op id %u", e.op);
+    t.type = static_cast<Type>(e.type);
+    t.op = static_cast<Op>(e.op);
+    for (int k = 0; k < kMaxDims; k++) {
+        t.ne[k] = e.ne[k];
+        t.nb[k] = e.nb[k];
+    }
+    std::memcpy(t.op_params, e.op_params, sizeof(t.op_params));
+    for (int k = 0; k < kMaxSrc; k++) {
+        const int32_t s = e.src[k];
+        if (s == -1) continue;
+        if (s < 0 || static_cast<uint32_t>(s) >= i) {
+            return Status::errorf(
+                "source %d refers to entry %d: sources must be earlier entries (forward "
+                "reference or cycle)",
+                k, s);
+        }
+        t.src[k] = &ts[static_cast<uint32_t>(s)];
+    }
+    if (e.view_src != -1) {
+        if (e.view_src < 0 || static_cast<uint32_t>(e.view_src) >= i) {
+            return Status::errorf(
+                "view source refers to entry %d: must be an earlier entry (forward reference "
+                "or cycle)",
+                e.view_src);
+        }
+        t.view_src = &ts[static_cast<uint32_t>(e.view_src)];
+        t.view_offs = e.view_offs;
+    } else if (e.view_offs != 0) {
+        return Status::error("view offset without a view source");
+    }
+    if (e.flags & ~static_cast<uint32_t>(kTensorInput | kTensorOutput | kTensorParam)) {
+        return Status::errorf("unknown flags 0x%x", e.flags);
+    }
+    t.flags = e.flags;
+    return Status::ok();
+}
+
+Status Session::place_entry(uint64_t handle, uint64_t offs, Device* d, Tensor& t) {
+    size_t span = 0;
+    if (!tensor_span(&t, &span)) return Status::error("shape or strides overflow");
+    if (t.view_src) {
+        const Tensor* vs = t.view_src;
+        uint64_t o = 0;
+        if (!vs->buffer || !checked_add(vs->offs, t.view_offs, &o)) {
+            return Status::error("view source has no storage");
+        }
+        t.buffer = vs->buffer;
+        t.offs = o;
+    } else {
+        Expected<SrvBuffer*> b = lookup(handle);
+        if (!b) return b.status();
+        t.buffer = (*b)->buf.get();
+        t.offs = offs;
+    }
+    if (!range_within(t.offs, span, t.buffer->size())) {
+        return Status::errorf("[offset %llu, %llu bytes] reaches past its buffer of %zu bytes",
+                              static_cast<unsigned long long>(t.offs),
+                              static_cast<unsigned long long>(span), t.buffer->size());
+    }
+    if (!d->supports_buffer_type(t.buffer->type())) {
+        return Status::errorf("device %s cannot use buffers of type %s", d->name(),
+                              t.buffer->type()->name());
+    }
+    // Kernels access elements (and the half-precision fields of blocks) as typed values: the
+    // offset and every stride that is used must keep them naturally aligned.
+    const uint64_t align = element_alignment(t.type);
+    bool aligned = t.offs % align == 0;
+    for (int k = 0; k < kMaxDims; k++) {
+        if (t.ne[k] > 1 && t.nb[k] % align != 0) aligned = false;
+    }
+    if (!aligned) {
+        return Status::errorf("offset %llu or strides are not aligned to %llu bytes for type %s",
+                              static_cast<unsigned long long>(t.offs),
+                              static_cast<unsigned long long>(align), type_name(t.type));
+    }
+    uint8_t* base = static_cast<uint8_t*>(t.buffer->base());
+    t.data = base ? base + t.offs : nullptr;
+    t.extra = nullptr;
+    if (t.op == Op::NONE && !t.view_src) attach_prepared(&t);
+    return Status::ok();
+}
+
 Status Session::build_table(const uint8_t* bytes, uint32_t n, bool with_storage, uint32_t dev,
-                            std::vector<Tensor>* out) {
+                            std::vector<Tensor>* out, const CachedGraph* base) {
     Device* d = nullptr;
     if (with_storage) {
         Expected<Device*> dd = device(dev);
         if (!dd) return dd.status();
         d = *dd;
     }
-    std::vector<Tensor>& ts = *out;
-    ts.clear();
-    ts.resize(n);  // never reallocated below: tensors point at each other
     uint64_t table_bytes = 0;
     if (!checked_mul(n, remote::kEntrySize, &table_bytes)) return Status::error("table too large");
-    Reader r(bytes, table_bytes);
+    if (base && (!with_storage || base->dev != dev || base->tensors.size() != n ||
+                 base->bytes.size() != table_bytes)) {
+        base = nullptr;
+    }
+    std::vector<Tensor>& ts = *out;
+    ts.clear();
+    if (!base) {
+        ts.resize(n);  // never reallocated below: tensors point at each other
+    } else {
+        // Starts from the base's validated tensors, their pointers moved to this table.
+        ts.assign(base->tensors.begin(), base->tensors.end());
+        const Tensor* from = base->tensors.data();
+        Tensor* to = ts.data();
+        for (Tensor& t : ts) {
+            for (Tensor*& s : t.src) {
+                if (s) s = to + (s - from);
+            }
+            if (t.view_src) t.view_src = to + (t.view_src - from);
+        }
+        redo_.assign(n, 0);
+    }
+    // With a base, an entry is decoded and validated again when its shape part differs from
+    // the base's or a source's or its view source's does (validate_node() reads those and
+    // nothing else), and placed again when its storage bytes or shape differ or its view
+    // source was placed again. Everything else is what the base's validation found for the
+    // same bytes.
+    constexpr uint8_t kShape = 1, kPlaced = 2;
     for (uint32_t i = 0; i < n; i++) {
-        const remote::Entry e = remote::read_entry(r);
-        if (!r.ok()) return Status::errorf("entry %u: truncated", i);
+        const uint8_t* eb = bytes + static_cast<size_t>(i) * remote::kEntrySize;
         Tensor& t = ts[i];
-        entry_name(t.name, i);
         auto fail = [&](const Status& st) { return st.context(strfmt("entry %u", i)); };
-        const TypeTraits* tr = type_traits_or_null(e.type);
-        if (!tr || !tr->is_storage) return fail(Status::errorf("unknown type id %u", e.type));
-        if (!op_info_or_null(e.op)) return fail(Status::errorf("unknown op id %u", e.op));
-        t.type = static_cast<Type>(e.type);
-        t.op = static_cast<Op>(e.op);
-        for (int k = 0; k < kMaxDims; k++) {
-            t.ne[k] = e.ne[k];
-            t.nb[k] = e.nb[k];
-        }
-        std::memcpy(t.op_params, e.op_params, sizeof(t.op_params));
-        for (int k = 0; k < kMaxSrc; k++) {
-            const int32_t s = e.src[k];
-            if (s == -1) continue;
-            if (s < 0 || static_cast<uint32_t>(s) >= i) {
-                return fail(
-                    Status::errorf("source %d refers to entry %d: sources must be earlier "
-                                   "entries (forward reference or cycle)",
-                                   k, s));
+        bool decode = true, check = true, place = with_storage;
+        if (base) {
+            const uint8_t* bb = base->bytes.data() + static_cast<size_t>(i) * remote::kEntrySize;
+            decode = std::memcmp(eb + kStorageBytes, bb + kStorageBytes,
+                                 remote::kEntrySize - kStorageBytes) != 0;
+            check = decode;
+            place = decode || std::memcmp(eb, bb, kStorageBytes) != 0;
+            if (!decode) {
+                const Tensor* first = ts.data();
+                for (const Tensor* s : t.src) {
+                    if (s && (redo_[static_cast<size_t>(s - first)] & kShape)) check = true;
+                }
+                if (t.view_src) {
+                    const uint8_t vs = redo_[static_cast<size_t>(t.view_src - first)];
+                    if (vs & kShape) check = true;
+                    if (vs & kPlaced) place = true;
+                }
             }
-            t.src[k] = &ts[static_cast<uint32_t>(s)];
+            redo_[i] = static_cast<uint8_t>((decode ? kShape : 0) | (place ? kPlaced : 0));
         }
-        if (e.view_src != -1) {
-            if (e.view_src < 0 || static_cast<uint32_t>(e.view_src) >= i) {
-                return fail(
-                    Status::errorf("view source refers to entry %d: must be an earlier "
-                                   "entry (forward reference or cycle)",
-                                   e.view_src));
-            }
-            t.view_src = &ts[static_cast<uint32_t>(e.view_src)];
-            t.view_offs = e.view_offs;
-        } else if (e.view_offs != 0) {
-            return fail(Status::error("view offset without a view source"));
+        uint64_t handle = 0, offs = 0;
+        if (decode) {
+            Reader r(eb, remote::kEntrySize);
+            const remote::Entry e = remote::read_entry(r);
+            if (!r.ok()) return Status::errorf("entry %u: truncated", i);
+            handle = e.handle;
+            offs = e.offs;
+            if (Status st = decode_entry(e, i, ts.data()); !st) return fail(st);
+        } else if (place) {
+            Reader r(eb, kStorageBytes);
+            handle = r.u64();
+            offs = r.u64();
         }
-        if (e.flags & ~static_cast<uint32_t>(kTensorInput | kTensorOutput | kTensorParam)) {
-            return fail(Status::errorf("unknown flags 0x%x", e.flags));
+        if (check) {
+            if (Status st = validate_node(&t); !st) return fail(st);
         }
-        t.flags = e.flags;
-        FERRY_TRY(fail(validate_node(&t)));
-        if (!with_storage) continue;
-        size_t span = 0;
-        if (!tensor_span(&t, &span)) return fail(Status::error("shape or strides overflow"));
-        if (t.view_src) {
-            const Tensor* vs = t.view_src;
-            uint64_t offs = 0;
-            if (!vs->buffer || !checked_add(vs->offs, t.view_offs, &offs)) {
-                return fail(Status::error("view source has no storage"));
-            }
-            t.buffer = vs->buffer;
-            t.offs = offs;
-        } else {
-            Expected<SrvBuffer*> b = lookup(e.handle);
-            if (!b) return fail(b.status());
-            t.buffer = (*b)->buf.get();
-            t.offs = e.offs;
+        if (place) {
+            if (Status st = place_entry(handle, offs, d, t); !st) return fail(st);
         }
-        if (!range_within(t.offs, span, t.buffer->size())) {
-            return fail(
-                Status::errorf("[offset %llu, %llu bytes] reaches past its buffer of %zu "
-                               "bytes",
-                               static_cast<unsigned long long>(t.offs),
-                               static_cast<unsigned long long>(span), t.buffer->size()));
-        }
-        if (!d->supports_buffer_type(t.buffer->type())) {
-            return fail(Status::errorf("device %s cannot use buffers of type %s", d->name(),
-                                       t.buffer->type()->name()));
-        }
-        // Kernels access elements (and the half-precision fields of blocks) as typed values:
-        // the offset and every stride that is used must keep them naturally aligned.
-        const uint64_t align = element_alignment(t.type);
-        bool aligned = t.offs % align == 0;
-        for (int k = 0; k < kMaxDims; k++) {
-            if (t.ne[k] > 1 && t.nb[k] % align != 0) aligned = false;
-        }
-        if (!aligned) {
-            return fail(
-                Status::errorf("offset %llu or strides are not aligned to %llu bytes for "
-                               "type %s",
-                               static_cast<unsigned long long>(t.offs),
-                               static_cast<unsigned long long>(align), tr->name));
-        }
-        uint8_t* base = static_cast<uint8_t*>(t.buffer->base());
-        t.data = base ? base + t.offs : nullptr;
-        if (t.op == Op::NONE && !t.view_src) attach_prepared(&t);
     }
     return Status::ok();
 }
@@ -882,6 +961,7 @@ Status Session::compute_table(uint32_t dev, uint8_t mode, wire::Reader& r, Reply
     std::vector<uint8_t> bytes;
     uint32_t count = 0;
     bool delta = false;
+    uint64_t base_hash = 0;  // delta: the base it names
     if (mode == remote::kGraphFull) {
         count = r.u32();
         if (!r.ok() || count > remote::kMaxTableEntries) {
@@ -916,6 +996,7 @@ Status Session::compute_table(uint32_t dev, uint8_t mode, wire::Reader& r, Reply
             return run_cached(dev, out);
         }
         bytes = it->bytes;
+        base_hash = it->hash;
         for (uint32_t k = 0; k < changed; k++) {
             const uint32_t idx = r.u32();
             const uint8_t* e = r.bytes(remote::kEntrySize);
@@ -957,7 +1038,19 @@ Status Session::compute_table(uint32_t dev, uint8_t mode, wire::Reader& r, Reply
         g.charge = charge;
         const auto t0 = time_validation_ ? std::chrono::steady_clock::now()
                                          : std::chrono::steady_clock::time_point();
-        FERRY_TRY(build_table(bytes.data(), count, true, dev, &g.tensors));
+        // Validated against the closest cached table of the same size on the same device
+        // (a delta's base; else the most recently used): a decode graph rebuilt for a longer
+        // KV cache differs in a few shapes and many offsets, and only those are checked
+        // again. FERRY_SERVE_REVALIDATE_ALL=1 validates every entry (for measurements).
+        const CachedGraph* base = nullptr;
+        if (!revalidate_all()) {
+            for (const CachedGraph& c : cache_) {
+                if (c.dev != dev || c.bytes.size() != bytes.size()) continue;
+                if (!base || c.hash == base_hash) base = &c;
+                if (!delta || c.hash == base_hash) break;
+            }
+        }
+        FERRY_TRY(build_table(bytes.data(), count, true, dev, &g.tensors, base));
         for (Tensor& t : g.tensors) {
             (t.op == Op::NONE ? g.graph.leafs : g.graph.nodes).push_back(&t);
         }

@@ -20,6 +20,7 @@
 
 #include "ferry/backend.h"
 #include "ferry/graph.h"
+#include "remote-proto/protocol.h"
 #include "remote-proto/wire.h"
 
 namespace ferry::server {
@@ -144,9 +145,18 @@ class Session {
     Expected<Device*> device(uint32_t dev);
     Expected<Backend*> backend(uint32_t dev);
     // Deserializes and validates a table of n entries. With storage, every tensor gets its
-    // buffer (session handles), offset and host address, each range-checked.
+    // buffer (session handles), offset and host address, each range-checked. With `base` (a
+    // cached table of the same size and device), entries whose bytes, sources and view source
+    // are those of the base are taken from it: only what changed, and what reads it, is
+    // decoded and validated again (see the definition).
     Status build_table(const uint8_t* bytes, uint32_t n, bool with_storage, uint32_t dev,
-                       std::vector<Tensor>* out);
+                       std::vector<Tensor>* out, const CachedGraph* base = nullptr);
+    // Entry i's shape part (type, shape, strides, op, parameters, sources, view, flags) into
+    // ts[i], a fresh tensor; ids, source indices and flags checked, not validate_node().
+    Status decode_entry(const remote::Entry& e, uint32_t i, Tensor* ts);
+    // Gives a decoded tensor its storage: the view source's, or buffer `handle` of this
+    // session at `offs`; checks the range, the device's buffer type and the alignment.
+    Status place_entry(uint64_t handle, uint64_t offs, Device* d, Tensor& t);
     void free_buffer(SrvBuffer& b);
 
     const ServerOptions& opts_;
@@ -169,6 +179,7 @@ class Session {
     // explicit clear: an event may refer to its device's streams.
     std::map<uint64_t, SrvEvent> events_;
     std::list<CachedGraph> cache_;  // most recently used first
+    std::vector<uint8_t> redo_;     // build_table against a base: what each entry needed
     // GRAPH_COMPUTE's input writes (kept to reuse their memory from step to step).
     struct InputWrite {
         SrvBuffer* b = nullptr;
