@@ -93,6 +93,11 @@ struct IvshmemServer::Link {
     // A window has no end to close: a failed read between frames (the guest detached or
     // stopped) ends the session quietly.
     bool ended_between_frames() const { return true; }
+    // Whether request bytes beyond those read have been published (a hint: the frame loop
+    // only decides whether to answer a compute now or with the request that follows).
+    bool more_input() const {
+        return win.word(kReqHead).load(std::memory_order_acquire) != req_tail;
+    }
 
     // Why waiting must stop now (empty: keep waiting). idle: between frames, where only the
     // client's heartbeat must go on.

@@ -54,6 +54,13 @@ bool revalidate_all() {
     return on;
 }
 
+// FERRY_SERVE_DEFER_SYNC=0: every GRAPH_COMPUTE is waited for before its reply, also when
+// the next request has already arrived (for before/after measurements).
+bool defer_off() {
+    static const bool off = env_off("FERRY_SERVE_DEFER_SYNC");
+    return off;
+}
+
 uint64_t elems(const Tensor* t) {
     return t ? static_cast<uint64_t>(t->nelements()) : 0;
 }
@@ -114,6 +121,7 @@ Session::Session(const ServerOptions& opts, ServerCounters* counters, bool share
 }
 
 Session::~Session() {
+    settle_now();     // a deferred compute may still use the buffers freed below
     events_.clear();  // before the backends and buffers they may refer to
     cache_.clear();   // holds pointers to buffers
     prepared_.clear();
@@ -177,7 +185,15 @@ void Session::handle(uint16_t cmd, const uint8_t* payload, size_t len, Reply* ou
     out->error = false;
     out->pass_fd = -1;
     requests_++;
+    // A deferred compute is waited for before anything else runs, except for a read that can
+    // be queued behind it (cmd_tensor_io), which waits in any case (this request may leave a
+    // compute of its own running: see sync_pending).
+    const bool read = cmd == static_cast<uint16_t>(Cmd::TENSOR_COPY) ||
+                      cmd == static_cast<uint16_t>(Cmd::TENSOR_GET);
+    if (!read) settle_now();
     Status st = dispatch(cmd, payload, len, out);
+    if (read) settle_now();
+    more_input_ = false;
     if (!st) {
         errors_++;
         if (out->pass_fd >= 0) {
@@ -191,6 +207,30 @@ void Session::handle(uint16_t cmd, const uint8_t* payload, size_t len, Reply* ou
         w.str(strfmt("%s: %s", remote::cmd_name(cmd), st.message().c_str()));
         out->error = true;
     }
+}
+
+void Session::settle_now() {
+    if (!unsynced_) return;
+    const uint32_t dev = unsynced_ - 1;
+    unsynced_ = 0;
+    settled_ = backends_[dev]->synchronize();
+}
+
+Status Session::take_settled() {
+    Status st = std::move(settled_);
+    settled_ = Status::ok();
+    if (!st) errors_++;  // the compute was counted as answered without error
+    return st;
+}
+
+Status Session::settle() {
+    settle_now();
+    return take_settled();
+}
+
+Backend* Session::pending_reader(const SrvBuffer& b) const {
+    if (!unsynced_ || b.dev != unsynced_ - 1 || b.buf->base()) return nullptr;
+    return backends_[b.dev].get();
 }
 
 uint64_t Session::scratch() const {
@@ -615,6 +655,21 @@ Status Session::cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* o
         if (size == 0) return Status::ok();
         uint8_t* sbase = static_cast<uint8_t*>((*s)->buf->base());
         uint8_t* dbase = static_cast<uint8_t*>((*d)->buf->base());
+        Tensor ts, td;
+        ts.buffer = (*s)->buf.get();
+        ts.offs = so;
+        td.buffer = (*d)->buf.get();
+        td.offs = doff;
+        if (Backend* be = dbase ? pending_reader(**s) : nullptr) {
+            // Device memory into host memory (a decode step's logits into the client's
+            // shared buffer) right behind the compute that wrote it: queued on its stream,
+            // one wait for both.
+            unsynced_ = 0;
+            const Status st = be->get_tensor_async(&ts, dbase + doff, 0, size);
+            settled_ = be->synchronize();
+            return st ? settled_ : st;
+        }
+        settle_now();
         if (sbase && dbase) {
             if (dbase == sbase) {
                 std::memmove(dbase + doff, sbase + so, size);  // may overlap
@@ -623,11 +678,6 @@ Status Session::cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* o
             }
             return Status::ok();
         }
-        Tensor ts, td;
-        ts.buffer = (*s)->buf.get();
-        ts.offs = so;
-        td.buffer = (*d)->buf.get();
-        td.offs = doff;
         // One side in host memory (a client's staging buffer for reads and writes of device
         // memory): the device copies straight to or from it.
         if (dbase) return (*s)->buf->get_tensor(&ts, dbase + doff, 0, size);
@@ -671,6 +721,8 @@ Status Session::cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* o
         case Cmd::TENSOR_MEMSET:
             return (*b)->buf->memset_tensor(&t, value, 0, size);
         default: {
+            Backend* be = pending_reader(**b);
+            if (!be) settle_now();
             if (const uint8_t* base = static_cast<const uint8_t*>((*b)->buf->base())) {
                 out->data = base + off;  // host memory: sent from the buffer, no staging copy
                 out->data_len = size;
@@ -681,6 +733,17 @@ Status Session::cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* o
             // sent from there.
             Expected<uint8_t*> dst = read_stage((*b)->dev, size);
             if (!dst) return dst.status();
+            if (be) {
+                // Queued behind the compute that wrote it: one wait for both.
+                unsynced_ = 0;
+                const Status st = be->get_tensor_async(&t, *dst, 0, size);
+                settled_ = be->synchronize();
+                FERRY_TRY(st);
+                FERRY_TRY(settled_);
+                out->data = *dst;
+                out->data_len = size;
+                return Status::ok();
+            }
             FERRY_TRY((*b)->buf->get_tensor(&t, *dst, 0, size));
             out->data = *dst;
             out->data_len = size;
@@ -859,6 +922,7 @@ Status Session::build_table(const uint8_t* bytes, uint32_t n, bool with_storage,
         }
         if (check) {
             if (Status st = validate_node(&t); !st) return fail(st);
+            if (with_storage) entries_checked_++;
         }
         if (place) {
             if (Status st = place_entry(handle, offs, d, t); !st) return fail(st);
@@ -1051,6 +1115,7 @@ Status Session::compute_table(uint32_t dev, uint8_t mode, wire::Reader& r, Reply
             }
         }
         FERRY_TRY(build_table(bytes.data(), count, true, dev, &g.tensors, base));
+        entries_built_ += count;
         for (Tensor& t : g.tensors) {
             (t.op == Op::NONE ? g.graph.leafs : g.graph.nodes).push_back(&t);
         }
@@ -1105,7 +1170,11 @@ Status Session::run_cached(uint32_t dev, Reply* out) {
     if (opts_.max_scratch) lim.max_scratch = std::min<uint64_t>(lim.max_scratch, opts_.max_scratch);
     (*b)->set_compute_limits(std::move(lim));
     FERRY_TRY((*b)->compute(cache_.front().graph));
-    FERRY_TRY((*b)->synchronize());
+    if (more_input_ && !defer_off()) {
+        unsynced_ = dev + 1;  // waited for by the next request (see sync_pending)
+    } else {
+        FERRY_TRY((*b)->synchronize());
+    }
     Writer w(&out->payload);
     w.u64(cache_.front().hash);
     return Status::ok();

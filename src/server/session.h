@@ -76,12 +76,32 @@ class Session {
     // Decodes, validates and executes one request; never trusts the payload.
     void handle(uint16_t cmd, const uint8_t* payload, size_t len, Reply* out);
 
+    // Deferred synchronization. A transport that has already received bytes of the next
+    // request says so before handling a GRAPH_COMPUTE (set_more_input(true)); the session then
+    // leaves the compute running on its device's stream (Backend::compute without
+    // synchronize) and sync_pending() is true after handle(). The compute's reply must then
+    // be held, and the request's payload kept unchanged (queued input copies read it), until
+    // the device was waited for: by the next handle() (a TENSOR_COPY or TENSOR_GET of that
+    // device's memory into host memory queues its copy behind the compute and waits once;
+    // any other request waits first), after which take_settled() says how the compute
+    // ended, or by settle() (waits now) when the next request is not handled. An error
+    // there turns the compute's held reply into an error reply. Without set_more_input
+    // (the fuzzer, HELLO) every compute is waited for before its reply, as before.
+    void set_more_input(bool more) { more_input_ = more; }
+    bool sync_pending() const { return unsynced_ != 0; }
+    Status take_settled();
+    Status settle();
+
     uint64_t id() const { return id_; }
     // Graph tables deserialized and validated (cache misses), and the time that took in
     // nanoseconds (counted only when `timed`: FERRY_SERVE_PROFILE).
     void time_validation(bool timed) { time_validation_ = timed; }
     uint64_t validations() const { return cache_misses_; }
     uint64_t validation_ns() const { return validation_ns_; }
+    // Entries of those tables, and how many of them went through validate_node() (the others
+    // were taken from a cached table, see build_table).
+    uint64_t validated_entries() const { return entries_checked_; }
+    uint64_t table_entries() const { return entries_built_; }
     // Called (rate-limited by the caller) while a compute runs; true stops it (the client is
     // gone). Set by the connection; the fuzzer leaves it unset.
     void set_abort_check(std::function<bool()> fn) { abort_check_ = std::move(fn); }
@@ -125,6 +145,11 @@ class Session {
     Status cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* out);
     Status cmd_supports_op(const uint8_t* p, size_t n, Reply* out);
     Status run_cached(uint32_t dev, Reply* out);
+    // Waits for a deferred compute (see sync_pending), keeping the result for take_settled.
+    void settle_now();
+    // The backend of the deferred compute when a read of buffer `b` into host memory may be
+    // queued behind it; nullptr otherwise.
+    Backend* pending_reader(const SrvBuffer& b) const;
     Status cmd_graph_compute(const uint8_t* p, size_t n, Reply* out);
     // The table part of a GRAPH_COMPUTE (mode kGraphFull or kGraphDelta), read from r.
     Status compute_table(uint32_t dev, uint8_t mode, wire::Reader& r, Reply* out);
@@ -201,7 +226,11 @@ class Session {
     uint32_t stage_dev_ = 0;
     uint64_t requests_ = 0, errors_ = 0, cache_hits_ = 0, cache_misses_ = 0, delta_hits_ = 0;
     bool time_validation_ = false;
+    bool more_input_ = false;
+    uint32_t unsynced_ = 0;  // device index + 1 of a compute not waited for (0: none)
+    Status settled_;         // how the last deferred compute's wait ended
     uint64_t validation_ns_ = 0;
+    uint64_t entries_checked_ = 0, entries_built_ = 0;
 };
 
 }  // namespace ferry::server
