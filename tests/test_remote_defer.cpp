@@ -172,7 +172,7 @@ struct Frames {
     bool more_input() const { return at < in.size(); }
     bool ended_between_frames() const { return true; }
     void end_frame() {}
-    Status reply(const remote::Header& req, const server::Reply& r) {
+    Status reply(const remote::Header& req, const server::Reply& r, bool = false) {
         const uint8_t* body = r.data ? r.data : r.payload.data();
         const size_t len = r.data ? r.data_len : r.payload.size();
         remote::Header h = req;

@@ -85,7 +85,8 @@ class FrameProfile {
 // Io is one session's transport:
 //   Status read(void* dst, size_t n, bool idle_ok, size_t* got): exactly n request bytes
 //       (idle_ok: before the first byte, waiting is fine);
-//   Status reply(const Header& req, const Reply& r);
+//   Status reply(const Header& req, const Reply& r, bool more): more: another reply
+//       follows at once (the transport may hold this one to send both together);
 //   void end_frame(): the current frame's deadline is over;
 //   bool ended_between_frames() const: after a failed read of 0 header bytes, whether that
 //       is the client leaving (no error owed) rather than a broken frame;
@@ -102,7 +103,9 @@ void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t ke
     Reply reply, held;
     Header held_h{};
     bool holding = false;
-    // Sends the held reply, an error reply instead when the compute's wait failed.
+    // Sends the held reply, an error reply instead when the compute's wait failed. Another
+    // reply always follows it (the next request's, or an error), so the transport may keep it
+    // to send both at once.
     auto release = [&](const Status& waited) -> Status {
         if (!holding) return Status::ok();
         holding = false;
@@ -110,7 +113,7 @@ void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t ke
             held = error_reply(
                 strfmt("%s: %s", remote::cmd_name(held_h.cmd), waited.message().c_str()));
         }
-        return io.reply(held_h, held);
+        return io.reply(held_h, held, /*more=*/true);
     };
     // Waits for a deferred compute now (the next request is not handled by the session).
     auto settle = [&]() -> Status { return holding ? release(session.settle()) : Status::ok(); };

@@ -212,8 +212,10 @@ struct IvshmemServer::Link {
         return Status::ok();
     }
 
-    // Sends one reply frame, all of it within its own deadline.
-    Status reply(const Header& req, const Reply& r) {
+    // Sends one reply frame, all of it within its own deadline (`more`: another reply
+    // follows at once; the ring needs no batching).
+    Status reply(const Header& req, const Reply& r, bool more = false) {
+        (void)more;
         const uint8_t* body = r.data ? r.data : r.payload.data();
         const size_t len = r.data ? r.data_len : r.payload.size();
         Header h;
