@@ -67,44 +67,46 @@ uint64_t elems(const Tensor* t) {
 
 }  // namespace
 
+uint64_t node_work(const Tensor* n) {
+    uint64_t w = 1;
+    switch (n->op) {
+        case Op::NONE:
+        case Op::VIEW:
+        case Op::RESHAPE:
+        case Op::PERMUTE:
+        case Op::TRANSPOSE:
+            break;
+        case Op::MUL_MAT: {
+            // K x M multiply-adds for each of b's columns (rows of b, over every batch).
+            const Tensor* a = n->src[0];
+            const Tensor* b = n->src[1];
+            const uint64_t km =
+                saturating_mul(static_cast<uint64_t>(a->ne[0]), static_cast<uint64_t>(a->ne[1]));
+            w = saturating_add(w, saturating_mul(km, static_cast<uint64_t>(b->nrows())));
+            break;
+        }
+        case Op::FLASH_ATTN_EXT: {
+            const Tensor* q = n->src[0];
+            const Tensor* k = n->src[1];
+            const Tensor* v = n->src[2];
+            const uint64_t per_pos =
+                saturating_add(static_cast<uint64_t>(q->ne[0]), static_cast<uint64_t>(v->ne[0]));
+            const uint64_t rows_pos =
+                saturating_mul(static_cast<uint64_t>(q->nrows()), static_cast<uint64_t>(k->ne[1]));
+            w = saturating_add(w, saturating_mul(rows_pos, per_pos));
+            break;
+        }
+        default:
+            w = saturating_add(w, elems(n));
+            for (int i = 0; i < kMaxSrc; i++) w = saturating_add(w, elems(n->src[i]));
+            break;
+    }
+    return w;
+}
+
 uint64_t estimate_work(const Graph& g) {
     uint64_t total = 0;
-    for (const Tensor* n : g.nodes) {
-        uint64_t w = 1;
-        switch (n->op) {
-            case Op::NONE:
-            case Op::VIEW:
-            case Op::RESHAPE:
-            case Op::PERMUTE:
-            case Op::TRANSPOSE:
-                break;
-            case Op::MUL_MAT: {
-                // K x M multiply-adds for each of b's columns (rows of b, over every batch).
-                const Tensor* a = n->src[0];
-                const Tensor* b = n->src[1];
-                const uint64_t km = saturating_mul(static_cast<uint64_t>(a->ne[0]),
-                                                   static_cast<uint64_t>(a->ne[1]));
-                w = saturating_add(w, saturating_mul(km, static_cast<uint64_t>(b->nrows())));
-                break;
-            }
-            case Op::FLASH_ATTN_EXT: {
-                const Tensor* q = n->src[0];
-                const Tensor* k = n->src[1];
-                const Tensor* v = n->src[2];
-                const uint64_t per_pos = saturating_add(static_cast<uint64_t>(q->ne[0]),
-                                                        static_cast<uint64_t>(v->ne[0]));
-                const uint64_t rows_pos = saturating_mul(static_cast<uint64_t>(q->nrows()),
-                                                         static_cast<uint64_t>(k->ne[1]));
-                w = saturating_add(w, saturating_mul(rows_pos, per_pos));
-                break;
-            }
-            default:
-                w = saturating_add(w, elems(n));
-                for (int i = 0; i < kMaxSrc; i++) w = saturating_add(w, elems(n->src[i]));
-                break;
-        }
-        total = saturating_add(total, w);
-    }
+    for (const Tensor* n : g.nodes) total = saturating_add(total, node_work(n));
     return total;
 }
 
@@ -862,6 +864,7 @@ Status Session::build_table(const uint8_t* bytes, uint32_t n, bool with_storage,
     }
     std::vector<Tensor>& ts = *out;
     ts.clear();
+    checked_ = 0;
     if (!base) {
         ts.resize(n);  // never reallocated below: tensors point at each other
     } else {
@@ -922,7 +925,7 @@ Status Session::build_table(const uint8_t* bytes, uint32_t n, bool with_storage,
         }
         if (check) {
             if (Status st = validate_node(&t); !st) return fail(st);
-            if (with_storage) entries_checked_++;
+            checked_++;
         }
         if (place) {
             if (Status st = place_entry(handle, offs, d, t); !st) return fail(st);
@@ -1116,10 +1119,17 @@ Status Session::compute_table(uint32_t dev, uint8_t mode, wire::Reader& r, Reply
         }
         FERRY_TRY(build_table(bytes.data(), count, true, dev, &g.tensors, base));
         entries_built_ += count;
+        entries_checked_ += checked_;
+        // One pass while the tensors are still in cache (the graph lists and estimate_work).
+        g.graph.nodes.reserve(count);
         for (Tensor& t : g.tensors) {
-            (t.op == Op::NONE ? g.graph.leafs : g.graph.nodes).push_back(&t);
+            if (t.op == Op::NONE) {
+                g.graph.leafs.push_back(&t);
+            } else {
+                g.graph.nodes.push_back(&t);
+                g.work = saturating_add(g.work, node_work(&t));
+            }
         }
-        g.work = estimate_work(g.graph);
         if (time_validation_) {
             validation_ns_ +=
                 static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(

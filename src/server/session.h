@@ -44,6 +44,8 @@ struct ServerOptions {
 // attention query rows x KV positions x (D + Dv), every other node its elements plus its
 // sources' elements, and 1 per node. Shapes must have passed validate_node().
 uint64_t estimate_work(const Graph& g);
+// One node's share of estimate_work.
+uint64_t node_work(const Tensor* n);
 
 // Counters over all sessions of a server.
 struct ServerCounters {
@@ -231,6 +233,7 @@ class Session {
     Status settled_;         // how the last deferred compute's wait ended
     uint64_t validation_ns_ = 0;
     uint64_t entries_checked_ = 0, entries_built_ = 0;
+    uint32_t checked_ = 0;  // validate_node() calls of the last build_table
 };
 
 }  // namespace ferry::server
