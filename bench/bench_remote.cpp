@@ -2,9 +2,11 @@
 // the remote backend, per transport, against a `ferry serve` this program starts.
 //
 //   bench_remote [--ferry PATH] [--mib N] [--pings N] [--steps N] [-t THREADS]
-//   bench_remote --ab-steps N [--logits N] [-t THREADS]
+//   bench_remote --ab-steps N [--logits N] [--server-ab] [-t THREADS]
 //       a decode-like step, batching off against on (--logits: N floats read back too, as a
-//       decode step's logits: 128256 for Llama 3)
+//       decode step's logits: 128256 for Llama 3); --server-ab adds the default client on a
+//       second server of each transport with the server's per-step changes off
+//       (FERRY_SERVE_DEFER_SYNC=0 FERRY_SERVE_REVALIDATE_ALL=1)
 //
 // -t sets the CPU threads of the local backend and of the servers' sessions (default: all
 // cores).
@@ -19,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -188,19 +191,24 @@ Expected<double> decode_step_us(DecodeStep& s, int i) {
 // (FERRY_REMOTE_FOLD=0 FERRY_REMOTE_HOLD_COMPUTE=0: every input its own TENSOR_SET frame and the
 // compute sent apart from the read, as protocol 3 clients sent a step), the inputs folded into the
 // compute's frame only, and both (the default).
-int run_ab(const std::vector<const Child*>& servers, int steps, int64_t logits) {
+int run_ab(const std::vector<const Child*>& servers, const std::vector<const Child*>& old_servers,
+           int steps, int64_t logits) {
+    const bool server_ab = !old_servers.empty();
     std::printf(
         "| transport | step median, batching off (us) | inputs folded (us) | folded + compute "
-        "held (us) | folded / off | both / off |\n");
-    std::printf("|---|---|---|---|---|---|\n");
-    constexpr int kVariants = 3;
-    for (const Child* c : servers) {
-        std::unique_ptr<Registry> regs[kVariants];
-        DecodeStep st[kVariants];
+        "held (us) | folded / off | both / off |%s\n",
+        server_ab ? " both, server changes off (us) | server on / off |" : "");
+    std::printf("|---|---|---|---|---|---|%s\n", server_ab ? "---|---|" : "");
+    const int kVariants = server_ab ? 4 : 3;
+    for (size_t si = 0; si < servers.size(); si++) {
+        const Child* c = servers[si];
+        std::unique_ptr<Registry> regs[4];
+        DecodeStep st[4];
         for (int v = 0; v < kVariants; v++) {
             setenv("FERRY_REMOTE_FOLD", v == 0 ? "0" : "1", 1);
-            setenv("FERRY_REMOTE_HOLD_COMPUTE", v == 2 ? "1" : "0", 1);
-            Expected<std::unique_ptr<Registry>> reg = remote_open(c->addr);
+            setenv("FERRY_REMOTE_HOLD_COMPUTE", v >= 2 ? "1" : "0", 1);
+            Expected<std::unique_ptr<Registry>> reg =
+                remote_open(v == 3 ? old_servers[si]->addr : c->addr);
             if (!reg) {
                 std::fprintf(stderr, "%s\n", reg.message().c_str());
                 return 1;
@@ -213,9 +221,15 @@ int run_ab(const std::vector<const Child*>& servers, int steps, int64_t logits) 
         }
         unsetenv("FERRY_REMOTE_FOLD");
         unsetenv("FERRY_REMOTE_HOLD_COMPUTE");
-        std::vector<double> t[kVariants];
+        std::vector<double> t[4];
+        // Each round takes the variants in a new random order: in a fixed order, with an even
+        // number of variants, every other step ran fast and the others slow on the 2-core VM
+        // (where the next wake-up lands), which split the variants into two groups.
+        std::mt19937 rng(12345);
+        int order[4] = {0, 1, 2, 3};
         for (int i = 0; i < kVariants * steps; i++) {
-            const int v = i % kVariants;
+            if (i % kVariants == 0) std::shuffle(order, order + kVariants, rng);
+            const int v = order[i % kVariants];
             Expected<double> us = decode_step_us(st[v], i);
             if (!us) {
                 std::fprintf(stderr, "%s\n", us.message().c_str());
@@ -225,9 +239,14 @@ int run_ab(const std::vector<const Child*>& servers, int steps, int64_t logits) 
         }
         const double m0 = percentile(t[0], 0.5), m1 = percentile(t[1], 0.5),
                      m2 = percentile(t[2], 0.5);
-        std::printf("| %s | %.1f | %.1f | %.1f | %.3f | %.3f |\n",
+        std::printf("| %s | %.1f | %.1f | %.1f | %.3f | %.3f |",
                     c->addr.rfind("unix:", 0) == 0 ? "unix" : "tcp loopback", m0, m1, m2, m1 / m0,
                     m2 / m0);
+        if (server_ab) {
+            const double m3 = percentile(t[3], 0.5);
+            std::printf(" %.1f | %.3f |", m3, m2 / m3);
+        }
+        std::printf("\n");
     }
     return 0;
 }
@@ -236,6 +255,7 @@ int run(int argc, char** argv) {
     std::string ferry;
     size_t mib = 64;
     int pings = 2000, steps = 500, threads = 0, ab_steps = 0;
+    bool server_ab = false;
     int64_t logits = 0;
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
@@ -251,12 +271,14 @@ int run(int argc, char** argv) {
             threads = std::atoi(argv[++i]);
         } else if (a == "--ab-steps" && i + 1 < argc) {
             ab_steps = std::atoi(argv[++i]);
+        } else if (a == "--server-ab") {
+            server_ab = true;
         } else if (a == "--logits" && i + 1 < argc) {
             logits = std::atoll(argv[++i]);
         } else {
             std::fprintf(stderr,
                          "usage: bench_remote [--ferry PATH] [--mib N] [--pings N] "
-                         "[--steps N] [-t THREADS] [--ab-steps N [--logits N]]\n");
+                         "[--steps N] [-t THREADS] [--ab-steps N [--logits N] [--server-ab]]\n");
             return 2;
         }
     }
@@ -281,7 +303,25 @@ int run(int argc, char** argv) {
     }
     if (ab_steps > 0) {
         // Not the ivshmem window: a window serves one client at a time.
-        const int rc = run_ab({&us, &tc}, ab_steps, logits);
+        Child us_old, tc_old;
+        if (server_ab) {
+            setenv("FERRY_SERVE_DEFER_SYNC", "0", 1);
+            setenv("FERRY_SERVE_REVALIDATE_ALL", "1", 1);
+            us_old = spawn_server(ferry, std::string("unix:") + dir + "/s-old", threads);
+            tc_old = spawn_server(ferry, "tcp:127.0.0.1:0", threads);
+            unsetenv("FERRY_SERVE_DEFER_SYNC");
+            unsetenv("FERRY_SERVE_REVALIDATE_ALL");
+            if (us_old.addr.empty() || tc_old.addr.empty()) return 1;
+        }
+        std::vector<const Child*> old;
+        if (server_ab) old = {&us_old, &tc_old};
+        const int rc = run_ab({&us, &tc}, old, ab_steps, logits);
+        for (const Child* c : {&us_old, &tc_old}) {
+            if (c->pid > 0) {
+                kill(c->pid, SIGTERM);
+                waitpid(c->pid, nullptr, 0);
+            }
+        }
         for (const Child* c : {&us, &tc, &iv}) {
             kill(c->pid, SIGTERM);
             waitpid(c->pid, nullptr, 0);

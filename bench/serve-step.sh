@@ -17,6 +17,9 @@
 #   PROFILE=1  servers with FERRY_SERVE_PROFILE=1 and one more client run per transport with
 #            FERRY_REMOTE_STATS=1 after the timed rows: where a served step's time goes on
 #            the server (per command) and the client's sends, receives and waits
+#   SERVER_AB=1  the "off" columns are the default client against a second pair of servers
+#            with the server's per-step changes off (FERRY_SERVE_DEFER_SYNC=0: wait after
+#            every compute; FERRY_SERVE_REVALIDATE_ALL=1: validate every entry of a new table)
 #   CHECK=1  first run `ferry test-ops` on the served device over both transports (every op
 #            case against the float64 reference: the served inputs, computes and reads of
 #            this build, tcp's reads of device memory included) and print the summary lines
@@ -37,7 +40,23 @@ env "${prof[@]}" "$ferry" serve --listen "unix:$dir/s" "${dev_args[@]}" "${thr_a
 unix_pid=$!
 env "${prof[@]}" "$ferry" serve --listen "tcp:127.0.0.1:$port" "${dev_args[@]}" "${thr_args[@]}" >"$dir/tcp.log" 2>&1 &
 tcp_pid=$!
-trap 'kill $unix_pid $tcp_pid 2>/dev/null; rm -rf "$dir"' EXIT
+uoff="unix:$dir/s" toff="tcp:127.0.0.1:$port"
+off=(FERRY_REMOTE_FOLD=0 FERRY_REMOTE_HOLD_COMPUTE=0)
+pids=($unix_pid $tcp_pid)
+if [ "${SERVER_AB:-0}" = 1 ]; then
+  port2=$((port + 1))
+  env "${prof[@]}" FERRY_SERVE_DEFER_SYNC=0 FERRY_SERVE_REVALIDATE_ALL=1 "$ferry" serve --listen "unix:$dir/s2" "${dev_args[@]}" "${thr_args[@]}" >"$dir/unix2.log" 2>&1 &
+  pids+=($!)
+  env "${prof[@]}" FERRY_SERVE_DEFER_SYNC=0 FERRY_SERVE_REVALIDATE_ALL=1 "$ferry" serve --listen "tcp:127.0.0.1:$port2" "${dev_args[@]}" "${thr_args[@]}" >"$dir/tcp2.log" 2>&1 &
+  pids+=($!)
+  uoff="unix:$dir/s2" toff="tcp:127.0.0.1:$port2"
+  off=(FERRY_REMOTE_FOLD=1)  # the default client
+  for _ in $(seq 300); do
+    grep -q listening "$dir/unix2.log" && grep -q listening "$dir/tcp2.log" && break
+    sleep 0.1
+  done
+fi
+trap 'kill ${pids[*]} 2>/dev/null; rm -rf "$dir"' EXIT
 for _ in $(seq 300); do
   grep -q listening "$dir/unix.log" && grep -q listening "$dir/tcp.log" && break
   sleep 0.1
@@ -58,12 +77,11 @@ tps() { # [ENV=V...] -- [--remote ADDR]: the t/s of the tg row
   env "${envs[@]}" "$ferry" bench -m "$model" -p 0 -n "$n" -r "$r" "${thr_args[@]}" "${where[@]}" |
     awk -F'|' -v t="tg$n" '$7 ~ t { split($8, v, " "); print v[1] }'
 }
-off=(FERRY_REMOTE_FOLD=0 FERRY_REMOTE_HOLD_COMPUTE=0)
 row() {
   local cols=("$(tps --)" "$(tps -- --remote "unix:$dir/s")")
-  [ "${OFF:-1}" != 0 ] && cols+=("$(tps "${off[@]}" -- --remote "unix:$dir/s")")
+  [ "${OFF:-1}" != 0 ] && cols+=("$(tps "${off[@]}" -- --remote "$uoff")")
   cols+=("$(tps -- --remote "tcp:127.0.0.1:$port")")
-  [ "${OFF:-1}" != 0 ] && cols+=("$(tps "${off[@]}" -- --remote "tcp:127.0.0.1:$port")")
+  [ "${OFF:-1}" != 0 ] && cols+=("$(tps "${off[@]}" -- --remote "$toff")")
   echo "${cols[*]}"
 }
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; load before: $(cut -d' ' -f1-3 /proc/loadavg)"

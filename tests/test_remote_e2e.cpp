@@ -2,11 +2,14 @@
 // with --remote against a `ferry serve` child process, compared with local runs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <thread>
 
+#include "ferry/llama.h"
 #include "ferry/remote.h"
 #include "shell.h"
 #include "test_remote_util.h"
@@ -163,6 +166,49 @@ TEST_F(RemoteE2E, LayersSplitBetweenTheLocalCpuAndTwoServersGiveTheLocalLogits) 
     Proc bad = run("--remote " + unix_->addr() + " -ts 1,2", dir_ + "/split.bad");
     EXPECT_NE(bad.rc, 0);
     EXPECT_NE(bad.out.find("2 shares for 1 devices"), std::string::npos) << bad.out;
+}
+
+// Decode one token at a time through the server: past 32, 64 and 96 positions the session
+// rebuilds its graph (longer KV views and mask; most intermediate offsets move), and the
+// server validates each new table against the one it has cached. Every step's logits are the
+// local ones, bit for bit, over both transports.
+TEST_F(RemoteE2E, DecodeStepsAcrossGraphRebuildsGiveTheLocalLogits) {
+    ASSERT_TRUE(have_fixtures());
+    const std::string path = kTiny + "/tiny-llama-q8_0.gguf";
+    Expected<std::unique_ptr<LlamaModel>> local = LlamaModel::load(path, {});
+    ASSERT_TRUE(local) << local.message();
+    SessionOptions so;
+    so.n_ctx = 128;
+    so.n_threads = 2;
+    for (const std::string& addr : {unix_->addr(), tcp_->addr()}) {
+        SCOPED_TRACE(addr);
+        Expected<std::unique_ptr<Registry>> reg = remote_open(addr);
+        ASSERT_TRUE(reg) << reg.message();
+        ModelOptions mo;
+        mo.devices = {(*reg)->devices()[0]};
+        Expected<std::unique_ptr<LlamaModel>> served = LlamaModel::load(path, mo);
+        ASSERT_TRUE(served) << served.message();
+        Expected<std::unique_ptr<LlamaSession>> ls = LlamaSession::create(**local, so);
+        Expected<std::unique_ptr<LlamaSession>> rs = LlamaSession::create(**served, so);
+        ASSERT_TRUE(ls && rs);
+        const size_t n_vocab = static_cast<size_t>((*local)->hparams().n_vocab);
+        std::vector<int32_t> tokens = {1, 45, 99};
+        for (int step = 0; step < 110; step++) {
+            ASSERT_TRUE((*ls)->decode(tokens, false).is_ok());
+            ASSERT_TRUE((*rs)->decode(tokens, false).is_ok());
+            const float* a = (*ls)->logits(0);
+            const float* b = (*rs)->logits(0);
+            ASSERT_EQ(std::memcmp(a, b, n_vocab * sizeof(float)), 0) << "step " << step;
+            // The next token: the local argmax, shifted so that the text does not settle
+            // into a loop.
+            const int32_t best = static_cast<int32_t>(std::max_element(a, a + n_vocab) - a);
+            tokens = {static_cast<int32_t>((best + step) % static_cast<int32_t>(n_vocab))};
+        }
+        EXPECT_EQ((*rs)->n_past(), 112);
+        Expected<RemoteStats> st = remote_stats(reg->get());
+        ASSERT_TRUE(st) << st.message();
+        EXPECT_EQ(st->errors, 0u);
+    }
 }
 
 TEST_F(RemoteE2E, RunStreamsTheSameTextAsLocal) {

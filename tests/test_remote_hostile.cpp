@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -1661,3 +1662,150 @@ TEST_P(Hardening, ComputeInputsAreCheckedBeforeAnyIsAppliedAndVersionGated) {
 INSTANTIATE_TEST_SUITE_P(Transports, Hardening, ::testing::Values("unix", "tcp"));
 
 }  // namespace
+
+// A table that is not cached is validated against the closest cached one of its size (docs:
+// "Validation"): only entries whose bytes changed, and those reading them, are checked again.
+// After a valid table, a hostile change to one entry, or one that breaks an unchanged entry
+// reading it, is refused exactly as in a new table (full and delta frames), and a valid
+// change (storage moved under an unchanged view) is computed where the new table says.
+TEST_P(Hardening, TablesCheckedAgainstACachedOneRefuseEveryHostileChange) {
+    start();
+    RawClient c = hello();
+    const uint64_t h = alloc(c, 4096);
+    const uint64_t h2 = alloc(c, 4096);
+    ASSERT_NE(h, 0u);
+    ASSERT_NE(h2, 0u);
+    // s = x + y; w = CONT(v), v = rows 1-2 of z (a view).
+    const Entry x = leaf(Type::F32, {16, 4}, h, 0);
+    const Entry y = leaf(Type::F32, {16, 4}, h, 256);
+    Entry s = leaf(Type::F32, {16, 4}, h, 512);
+    s.op = static_cast<uint32_t>(Op::ADD);
+    s.src[0] = 0;
+    s.src[1] = 1;
+    const Entry z = leaf(Type::F32, {16, 4}, h, 2048);
+    Entry v = leaf(Type::F32, {16, 2}, 0, 0);
+    v.op = static_cast<uint32_t>(Op::VIEW);
+    v.src[0] = 3;
+    v.view_src = 3;
+    v.view_offs = 64;
+    Entry w = leaf(Type::F32, {16, 2}, h, 1024);
+    w.op = static_cast<uint32_t>(Op::CONT);
+    w.src[0] = 4;
+    const std::vector<Entry> good = {x, y, s, z, v, w};
+    auto floats = [](float first, int n) {
+        std::vector<uint8_t> d(static_cast<size_t>(n) * 4);
+        for (int i = 0; i < n; i++) {
+            const float f = first + static_cast<float>(i);
+            std::memcpy(d.data() + 4 * i, &f, 4);
+        }
+        return d;
+    };
+    auto set = [&](uint64_t handle, uint64_t off, const std::vector<uint8_t>& d) {
+        auto r = c.request(Cmd::TENSOR_SET, payload([&](wire::Writer& wr) {
+                               wr.u64(handle);
+                               wr.u64(off);
+                               wr.u64(d.size());
+                               wr.bytes(d.data(), d.size());
+                           }));
+        ASSERT_TRUE(r.ok && !r.is_error()) << r.message();
+    };
+    auto get = [&](uint64_t off, uint64_t size) {
+        auto r = c.request(Cmd::TENSOR_GET, payload([&](wire::Writer& wr) {
+                               wr.u64(h);
+                               wr.u64(off);
+                               wr.u64(size);
+                           }));
+        EXPECT_TRUE(r.ok && !r.is_error()) << r.message();
+        std::vector<float> f(r.payload.size() / 4);
+        std::memcpy(f.data(), r.payload.data(), f.size() * 4);
+        return f;
+    };
+    set(h, 0, floats(0, 64));         // x
+    set(h, 256, floats(1000, 64));    // y
+    set(h, 2048, floats(500, 64));    // z
+    set(h2, 0, floats(-300, 64));     // x', for the table that moves x
+    set(h2, 1024, floats(-900, 64));  // z', for the table that moves z
+    auto check = [&](float x0, float z0) {
+        const std::vector<float> sum = get(512, 256), rows = get(1024, 128);
+        ASSERT_EQ(sum.size(), 64u);
+        ASSERT_EQ(rows.size(), 32u);
+        for (int i = 0; i < 64; i++) EXPECT_EQ(sum[i], x0 + 1000.0f + 2.0f * static_cast<float>(i));
+        for (int i = 0; i < 32; i++) EXPECT_EQ(rows[i], z0 + 16.0f + static_cast<float>(i));
+    };
+    auto r = c.request(Cmd::GRAPH_COMPUTE, graph(good));
+    ASSERT_TRUE(r.ok && !r.is_error()) << r.message();
+    check(0, 500);
+    // Valid changes: x and z (under the unchanged view and its unchanged consumer) move to
+    // the other buffer; the results follow them.
+    std::vector<Entry> moved = good;
+    moved[0].handle = h2;
+    moved[3].handle = h2;
+    moved[3].offs = 1024;
+    r = c.request(Cmd::GRAPH_COMPUTE, graph(moved));
+    ASSERT_TRUE(r.ok && !r.is_error()) << r.message();
+    check(-300, -900);
+    // Hostile changes, each to the valid table (now cached twice).
+    struct Case {
+        const char* what;
+        std::function<void(std::vector<Entry>&)> change;
+        const char* want;
+    };
+    const Case cases[] = {
+        {"a source's shape under an unchanged ADD", [](auto& t) { t[1].ne[1] = 3; }, "entry 2"},
+        {"a view source shrinking under an unchanged view", [](auto& t) { t[3].ne[1] = 2; },
+         "entry 4"},
+        {"a view source's type under an unchanged view",
+         [](auto& t) {
+             t[3].type = static_cast<uint32_t>(Type::F16);
+             t[3].nb[0] = 2;
+             t[3].nb[1] = 32;
+             t[3].nb[2] = t[3].nb[3] = 128;
+         },
+         "entry 4"},
+        {"a forward source", [](auto& t) { t[2].src[1] = 4; }, "sources must be earlier"},
+        {"an unknown handle", [](auto& t) { t[2].handle = t[2].handle + 1000; },
+         "unknown buffer handle"},
+        {"a leaf past its buffer", [](auto& t) { t[0].offs = 4000; }, "reaches past its buffer"},
+        {"a misaligned result", [](auto& t) { t[5].offs = 1026; }, "not aligned"},
+        {"an unknown op", [](auto& t) { t[2].op = 4000; }, "unknown op"},
+        {"a view past its source", [](auto& t) { t[4].view_offs = 192; }, "entry 4"},
+        {"an unknown flag", [](auto& t) { t[5].flags = 64; }, "unknown flags"},
+    };
+    for (const Case& k : cases) {
+        std::vector<Entry> bad = good;
+        k.change(bad);
+        expect_error(c, Cmd::GRAPH_COMPUTE, graph(bad), k.want, k.what);
+        // The same change as a delta against the cached valid table.
+        wire::Writer table;
+        for (const Entry& e : good) remote::write_entry(table, e);
+        const uint64_t base = wire::hash64(table.data(), table.size());
+        expect_error(c, Cmd::GRAPH_COMPUTE, payload([&](wire::Writer& wr) {
+                         wr.u32(0);
+                         wr.u8(remote::kGraphDelta);
+                         wr.u64(base);
+                         wr.u32(static_cast<uint32_t>(good.size()));
+                         uint32_t n = 0;
+                         for (size_t i = 0; i < good.size(); i++) {
+                             wire::Writer a, b;
+                             remote::write_entry(a, good[i]);
+                             remote::write_entry(b, bad[i]);
+                             n += a.buf() != b.buf();
+                         }
+                         wr.u32(n);
+                         for (size_t i = 0; i < good.size(); i++) {
+                             wire::Writer a, b;
+                             remote::write_entry(a, good[i]);
+                             remote::write_entry(b, bad[i]);
+                             if (a.buf() == b.buf()) continue;
+                             wr.u32(static_cast<uint32_t>(i));
+                             remote::write_entry(wr, bad[i]);
+                         }
+                     }),
+                     k.want, k.what);
+    }
+    // Nothing hostile was cached: the valid tables still compute correctly.
+    set(h, 0, floats(10, 64));
+    r = c.request(Cmd::GRAPH_COMPUTE, graph(good));
+    ASSERT_TRUE(r.ok && !r.is_error()) << r.message();
+    check(10, 500);
+}

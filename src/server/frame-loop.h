@@ -50,10 +50,13 @@ class FrameProfile {
         }
         // Of GRAPH_COMPUTE's time: deserializing and validating tables that were not cached.
         if (session_->validations()) {
-            line += strfmt(" of which table validation %llu x %.1f us;",
-                           static_cast<unsigned long long>(session_->validations()),
-                           static_cast<double>(session_->validation_ns()) / 1e3 /
-                               static_cast<double>(session_->validations()));
+            line +=
+                strfmt(" of which table validation %llu x %.1f us (%llu of %llu entries checked);",
+                       static_cast<unsigned long long>(session_->validations()),
+                       static_cast<double>(session_->validation_ns()) / 1e3 /
+                           static_cast<double>(session_->validations()),
+                       static_cast<unsigned long long>(session_->validated_entries()),
+                       static_cast<unsigned long long>(session_->table_entries()));
         }
         std::fprintf(stderr, "ferry serve: session %llu profile:%s\n",
                      static_cast<unsigned long long>(session_->id()), line.c_str());
@@ -82,22 +85,44 @@ class FrameProfile {
 // Io is one session's transport:
 //   Status read(void* dst, size_t n, bool idle_ok, size_t* got): exactly n request bytes
 //       (idle_ok: before the first byte, waiting is fine);
-//   Status reply(const Header& req, const Reply& r);
+//   Status reply(const Header& req, const Reply& r, bool more): more: another reply
+//       follows at once (the transport may hold this one to send both together);
 //   void end_frame(): the current frame's deadline is over;
 //   bool ended_between_frames() const: after a failed read of 0 header bytes, whether that
-//       is the client leaving (no error owed) rather than a broken frame.
+//       is the client leaving (no error owed) rather than a broken frame;
+//   bool more_input() const: bytes of another frame have already arrived.
 // keep_bytes: frame buffer capacity kept between requests. *why: how the session ended.
 template <class Io>
 void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t keep_bytes,
                   std::string* why) {
     using remote::Header;
+    // A GRAPH_COMPUTE whose device work still runs (Session::sync_pending): its reply waits
+    // for the session's wait for it, and its payload (which queued input copies may read)
+    // stays in `spare` while the next frame is received into `payload`.
+    FrameBuffer payload, spare;
+    Reply reply, held;
+    Header held_h{};
+    bool holding = false;
+    // Sends the held reply, an error reply instead when the compute's wait failed. Another
+    // reply always follows it (the next request's, or an error), so the transport may keep it
+    // to send both at once.
+    auto release = [&](const Status& waited) -> Status {
+        if (!holding) return Status::ok();
+        holding = false;
+        if (!waited) {
+            held = error_reply(
+                strfmt("%s: %s", remote::cmd_name(held_h.cmd), waited.message().c_str()));
+        }
+        return io.reply(held_h, held, /*more=*/true);
+    };
+    // Waits for a deferred compute now (the next request is not handled by the session).
+    auto settle = [&]() -> Status { return holding ? release(session.settle()) : Status::ok(); };
     // Answers with an error and ends the session (the stream cannot be trusted further).
     auto fatal = [&](const Header& h, const std::string& msg) {
         *why = msg;
+        (void)settle();
         (void)io.reply(h, error_reply(msg));
     };
-    FrameBuffer payload;
-    Reply reply;
     FrameProfile prof(session);
     for (;;) {
         uint8_t hdr[remote::kHeaderSize];
@@ -108,6 +133,7 @@ void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t ke
         if (!hst) {
             if (hdr_got == 0 && io.ended_between_frames()) {
                 *why = hst.message();
+                (void)settle();
             } else {
                 fatal(Header{}, "truncated frame header: " + hst.message());
             }
@@ -122,6 +148,11 @@ void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t ke
         // size) checks out, the data is received straight into the buffer (no staging copy).
         if (h.cmd == static_cast<uint16_t>(remote::Cmd::TENSOR_SET) && h.flags == 0 &&
             h.len >= kSetPrefix + kDirectMin) {
+            // Bytes written straight into a buffer: nothing may still be computing.
+            if (Status st = settle(); !st) {
+                *why = st.message();
+                return;
+            }
             payload.ensure(kSetPrefix, static_cast<size_t>(h.len));
             if (rst = io.read(payload.data(), kSetPrefix, false, nullptr); !rst) {
                 return fatal(h, "truncated frame: TENSOR_SET prefix: " + rst.message());
@@ -152,6 +183,10 @@ void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t ke
         const uint64_t charged = session.charged();
         const uint64_t room = opts.max_memory > charged ? opts.max_memory - charged : 0;
         if (opts.max_memory && h.len > room + kFrameSlack) {
+            if (Status st = settle(); !st) {
+                *why = st.message();
+                return;
+            }
             uint8_t sink[16384];
             while (got < h.len) {
                 const size_t step =
@@ -189,9 +224,18 @@ void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t ke
             io.end_frame();
             prof.mark(FrameProfile::kReceive);
             if (h.flags != 0) {
+                if (Status st = settle(); !st) {
+                    *why = st.message();
+                    return;
+                }
                 reply =
                     error_reply(strfmt("request with flags 0x%x (requests carry none)", h.flags));
             } else {
+                // A compute may be left running when the next request is already arriving
+                // (a decode step's read of its logits): that read then waits for both.
+                // (Only for frames the buffer keeps anyway: the held payload costs nothing.)
+                session.set_more_input(h.cmd == static_cast<uint16_t>(remote::Cmd::GRAPH_COMPUTE) &&
+                                       h.len <= keep_bytes && io.more_input());
                 try {
                     session.handle(h.cmd, payload.data(), static_cast<size_t>(h.len), &reply);
                 } catch (const std::exception& e) {
@@ -199,6 +243,22 @@ void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t ke
                     reply = error_reply(strfmt("%s: %s", remote::cmd_name(h.cmd), e.what()));
                 }
                 prof.mark(h.cmd);
+                // The held compute was waited for in this request (before it, or with its
+                // read): its reply goes first.
+                if (holding) {
+                    if (Status st = release(session.take_settled()); !st) {
+                        *why = st.message();
+                        return;
+                    }
+                }
+                if (session.sync_pending()) {
+                    held = std::move(reply);
+                    reply = Reply();
+                    held_h = h;
+                    holding = true;
+                    std::swap(payload, spare);
+                    continue;
+                }
             }
         }
         const Status st = io.reply(h, reply);
@@ -213,6 +273,7 @@ void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t ke
             return;
         }
         payload.shrink(keep_bytes);
+        spare.shrink(keep_bytes);
     }
 }
 

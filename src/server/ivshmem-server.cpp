@@ -93,6 +93,11 @@ struct IvshmemServer::Link {
     // A window has no end to close: a failed read between frames (the guest detached or
     // stopped) ends the session quietly.
     bool ended_between_frames() const { return true; }
+    // Whether request bytes beyond those read have been published (a hint: the frame loop
+    // only decides whether to answer a compute now or with the request that follows).
+    bool more_input() const {
+        return win.word(kReqHead).load(std::memory_order_acquire) != req_tail;
+    }
 
     // Why waiting must stop now (empty: keep waiting). idle: between frames, where only the
     // client's heartbeat must go on.
@@ -207,8 +212,10 @@ struct IvshmemServer::Link {
         return Status::ok();
     }
 
-    // Sends one reply frame, all of it within its own deadline.
-    Status reply(const Header& req, const Reply& r) {
+    // Sends one reply frame, all of it within its own deadline (`more`: another reply
+    // follows at once; the ring needs no batching).
+    Status reply(const Header& req, const Reply& r, bool more = false) {
+        (void)more;
         const uint8_t* body = r.data ? r.data : r.payload.data();
         const size_t len = r.data ? r.data_len : r.payload.size();
         Header h;

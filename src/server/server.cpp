@@ -92,8 +92,9 @@ class Stream {
     bool ended_between_frames() const { return in_.closed(); }
     void end_frame() { sock_.end_frame(); }
 
-    // Sends (or, while more requests are waiting, holds) the reply to `req`.
-    Status reply(const Header& req, const Reply& r) {
+    // Sends (or, while more requests are waiting or another reply follows at once, holds)
+    // the reply to `req`.
+    Status reply(const Header& req, const Reply& r, bool more = false) {
         const uint8_t* body = r.data ? r.data : r.payload.data();
         const size_t len = r.data ? r.data_len : r.payload.size();
         uint8_t hdr[remote::kHeaderSize];
@@ -103,7 +104,7 @@ class Stream {
             FERRY_TRY(flush());
             return sock_.send_all(hdr, sizeof(hdr), body, len, r.pass_fd);
         }
-        if (more_input() && remote::HeldFrames::fits(sizeof(hdr) + len)) {
+        if ((more || more_input()) && remote::HeldFrames::fits(sizeof(hdr) + len)) {
             return out_.add({{hdr, sizeof(hdr)}, {body, len}}) ? flush() : Status::ok();
         }
         const iovec parts[3] = {{const_cast<uint8_t*>(out_.data()), out_.size()},

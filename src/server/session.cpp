@@ -11,6 +11,7 @@
 #include <new>
 
 #include "core/copy.h"
+#include "core/env.h"
 #include "ferry/checked.h"
 #include "remote-proto/protocol.h"
 #include "remote-proto/wire.h"
@@ -46,50 +47,66 @@ void entry_name(char* out, uint32_t i) {
     out[6 + n] = '\0';
 }
 
+// FERRY_SERVE_REVALIDATE_ALL=1: every table that is not cached is validated entry by entry,
+// none against a cached base (for before/after measurements).
+bool revalidate_all() {
+    static const bool on = env_on("FERRY_SERVE_REVALIDATE_ALL");
+    return on;
+}
+
+// FERRY_SERVE_DEFER_SYNC=0: every GRAPH_COMPUTE is waited for before its reply, also when
+// the next request has already arrived (for before/after measurements).
+bool defer_off() {
+    static const bool off = env_off("FERRY_SERVE_DEFER_SYNC");
+    return off;
+}
+
 uint64_t elems(const Tensor* t) {
     return t ? static_cast<uint64_t>(t->nelements()) : 0;
 }
 
 }  // namespace
 
+uint64_t node_work(const Tensor* n) {
+    uint64_t w = 1;
+    switch (n->op) {
+        case Op::NONE:
+        case Op::VIEW:
+        case Op::RESHAPE:
+        case Op::PERMUTE:
+        case Op::TRANSPOSE:
+            break;
+        case Op::MUL_MAT: {
+            // K x M multiply-adds for each of b's columns (rows of b, over every batch).
+            const Tensor* a = n->src[0];
+            const Tensor* b = n->src[1];
+            const uint64_t km =
+                saturating_mul(static_cast<uint64_t>(a->ne[0]), static_cast<uint64_t>(a->ne[1]));
+            w = saturating_add(w, saturating_mul(km, static_cast<uint64_t>(b->nrows())));
+            break;
+        }
+        case Op::FLASH_ATTN_EXT: {
+            const Tensor* q = n->src[0];
+            const Tensor* k = n->src[1];
+            const Tensor* v = n->src[2];
+            const uint64_t per_pos =
+                saturating_add(static_cast<uint64_t>(q->ne[0]), static_cast<uint64_t>(v->ne[0]));
+            const uint64_t rows_pos =
+                saturating_mul(static_cast<uint64_t>(q->nrows()), static_cast<uint64_t>(k->ne[1]));
+            w = saturating_add(w, saturating_mul(rows_pos, per_pos));
+            break;
+        }
+        default:
+            w = saturating_add(w, elems(n));
+            for (int i = 0; i < kMaxSrc; i++) w = saturating_add(w, elems(n->src[i]));
+            break;
+    }
+    return w;
+}
+
 uint64_t estimate_work(const Graph& g) {
     uint64_t total = 0;
-    for (const Tensor* n : g.nodes) {
-        uint64_t w = 1;
-        switch (n->op) {
-            case Op::NONE:
-            case Op::VIEW:
-            case Op::RESHAPE:
-            case Op::PERMUTE:
-            case Op::TRANSPOSE:
-                break;
-            case Op::MUL_MAT: {
-                // K x M multiply-adds for each of b's columns (rows of b, over every batch).
-                const Tensor* a = n->src[0];
-                const Tensor* b = n->src[1];
-                const uint64_t km = saturating_mul(static_cast<uint64_t>(a->ne[0]),
-                                                   static_cast<uint64_t>(a->ne[1]));
-                w = saturating_add(w, saturating_mul(km, static_cast<uint64_t>(b->nrows())));
-                break;
-            }
-            case Op::FLASH_ATTN_EXT: {
-                const Tensor* q = n->src[0];
-                const Tensor* k = n->src[1];
-                const Tensor* v = n->src[2];
-                const uint64_t per_pos = saturating_add(static_cast<uint64_t>(q->ne[0]),
-                                                        static_cast<uint64_t>(v->ne[0]));
-                const uint64_t rows_pos = saturating_mul(static_cast<uint64_t>(q->nrows()),
-                                                         static_cast<uint64_t>(k->ne[1]));
-                w = saturating_add(w, saturating_mul(rows_pos, per_pos));
-                break;
-            }
-            default:
-                w = saturating_add(w, elems(n));
-                for (int i = 0; i < kMaxSrc; i++) w = saturating_add(w, elems(n->src[i]));
-                break;
-        }
-        total = saturating_add(total, w);
-    }
+    for (const Tensor* n : g.nodes) total = saturating_add(total, node_work(n));
     return total;
 }
 
@@ -106,6 +123,7 @@ Session::Session(const ServerOptions& opts, ServerCounters* counters, bool share
 }
 
 Session::~Session() {
+    settle_now();     // a deferred compute may still use the buffers freed below
     events_.clear();  // before the backends and buffers they may refer to
     cache_.clear();   // holds pointers to buffers
     prepared_.clear();
@@ -169,7 +187,15 @@ void Session::handle(uint16_t cmd, const uint8_t* payload, size_t len, Reply* ou
     out->error = false;
     out->pass_fd = -1;
     requests_++;
+    // A deferred compute is waited for before anything else runs, except for a read that can
+    // be queued behind it (cmd_tensor_io), which waits in any case (this request may leave a
+    // compute of its own running: see sync_pending).
+    const bool read = cmd == static_cast<uint16_t>(Cmd::TENSOR_COPY) ||
+                      cmd == static_cast<uint16_t>(Cmd::TENSOR_GET);
+    if (!read) settle_now();
     Status st = dispatch(cmd, payload, len, out);
+    if (read) settle_now();
+    more_input_ = false;
     if (!st) {
         errors_++;
         if (out->pass_fd >= 0) {
@@ -183,6 +209,30 @@ void Session::handle(uint16_t cmd, const uint8_t* payload, size_t len, Reply* ou
         w.str(strfmt("%s: %s", remote::cmd_name(cmd), st.message().c_str()));
         out->error = true;
     }
+}
+
+void Session::settle_now() {
+    if (!unsynced_) return;
+    const uint32_t dev = unsynced_ - 1;
+    unsynced_ = 0;
+    settled_ = backends_[dev]->synchronize();
+}
+
+Status Session::take_settled() {
+    Status st = std::move(settled_);
+    settled_ = Status::ok();
+    if (!st) errors_++;  // the compute was counted as answered without error
+    return st;
+}
+
+Status Session::settle() {
+    settle_now();
+    return take_settled();
+}
+
+Backend* Session::pending_reader(const SrvBuffer& b) const {
+    if (!unsynced_ || b.dev != unsynced_ - 1 || b.buf->base()) return nullptr;
+    return backends_[b.dev].get();
 }
 
 uint64_t Session::scratch() const {
@@ -607,6 +657,21 @@ Status Session::cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* o
         if (size == 0) return Status::ok();
         uint8_t* sbase = static_cast<uint8_t*>((*s)->buf->base());
         uint8_t* dbase = static_cast<uint8_t*>((*d)->buf->base());
+        Tensor ts, td;
+        ts.buffer = (*s)->buf.get();
+        ts.offs = so;
+        td.buffer = (*d)->buf.get();
+        td.offs = doff;
+        if (Backend* be = dbase ? pending_reader(**s) : nullptr) {
+            // Device memory into host memory (a decode step's logits into the client's
+            // shared buffer) right behind the compute that wrote it: queued on its stream,
+            // one wait for both.
+            unsynced_ = 0;
+            const Status st = be->get_tensor_async(&ts, dbase + doff, 0, size);
+            settled_ = be->synchronize();
+            return st ? settled_ : st;
+        }
+        settle_now();
         if (sbase && dbase) {
             if (dbase == sbase) {
                 std::memmove(dbase + doff, sbase + so, size);  // may overlap
@@ -615,11 +680,6 @@ Status Session::cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* o
             }
             return Status::ok();
         }
-        Tensor ts, td;
-        ts.buffer = (*s)->buf.get();
-        ts.offs = so;
-        td.buffer = (*d)->buf.get();
-        td.offs = doff;
         // One side in host memory (a client's staging buffer for reads and writes of device
         // memory): the device copies straight to or from it.
         if (dbase) return (*s)->buf->get_tensor(&ts, dbase + doff, 0, size);
@@ -663,6 +723,8 @@ Status Session::cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* o
         case Cmd::TENSOR_MEMSET:
             return (*b)->buf->memset_tensor(&t, value, 0, size);
         default: {
+            Backend* be = pending_reader(**b);
+            if (!be) settle_now();
             if (const uint8_t* base = static_cast<const uint8_t*>((*b)->buf->base())) {
                 out->data = base + off;  // host memory: sent from the buffer, no staging copy
                 out->data_len = size;
@@ -673,6 +735,17 @@ Status Session::cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* o
             // sent from there.
             Expected<uint8_t*> dst = read_stage((*b)->dev, size);
             if (!dst) return dst.status();
+            if (be) {
+                // Queued behind the compute that wrote it: one wait for both.
+                unsynced_ = 0;
+                const Status st = be->get_tensor_async(&t, *dst, 0, size);
+                settled_ = be->synchronize();
+                FERRY_TRY(st);
+                FERRY_TRY(settled_);
+                out->data = *dst;
+                out->data_len = size;
+                return Status::ok();
+            }
             FERRY_TRY((*b)->buf->get_tensor(&t, *dst, 0, size));
             out->data = *dst;
             out->data_len = size;
@@ -681,109 +754,182 @@ Status Session::cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* o
     }
 }
 
+// An entry's first 16 bytes are its storage (u64 handle, u64 offset); the rest is its shape
+// part (type, shape, strides, op, parameters, source indices, view, flags): everything
+// validate_node() reads.
+constexpr size_t kStorageBytes = 16;
+
+Status Session::decode_entry(const remote::Entry& e, uint32_t i, Tensor* ts) {
+    Tensor& t = ts[i];
+    t = Tensor();
+    entry_name(t.name, i);
+    const TypeTraits* tr = type_traits_or_null(e.type);
+    if (!tr || !tr->is_storage) return Status::errorf("unknown type id %u", e.type);
+    if (!op_info_or_null(e.op)) return Status::errorf("unknown op id %u", e.op);
+    t.type = static_cast<Type>(e.type);
+    t.op = static_cast<Op>(e.op);
+    for (int k = 0; k < kMaxDims; k++) {
+        t.ne[k] = e.ne[k];
+        t.nb[k] = e.nb[k];
+    }
+    std::memcpy(t.op_params, e.op_params, sizeof(t.op_params));
+    for (int k = 0; k < kMaxSrc; k++) {
+        const int32_t s = e.src[k];
+        if (s == -1) continue;
+        if (s < 0 || static_cast<uint32_t>(s) >= i) {
+            return Status::errorf(
+                "source %d refers to entry %d: sources must be earlier entries (forward "
+                "reference or cycle)",
+                k, s);
+        }
+        t.src[k] = &ts[static_cast<uint32_t>(s)];
+    }
+    if (e.view_src != -1) {
+        if (e.view_src < 0 || static_cast<uint32_t>(e.view_src) >= i) {
+            return Status::errorf(
+                "view source refers to entry %d: must be an earlier entry (forward reference "
+                "or cycle)",
+                e.view_src);
+        }
+        t.view_src = &ts[static_cast<uint32_t>(e.view_src)];
+        t.view_offs = e.view_offs;
+    } else if (e.view_offs != 0) {
+        return Status::error("view offset without a view source");
+    }
+    if (e.flags & ~static_cast<uint32_t>(kTensorInput | kTensorOutput | kTensorParam)) {
+        return Status::errorf("unknown flags 0x%x", e.flags);
+    }
+    t.flags = e.flags;
+    return Status::ok();
+}
+
+Status Session::place_entry(uint64_t handle, uint64_t offs, Device* d, Tensor& t) {
+    size_t span = 0;
+    if (!tensor_span(&t, &span)) return Status::error("shape or strides overflow");
+    if (t.view_src) {
+        const Tensor* vs = t.view_src;
+        uint64_t o = 0;
+        if (!vs->buffer || !checked_add(vs->offs, t.view_offs, &o)) {
+            return Status::error("view source has no storage");
+        }
+        t.buffer = vs->buffer;
+        t.offs = o;
+    } else {
+        Expected<SrvBuffer*> b = lookup(handle);
+        if (!b) return b.status();
+        t.buffer = (*b)->buf.get();
+        t.offs = offs;
+    }
+    if (!range_within(t.offs, span, t.buffer->size())) {
+        return Status::errorf("[offset %llu, %llu bytes] reaches past its buffer of %zu bytes",
+                              static_cast<unsigned long long>(t.offs),
+                              static_cast<unsigned long long>(span), t.buffer->size());
+    }
+    if (!d->supports_buffer_type(t.buffer->type())) {
+        return Status::errorf("device %s cannot use buffers of type %s", d->name(),
+                              t.buffer->type()->name());
+    }
+    // Kernels access elements (and the half-precision fields of blocks) as typed values: the
+    // offset and every stride that is used must keep them naturally aligned.
+    const uint64_t align = element_alignment(t.type);
+    bool aligned = t.offs % align == 0;
+    for (int k = 0; k < kMaxDims; k++) {
+        if (t.ne[k] > 1 && t.nb[k] % align != 0) aligned = false;
+    }
+    if (!aligned) {
+        return Status::errorf("offset %llu or strides are not aligned to %llu bytes for type %s",
+                              static_cast<unsigned long long>(t.offs),
+                              static_cast<unsigned long long>(align), type_name(t.type));
+    }
+    uint8_t* base = static_cast<uint8_t*>(t.buffer->base());
+    t.data = base ? base + t.offs : nullptr;
+    t.extra = nullptr;
+    if (t.op == Op::NONE && !t.view_src) attach_prepared(&t);
+    return Status::ok();
+}
+
 Status Session::build_table(const uint8_t* bytes, uint32_t n, bool with_storage, uint32_t dev,
-                            std::vector<Tensor>* out) {
+                            std::vector<Tensor>* out, const CachedGraph* base) {
     Device* d = nullptr;
     if (with_storage) {
         Expected<Device*> dd = device(dev);
         if (!dd) return dd.status();
         d = *dd;
     }
-    std::vector<Tensor>& ts = *out;
-    ts.clear();
-    ts.resize(n);  // never reallocated below: tensors point at each other
     uint64_t table_bytes = 0;
     if (!checked_mul(n, remote::kEntrySize, &table_bytes)) return Status::error("table too large");
-    Reader r(bytes, table_bytes);
+    if (base && (!with_storage || base->dev != dev || base->tensors.size() != n ||
+                 base->bytes.size() != table_bytes)) {
+        base = nullptr;
+    }
+    std::vector<Tensor>& ts = *out;
+    ts.clear();
+    checked_ = 0;
+    if (!base) {
+        ts.resize(n);  // never reallocated below: tensors point at each other
+    } else {
+        // Starts from the base's validated tensors, their pointers moved to this table.
+        ts.assign(base->tensors.begin(), base->tensors.end());
+        const Tensor* from = base->tensors.data();
+        Tensor* to = ts.data();
+        for (Tensor& t : ts) {
+            for (Tensor*& s : t.src) {
+                if (s) s = to + (s - from);
+            }
+            if (t.view_src) t.view_src = to + (t.view_src - from);
+        }
+        redo_.assign(n, 0);
+    }
+    // With a base, an entry is decoded and validated again when its shape part differs from
+    // the base's or a source's or its view source's does (validate_node() reads those and
+    // nothing else), and placed again when its storage bytes or shape differ or its view
+    // source was placed again. Everything else is what the base's validation found for the
+    // same bytes.
+    constexpr uint8_t kShape = 1, kPlaced = 2;
     for (uint32_t i = 0; i < n; i++) {
-        const remote::Entry e = remote::read_entry(r);
-        if (!r.ok()) return Status::errorf("entry %u: truncated", i);
+        const uint8_t* eb = bytes + static_cast<size_t>(i) * remote::kEntrySize;
         Tensor& t = ts[i];
-        entry_name(t.name, i);
         auto fail = [&](const Status& st) { return st.context(strfmt("entry %u", i)); };
-        const TypeTraits* tr = type_traits_or_null(e.type);
-        if (!tr || !tr->is_storage) return fail(Status::errorf("unknown type id %u", e.type));
-        if (!op_info_or_null(e.op)) return fail(Status::errorf("unknown op id %u", e.op));
-        t.type = static_cast<Type>(e.type);
-        t.op = static_cast<Op>(e.op);
-        for (int k = 0; k < kMaxDims; k++) {
-            t.ne[k] = e.ne[k];
-            t.nb[k] = e.nb[k];
-        }
-        std::memcpy(t.op_params, e.op_params, sizeof(t.op_params));
-        for (int k = 0; k < kMaxSrc; k++) {
-            const int32_t s = e.src[k];
-            if (s == -1) continue;
-            if (s < 0 || static_cast<uint32_t>(s) >= i) {
-                return fail(
-                    Status::errorf("source %d refers to entry %d: sources must be earlier "
-                                   "entries (forward reference or cycle)",
-                                   k, s));
+        bool decode = true, check = true, place = with_storage;
+        if (base) {
+            const uint8_t* bb = base->bytes.data() + static_cast<size_t>(i) * remote::kEntrySize;
+            decode = std::memcmp(eb + kStorageBytes, bb + kStorageBytes,
+                                 remote::kEntrySize - kStorageBytes) != 0;
+            check = decode;
+            place = decode || std::memcmp(eb, bb, kStorageBytes) != 0;
+            if (!decode) {
+                const Tensor* first = ts.data();
+                for (const Tensor* s : t.src) {
+                    if (s && (redo_[static_cast<size_t>(s - first)] & kShape)) check = true;
+                }
+                if (t.view_src) {
+                    const uint8_t vs = redo_[static_cast<size_t>(t.view_src - first)];
+                    if (vs & kShape) check = true;
+                    if (vs & kPlaced) place = true;
+                }
             }
-            t.src[k] = &ts[static_cast<uint32_t>(s)];
+            redo_[i] = static_cast<uint8_t>((decode ? kShape : 0) | (place ? kPlaced : 0));
         }
-        if (e.view_src != -1) {
-            if (e.view_src < 0 || static_cast<uint32_t>(e.view_src) >= i) {
-                return fail(
-                    Status::errorf("view source refers to entry %d: must be an earlier "
-                                   "entry (forward reference or cycle)",
-                                   e.view_src));
-            }
-            t.view_src = &ts[static_cast<uint32_t>(e.view_src)];
-            t.view_offs = e.view_offs;
-        } else if (e.view_offs != 0) {
-            return fail(Status::error("view offset without a view source"));
+        uint64_t handle = 0, offs = 0;
+        if (decode) {
+            Reader r(eb, remote::kEntrySize);
+            const remote::Entry e = remote::read_entry(r);
+            if (!r.ok()) return Status::errorf("entry %u: truncated", i);
+            handle = e.handle;
+            offs = e.offs;
+            if (Status st = decode_entry(e, i, ts.data()); !st) return fail(st);
+        } else if (place) {
+            Reader r(eb, kStorageBytes);
+            handle = r.u64();
+            offs = r.u64();
         }
-        if (e.flags & ~static_cast<uint32_t>(kTensorInput | kTensorOutput | kTensorParam)) {
-            return fail(Status::errorf("unknown flags 0x%x", e.flags));
+        if (check) {
+            if (Status st = validate_node(&t); !st) return fail(st);
+            checked_++;
         }
-        t.flags = e.flags;
-        FERRY_TRY(fail(validate_node(&t)));
-        if (!with_storage) continue;
-        size_t span = 0;
-        if (!tensor_span(&t, &span)) return fail(Status::error("shape or strides overflow"));
-        if (t.view_src) {
-            const Tensor* vs = t.view_src;
-            uint64_t offs = 0;
-            if (!vs->buffer || !checked_add(vs->offs, t.view_offs, &offs)) {
-                return fail(Status::error("view source has no storage"));
-            }
-            t.buffer = vs->buffer;
-            t.offs = offs;
-        } else {
-            Expected<SrvBuffer*> b = lookup(e.handle);
-            if (!b) return fail(b.status());
-            t.buffer = (*b)->buf.get();
-            t.offs = e.offs;
+        if (place) {
+            if (Status st = place_entry(handle, offs, d, t); !st) return fail(st);
         }
-        if (!range_within(t.offs, span, t.buffer->size())) {
-            return fail(
-                Status::errorf("[offset %llu, %llu bytes] reaches past its buffer of %zu "
-                               "bytes",
-                               static_cast<unsigned long long>(t.offs),
-                               static_cast<unsigned long long>(span), t.buffer->size()));
-        }
-        if (!d->supports_buffer_type(t.buffer->type())) {
-            return fail(Status::errorf("device %s cannot use buffers of type %s", d->name(),
-                                       t.buffer->type()->name()));
-        }
-        // Kernels access elements (and the half-precision fields of blocks) as typed values:
-        // the offset and every stride that is used must keep them naturally aligned.
-        const uint64_t align = element_alignment(t.type);
-        bool aligned = t.offs % align == 0;
-        for (int k = 0; k < kMaxDims; k++) {
-            if (t.ne[k] > 1 && t.nb[k] % align != 0) aligned = false;
-        }
-        if (!aligned) {
-            return fail(
-                Status::errorf("offset %llu or strides are not aligned to %llu bytes for "
-                               "type %s",
-                               static_cast<unsigned long long>(t.offs),
-                               static_cast<unsigned long long>(align), tr->name));
-        }
-        uint8_t* base = static_cast<uint8_t*>(t.buffer->base());
-        t.data = base ? base + t.offs : nullptr;
-        if (t.op == Op::NONE && !t.view_src) attach_prepared(&t);
     }
     return Status::ok();
 }
@@ -882,6 +1028,7 @@ Status Session::compute_table(uint32_t dev, uint8_t mode, wire::Reader& r, Reply
     std::vector<uint8_t> bytes;
     uint32_t count = 0;
     bool delta = false;
+    uint64_t base_hash = 0;  // delta: the base it names
     if (mode == remote::kGraphFull) {
         count = r.u32();
         if (!r.ok() || count > remote::kMaxTableEntries) {
@@ -916,6 +1063,7 @@ Status Session::compute_table(uint32_t dev, uint8_t mode, wire::Reader& r, Reply
             return run_cached(dev, out);
         }
         bytes = it->bytes;
+        base_hash = it->hash;
         for (uint32_t k = 0; k < changed; k++) {
             const uint32_t idx = r.u32();
             const uint8_t* e = r.bytes(remote::kEntrySize);
@@ -957,11 +1105,31 @@ Status Session::compute_table(uint32_t dev, uint8_t mode, wire::Reader& r, Reply
         g.charge = charge;
         const auto t0 = time_validation_ ? std::chrono::steady_clock::now()
                                          : std::chrono::steady_clock::time_point();
-        FERRY_TRY(build_table(bytes.data(), count, true, dev, &g.tensors));
-        for (Tensor& t : g.tensors) {
-            (t.op == Op::NONE ? g.graph.leafs : g.graph.nodes).push_back(&t);
+        // Validated against the closest cached table of the same size on the same device
+        // (a delta's base; else the most recently used): a decode graph rebuilt for a longer
+        // KV cache differs in a few shapes and many offsets, and only those are checked
+        // again. FERRY_SERVE_REVALIDATE_ALL=1 validates every entry (for measurements).
+        const CachedGraph* base = nullptr;
+        if (!revalidate_all()) {
+            for (const CachedGraph& c : cache_) {
+                if (c.dev != dev || c.bytes.size() != bytes.size()) continue;
+                if (!base || c.hash == base_hash) base = &c;
+                if (!delta || c.hash == base_hash) break;
+            }
         }
-        g.work = estimate_work(g.graph);
+        FERRY_TRY(build_table(bytes.data(), count, true, dev, &g.tensors, base));
+        entries_built_ += count;
+        entries_checked_ += checked_;
+        // One pass while the tensors are still in cache (the graph lists and estimate_work).
+        g.graph.nodes.reserve(count);
+        for (Tensor& t : g.tensors) {
+            if (t.op == Op::NONE) {
+                g.graph.leafs.push_back(&t);
+            } else {
+                g.graph.nodes.push_back(&t);
+                g.work = saturating_add(g.work, node_work(&t));
+            }
+        }
         if (time_validation_) {
             validation_ns_ +=
                 static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -1012,7 +1180,11 @@ Status Session::run_cached(uint32_t dev, Reply* out) {
     if (opts_.max_scratch) lim.max_scratch = std::min<uint64_t>(lim.max_scratch, opts_.max_scratch);
     (*b)->set_compute_limits(std::move(lim));
     FERRY_TRY((*b)->compute(cache_.front().graph));
-    FERRY_TRY((*b)->synchronize());
+    if (more_input_ && !defer_off()) {
+        unsynced_ = dev + 1;  // waited for by the next request (see sync_pending)
+    } else {
+        FERRY_TRY((*b)->synchronize());
+    }
     Writer w(&out->payload);
     w.u64(cache_.front().hash);
     return Status::ok();

@@ -20,6 +20,7 @@
 
 #include "ferry/backend.h"
 #include "ferry/graph.h"
+#include "remote-proto/protocol.h"
 #include "remote-proto/wire.h"
 
 namespace ferry::server {
@@ -43,6 +44,8 @@ struct ServerOptions {
 // attention query rows x KV positions x (D + Dv), every other node its elements plus its
 // sources' elements, and 1 per node. Shapes must have passed validate_node().
 uint64_t estimate_work(const Graph& g);
+// One node's share of estimate_work.
+uint64_t node_work(const Tensor* n);
 
 // Counters over all sessions of a server.
 struct ServerCounters {
@@ -75,12 +78,32 @@ class Session {
     // Decodes, validates and executes one request; never trusts the payload.
     void handle(uint16_t cmd, const uint8_t* payload, size_t len, Reply* out);
 
+    // Deferred synchronization. A transport that has already received bytes of the next
+    // request says so before handling a GRAPH_COMPUTE (set_more_input(true)); the session then
+    // leaves the compute running on its device's stream (Backend::compute without
+    // synchronize) and sync_pending() is true after handle(). The compute's reply must then
+    // be held, and the request's payload kept unchanged (queued input copies read it), until
+    // the device was waited for: by the next handle() (a TENSOR_COPY or TENSOR_GET of that
+    // device's memory into host memory queues its copy behind the compute and waits once;
+    // any other request waits first), after which take_settled() says how the compute
+    // ended, or by settle() (waits now) when the next request is not handled. An error
+    // there turns the compute's held reply into an error reply. Without set_more_input
+    // (the fuzzer, HELLO) every compute is waited for before its reply, as before.
+    void set_more_input(bool more) { more_input_ = more; }
+    bool sync_pending() const { return unsynced_ != 0; }
+    Status take_settled();
+    Status settle();
+
     uint64_t id() const { return id_; }
     // Graph tables deserialized and validated (cache misses), and the time that took in
     // nanoseconds (counted only when `timed`: FERRY_SERVE_PROFILE).
     void time_validation(bool timed) { time_validation_ = timed; }
     uint64_t validations() const { return cache_misses_; }
     uint64_t validation_ns() const { return validation_ns_; }
+    // Entries of those tables, and how many of them went through validate_node() (the others
+    // were taken from a cached table, see build_table).
+    uint64_t validated_entries() const { return entries_checked_; }
+    uint64_t table_entries() const { return entries_built_; }
     // Called (rate-limited by the caller) while a compute runs; true stops it (the client is
     // gone). Set by the connection; the fuzzer leaves it unset.
     void set_abort_check(std::function<bool()> fn) { abort_check_ = std::move(fn); }
@@ -124,6 +147,11 @@ class Session {
     Status cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* out);
     Status cmd_supports_op(const uint8_t* p, size_t n, Reply* out);
     Status run_cached(uint32_t dev, Reply* out);
+    // Waits for a deferred compute (see sync_pending), keeping the result for take_settled.
+    void settle_now();
+    // The backend of the deferred compute when a read of buffer `b` into host memory may be
+    // queued behind it; nullptr otherwise.
+    Backend* pending_reader(const SrvBuffer& b) const;
     Status cmd_graph_compute(const uint8_t* p, size_t n, Reply* out);
     // The table part of a GRAPH_COMPUTE (mode kGraphFull or kGraphDelta), read from r.
     Status compute_table(uint32_t dev, uint8_t mode, wire::Reader& r, Reply* out);
@@ -144,9 +172,18 @@ class Session {
     Expected<Device*> device(uint32_t dev);
     Expected<Backend*> backend(uint32_t dev);
     // Deserializes and validates a table of n entries. With storage, every tensor gets its
-    // buffer (session handles), offset and host address, each range-checked.
+    // buffer (session handles), offset and host address, each range-checked. With `base` (a
+    // cached table of the same size and device), entries whose bytes, sources and view source
+    // are those of the base are taken from it: only what changed, and what reads it, is
+    // decoded and validated again (see the definition).
     Status build_table(const uint8_t* bytes, uint32_t n, bool with_storage, uint32_t dev,
-                       std::vector<Tensor>* out);
+                       std::vector<Tensor>* out, const CachedGraph* base = nullptr);
+    // Entry i's shape part (type, shape, strides, op, parameters, sources, view, flags) into
+    // ts[i], a fresh tensor; ids, source indices and flags checked, not validate_node().
+    Status decode_entry(const remote::Entry& e, uint32_t i, Tensor* ts);
+    // Gives a decoded tensor its storage: the view source's, or buffer `handle` of this
+    // session at `offs`; checks the range, the device's buffer type and the alignment.
+    Status place_entry(uint64_t handle, uint64_t offs, Device* d, Tensor& t);
     void free_buffer(SrvBuffer& b);
 
     const ServerOptions& opts_;
@@ -169,6 +206,7 @@ class Session {
     // explicit clear: an event may refer to its device's streams.
     std::map<uint64_t, SrvEvent> events_;
     std::list<CachedGraph> cache_;  // most recently used first
+    std::vector<uint8_t> redo_;     // build_table against a base: what each entry needed
     // GRAPH_COMPUTE's input writes (kept to reuse their memory from step to step).
     struct InputWrite {
         SrvBuffer* b = nullptr;
@@ -190,7 +228,12 @@ class Session {
     uint32_t stage_dev_ = 0;
     uint64_t requests_ = 0, errors_ = 0, cache_hits_ = 0, cache_misses_ = 0, delta_hits_ = 0;
     bool time_validation_ = false;
+    bool more_input_ = false;
+    uint32_t unsynced_ = 0;  // device index + 1 of a compute not waited for (0: none)
+    Status settled_;         // how the last deferred compute's wait ended
     uint64_t validation_ns_ = 0;
+    uint64_t entries_checked_ = 0, entries_built_ = 0;
+    uint32_t checked_ = 0;  // validate_node() calls of the last build_table
 };
 
 }  // namespace ferry::server
