@@ -114,9 +114,15 @@ TEST(OpenVino, F32WithF32CacheMatchesOracle) {
     EXPECT_EQ(r.top1_min, 1.0);
 }
 
-// Greedy continuation of every fixture prompt, token by token.
-std::vector<std::vector<int32_t>> greedy(const std::string& enc, Device* dev, int n) {
-    std::vector<std::vector<int32_t>> out;
+// Greedy continuation of every fixture prompt, token by token, with the logits row each
+// choice was made from.
+struct Greedy {
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<std::vector<std::vector<float>>> rows;  // [case][step][vocab]
+};
+
+Greedy greedy(const std::string& enc, Device* dev, int n) {
+    Greedy out;
     Expected<std::unique_ptr<LlamaModel>> m = load(enc, dev);
     EXPECT_TRUE(m) << m.message();
     if (!m) return out;
@@ -129,29 +135,66 @@ std::vector<std::vector<int32_t>> greedy(const std::string& enc, Device* dev, in
     for (const Case& c : cases()) {
         (*s)->reset();
         std::vector<int32_t> got;
+        std::vector<std::vector<float>> rows;
         Status st = (*s)->decode(c.tokens, false);
         for (int i = 0; st && i < n; i++) {
             const float* l = (*s)->logits(0);
             const int32_t next = static_cast<int32_t>(std::max_element(l, l + kVocab) - l);
             got.push_back(next);
+            rows.emplace_back(l, l + kVocab);
             st = (*s)->decode(std::vector<int32_t>{next}, false);
         }
         EXPECT_TRUE(st) << st.message();
-        out.push_back(got);
+        out.tokens.push_back(got);
+        out.rows.push_back(std::move(rows));
     }
     return out;
 }
 
+// OpenVINO's greedy text is the CPU's, up to a near-tie. The two backends round differently
+// (the CPU multiplies q8_0 weights against activations quantized to 8 bits, OpenVINO against
+// f32 ones; their vector kernels add in different orders, and those differ between AVX2 and
+// AVX-512 machines), so where two candidates are nearly tied the choice may part: seen for
+// q8_0, prompt 2, step 5 on an AVX-512 machine (candidates 620 and 339, 0.06 apart in 12.3).
+// The check: the texts agree up to their first difference, and there, after the same tokens,
+// the two backends' logit rows agree to NMSE <= (2 sqrt(e))^2 = 4 e, e = the peer's worst
+// NMSE against the float64 oracle for the encoding (two rows each within e of the oracle are
+// within that of each other) -- a parting caused by anything but rounding has rows far apart.
+// Not the 4-bit files: there the rows differ by more (q4_0 parts at prompt 0, step 13).
 TEST(OpenVino, GreedyTextEqualsTheCpus) {
     REQUIRE_OV();
-    // Not the 4-bit files: the CPU backend multiplies them against activations quantized to
-    // 8 bits (its vec_dot partner), OpenVINO against f32 activations, and near-ties in the
-    // greedy choice then part (q4_0: prompt 0, token 13).
-    for (const char* enc : {"f32", "f16", "q8_0"}) {
-        const auto ov = greedy(enc, ov_cpu(), 24);
-        const auto cpu = greedy(enc, nullptr, 24);
-        ASSERT_EQ(ov.size(), cases().size());
-        EXPECT_EQ(ov, cpu) << enc;
+    struct Enc {
+        const char* name;
+        double peer_nmse;  // the fixture README's "nmse max" for llama.cpp
+    };
+    for (const Enc& e : {Enc{"f32", 3.61e-7}, Enc{"f16", 9.35e-7}, Enc{"q8_0", 3.93e-4}}) {
+        const Greedy ov = greedy(e.name, ov_cpu(), 24);
+        const Greedy cpu = greedy(e.name, nullptr, 24);
+        ASSERT_EQ(ov.tokens.size(), cases().size());
+        ASSERT_EQ(cpu.tokens.size(), cases().size());
+        for (size_t k = 0; k < cases().size(); k++) {
+            ASSERT_EQ(ov.tokens[k].size(), cpu.tokens[k].size()) << e.name;
+            size_t i = 0;
+            while (i < ov.tokens[k].size() && ov.tokens[k][i] == cpu.tokens[k][i]) i++;
+            if (i == ov.tokens[k].size()) continue;
+            const std::vector<float>& a = ov.rows[k][i];
+            const std::vector<float>& b = cpu.rows[k][i];
+            double err = 0.0, ref = 0.0;
+            for (size_t j = 0; j < a.size(); j++) {
+                const double d = static_cast<double>(a[j]) - b[j];
+                err += d * d;
+                ref += static_cast<double>(b[j]) * b[j];
+            }
+            std::printf(
+                "[ openvino ] %s prompt %zu parts at step %zu: OpenVINO %d (%.4f vs %.4f), CPU %d "
+                "(%.4f vs %.4f), rows nmse %.2e (bound %.2e)\n",
+                e.name, k, i, ov.tokens[k][i], a[static_cast<size_t>(ov.tokens[k][i])],
+                a[static_cast<size_t>(cpu.tokens[k][i])], cpu.tokens[k][i],
+                b[static_cast<size_t>(cpu.tokens[k][i])], b[static_cast<size_t>(ov.tokens[k][i])],
+                err / ref, 4.0 * e.peer_nmse);
+            EXPECT_LE(err / ref, 4.0 * e.peer_nmse)
+                << e.name << " prompt " << k << " step " << i << ": not a near-tie";
+        }
     }
 }
 
