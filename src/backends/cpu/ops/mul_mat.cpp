@@ -21,6 +21,7 @@
 // the rows past the last full group (rows % 8, GGUF layout) go through the direct tiles.
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 
 #include "backends/cpu/cpu-backend.h"
 #include "backends/cpu/ops/ops.h"
@@ -49,6 +50,10 @@ struct Plan {
     const simd::MatKernels* mk = nullptr;
     const simd::PackedKernels* pk = nullptr;    // packed path when non-null
     const simd::RepackedKernels* rk = nullptr;  // repacked path when non-null
+    // Packed path over a repacked weight (builds whose packed GEMM beats the repacked tiles
+    // for prefill): each task first unpacks its rows into GGUF rows (unpack_bytes per thread).
+    const simd::RepackedKernels* unpack = nullptr;
+    size_t unpack_bytes = 0;
     bool partial = false;  // a is a view into a repacked weight: no kernel reads it
     int64_t K = 0, M = 0, N = 0, ne2 = 0, ne3 = 0, r2 = 1, r3 = 1;
     size_t col_bytes = 0;   // converted column stride; 0: b read in place
@@ -73,7 +78,15 @@ Plan make_plan(const Tensor* dst) {
     p.r2 = b->ne[2] / a->ne[2];
     p.r3 = b->ne[3] / a->ne[3];
     const int64_t ncols = p.N * p.ne2 * p.ne3;
-    if (const HostBuffer::Repacked* rp = repacked_weight(a, &p.partial)) {
+    const HostBuffer::Repacked* rp = repacked_weight(a, &p.partial);
+    if (rp && p.mk->packed && p.N >= p.mk->packed_min_cols && simd::packed_over_repacked()) {
+        p.unpack = rp->rk;
+        p.pk = p.mk->packed;
+        p.col_bytes = p.pk->column_bytes(p.K);
+        p.group_bytes = align64(p.pk->group_bytes(p.K));
+        p.unpack_bytes = align64(row_size(a->type, p.K) * static_cast<size_t>(kRowChunk));
+        p.per_thread = p.group_bytes * (kRowChunk / simd::kPackRows) + p.unpack_bytes;
+    } else if (rp) {
         p.rk = rp->rk;
         p.col_bytes = align64(p.rk->b_bytes(p.K));
     } else if (p.mk->packed && p.N >= p.mk->packed_min_cols) {
@@ -228,10 +241,33 @@ void op_mul_mat(const ComputeParams& cp, Tensor* dst) {
             // Repack this task's rows: groups of 16, in pairs for the kernel.
             const int64_t nrows = r1 - r0;
             const int ngroups = static_cast<int>((nrows + simd::kPackRows - 1) / simd::kPackRows);
+            const uint8_t* rows = amat + r0 * a->nb[1];
+            size_t bx = a->nb[1];
+            if (p.unpack) {
+                // A repacked weight: this task's rows back in the GGUF layout first (rows in
+                // full groups of 8 from their group, which starts at its first row's offset;
+                // the last rows % 8 are GGUF rows already).
+                constexpr int64_t kG = simd::kRepackRows;
+                const size_t rb = row_size(a->type, p.K);
+                uint8_t* tmp = scratch + p.group_bytes * (kRowChunk / simd::kPackRows);
+                const int64_t gend = p.M / kG * kG;
+                for (int64_t r = r0; r < r1; r++) {
+                    uint8_t* out = tmp + static_cast<size_t>(r - r0) * rb;
+                    if (r < gend) {
+                        p.unpack->unpack_row(amat + (r / kG * kG) * a->nb[1], p.K,
+                                             static_cast<int>(r % kG), out);
+                    } else {
+                        std::memcpy(out, amat + r * a->nb[1], rb);
+                    }
+                }
+                rows = tmp;
+                bx = rb;
+            }
             for (int g = 0; g < ngroups; g++) {
-                const int64_t gr0 = r0 + g * simd::kPackRows;
-                const int nr = static_cast<int>(std::min<int64_t>(simd::kPackRows, r1 - gr0));
-                p.pk->pack(amat + gr0 * a->nb[1], a->nb[1], nr, p.K, scratch + g * p.group_bytes);
+                const int nr = static_cast<int>(
+                    std::min<int64_t>(simd::kPackRows, r1 - (r0 + g * simd::kPackRows)));
+                p.pk->pack(rows + static_cast<size_t>(g * simd::kPackRows) * bx, bx, nr, p.K,
+                           scratch + g * p.group_bytes);
             }
             for (int64_t c = c0; c < c1; c += 4) {
                 if (cp.aborted()) return;

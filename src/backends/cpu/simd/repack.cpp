@@ -9,7 +9,6 @@
 // against 4 broadcast quants (|q| <= 127): a pair sum is at most 2 * 15 * 127 = 3810, and the 8
 // pair sums of one block added in int16 at most 30480 < 32767, so nothing saturates.
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 
 #include "backends/cpu/simd/simd.h"
@@ -20,10 +19,10 @@
 #include "backends/cpu/simd/x86.h"
 #define FERRY_REPACK_AVX2 1
 #endif
-// The AVX-512 builds' Q4_0 direct tiles (direct.cpp) read a column layout of their own: those
-// builds keep the GGUF layout by default. FERRY_CPU_REPACK_FORCE=1 repacks there too, measured
-// on a Zen 4 VM (bench/results/llama-cpu.md, stop 20): 1B decode 1.10-1.34x, prefill
-// 0.28-0.54x (the AVX-512 GEMM is the faster prefill; the repacked tiles are AVX2).
+// AVX-512 builds repack Q4_0 and Q8_0 too: measured on a Zen 4 VM (bench/results/llama-cpu.md,
+// stop 20) the repacked AVX2 tiles decode 1.10-1.49x faster than the AVX-512 direct tiles,
+// while their prefill is 0.28-0.54x of the AVX-512 packed GEMM, so there prefill products
+// unpack the repacked rows for the packed GEMM (packed_over_repacked).
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && \
     defined(__AVX512VBMI__) && defined(__F16C__)
 #define FERRY_REPACK_DIRECT_AVX512 1
@@ -844,13 +843,22 @@ const RepackedKernels* repacked_kernels(Type t, bool portable) {
 }
 
 bool repack_by_default(Type t) {
-#if FERRY_REPACK_AVX2 && !FERRY_REPACK_DIRECT_AVX512
-    return repacked_kernels(t) != nullptr;
+#if FERRY_REPACK_DIRECT_AVX512
+    // Q4_0 and Q8_0 only: Q4_K_M files (Q4_K, Q6_K) decoded at 0.99-1.38x but prefilled at
+    // 0.88-0.96x repacked (the rows' unpacking costs more there).
+    return (t == Type::Q4_0 || t == Type::Q8_0) && repacked_kernels(t) != nullptr;
 #elif FERRY_REPACK_AVX2
-    static const bool force = std::getenv("FERRY_CPU_REPACK_FORCE") != nullptr;
-    return force && repacked_kernels(t) != nullptr;
+    return repacked_kernels(t) != nullptr;
 #else
     (void)t;
+    return false;
+#endif
+}
+
+bool packed_over_repacked() {
+#if FERRY_REPACK_DIRECT_AVX512
+    return true;
+#else
     return false;
 #endif
 }

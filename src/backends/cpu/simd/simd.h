@@ -131,8 +131,12 @@ struct RepackedKernels {
 // the scalar kernels (the oracle; their results are bit-identical to the vector ones).
 const RepackedKernels* repacked_kernels(Type t, bool portable = false);
 // Whether this build repacks weights of type t at load: where a vector kernel for the layout
-// exists (AVX2 builds; AVX-512 builds keep their own direct tiles and repack nothing).
+// exists (AVX2 builds, and AVX-512 builds, whose prefill then unpacks rows for their packed
+// GEMM: packed_over_repacked).
 bool repack_by_default(Type t);
+// Whether prefill products of repacked weights unpack their rows for the packed GEMM instead of
+// running the repacked tiles (AVX-512 builds, whose packed GEMM is the faster prefill).
+bool packed_over_repacked();
 
 // Kernels for weight type t (a storage type other than I32). portable = true selects the
 // scalar kernels even where SIMD ones exist (tests compare the two).
