@@ -23,6 +23,14 @@ class HostBuffer : public Buffer {
         int64_t n;     // elements per row
         int64_t rows;  // rows of the tensor (the last rows % 8 keep the GGUF layout)
         size_t bytes;  // bytes repacked: (rows / 8) groups
+        // Rows in repacked groups; the rows from here on are GGUF rows.
+        int64_t grouped_rows() const { return rows / simd::kRepackRows * simd::kRepackRows; }
+        // Writes row r < grouped_rows() in the GGUF layout; mat: the weight's first byte, nb1
+        // its GGUF row stride (a group starts at its first row's offset).
+        void unpack_row(const uint8_t* mat, size_t nb1, int64_t r, void* out) const {
+            const int64_t g0 = r / simd::kRepackRows * simd::kRepackRows;
+            rk->unpack_row(mat + static_cast<size_t>(g0) * nb1, n, static_cast<int>(r - g0), out);
+        }
     };
     // How the memory is released when the buffer goes: not at all (caller memory), free(),
     // or munmap() of map_len bytes.

@@ -51,9 +51,9 @@ struct Plan {
     const simd::PackedKernels* pk = nullptr;    // packed path when non-null
     const simd::RepackedKernels* rk = nullptr;  // repacked path when non-null
     // Packed path over a repacked weight (builds whose packed GEMM beats the repacked tiles
-    // for prefill): each task first unpacks its rows into GGUF rows (unpack_bytes per thread).
-    const simd::RepackedKernels* unpack = nullptr;
-    size_t unpack_bytes = 0;
+    // for prefill): each task first unpacks its rows into GGUF rows (in per-thread scratch
+    // after the packed groups).
+    const HostBuffer::Repacked* unpack = nullptr;
     bool partial = false;  // a is a view into a repacked weight: no kernel reads it
     int64_t K = 0, M = 0, N = 0, ne2 = 0, ne3 = 0, r2 = 1, r3 = 1;
     size_t col_bytes = 0;   // converted column stride; 0: b read in place
@@ -79,21 +79,19 @@ Plan make_plan(const Tensor* dst) {
     p.r3 = b->ne[3] / a->ne[3];
     const int64_t ncols = p.N * p.ne2 * p.ne3;
     const HostBuffer::Repacked* rp = repacked_weight(a, &p.partial);
-    if (rp && p.mk->packed && p.N >= p.mk->packed_min_cols && simd::packed_over_repacked()) {
-        p.unpack = rp->rk;
-        p.pk = p.mk->packed;
-        p.col_bytes = p.pk->column_bytes(p.K);
-        p.group_bytes = align64(p.pk->group_bytes(p.K));
-        p.unpack_bytes = align64(row_size(a->type, p.K) * static_cast<size_t>(kRowChunk));
-        p.per_thread = p.group_bytes * (kRowChunk / simd::kPackRows) + p.unpack_bytes;
-    } else if (rp) {
+    const bool packed = p.mk->packed && p.N >= p.mk->packed_min_cols;
+    if (rp && !(packed && simd::packed_over_repacked())) {
         p.rk = rp->rk;
         p.col_bytes = align64(p.rk->b_bytes(p.K));
-    } else if (p.mk->packed && p.N >= p.mk->packed_min_cols) {
+    } else if (packed) {
         p.pk = p.mk->packed;
         p.col_bytes = p.pk->column_bytes(p.K);
         p.group_bytes = align64(p.pk->group_bytes(p.K));
         p.per_thread = p.group_bytes * (kRowChunk / simd::kPackRows);
+        if (rp) {
+            p.unpack = rp;
+            p.per_thread += align64(row_size(a->type, p.K) * static_cast<size_t>(kRowChunk));
+        }
     } else if (p.mk->quantize_b) {
         p.col_bytes = align64(p.mk->b_bytes(p.K));
     }
@@ -244,18 +242,15 @@ void op_mul_mat(const ComputeParams& cp, Tensor* dst) {
             const uint8_t* rows = amat + r0 * a->nb[1];
             size_t bx = a->nb[1];
             if (p.unpack) {
-                // A repacked weight: this task's rows back in the GGUF layout first (rows in
-                // full groups of 8 from their group, which starts at its first row's offset;
-                // the last rows % 8 are GGUF rows already).
-                constexpr int64_t kG = simd::kRepackRows;
+                // A repacked weight: this task's rows back in the GGUF layout first (the last
+                // rows % 8 are GGUF rows already).
                 const size_t rb = row_size(a->type, p.K);
                 uint8_t* tmp = scratch + p.group_bytes * (kRowChunk / simd::kPackRows);
-                const int64_t gend = p.M / kG * kG;
+                const int64_t grouped = p.unpack->grouped_rows();
                 for (int64_t r = r0; r < r1; r++) {
                     uint8_t* out = tmp + static_cast<size_t>(r - r0) * rb;
-                    if (r < gend) {
-                        p.unpack->unpack_row(amat + (r / kG * kG) * a->nb[1], p.K,
-                                             static_cast<int>(r % kG), out);
+                    if (r < grouped) {
+                        p.unpack->unpack_row(amat, a->nb[1], r, out);
                     } else {
                         std::memcpy(out, amat + r * a->nb[1], rb);
                     }

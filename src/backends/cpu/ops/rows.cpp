@@ -41,7 +41,7 @@ void op_get_rows(const ComputeParams& p, Tensor* dst) {
         return;
     }
     std::vector<uint8_t> unpacked(rp ? a->nb[1] : 0);
-    const int64_t grouped = rp ? rp->bytes / a->nb[1] : 0;  // rows in repacked groups
+    const int64_t grouped = rp ? rp->grouped_rows() : 0;
     int64_t r0, r1;
     split_rows(n * n1 * n2, p.ith, p.nth, &r0, &r1);
     for (int64_t r = r0; r < r1; r++) {
@@ -58,10 +58,7 @@ void op_get_rows(const ComputeParams& p, Tensor* dst) {
             continue;
         }
         if (v < grouped) {
-            const int64_t g = v / simd::kRepackRows;
-            rp->rk->unpack_row(
-                static_cast<const uint8_t*>(a->data) + g * simd::kRepackRows * a->nb[1], rp->n,
-                static_cast<int>(v % simd::kRepackRows), unpacked.data());
+            rp->unpack_row(static_cast<const uint8_t*>(a->data), a->nb[1], v, unpacked.data());
             kern::row_to_f32(a->type, unpacked.data(), reinterpret_cast<float*>(row(dst, i, j, k)),
                              ne0);
         } else if (a->type == Type::I32) {  // index tables gather as they are

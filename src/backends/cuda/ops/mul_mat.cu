@@ -1122,10 +1122,10 @@ struct Chunk<Type::Q6_K> {
 
 constexpr int kQ8Warps = 8;
 constexpr int kQ8MinBlocks = 4;
-// Ring forms of the decode kernels (weights streamed into shared memory by bulk copies, see
-// k_mul_mat_vec_q8 below): at most this many stage slots, in a block of at most kRingSmem2 bytes of
-// dynamic shared memory (two blocks per SM) or, when two stages do not fit there, kRingSmem1
-// (one block per SM; the H200 lets a block take 227 KiB).
+// The int8 decode kernel's ring form (weights streamed into shared memory by bulk copies, see
+// k_mul_mat_vec_q8 below): at most this many stage slots, in a block of at most kRingSmem2
+// bytes of dynamic shared memory (two blocks per SM) or, when two stages do not fit there,
+// kRingSmem1 (one block per SM; the H200 lets a block take 227 KiB).
 constexpr int kRingMaxStages = 8;
 constexpr size_t kRingSmem2 = 110 * 1024;
 constexpr size_t kRingSmem1 = 220 * 1024;
