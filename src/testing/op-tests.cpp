@@ -753,6 +753,32 @@ void add_attention_cases(Table& T) {
                                           b.in(kF16, {128, 200, 2}),
                                           b.in(kF16, {200, 1}, Fill::mask(0.2)), 0.088f);
           });
+    // Decode over a short cache in one round trip (a backend may load every key and value of a
+    // head at once): D = 128 with head groups of 7, 256 keys of BF16 with per-head masks, a
+    // single key with a batch dim, a permuted cache view.
+    T.add(Op::FLASH_ATTN_EXT, "f16_decode_row_d128_g7", kAttnF16, kNoteAttnF16, [](CaseBuilder& b) {
+        return b.g().flash_attn_ext(b.in(kF32, {128, 1, 14}), b.in(kF16, {128, 120, 2}),
+                                    b.in(kF16, {128, 120, 2}),
+                                    b.in(kF16, {120, 1}, Fill::mask(0.2)), 0.088f);
+    });
+    T.add(Op::FLASH_ATTN_EXT, "bf16_decode_row_256_mask_per_head", kAttnBF16, kNoteAttnBF16,
+          [s64](CaseBuilder& b) {
+              return b.g().flash_attn_ext(b.in(kF32, {64, 1, 8}), b.in(kBF16, {64, 256, 2}),
+                                          b.in(kBF16, {64, 256, 2}),
+                                          b.in(kF32, {256, 1, 8}, Fill::mask(0.5)), s64);
+          });
+    T.add(Op::FLASH_ATTN_EXT, "f16_decode_row_one_key_ne3", kAttnF16, kNoteAttnF16,
+          [s64](CaseBuilder& b) {
+              return b.g().flash_attn_ext(b.in(kF32, {64, 1, 4, 2}), b.in(kF16, {64, 1, 2, 2}),
+                                          b.in(kF16, {64, 1, 2, 2}), nullptr, s64);
+          });
+    T.add(Op::FLASH_ATTN_EXT, "f16_decode_row_cache_view", kAttnF16, kNoteAttnF16,
+          [s64](CaseBuilder& b) {
+              Tensor* k = b.g().permute(b.in(kF16, {64, 2, 100}), 0, 2, 1, 3);
+              Tensor* v = b.g().permute(b.in(kF16, {64, 2, 100}), 0, 2, 1, 3);
+              return b.g().flash_attn_ext(b.in(kF32, {64, 1, 8}), k, v,
+                                          b.in(kF16, {100, 1}, Fill::mask(0.3)), s64);
+          });
     T.add(Op::FLASH_ATTN_EXT, "f32_decode_short_dv_differs_ne3", kFloatMath, kNoteFloatMath,
           [s64](CaseBuilder& b) {
               return b.g().flash_attn_ext(b.in(kF32, {64, 1, 4, 2}), b.in(kF32, {64, 150, 2, 2}),

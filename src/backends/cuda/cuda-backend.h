@@ -58,6 +58,9 @@ struct OpContext {
     // Decode products of block-format weights stream their rows through shared memory (the
     // int8 kernel's ring form; FERRY_CUDA_MV_RING=0 when the backend is made turns it off).
     bool mv_ring = true;
+    // Q4_0 decode products take whole block pairs per lane (the int8 kernel's block-lane form;
+    // FERRY_CUDA_MV_BLK=0 when the backend is made turns it off).
+    bool mv_blk = true;
 };
 
 }  // namespace ferry::cuda

@@ -208,6 +208,22 @@ __device__ __forceinline__ float block_max(float v, float* sh) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// ROPE's rotation for pair i of n_dims at position pos: (cos, sin) of the angle computed in
+// double from the exact power, as the reference and the CPU kernel do (long positions keep
+// full precision), divided by frequency factor i when ff is given (F32, stride ff_nb0). Every
+// kernel that rotates (ROPE, and the decode products' rope epilogue) calls this one function,
+// so a fused rotation is bit for bit the unfused one.
+__device__ __forceinline__ float2 rope_cos_sin(double pos, int i, int n_dims, double base,
+                                               double fscale, const char* ff, int64_t ff_nb0) {
+    const double f =
+        ff ? static_cast<double>(*reinterpret_cast<const float*>(ff + i * ff_nb0)) : 1.0;
+    const double theta = pos * fscale * pow(base, -2.0 * i / static_cast<double>(n_dims)) / f;
+    double sd, cd;
+    sincos(theta, &sd, &cd);
+    return make_float2(static_cast<float>(cd), static_cast<float>(sd));
+}
+
+// ---------------------------------------------------------------------------------------------
 // Element i of a row of any storage type (block formats decoded with the GGUF formulas, the
 // same float operations as the reference dequantizers).
 

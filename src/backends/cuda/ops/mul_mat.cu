@@ -383,17 +383,10 @@ __device__ __forceinline__ void mv_epilogue(const MvArgs& g, const MvSeg& sg, in
         __syncthreads();  // the next row group's pair may be written after this
         const int e = static_cast<int>(ms % g.rope_head);
         if (leader && lane == 0 && e < g.rope_dims) {
-            // The same double angle as the ROPE kernel and the reference.
-            const int i = e / 2;
-            const double f = g.rope_ff ? static_cast<double>(*reinterpret_cast<const float*>(
-                                             g.rope_ff + i * g.rope_ff_nb0))
-                                       : 1.0;
-            const double theta = static_cast<double>(g.rope_pos[0]) * g.rope_fscale *
-                                 pow(g.rope_base, -2.0 * i / static_cast<double>(g.rope_dims)) / f;
-            double sd, cd;
-            sincos(theta, &sd, &cd);
-            const float cs = static_cast<float>(cd), sn = static_cast<float>(sd);
-            v = (e % 2 == 0) ? x0 * cs - x1 * sn : x0 * sn + x1 * cs;
+            // The same rotation as the ROPE kernel (rope_cos_sin).
+            const float2 r = rope_cos_sin(static_cast<double>(g.rope_pos[0]), e / 2, g.rope_dims,
+                                          g.rope_base, g.rope_fscale, g.rope_ff, g.rope_ff_nb0);
+            v = (e % 2 == 0) ? x0 * r.x - x1 * r.y : x0 * r.y + x1 * r.x;
         }
     }
     if (!leader || lane != 0) return;
@@ -1146,8 +1139,95 @@ __device__ __forceinline__ float q8_dot(const Lane8i& w, const int32_t* xq, cons
     return r;
 }
 
+// ---------------------------------------------------------------------------------------------
+// The block-lane form (Q4_0; `blk` below; FERRY_CUDA_MV_BLK=0 turns it off per backend). Measured
+// first (ncu, stop 20): the lane-per-8-weights decoders above spend ~50 warp instructions per 256
+// weights (two 16-bit loads and a merge per word, 64-bit block arithmetic, a scale conversion per 8
+// weights), and the products were bound by instruction issue at a quarter of the memory's rate.
+// Here each lane takes 64 weights of a span of 2048 (a warp's 32 lanes): whole words, scales
+// converted once per 16 or 32 weights, b's quants as 16-byte loads. Rows must be 4-byte aligned
+// (the launcher checks).
+//
+// b's quants are stored swizzled for each type's reads: 16-byte group G (elements 16 G ..
+// 16 G + 15) at a position whose low three bits differ for the 8 lanes of a quarter warp, so
+// that their 16-byte loads hit 8 different bank groups (BDec<T>::swz, on 32-bit word indices).
+constexpr int kSpan = 2048;  // weights per span
+
+// The lane's share of b in a span: four groups of 16 quants and up to four block scales.
+struct BlkX {
+    int4 x[4];
+    float4 d;
+};
+
+__device__ __forceinline__ int4 ld_group(const int32_t* xq, uint32_t word) {
+    return *reinterpret_cast<const int4*>(xq + word);
+}
+
+template <Type T>
+struct BDec;
+
+// Q4_0: lane l takes blocks 2l and 2l + 1 of the span's 64: 36 bytes, 4-byte aligned, nine
+// words (a stride of 9 words: no bank conflicts in the ring), block A's quants realigned by
+// four funnel shifts. b: groups 4l + j, swizzled G ^ ((G >> 3) & 3).
+template <>
+struct BDec<Type::Q4_0> {
+    static constexpr int64_t kSpanBytes = 64 * 18;
+    __device__ static uint32_t swz(uint32_t u) { return u ^ (((u >> 5) & 3u) << 2); }
+    // Blocks of 32 in the span's part of a row of K: lanes past them have nothing.
+    __device__ static bool active(int64_t K, int64_t sp, int lane) {
+        return sp * 64 + 2 * lane < K / 32;
+    }
+    __device__ static void load_x(const int32_t* xq, const float* xd, int64_t sp, int lane,
+                                  BlkX& x) {
+        const uint32_t g0 = static_cast<uint32_t>(sp) * 128u + 4u * lane;
+#pragma unroll
+        for (int j = 0; j < 4; j++) x.x[j] = ld_group(xq, swz(4u * (g0 + j)));
+        const float2 d = reinterpret_cast<const float2*>(xd)[sp * 32 + lane];
+        x.d = make_float4(d.x, d.y, 0.0f, 0.0f);
+    }
+    // A block's 16 bytes of quants against b's 32 (xl: elements 0-15, xh: 16-31): byte i holds
+    // element i in its low nibble and i + 16 in its high one, each made the signed byte
+    // 16 (q - 8) as in IDec<Q4_0>; the sum is divided by 16.
+    __device__ static int block(uint32_t q0, uint32_t q1, uint32_t q2, uint32_t q3, int4 xl,
+                                int4 xh) {
+        auto lo = [](uint32_t v) {
+            return static_cast<int32_t>(((v << 4) & 0xf0f0f0f0u) ^ 0x80808080u);
+        };
+        auto hi = [](uint32_t v) { return static_cast<int32_t>((v & 0xf0f0f0f0u) ^ 0x80808080u); };
+        int s = __dp4a(lo(q0), xl.x, 0);
+        s = __dp4a(lo(q1), xl.y, s);
+        s = __dp4a(lo(q2), xl.z, s);
+        s = __dp4a(lo(q3), xl.w, s);
+        s = __dp4a(hi(q0), xh.x, s);
+        s = __dp4a(hi(q1), xh.y, s);
+        s = __dp4a(hi(q2), xh.z, s);
+        s = __dp4a(hi(q3), xh.w, s);
+        return s >> 4;
+    }
+    __device__ static float dot(const char* row, int64_t sp, int lane, const BlkX& x, float acc) {
+        const uint32_t* w = reinterpret_cast<const uint32_t*>(row + sp * kSpanBytes + lane * 36);
+        uint32_t v[9];
+#pragma unroll
+        for (int i = 0; i < 9; i++) v[i] = w[i];
+        // Block A: scale in bytes 0-1, quants in 2-17; block B: scale in 18-19, quants in
+        // 20-35 (words 5-8).
+        const int sa =
+            block(__funnelshift_r(v[0], v[1], 16), __funnelshift_r(v[1], v[2], 16),
+                  __funnelshift_r(v[2], v[3], 16), __funnelshift_r(v[3], v[4], 16), x.x[0], x.x[1]);
+        const int sb = block(v[5], v[6], v[7], v[8], x.x[2], x.x[3]);
+        const float da = h2f(static_cast<uint16_t>(v[0] & 0xffffu));
+        const float db = h2f(static_cast<uint16_t>(v[4] >> 16));
+        acc = fmaf(da * x.d.x, static_cast<float>(sa), acc);
+        return fmaf(db * x.d.y, static_cast<float>(sb), acc);
+    }
+};
+
+template <Type T>
+constexpr bool kHasBlk = T == Type::Q4_0;
+
 // Quantizes b's float4 number i (v: its values) into xq / xd; 8 consecutive threads hold one
-// block of 32 and call it together.
+// block of 32 and call it together. With swz, xq is in BDec<T>'s swizzled order.
+template <bool swz = false, Type T = Type::Q4_0>
 __device__ __forceinline__ void q8_quantize4(float4 v, int64_t i, int lane, int32_t* xq,
                                              float* xd) {
     float a = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
@@ -1160,7 +1240,9 @@ __device__ __forceinline__ void q8_quantize4(float4 v, int64_t i, int lane, int3
     const uint32_t q1 = static_cast<uint32_t>(round_clamp(v.y * id, -127, 127)) & 0xffu;
     const uint32_t q2 = static_cast<uint32_t>(round_clamp(v.z * id, -127, 127)) & 0xffu;
     const uint32_t q3 = static_cast<uint32_t>(round_clamp(v.w * id, -127, 127)) & 0xffu;
-    xq[i] = static_cast<int32_t>(q0 | (q1 << 8) | (q2 << 16) | (q3 << 24));
+    int64_t at = i;
+    if constexpr (swz) at = static_cast<int64_t>(BDec<T>::swz(static_cast<uint32_t>(i)));
+    xq[at] = static_cast<int32_t>(q0 | (q1 << 8) | (q2 << 16) | (q3 << 24));
     if (lane % 8 == 0) xd[i / 8] = d;
 }
 
@@ -1181,9 +1263,12 @@ __device__ __forceinline__ void q8_quantize4(float4 v, int64_t i, int lane, int3
 // Q4_0 tg128 +1.5-3% (the Q6_K output product 110 against 123-136 us); the products stay
 // bound by instruction issue, not by bytes in flight. The same ring in the float kernel
 // (F16 weights) was slower (656 against 669-677 t/s) and was removed.
-template <Type T, bool glu, bool epi, bool wide, bool ring = false>
+// Block-lane (`blk`, Q4_0 with 4-byte aligned rows): each warp's part of a row is
+// taken in spans of 2048 weights, span p, p + S, ... for part p (BDec above), in both forms.
+template <Type T, bool glu, bool epi, bool wide, bool ring = false, bool blk = false>
 __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
     k_mul_mat_vec_q8(MvArgs g, int S, int P, int64_t stage_bytes) {
+    static_assert(!blk || kHasBlk<T>, "the block-lane form decodes Q4_0");
     // Chunks per warp whose loads are issued before the first is used. Wide (the default;
     // FERRY_CUDA_MV_WIDE=0 turns it off): a row of K = 2048 in one round trip instead of two.
     // With S = 1 the chunks are added in the same order either way (bit-identical).
@@ -1262,7 +1347,8 @@ __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
     const int64_t n4 = g.K / 4;
     if (g.nx) {
         // b = the folded RMS_NORM (+ ADD) and MUL, element for element as k_norm computes it.
-        norm_prologue(g, nred, [&](int64_t i, float4 v) { q8_quantize4(v, i, lane, xq, xd); });
+        norm_prologue(g, nred,
+                      [&](int64_t i, float4 v) { q8_quantize4<blk, T>(v, i, lane, xq, xd); });
     } else {
         constexpr int kPre = wide ? 8 : 1;
         for (int64_t i0 = threadIdx.x; i0 < n4; i0 += kPre * blockDim.x) {
@@ -1276,7 +1362,7 @@ __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
             for (int j = 0; j < kPre; j++) {
                 const int64_t i = i0 + j * static_cast<int64_t>(blockDim.x);
                 if (i >= n4) break;
-                q8_quantize4(xv[j], i, lane, xq, xd);
+                q8_quantize4<blk, T>(xv[j], i, lane, xq, xd);
             }
         }
     }
@@ -1302,7 +1388,18 @@ __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
             row2 = row + ring_rows;
         }
         float acc = 0.0f, acc2 = 0.0f;
-        for (int64_t gi = valid ? part : n_groups; gi < n_groups; gi += S) {
+        if constexpr (blk) {
+            // Spans of 2048 weights; the last may be short (lanes past the row have nothing).
+            const int64_t n_spans = (g.K + kSpan - 1) / kSpan;
+            for (int64_t sp = valid ? part : n_spans; sp < n_spans; sp += S) {
+                if (!BDec<T>::active(g.K, sp, lane)) continue;
+                BlkX x;
+                BDec<T>::load_x(xq, xd, sp, lane, x);
+                acc = BDec<T>::dot(row, sp, lane, x, acc);
+                if constexpr (glu) acc2 = BDec<T>::dot(row2, sp, lane, x, acc2);
+            }
+        }
+        for (int64_t gi = valid && !blk ? part : n_groups; gi < n_groups; gi += S) {
             const int64_t c = gi * U;
             Lane8i w[U], w2[glu ? U : 1];
 #pragma unroll
@@ -1316,7 +1413,7 @@ __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
                 if constexpr (glu) acc2 += q8_dot<T>(w2[u], xq, xd);
             }
         }
-        for (int64_t c = valid ? n_groups * U + part : n_chunks; c < n_chunks; c += S) {
+        for (int64_t c = valid && !blk ? n_groups * U + part : n_chunks; c < n_chunks; c += S) {
             Lane8i w;
             IDec<T>::get(row, c, lane, w);
             acc += q8_dot<T>(w, xq, xd);
@@ -1474,8 +1571,21 @@ void allow_ring_smem(Kernel k, std::atomic<uint64_t>& done) {
     done.fetch_or(bit, std::memory_order_acq_rel);
 }
 
-template <Type T, bool glu, bool epi>
-void launch_q8(const MvArgs& g, unsigned mats, int n_sm, bool ring, cudaStream_t st) {
+// The block-lane form reads whole words of the rows: every row 4-byte aligned.
+bool blk_rows_ok(const MvArgs& g, bool glu, bool segs) {
+    auto a4 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 4 == 0; };
+    if (g.a_nb1 % 4 != 0 || g.a_nb2 % 4 != 0 || g.a_nb3 % 4 != 0) return false;
+    if (!a4(g.a) || (glu && !a4(g.a2))) return false;
+    if (segs) {
+        for (int s = 0; s < g.n_seg; s++) {
+            if (!a4(g.seg[s].a)) return false;
+        }
+    }
+    return true;
+}
+
+template <Type T, bool glu, bool epi, bool blk>
+void launch_q8_form(const MvArgs& g, unsigned mats, int n_sm, bool ring, cudaStream_t st) {
     const size_t smem = static_cast<size_t>(g.K) + static_cast<size_t>(g.K) / 8;
     const bool wide = q8_wide_mode();
     const int U = wide ? (glu ? 4 : 8) : (glu ? 2 : 4);
@@ -1485,7 +1595,7 @@ void launch_q8(const MvArgs& g, unsigned mats, int n_sm, bool ring, cudaStream_t
     if (rp.P > 0) {
         const unsigned cap = static_cast<unsigned>(n_sm * rp.per_sm);
         const unsigned blocks = std::min(n_blocks(g.M, R), std::max(1u, cap / mats));
-        auto k = k_mul_mat_vec_q8<T, glu, epi, true, true>;
+        auto k = k_mul_mat_vec_q8<T, glu, epi, true, true, blk>;
         static std::atomic<uint64_t> smem_set{0};
         allow_ring_smem(k, smem_set);
         launch_pdl(k, dim3(blocks, mats, 1), dim3(32 * kQ8Warps), rp.smem, st, g, S, rp.P,
@@ -1495,12 +1605,23 @@ void launch_q8(const MvArgs& g, unsigned mats, int n_sm, bool ring, cudaStream_t
     const unsigned cap = static_cast<unsigned>(n_sm) * kQ8MinBlocks;
     const unsigned blocks = std::min(n_blocks(g.M, R), std::max(1u, cap / mats));
     if (wide) {
-        launch_pdl(k_mul_mat_vec_q8<T, glu, epi, true>, dim3(blocks, mats, 1), dim3(32 * kQ8Warps),
-                   smem, st, g, S, 0, int64_t{0});
+        launch_pdl(k_mul_mat_vec_q8<T, glu, epi, true, false, blk>, dim3(blocks, mats, 1),
+                   dim3(32 * kQ8Warps), smem, st, g, S, 0, int64_t{0});
     } else {
-        launch_pdl(k_mul_mat_vec_q8<T, glu, epi, false>, dim3(blocks, mats, 1), dim3(32 * kQ8Warps),
-                   smem, st, g, S, 0, int64_t{0});
+        launch_pdl(k_mul_mat_vec_q8<T, glu, epi, false, false, blk>, dim3(blocks, mats, 1),
+                   dim3(32 * kQ8Warps), smem, st, g, S, 0, int64_t{0});
     }
+}
+
+template <Type T, bool glu, bool epi>
+void launch_q8(const OpContext& ctx, const MvArgs& g, unsigned mats) {
+    if constexpr (kHasBlk<T>) {
+        if (ctx.mv_blk && blk_rows_ok(g, glu, epi)) {
+            launch_q8_form<T, glu, epi, true>(g, mats, ctx.n_sm, ctx.mv_ring, ctx.stream);
+            return;
+        }
+    }
+    launch_q8_form<T, glu, epi, false>(g, mats, ctx.n_sm, ctx.mv_ring, ctx.stream);
 }
 
 template <bool glu, bool epi = false>
@@ -1508,22 +1629,22 @@ Status dispatch_q8(OpContext& ctx, const MvArgs& g, Type t) {
     const unsigned mats = static_cast<unsigned>(g.ne2 * g.ne3);
     switch (t) {
         case Type::Q4_0:
-            launch_q8<Type::Q4_0, glu, epi>(g, mats, ctx.n_sm, ctx.mv_ring, ctx.stream);
+            launch_q8<Type::Q4_0, glu, epi>(ctx, g, mats);
             break;
         case Type::Q4_1:
-            launch_q8<Type::Q4_1, glu, epi>(g, mats, ctx.n_sm, ctx.mv_ring, ctx.stream);
+            launch_q8<Type::Q4_1, glu, epi>(ctx, g, mats);
             break;
         case Type::Q8_0:
-            launch_q8<Type::Q8_0, glu, epi>(g, mats, ctx.n_sm, ctx.mv_ring, ctx.stream);
+            launch_q8<Type::Q8_0, glu, epi>(ctx, g, mats);
             break;
         case Type::Q4_K:
-            launch_q8<Type::Q4_K, glu, epi>(g, mats, ctx.n_sm, ctx.mv_ring, ctx.stream);
+            launch_q8<Type::Q4_K, glu, epi>(ctx, g, mats);
             break;
         case Type::Q5_K:
-            launch_q8<Type::Q5_K, glu, epi>(g, mats, ctx.n_sm, ctx.mv_ring, ctx.stream);
+            launch_q8<Type::Q5_K, glu, epi>(ctx, g, mats);
             break;
         case Type::Q6_K:
-            launch_q8<Type::Q6_K, glu, epi>(g, mats, ctx.n_sm, ctx.mv_ring, ctx.stream);
+            launch_q8<Type::Q6_K, glu, epi>(ctx, g, mats);
             break;
         default:
             return Status::errorf("CUDA: MUL_MAT weight type %s", type_name(t));

@@ -22,12 +22,8 @@ __global__ void k_rope(TV d, TV a, const int32_t* pos, const char* ff, int64_t f
     const double p = static_cast<double>(pos[i2]);
     const int half = n_dims / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const double f =
-            ff ? static_cast<double>(*reinterpret_cast<const float*>(ff + i * ff_nb0)) : 1.0;
-        const double theta = p * fscale * pow(base, -2.0 * i / static_cast<double>(n_dims)) / f;
-        double sd, cd;
-        sincos(theta, &sd, &cd);
-        const float cs = static_cast<float>(cd), sn = static_cast<float>(sd);
+        const float2 r = rope_cos_sin(p, i, n_dims, base, fscale, ff, ff_nb0);
+        const float cs = r.x, sn = r.y;
         const int j0 = mode == kRopeNeox ? i : 2 * i;
         const int j1 = mode == kRopeNeox ? i + half : 2 * i + 1;
         const float x0 = x[j0], x1 = x[j1];
@@ -51,13 +47,9 @@ __global__ void k_rope_heads(TV d, TV a, const int32_t* pos, const char* ff, int
     const double p = static_cast<double>(pos[i2]);
     const int half = n_dims / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const double f =
-            ff ? static_cast<double>(*reinterpret_cast<const float*>(ff + i * ff_nb0)) : 1.0;
-        const double theta = p * fscale * pow(base, -2.0 * i / static_cast<double>(n_dims)) / f;
-        double sd, cd;
-        sincos(theta, &sd, &cd);
-        s_cs[i] = static_cast<float>(cd);
-        s_sn[i] = static_cast<float>(sd);
+        const float2 r = rope_cos_sin(p, i, n_dims, base, fscale, ff, ff_nb0);
+        s_cs[i] = r.x;
+        s_sn[i] = r.y;
     }
     __syncthreads();
     const int64_t n1 = d.ne[1];
