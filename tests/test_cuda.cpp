@@ -733,13 +733,15 @@ TEST(Cuda, RingProductsEqualTheRegisterForm) {
     }
 }
 
-// The block-lane form (Q4_0: two whole blocks per lane, b's quants swizzled in shared memory;
-// FERRY_CUDA_MV_BLK) against the lane-per-8-weights form: the same quantized b and the same
-// integer block sums, added in another order, so the two agree to float rounding (NMSE far
-// below the CPU bound; a wrong block, nibble or swizzle mapping is off by O(1)). Shapes: whole
-// spans of 2048 weights, a row shorter than a span (K = 256: four busy lanes), a span and a
-// part (K = 2304), two warps per row (K = 8192), plain, gate+up+SWIGLU and the residual ADD,
-// in the ring form (the default) and the register form.
+// The block-lane form (Q4_0: two whole blocks per lane; Q6_K: a quarter of a super-block per
+// lane; b's quants swizzled in shared memory; FERRY_CUDA_MV_BLK) against the lane-per-8-weights
+// form: the same quantized b and the same integer block sums, added in another order, so the
+// two agree to float rounding (NMSE far below the CPU bound; a wrong block, nibble, scale or
+// swizzle mapping is off by O(1)). Shapes: whole spans of 2048 weights, rows shorter than a
+// span (Q4_0 K = 256: four busy lanes; Q6_K K = 1024: sixteen), a span and a part, two warps
+// per row (K = 8192), plain, gate+up+SWIGLU and the residual ADD, in the ring form (the
+// default) and the register form. Q6_K rows whose super-blocks alternate between word-aligned
+// and 2 bytes off (every row here) take both realignments.
 TEST(Cuda, BlockLaneProductsMatchTheOtherForm) {
     REQUIRE_GPU();
     std::unique_ptr<Backend> cbe = cpu::make_cpu_backend(2);
@@ -749,7 +751,9 @@ TEST(Cuda, BlockLaneProductsMatchTheOtherForm) {
         int64_t K, M;
     };
     for (Shape sh : {Shape{Type::Q4_0, 2048, 3000}, Shape{Type::Q4_0, 256, 1000},
-                     Shape{Type::Q4_0, 2304, 520}, Shape{Type::Q4_0, 8192, 2048}}) {
+                     Shape{Type::Q4_0, 2304, 520}, Shape{Type::Q4_0, 8192, 2048},
+                     Shape{Type::Q6_K, 2048, 3000}, Shape{Type::Q6_K, 1024, 1000},
+                     Shape{Type::Q6_K, 2560, 520}, Shape{Type::Q6_K, 8192, 2048}}) {
         const Type t = sh.t;
         const int64_t K = sh.K, M = sh.M;
         ProductCase pc;

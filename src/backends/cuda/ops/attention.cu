@@ -905,6 +905,138 @@ __global__ void __launch_bounds__(kDThreads) k_attn_decode(AttnArgs g, bool vec2
     }
 }
 
+// Decode over a short cache (the first steps after a prompt; the whole of a tg128 run): one
+// block per query head, one memory round trip. Measured first (ncu, stop 21, 1B Q4_0 at ~40
+// keys): k_attn with its KV split ran 8.5 us with its SMs active 3.6 us of it, issuing once
+// every 11 cycles: each warp walks its keys one dependent chain at a time (mask, key row, a
+// 5-step shuffle sum, value row), and the splits merge through global memory. Here every load
+// is issued at once: the value rows go to shared memory by cp.async, thread j loads key row j
+// into registers, q and the mask value too; then the scores (thread j: q . k_j), one block max
+// and sum, and p v from shared memory (thread (slice, c) takes 8 columns of every slices-th
+// row, slices added by shuffles and across warps in shared memory). F16/BF16 K and V, D = Dv
+// = 64 (<= 256 keys) or 128 (<= 128 keys): at most 32 KiB of values in shared memory.
+// Measured on the H200 (bench/results/cuda.md, stop 21): 4.4 us per call in ncu (SMs active
+// 0.7 us) against k_attn's 10.1 (3.6); 1B Q4_0 tg128 1,260 t/s against 1,079 with
+// FERRY_CUDA_ATTN_ROW=0, 1B F16 715 against 679.
+constexpr int kRThreads = 256;
+constexpr int kRWarps = kRThreads / 32;
+constexpr int64_t kRMaxElems = 256 * 64;  // n_kv * D at most
+
+size_t row_smem(int64_t D, int64_t n_kv) {
+    return static_cast<size_t>(n_kv * D) * 2 + sizeof(float) * static_cast<size_t>(D + kRThreads);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kRThreads) k_attn_row(AttnArgs g) {
+    extern __shared__ __align__(16) char rsm[];
+    uint16_t* vs = reinterpret_cast<uint16_t*>(rsm);             // [n_kv][D]
+    float* qs = reinterpret_cast<float*>(rsm + g.n_kv * D * 2);  // [D]
+    float* ps = qs + D;                                          // [kRThreads]
+    __shared__ float red[kRWarps], part[kRWarps][D];
+    pdl_wait();
+    pdl_trigger();
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int64_t h = blockIdx.x, i3 = blockIdx.y;
+    const int64_t hk = h / g.rh, k3 = i3 / g.r3;
+    const int n_kv = static_cast<int>(g.n_kv);
+    constexpr int kC = D / 8;  // 16-byte chunks per row
+    const char* kbase = g.k.p + hk * g.k.nb[2] + k3 * g.k.nb[3];
+    const char* vbase = g.v.p + hk * g.v.nb[2] + k3 * g.v.nb[3];
+    // Every load at once: values into shared memory, key row tid, q, the mask value.
+    for (int c = tid; c < n_kv * kC; c += kRThreads) {
+        const int j = c / kC, e = c % kC;
+        cp_async16(vs + j * D + 8 * e, vbase + j * g.v.nb[1] + 16 * e);
+    }
+    uint4 kr[kC];
+    const bool has_key = tid < n_kv;
+    if (has_key) {
+        const uint4* krow = reinterpret_cast<const uint4*>(kbase + tid * g.k.nb[1]);
+#pragma unroll
+        for (int e = 0; e < kC; e++) kr[e] = krow[e];
+    }
+    if (tid < D) {
+        qs[tid] = reinterpret_cast<const float*>(g.q.p + h * g.q.nb[2] + i3 * g.q.nb[3])[tid];
+    }
+    float mk = 0.0f;
+    if (g.has_mask && has_key) {
+        const char* mrow =
+            g.mask.p + (h % g.mask.ne[2]) * g.mask.nb[2] + (i3 % g.mask.ne[3]) * g.mask.nb[3];
+        mk = g.mask_f16 ? h2f(reinterpret_cast<const uint16_t*>(mrow)[tid])
+                        : reinterpret_cast<const float*>(mrow)[tid];
+    }
+    __syncthreads();  // q
+    float s = -INFINITY;
+    if (has_key && mk != -INFINITY) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int e = 0; e < kC; e++) {
+            float x[8];
+            unpack8(g.kt, kr[e], x);
+            const float4 q0 = reinterpret_cast<const float4*>(qs)[2 * e];
+            const float4 q1 = reinterpret_cast<const float4*>(qs)[2 * e + 1];
+            acc = fmaf(q0.x, x[0], acc);
+            acc = fmaf(q0.y, x[1], acc);
+            acc = fmaf(q0.z, x[2], acc);
+            acc = fmaf(q0.w, x[3], acc);
+            acc = fmaf(q1.x, x[4], acc);
+            acc = fmaf(q1.y, x[5], acc);
+            acc = fmaf(q1.z, x[6], acc);
+            acc = fmaf(q1.w, x[7], acc);
+        }
+        s = acc * g.scale + mk;
+    }
+    // Softmax over the block: max, then the sum of exp.
+    float m = warp_max(s);
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+    m = lane < kRWarps ? red[lane] : -INFINITY;
+    m = warp_max(m);
+    const float p = s == -INFINITY ? 0.0f : expf(s - m);
+    ps[tid] = p;
+    float l = warp_sum(p);
+    __syncthreads();  // red read; ps written
+    if (lane == 0) red[warp] = l;
+    cp_async_wait_all();
+    __syncthreads();  // red, and every thread's value rows
+    l = lane < kRWarps ? red[lane] : 0.0f;
+    l = warp_sum(l);
+    // p v: thread (slice, c) sums columns 8c..8c+7 over rows slice, slice + slices, ...
+    const int c = tid % kC, slice = tid / kC;
+    constexpr int kSlices = kRThreads / kC;
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+    for (int j = slice; j < n_kv; j += kSlices) {
+        float x[8];
+        unpack8(g.vt, *reinterpret_cast<const uint4*>(vs + j * D + 8 * c), x);
+        const float pj = ps[j];
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[e] = fmaf(pj, x[e], acc[e]);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        for (int off = kC; off < 32; off *= 2) {
+            acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], off);
+        }
+    }
+    if (lane < kC) {
+#pragma unroll
+        for (int e = 0; e < 8; e++) part[warp][8 * lane + e] = acc[e];
+    }
+    __syncthreads();
+    if (tid < D) {
+        float o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kRWarps; w++) o += part[w][tid];
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        reinterpret_cast<float*>(g.out.p)[(i3 * g.n_head + h) * D + tid] = o * inv;
+    }
+}
+
+bool row_enabled() {  // FERRY_CUDA_ATTN_ROW=0: short caches through k_attn and its KV split
+    static const bool on = !env_off("FERRY_CUDA_ATTN_ROW");
+    return on;
+}
+
 bool decode_enabled() {  // FERRY_CUDA_ATTN_DECODE=0: decode through k_attn and its KV split
     static const bool on = !env_off("FERRY_CUDA_ATTN_DECODE");
     return on;
@@ -1008,6 +1140,19 @@ Status op_flash_attn_ext(OpContext& ctx, const Tensor* dst) {
         }
         if (dmax <= 64) return launch_tiled<64>(ctx, g, q->ne[3]);
         if (dmax <= 128) return launch_tiled<128>(ctx, g, q->ne[3]);
+    }
+    if (g.n_q == 1 && g.n_kv >= 1 && g.n_kv <= kRThreads && g.n_kv * g.D <= kRMaxElems &&
+        g.D == g.Dv && (g.D == 64 || g.D == 128) && g.kv_vec && g.kt != Type::F32 &&
+        g.vt != Type::F32 && g.n_head == g.rh * k->ne[2] && q->ne[2] <= 65535 &&
+        q->ne[3] <= 65535 && row_enabled()) {
+        const size_t smem = row_smem(g.D, g.n_kv);
+        const dim3 grid(static_cast<unsigned>(q->ne[2]), static_cast<unsigned>(q->ne[3]));
+        if (g.D == 64) {
+            launch_pdl(k_attn_row<64>, grid, dim3(kRThreads), smem, ctx.stream, g);
+        } else {
+            launch_pdl(k_attn_row<128>, grid, dim3(kRThreads), smem, ctx.stream, g);
+        }
+        return launch_status("FLASH_ATTN_EXT (row)");
     }
     if (g.n_q == 1 && g.n_kv >= kDecodeMinKv && g.n_kv <= kDecodeMaxKv && g.rh <= kDecodeMaxG &&
         g.n_head == g.rh * k->ne[2] && dmax <= 128 && k->ne[2] <= 65535 && q->ne[3] <= 65535 &&

@@ -1118,9 +1118,13 @@ constexpr int kQ8MinBlocks = 4;
 // The int8 decode kernel's ring form (weights streamed into shared memory by bulk copies, see
 // k_mul_mat_vec_q8 below): at most this many stage slots, in a block of at most kRingSmem2
 // bytes of dynamic shared memory (two blocks per SM) or, when two stages do not fit there,
-// kRingSmem1 (one block per SM; the H200 lets a block take 227 KiB).
+// kRingSmem1 (one block per SM; the H200 lets a block take 227 KiB). kRingSmem2 was 110 KiB
+// (two blocks filled the SM's shared memory); measured on the H200 with the block-lane form
+// (bench/results/cuda.md, stop 21, 1B Q4_0 tg128): 1,301 t/s at 64 KiB against 1,260 at
+// 110 and 1,243 at 40. FERRY_CUDA_MV_RING_KB=N (N <= kRingSmem2Max / 1024) sets it.
 constexpr int kRingMaxStages = 8;
-constexpr size_t kRingSmem2 = 110 * 1024;
+constexpr size_t kRingSmem2 = 64 * 1024;
+constexpr size_t kRingSmem2Max = 110 * 1024;
 constexpr size_t kRingSmem1 = 220 * 1024;
 
 template <Type T>
@@ -1140,13 +1144,18 @@ __device__ __forceinline__ float q8_dot(const Lane8i& w, const int32_t* xq, cons
 }
 
 // ---------------------------------------------------------------------------------------------
-// The block-lane form (Q4_0; `blk` below; FERRY_CUDA_MV_BLK=0 turns it off per backend). Measured
-// first (ncu, stop 20): the lane-per-8-weights decoders above spend ~50 warp instructions per 256
-// weights (two 16-bit loads and a merge per word, 64-bit block arithmetic, a scale conversion per 8
-// weights), and the products were bound by instruction issue at a quarter of the memory's rate.
-// Here each lane takes 64 weights of a span of 2048 (a warp's 32 lanes): whole words, scales
-// converted once per 16 or 32 weights, b's quants as 16-byte loads. Rows must be 4-byte aligned
-// (the launcher checks).
+// The block-lane form (Q4_0 and Q6_K; `blk` below; FERRY_CUDA_MV_BLK=0 turns it off per
+// backend). Measured first (ncu, stop 20): the lane-per-8-weights decoders above spend ~50
+// warp instructions per 256 weights (two 16-bit loads and a merge per word, 64-bit block
+// arithmetic, a scale conversion per 8 weights), and the products were bound by instruction
+// issue at a quarter of the memory's rate. Here each lane takes 64 weights of a span of 2048
+// (a warp's 32 lanes): whole words, scales converted once per 16 or 32 weights, b's quants as
+// 16-byte loads. Rows must be 4-byte aligned (the launcher checks). Measured on the H200
+// (bench/results/cuda.md, stop 21, ncu, one layer of 1B Q4_0): gate/up 16.4 -> 14.9 us, down
+// 11.9 -> 10.8, the Q6_K output 96 -> 84 us; tg128 1,260 against 1,129 t/s with
+// FERRY_CUDA_MV_BLK=0 (1,035 against 971 before the short-cache attention kernel). The
+// products now wait on their weights (the ring's spin counts in the instructions ncu sees):
+// gate/up reads 19 MB at 1.3 TB/s; the Q6_K reads still meet 2-way bank conflicts.
 //
 // b's quants are stored swizzled for each type's reads: 16-byte group G (elements 16 G ..
 // 16 G + 15) at a position whose low three bits differ for the 8 lanes of a quarter warp, so
@@ -1222,8 +1231,84 @@ struct BDec<Type::Q4_0> {
     }
 };
 
+// Q6_K: four lanes per super-block (8 per span): lane l takes super-block l / 4, half
+// h = (l / 2) % 2 and sixteen l-positions from 16 e (e = l % 2), all four parts: elements
+// 128 h + 32 p + 16 e .. + 15 (p = 0..3), each part one scale. Its bytes: ql at 64 h + 16 e
+// (parts 0 and 2, low and high nibbles) and 64 h + 32 + 16 e (parts 1 and 3), qh at
+// 128 + 32 h + 16 e (two bits per part), scales 192 + 8 h + 2 p + e, d at 208. A super-block
+// is 210 bytes, so every other one starts 2 bytes off a word: each 16-byte run is read as five
+// words from the word below it and realigned by a funnel shift of 0 or 16. b: groups
+// 16 sb + 8 h + 2 p + e, swizzled G ^ (((G >> 3) & 3) << 1); its scales 8 sb + 4 h + p.
+template <>
+struct BDec<Type::Q6_K> {
+    static constexpr int64_t kSpanBytes = 8 * 210;
+    __device__ static uint32_t swz(uint32_t u) { return u ^ (((u >> 5) & 3u) << 3); }
+    __device__ static bool active(int64_t K, int64_t sp, int lane) {
+        return sp * 8 + lane / 4 < K / 256;
+    }
+    __device__ static void load_x(const int32_t* xq, const float* xd, int64_t sp, int lane,
+                                  BlkX& x) {
+        const uint32_t sb = static_cast<uint32_t>(sp) * 8u + lane / 4;
+        const uint32_t h = (lane / 2) % 2, e = lane % 2;
+#pragma unroll
+        for (int p = 0; p < 4; p++) {
+            x.x[p] = ld_group(xq, swz(4u * (16u * sb + 8u * h + 2u * p + e)));
+        }
+        x.d = reinterpret_cast<const float4*>(xd)[2 * sb + h];
+    }
+    // Four words (16 bytes) at byte offset `at` of the row (2-byte aligned; sh = 16 when it
+    // is 2 off a word).
+    __device__ static uint4 run(const char* row, uint32_t at, uint32_t sh) {
+        const uint32_t* w = reinterpret_cast<const uint32_t*>(row + (at & ~3u));
+        const uint32_t w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3], w4 = w[4];
+        return make_uint4(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh),
+                          __funnelshift_r(w2, w3, sh), __funnelshift_r(w3, w4, sh));
+    }
+    // One part's 16 quants: 4 (q - 32) as signed bytes (q: the low or high nibble of ql, two
+    // bits of qh at 2p), against b's group; the sum is divided by 4 (exact, as in IDec<Q6_K>).
+    __device__ static int part(uint4 ql, uint4 qh, int lsh, int hsh, int4 xg) {
+        auto q = [&](uint32_t l, uint32_t hh) {
+            const uint32_t v = ((l >> lsh) & 0x0f0f0f0fu) | (((hh >> hsh) & 0x03030303u) << 4);
+            return static_cast<int32_t>((v ^ 0x20202020u) << 2);
+        };
+        int s = __dp4a(q(ql.x, qh.x), xg.x, 0);
+        s = __dp4a(q(ql.y, qh.y), xg.y, s);
+        s = __dp4a(q(ql.z, qh.z), xg.z, s);
+        s = __dp4a(q(ql.w, qh.w), xg.w, s);
+        return s >> 2;
+    }
+    __device__ static float dot(const char* row, int64_t sp, int lane, const BlkX& x, float acc) {
+        const uint32_t sb = lane / 4, h = (lane / 2) % 2, e = lane % 2;
+        const uint32_t base = static_cast<uint32_t>(sp * kSpanBytes) + 210u * sb;
+        const uint32_t sh = (base & 2u) * 8u;
+        const char* r = row;
+        const uint4 qa = run(r, base + 64u * h + 16u * e, sh);
+        const uint4 qb = run(r, base + 64u * h + 32u + 16u * e, sh);
+        const uint4 qh = run(r, base + 128u + 32u * h + 16u * e, sh);
+        // Scales 8h .. 8h + 7 (two words from 192 + 8h), then d (the low half at 208).
+        const uint32_t* ws = reinterpret_cast<const uint32_t*>(r + ((base + 192u + 8u * h) & ~3u));
+        // (The third word only when realigning: unshifted, it could lie past the row's end.)
+        const uint32_t s0 = __funnelshift_r(ws[0], ws[1], sh);
+        const uint32_t s1 = __funnelshift_r(ws[1], sh ? ws[2] : 0u, sh);
+        const uint32_t sc = __byte_perm(s0, s1, 0x6420u + 0x1111u * e);  // 2p + e, p = 0..3
+        const uint32_t* wd = reinterpret_cast<const uint32_t*>(r + ((base + 208u) & ~3u));
+        const float d = h2f(static_cast<uint16_t>((wd[0] >> sh) & 0xffffu));
+        const int s0p = part(qa, qh, 0, 0, x.x[0]);
+        const int s1p = part(qb, qh, 0, 2, x.x[1]);
+        const int s2p = part(qa, qh, 4, 4, x.x[2]);
+        const int s3p = part(qb, qh, 4, 6, x.x[3]);
+        auto scale = [&](int p) {
+            return d * static_cast<float>(static_cast<int8_t>((sc >> (8 * p)) & 0xffu));
+        };
+        acc = fmaf(scale(0) * x.d.x, static_cast<float>(s0p), acc);
+        acc = fmaf(scale(1) * x.d.y, static_cast<float>(s1p), acc);
+        acc = fmaf(scale(2) * x.d.z, static_cast<float>(s2p), acc);
+        return fmaf(scale(3) * x.d.w, static_cast<float>(s3p), acc);
+    }
+};
+
 template <Type T>
-constexpr bool kHasBlk = T == Type::Q4_0;
+constexpr bool kHasBlk = T == Type::Q4_0 || T == Type::Q6_K;
 
 // Quantizes b's float4 number i (v: its values) into xq / xd; 8 consecutive threads hold one
 // block of 32 and call it together. With swz, xq is in BDec<T>'s swizzled order.
@@ -1263,12 +1348,12 @@ __device__ __forceinline__ void q8_quantize4(float4 v, int64_t i, int lane, int3
 // Q4_0 tg128 +1.5-3% (the Q6_K output product 110 against 123-136 us); the products stay
 // bound by instruction issue, not by bytes in flight. The same ring in the float kernel
 // (F16 weights) was slower (656 against 669-677 t/s) and was removed.
-// Block-lane (`blk`, Q4_0 with 4-byte aligned rows): each warp's part of a row is
+// Block-lane (`blk`, Q4_0 and Q6_K with 4-byte aligned rows): each warp's part of a row is
 // taken in spans of 2048 weights, span p, p + S, ... for part p (BDec above), in both forms.
 template <Type T, bool glu, bool epi, bool wide, bool ring = false, bool blk = false>
 __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
     k_mul_mat_vec_q8(MvArgs g, int S, int P, int64_t stage_bytes) {
-    static_assert(!blk || kHasBlk<T>, "the block-lane form decodes Q4_0");
+    static_assert(!blk || kHasBlk<T>, "the block-lane form decodes Q4_0 and Q6_K");
     // Chunks per warp whose loads are issued before the first is used. Wide (the default;
     // FERRY_CUDA_MV_WIDE=0 turns it off): a row of K = 2048 in one round trip instead of two.
     // With S = 1 the chunks are added in the same order either way (bit-identical).
@@ -1544,8 +1629,15 @@ RingPlan plan_ring(const MvArgs& g, int R, bool glu, bool segs, size_t b_bytes) 
     }
     const int64_t stage = static_cast<int64_t>(R) * g.a_nb1 * (glu ? 2 : 1);
     const size_t b = (b_bytes + 127) / 128 * 128;
+    static const size_t budget2 = [] {
+        const char* v = std::getenv("FERRY_CUDA_MV_RING_KB");
+        const long kb = v ? std::strtol(v, nullptr, 10) : 0;
+        return kb > 0 && static_cast<size_t>(kb) * 1024 <= kRingSmem2Max
+                   ? static_cast<size_t>(kb) * 1024
+                   : kRingSmem2;
+    }();
     for (int per_sm : {2, 1}) {
-        const size_t budget = per_sm == 2 ? kRingSmem2 : kRingSmem1;
+        const size_t budget = per_sm == 2 ? budget2 : kRingSmem1;
         if (b >= budget) continue;
         const int64_t p = static_cast<int64_t>(budget - b) / stage;
         if (p < 2) continue;
