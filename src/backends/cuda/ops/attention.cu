@@ -907,16 +907,16 @@ __global__ void __launch_bounds__(kDThreads) k_attn_decode(AttnArgs g, bool vec2
 
 // Decode over a short cache (the first steps after a prompt; the whole of a tg128 run): one
 // block per query head, one memory round trip. Measured first (ncu, stop 21, 1B Q4_0 at ~40
-// keys): k_attn with its KV split ran 8.5 us with its SMs active 3.6 us of it, issuing once
-// every 11 cycles: each warp walks its keys one dependent chain at a time (mask, key row, a
-// 5-step shuffle sum, value row), and the splits merge through global memory. Here every load
-// is issued at once: the value rows go to shared memory by cp.async, thread j loads key row j
-// into registers, q and the mask value too; then the scores (thread j: q . k_j), one block max
-// and sum, and p v from shared memory (thread (slice, c) takes 8 columns of every slices-th
-// row, slices added by shuffles and across warps in shared memory). F16/BF16 K and V, D = Dv
-// = 64 (<= 256 keys) or 128 (<= 128 keys): at most 32 KiB of values in shared memory.
-// Measured on the H200 (bench/results/cuda.md, stop 21): 4.4 us per call in ncu (SMs active
-// 0.7 us) against k_attn's 10.1 (3.6); 1B Q4_0 tg128 1,260 t/s against 1,079 with
+// keys): k_attn with its KV split (128 blocks) ran 8.5 us, each SM active 3.6 us of it on
+// average, issuing once every 11 cycles: each warp walks its keys one dependent chain at a time
+// (mask, key row, a 5-step shuffle sum, value row), and the splits merge through global memory.
+// Here every load is issued at once: the value rows go to shared memory by cp.async, thread j loads
+// key row j into registers, q and the mask value too; then the scores (thread j: q . k_j), one
+// block max and sum, and p v from shared memory (thread (slice, c) takes 8 columns of every
+// slices-th row, slices added by shuffles and across warps in shared memory). F16/BF16 K and V, D =
+// Dv = 64 (<= 256 keys) or 128 (<= 128 keys): at most 32 KiB of values in shared memory. Measured
+// on the H200 (bench/results/cuda.md, stop 21): 4.4 us per call in ncu against k_attn's 10.1 (its
+// 32 blocks keep an SM ~2.9 us each); 1B Q4_0 tg128 1,260 t/s against 1,079 with
 // FERRY_CUDA_ATTN_ROW=0, 1B F16 715 against 679.
 constexpr int kRThreads = 256;
 constexpr int kRWarps = kRThreads / 32;
