@@ -123,6 +123,25 @@ Device* gpu() {
     return find_device("CUDA0");
 }
 
+// The product of c on the GPU twice, with the switches off0 and then off1 set to "0" while
+// each backend is made, and on the CPU (`cpu_be`): outs[0], outs[1], outs[2] (empty on failure).
+void gpu_forms_and_cpu(Backend* cpu_be, const ProductCase& c, bool glu, bool with_add,
+                       std::initializer_list<const char*> off0,
+                       std::initializer_list<const char*> off1, std::vector<float> (&outs)[3]) {
+    for (int d = 0; d < 2; d++) {
+        outs[d].clear();
+        for (const char* name : d == 0 ? off0 : off1) setenv(name, "0", 1);
+        Expected<std::unique_ptr<Backend>> gbe = gpu()->make_backend();
+        for (const char* name : d == 0 ? off0 : off1) unsetenv(name);
+        if (!gbe) {
+            ADD_FAILURE() << gbe.message();
+            return;
+        }
+        outs[d] = decode_product(gbe->get(), gpu()->buffer_type(), c, glu, with_add);
+    }
+    outs[2] = decode_product(cpu_be, cpu::host_buffer_type(), c, glu, with_add);
+}
+
 #define REQUIRE_GPU()                                                 \
     do {                                                              \
         if (!gpu()) GTEST_SKIP() << "no CUDA device (CUDA0) present"; \
@@ -708,16 +727,10 @@ TEST(Cuda, RingProductsEqualTheRegisterForm) {
                     if (glu && (with_add || M > 9001)) continue;
                     // 0: GPU, ring; 1: GPU, register form; 2: CPU
                     std::vector<float> outs[3];
-                    for (int d = 0; d < 3; d++) {
-                        if (d == 1) setenv("FERRY_CUDA_MV_RING", "0", 1);
-                        Expected<std::unique_ptr<Backend>> gbe = gpu()->make_backend();
-                        unsetenv("FERRY_CUDA_MV_RING");
-                        ASSERT_TRUE(gbe) << gbe.message();
-                        outs[d] =
-                            decode_product(d < 2 ? gbe->get() : cbe.get(),
-                                           d < 2 ? gpu()->buffer_type() : cpu::host_buffer_type(),
-                                           pc, glu, with_add);
-                        ASSERT_EQ(outs[d].size(), static_cast<size_t>(M));
+                    gpu_forms_and_cpu(cbe.get(), pc, glu, with_add, {}, {"FERRY_CUDA_MV_RING"},
+                                      outs);
+                    for (const std::vector<float>& o : outs) {
+                        ASSERT_EQ(o.size(), static_cast<size_t>(M));
                     }
                     const std::string what = std::string(type_name(t)) + " K=" + std::to_string(K) +
                                              " M=" + std::to_string(M) +
@@ -763,17 +776,15 @@ TEST(Cuda, BlockLaneProductsMatchTheOtherForm) {
                 const bool glu = variant == 1, with_add = variant == 2;
                 // 0: GPU, block-lane form; 1: GPU, the other form; 2: CPU
                 std::vector<float> outs[3];
-                for (int d = 0; d < 3; d++) {
-                    if (d == 1) setenv("FERRY_CUDA_MV_BLK", "0", 1);
-                    if (!ring) setenv("FERRY_CUDA_MV_RING", "0", 1);
-                    Expected<std::unique_ptr<Backend>> gbe = gpu()->make_backend();
-                    unsetenv("FERRY_CUDA_MV_BLK");
-                    unsetenv("FERRY_CUDA_MV_RING");
-                    ASSERT_TRUE(gbe) << gbe.message();
-                    outs[d] = decode_product(d < 2 ? gbe->get() : cbe.get(),
-                                             d < 2 ? gpu()->buffer_type() : cpu::host_buffer_type(),
-                                             pc, glu, with_add);
-                    ASSERT_EQ(outs[d].size(), static_cast<size_t>(M));
+                if (ring) {
+                    gpu_forms_and_cpu(cbe.get(), pc, glu, with_add, {}, {"FERRY_CUDA_MV_BLK"},
+                                      outs);
+                } else {
+                    gpu_forms_and_cpu(cbe.get(), pc, glu, with_add, {"FERRY_CUDA_MV_RING"},
+                                      {"FERRY_CUDA_MV_RING", "FERRY_CUDA_MV_BLK"}, outs);
+                }
+                for (const std::vector<float>& o : outs) {
+                    ASSERT_EQ(o.size(), static_cast<size_t>(M));
                 }
                 const std::string what = std::string(type_name(t)) + " K=" + std::to_string(K) +
                                          " M=" + std::to_string(M) +

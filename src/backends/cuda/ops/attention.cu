@@ -37,6 +37,18 @@ __device__ __forceinline__ float kv_at(Type t, const char* row, int64_t i) {
     return reinterpret_cast<const float*>(row)[i];
 }
 
+// Row iq of the mask for head h of batch i3 (the mask broadcasts over heads and batches), and
+// its value j (F16 or F32): every attention kernel reads the mask through these.
+__device__ __forceinline__ const char* mask_row(const AttnArgs& g, int64_t iq, int64_t h,
+                                                int64_t i3) {
+    return g.mask.p + iq * g.mask.nb[1] + (h % g.mask.ne[2]) * g.mask.nb[2] +
+           (i3 % g.mask.ne[3]) * g.mask.nb[3];
+}
+__device__ __forceinline__ float mask_value(const AttnArgs& g, const char* mrow, int64_t j) {
+    return g.mask_f16 ? h2f(reinterpret_cast<const uint16_t*>(mrow)[j])
+                      : reinterpret_cast<const float*>(mrow)[j];
+}
+
 template <int DT>
 __global__ void __launch_bounds__(32 * kWarps) k_attn(AttnArgs g) {
     __shared__ float s_m[kWarps], s_l[kWarps];
@@ -60,19 +72,14 @@ __global__ void __launch_bounds__(32 * kWarps) k_attn(AttnArgs g) {
         qv[t] = d < g.D ? qrow[d] : 0.0f;
         acc[t] = 0.0f;
     }
-    const char* mrow = nullptr;
-    if (g.has_mask) {
-        mrow = g.mask.p + iq * g.mask.nb[1] + (h % g.mask.ne[2]) * g.mask.nb[2] +
-               (i3 % g.mask.ne[3]) * g.mask.nb[3];
-    }
+    const char* mrow = g.has_mask ? mask_row(g, iq, h, i3) : nullptr;
     const char* kbase = g.k.p + hk * g.k.nb[2] + k3 * g.k.nb[3];
     const char* vbase = g.v.p + hk * g.v.nb[2] + k3 * g.v.nb[3];
     float m = -INFINITY, l = 0.0f;
     for (int64_t j = j0 + warp; j < j1; j += kWarps) {
         float mk = 0.0f;
         if (g.has_mask) {
-            mk = g.mask_f16 ? h2f(reinterpret_cast<const uint16_t*>(mrow)[j])
-                            : reinterpret_cast<const float*>(mrow)[j];
+            mk = mask_value(g, mrow, j);
             if (mk == -INFINITY) continue;
         }
         const char* krow = kbase + j * g.k.nb[1];
@@ -280,10 +287,7 @@ __global__ void __launch_bounds__(kTThreads) k_attn_tiled(AttnArgs g) {
         qs[r * LD + d] = x;
         ks[r * LD + d] = 0.0f;  // columns D_ .. D - 1 stay 0 (the vector loads skip them)
     }
-    const char* mbase = nullptr;
-    if (g.has_mask) {
-        mbase = g.mask.p + (h % g.mask.ne[2]) * g.mask.nb[2] + (i3 % g.mask.ne[3]) * g.mask.nb[3];
-    }
+    const char* mbase = g.has_mask ? mask_row(g, 0, h, i3) : nullptr;
     const char* kbase = g.k.p + hk * g.k.nb[2] + k3 * g.k.nb[3];
     const char* vbase = g.v.p + hk * g.v.nb[2] + k3 * g.v.nb[3];
 
@@ -310,9 +314,7 @@ __global__ void __launch_bounds__(kTThreads) k_attn_tiled(AttnArgs g) {
                 if (iq < g.n_q && jk < g.n_kv) {
                     x = 0.0f;
                     if (g.has_mask) {
-                        const char* mrow = mbase + iq * g.mask.nb[1];
-                        x = g.mask_f16 ? h2f(reinterpret_cast<const uint16_t*>(mrow)[jk])
-                                       : reinterpret_cast<const float*>(mrow)[jk];
+                        x = mask_value(g, mbase + iq * g.mask.nb[1], jk);
                     }
                 }
                 mk[i][j] = x;
@@ -520,10 +522,7 @@ __global__ void __launch_bounds__(32 * kMWarps, D <= 64 ? 3 : 2) k_attn_mma(Attn
             }
         }
     }
-    const char* mbase = nullptr;
-    if (g.has_mask) {
-        mbase = g.mask.p + (h % g.mask.ne[2]) * g.mask.nb[2] + (i3 % g.mask.ne[3]) * g.mask.nb[3];
-    }
+    const char* mbase = g.has_mask ? mask_row(g, 0, h, i3) : nullptr;
     const char* kbase = g.k.p + hk * g.k.nb[2] + k3 * g.k.nb[3];
     const char* vbase = g.v.p + hk * g.v.nb[2] + k3 * g.v.nb[3];
 
@@ -546,9 +545,7 @@ __global__ void __launch_bounds__(32 * kMWarps, D <= 64 ? 3 : 2) k_attn_mma(Attn
             if (iq < g.n_q && jk < g.n_kv) {
                 x = 0.0f;
                 if (g.has_mask) {
-                    const char* mrow = mbase + iq * g.mask.nb[1];
-                    x = g.mask_f16 ? h2f(reinterpret_cast<const uint16_t*>(mrow)[jk])
-                                   : reinterpret_cast<const float*>(mrow)[jk];
+                    x = mask_value(g, mbase + iq * g.mask.nb[1], jk);
                 }
             }
             return x;
@@ -823,11 +820,7 @@ __global__ void __launch_bounds__(kDThreads) k_attn_decode(AttnArgs g, bool vec2
             if (gi >= G) break;
             float mk = 0.0f;
             if (g.has_mask) {
-                const int64_t h = hk * G + gi;
-                const char* mrow = g.mask.p + (h % g.mask.ne[2]) * g.mask.nb[2] +
-                                   (i3 % g.mask.ne[3]) * g.mask.nb[3];
-                mk = g.mask_f16 ? h2f(reinterpret_cast<const uint16_t*>(mrow)[j])
-                                : reinterpret_cast<const float*>(mrow)[j];
+                mk = mask_value(g, mask_row(g, 0, hk * G + gi, i3), j);
             }
             sc[gi * n_kv + j] = mk == -INFINITY ? -INFINITY : acc[gi] * g.scale + mk;
         }
@@ -959,10 +952,7 @@ __global__ void __launch_bounds__(kRThreads) k_attn_row(AttnArgs g) {
     }
     float mk = 0.0f;
     if (g.has_mask && has_key) {
-        const char* mrow =
-            g.mask.p + (h % g.mask.ne[2]) * g.mask.nb[2] + (i3 % g.mask.ne[3]) * g.mask.nb[3];
-        mk = g.mask_f16 ? h2f(reinterpret_cast<const uint16_t*>(mrow)[tid])
-                        : reinterpret_cast<const float*>(mrow)[tid];
+        mk = mask_value(g, mask_row(g, 0, h, i3), tid);
     }
     __syncthreads();  // q
     float s = -INFINITY;

@@ -758,10 +758,25 @@ void launch_vec(const MvArgs& g, dim3 grid, int split, cudaStream_t st) {
     }
 }
 
-bool aligned16(const void* p, std::initializer_list<int64_t> strides) {
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+bool aligned(const void* p, int64_t n, std::initializer_list<int64_t> strides) {
+    if (reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(n) != 0) return false;
     for (int64_t s : strides) {
-        if (s % 16 != 0) return false;
+        if (s % n != 0) return false;
+    }
+    return true;
+}
+bool aligned16(const void* p, std::initializer_list<int64_t> strides) {
+    return aligned(p, 16, strides);
+}
+
+// Every row of a's matrices (a2's for GLU, each epilogue segment's) starts at a multiple of n
+// bytes.
+bool rows_aligned(const MvArgs& g, bool glu, bool segs, int64_t n) {
+    if (!aligned(g.a, n, {g.a_nb1, g.a_nb2, g.a_nb3}) || (glu && !aligned(g.a2, n, {}))) {
+        return false;
+    }
+    for (int s = 0; segs && s < g.n_seg; s++) {
+        if (!aligned(g.seg[s].a, n, {})) return false;
     }
     return true;
 }
@@ -1281,17 +1296,17 @@ struct BDec<Type::Q6_K> {
         const uint32_t sb = lane / 4, h = (lane / 2) % 2, e = lane % 2;
         const uint32_t base = static_cast<uint32_t>(sp * kSpanBytes) + 210u * sb;
         const uint32_t sh = (base & 2u) * 8u;
-        const char* r = row;
-        const uint4 qa = run(r, base + 64u * h + 16u * e, sh);
-        const uint4 qb = run(r, base + 64u * h + 32u + 16u * e, sh);
-        const uint4 qh = run(r, base + 128u + 32u * h + 16u * e, sh);
+        const uint4 qa = run(row, base + 64u * h + 16u * e, sh);
+        const uint4 qb = run(row, base + 64u * h + 32u + 16u * e, sh);
+        const uint4 qh = run(row, base + 128u + 32u * h + 16u * e, sh);
         // Scales 8h .. 8h + 7 (two words from 192 + 8h), then d (the low half at 208).
-        const uint32_t* ws = reinterpret_cast<const uint32_t*>(r + ((base + 192u + 8u * h) & ~3u));
+        const uint32_t* ws =
+            reinterpret_cast<const uint32_t*>(row + ((base + 192u + 8u * h) & ~3u));
         // (The third word only when realigning: unshifted, it could lie past the row's end.)
         const uint32_t s0 = __funnelshift_r(ws[0], ws[1], sh);
         const uint32_t s1 = __funnelshift_r(ws[1], sh ? ws[2] : 0u, sh);
         const uint32_t sc = __byte_perm(s0, s1, 0x6420u + 0x1111u * e);  // 2p + e, p = 0..3
-        const uint32_t* wd = reinterpret_cast<const uint32_t*>(r + ((base + 208u) & ~3u));
+        const uint32_t* wd = reinterpret_cast<const uint32_t*>(row + ((base + 208u) & ~3u));
         const float d = h2f(static_cast<uint16_t>((wd[0] >> sh) & 0xffffu));
         const int s0p = part(qa, qh, 0, 0, x.x[0]);
         const int s1p = part(qb, qh, 0, 2, x.x[1]);
@@ -1618,15 +1633,7 @@ struct RingPlan {
 
 RingPlan plan_ring(const MvArgs& g, int R, bool glu, bool segs, size_t b_bytes) {
     RingPlan r;
-    if (g.a_nb1 != g.a_row_bytes || g.a_nb1 % 16 != 0 || g.a_nb2 % 16 != 0 || g.a_nb3 % 16 != 0) {
-        return r;
-    }
-    if (!aligned16(g.a, {}) || (glu && !aligned16(g.a2, {}))) return r;
-    if (segs) {
-        for (int s = 0; s < g.n_seg; s++) {
-            if (!aligned16(g.seg[s].a, {})) return r;
-        }
-    }
+    if (g.a_nb1 != g.a_row_bytes || !rows_aligned(g, glu, segs, 16)) return r;
     const int64_t stage = static_cast<int64_t>(R) * g.a_nb1 * (glu ? 2 : 1);
     const size_t b = (b_bytes + 127) / 128 * 128;
     static const size_t budget2 = [] {
@@ -1663,19 +1670,6 @@ void allow_ring_smem(Kernel k, std::atomic<uint64_t>& done) {
     done.fetch_or(bit, std::memory_order_acq_rel);
 }
 
-// The block-lane form reads whole words of the rows: every row 4-byte aligned.
-bool blk_rows_ok(const MvArgs& g, bool glu, bool segs) {
-    auto a4 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 4 == 0; };
-    if (g.a_nb1 % 4 != 0 || g.a_nb2 % 4 != 0 || g.a_nb3 % 4 != 0) return false;
-    if (!a4(g.a) || (glu && !a4(g.a2))) return false;
-    if (segs) {
-        for (int s = 0; s < g.n_seg; s++) {
-            if (!a4(g.seg[s].a)) return false;
-        }
-    }
-    return true;
-}
-
 template <Type T, bool glu, bool epi, bool blk>
 void launch_q8_form(const MvArgs& g, unsigned mats, int n_sm, bool ring, cudaStream_t st) {
     const size_t smem = static_cast<size_t>(g.K) + static_cast<size_t>(g.K) / 8;
@@ -1708,7 +1702,8 @@ void launch_q8_form(const MvArgs& g, unsigned mats, int n_sm, bool ring, cudaStr
 template <Type T, bool glu, bool epi>
 void launch_q8(const OpContext& ctx, const MvArgs& g, unsigned mats) {
     if constexpr (kHasBlk<T>) {
-        if (ctx.mv_blk && blk_rows_ok(g, glu, epi)) {
+        // The block-lane form reads whole words of the rows.
+        if (ctx.mv_blk && rows_aligned(g, glu, epi, 4)) {
             launch_q8_form<T, glu, epi, true>(g, mats, ctx.n_sm, ctx.mv_ring, ctx.stream);
             return;
         }
