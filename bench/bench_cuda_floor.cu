@@ -1,0 +1,209 @@
+// The floor under a decode step made of one kernel per product: a CUDA graph of kernels that
+// only stream bytes (the byte counts of the 1B model's decode kernels, one buffer each, so
+// nothing is served from L2), replayed as a decode step is. What it measures is the time a
+// step cannot go below while it keeps this many kernels of these sizes: launch, ramp-up,
+// DRAM and drain, with nothing computed. Compare it with `ferry bench` tg128 on the same
+// machine (bench/results/cuda.md).
+//
+//   bench_cuda_floor [q4_0|f16] [replays]
+//
+// Each kernel sums its buffer with 16-byte loads (U loads in flight per thread) and writes one
+// value per block. Modes: no PDL; PDL with the loads after griddepcontrol.wait (a kernel that
+// must wait for its input before it reads anything); PDL with the loads issued before the wait
+// (weights do not depend on the kernel before).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+#define CK(x)                                                               \
+    do {                                                                    \
+        cudaError_t e_ = (x);                                               \
+        if (e_ != cudaSuccess) {                                            \
+            std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, \
+                         cudaGetErrorString(e_));                           \
+            std::exit(1);                                                   \
+        }                                                                   \
+    } while (0)
+
+constexpr int kThreads = 256;
+constexpr int kU = 4;
+
+// mode 0: plain; 1: wait, then load; 2: load, then wait.
+template <int mode>
+__global__ void __launch_bounds__(kThreads) k_stream(const int4* p, long long n, float* out) {
+    if constexpr (mode != 0) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if constexpr (mode == 1) asm volatile("griddepcontrol.wait;" ::: "memory");
+    const long long stride = static_cast<long long>(gridDim.x) * kThreads;
+    unsigned acc = 0;
+    for (long long i0 = blockIdx.x * static_cast<long long>(kThreads) + threadIdx.x; i0 < n;
+         i0 += kU * stride) {
+        int4 v[kU];
+#pragma unroll
+        for (int u = 0; u < kU; u++) {
+            const long long i = i0 + u * stride;
+            v[u] = i < n ? __ldcs(p + i) : make_int4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kU; u++) acc += v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    if constexpr (mode == 2) asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (acc == 0x12345678u) out[blockIdx.x] = 1.0f;  // keeps the loads; never true for zeros
+}
+
+struct Kernel {
+    const char* name;
+    double mb;  // megabytes read
+    int count;  // per step
+};
+
+void launch(int mode, const int4* p, long long n, float* out, int blocks, cudaStream_t st) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+    cfg.blockDim = dim3(kThreads);
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = mode != 0;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    switch (mode) {
+        case 0:
+            CK(cudaLaunchKernelEx(&cfg, k_stream<0>, p, n, out));
+            break;
+        case 1:
+            CK(cudaLaunchKernelEx(&cfg, k_stream<1>, p, n, out));
+            break;
+        default:
+            CK(cudaLaunchKernelEx(&cfg, k_stream<2>, p, n, out));
+            break;
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const char* model = argc > 1 ? argv[1] : "q4_0";
+    const int replays = argc > 2 ? std::atoi(argv[2]) : 200;
+    // One layer's decode kernels (ncu's DRAM bytes, bench/results/cuda.md), 16 layers, then the
+    // output product and the embedding row.
+    std::vector<Kernel> layer, tail;
+    if (std::strcmp(model, "f16") == 0) {
+        layer = {{"qkv", 12.6, 1},
+                 {"attn", 0.06, 1},
+                 {"wo", 8.4, 1},
+                 {"gate/up", 67.1, 1},
+                 {"down", 33.6, 1}};
+        tail = {{"output", 525.3, 1}, {"get_rows", 0.01, 1}};
+    } else if (std::strcmp(model, "q4_0") == 0) {
+        layer = {{"qkv", 3.6, 1},
+                 {"attn", 0.07, 1},
+                 {"wo", 2.4, 1},
+                 {"gate/up", 18.9, 1},
+                 {"down", 9.4, 1}};
+        tail = {{"output", 215.5, 1}, {"get_rows", 0.01, 1}};
+    } else {
+        std::fprintf(stderr, "usage: bench_cuda_floor [q4_0|f16] [replays]\n");
+        return 2;
+    }
+    int dev = 0, n_sm = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    std::vector<Kernel> step;
+    for (int l = 0; l < 16; l++) step.insert(step.end(), layer.begin(), layer.end());
+    step.insert(step.end(), tail.begin(), tail.end());
+    std::vector<int4*> bufs;
+    std::vector<long long> lens;
+    double total_mb = 0;
+    for (const Kernel& k : step) {
+        const long long n = static_cast<long long>(k.mb * 1e6 / 16);
+        int4* p = nullptr;
+        CK(cudaMalloc(&p, static_cast<size_t>(std::max(1LL, n)) * 16));
+        CK(cudaMemset(p, 0, static_cast<size_t>(std::max(1LL, n)) * 16));
+        bufs.push_back(p);
+        lens.push_back(n);
+        total_mb += k.mb;
+    }
+    float* out = nullptr;
+    CK(cudaMalloc(&out, 1 << 20));
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    std::printf("model %s: %zu kernels per step, %.1f MB per step, %d SMs, %d replays\n", model,
+                step.size(), total_mb, n_sm, replays);
+    std::printf("%-28s %10s %10s %10s\n", "mode", "us/step", "TB/s", "steps/s");
+    const char* names[] = {"no PDL", "PDL, wait then load", "PDL, load then wait"};
+    for (int per_sm : {2, 4, 8}) {
+        for (int mode = 0; mode < 3; mode++) {
+            cudaGraph_t graph;
+            cudaGraphExec_t exec;
+            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+            for (size_t i = 0; i < step.size(); i++) {
+                const long long per_block = static_cast<long long>(kThreads) * kU;
+                const long long want = (lens[i] + per_block - 1) / per_block;
+                const int blocks = static_cast<int>(
+                    std::max(1LL, std::min(want, static_cast<long long>(n_sm) * per_sm)));
+                launch(mode, bufs[i], lens[i], out, blocks, st);
+            }
+            CK(cudaStreamEndCapture(st, &graph));
+            CK(cudaGraphInstantiate(&exec, graph, 0));
+            for (int i = 0; i < 10; i++) CK(cudaGraphLaunch(exec, st));
+            cudaEvent_t e0, e1;
+            CK(cudaEventCreate(&e0));
+            CK(cudaEventCreate(&e1));
+            std::vector<float> times;
+            for (int r = 0; r < 5; r++) {
+                CK(cudaEventRecord(e0, st));
+                for (int i = 0; i < replays; i++) CK(cudaGraphLaunch(exec, st));
+                CK(cudaEventRecord(e1, st));
+                CK(cudaEventSynchronize(e1));
+                float ms = 0;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                times.push_back(ms * 1000.0f / static_cast<float>(replays));
+            }
+            std::sort(times.begin(), times.end());
+            const double us = times[2];
+            char label[64];
+            std::snprintf(label, sizeof label, "%s, %d blocks/SM", names[mode], per_sm);
+            std::printf("%-28s %10.1f %10.2f %10.0f\n", label, us, total_mb / us, 1e6 / us);
+            CK(cudaGraphExecDestroy(exec));
+            CK(cudaGraphDestroy(graph));
+            CK(cudaEventDestroy(e0));
+            CK(cudaEventDestroy(e1));
+        }
+    }
+    // Each kernel kind alone: launches back to back without PDL, cycling through the 16
+    // layers' buffers (so that a small one is not served from L2), timed over 160 launches.
+    std::printf("\nper kernel kind, launches back to back (no PDL, 4 blocks/SM), us:\n");
+    for (size_t i = 0; i < layer.size() + tail.size(); i++) {
+        const bool in_layer = i < layer.size();
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        const long long per_block = static_cast<long long>(kThreads) * kU;
+        const int n = in_layer ? 160 : 20;
+        CK(cudaEventRecord(e0, st));
+        for (int r = 0; r < n; r++) {
+            const size_t at =
+                in_layer ? (r % 16) * layer.size() + i : 16 * layer.size() + (i - layer.size());
+            const int blocks =
+                static_cast<int>(std::max(1LL, std::min((lens[at] + per_block - 1) / per_block,
+                                                        static_cast<long long>(n_sm) * 4)));
+            launch(0, bufs[at], lens[at], out, blocks, st);
+        }
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        const Kernel& k = in_layer ? layer[i] : tail[i - layer.size()];
+        std::printf("  %-10s %8.2f MB %8.2f us %6.2f TB/s\n", k.name, k.mb,
+                    ms * 1000.0f / static_cast<float>(n), k.mb / (ms * 1000.0 / n));
+        CK(cudaEventDestroy(e0));
+        CK(cudaEventDestroy(e1));
+    }
+    return 0;
+}
