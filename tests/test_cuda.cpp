@@ -797,6 +797,38 @@ TEST(Cuda, BlockLaneProductsMatchTheOtherForm) {
     }
 }
 
+// The float kernel's raw form (plain weights held as raw bytes, decoded just before use, so
+// that 4-8 chunks per matrix are in flight; FERRY_CUDA_MV_FRAW) adds the same chunks in the
+// same order as the decoded form: equal bit for bit, for F16, BF16 and F32, plain,
+// gate+up+SWIGLU and the residual ADD, rows with a last partial chunk (K = 2056), rows of one
+// group and of several (K = 2048 and 4096), and long rows split between warps (K = 8192).
+TEST(Cuda, RawFloatProductsEqualTheDecodedForm) {
+    REQUIRE_GPU();
+    std::unique_ptr<Backend> cbe = cpu::make_cpu_backend(2);
+    Lcg rnd{31u};
+    for (Type t : {Type::F16, Type::BF16, Type::F32}) {
+        for (int64_t K : {int64_t{2048}, int64_t{2056}, int64_t{4096}, int64_t{8192}}) {
+            const int64_t M = K == 8192 ? 2048 : 3000;
+            ProductCase pc;
+            ASSERT_TRUE(random_product(t, K, M, rnd, pc));
+            for (int variant = 0; variant < 3; variant++) {
+                const bool glu = variant == 1, with_add = variant == 2;
+                // 0: GPU, raw form; 1: GPU, decoded form; 2: CPU
+                std::vector<float> outs[3];
+                gpu_forms_and_cpu(cbe.get(), pc, glu, with_add, {}, {"FERRY_CUDA_MV_FRAW"}, outs);
+                for (const std::vector<float>& o : outs) {
+                    ASSERT_EQ(o.size(), static_cast<size_t>(M));
+                }
+                const std::string what = std::string(type_name(t)) + " K=" + std::to_string(K) +
+                                         (glu ? " gate+up+swiglu" : "") + (with_add ? " add" : "");
+                EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * 4), 0)
+                    << what;
+                EXPECT_LE(nmse_of(outs[0], outs[2]), 1e-10) << what;  // NaN fails too
+            }
+        }
+    }
+}
+
 // Token-by-token decode with the ring form gives the register form's logits bit for bit.
 TEST(Cuda, RingDecodeEqualsTheRegisterForm) {
     REQUIRE_GPU();

@@ -61,6 +61,12 @@ struct OpContext {
     // Q4_0 decode products take whole block pairs per lane (the int8 kernel's block-lane form;
     // FERRY_CUDA_MV_BLK=0 when the backend is made turns it off).
     bool mv_blk = true;
+    // Plain-weight (F16/BF16/F32) decode products keep their chunks raw until used, so that
+    // more are in flight (the float kernel's raw form; FERRY_CUDA_MV_FRAW=0 turns it off).
+    bool mv_raw = true;
+    // The float kernel's capped launch asks for each block's next row group in L2 as it starts
+    // a group (FERRY_CUDA_MV_FNEXT=0 turns it off).
+    bool mv_next = true;
 };
 
 }  // namespace ferry::cuda

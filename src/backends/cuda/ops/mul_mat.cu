@@ -349,6 +349,9 @@ struct MvArgs {
     // The float kernel with a folded norm: the first group of weights is loaded before the
     // norm is computed (FERRY_CUDA_MV_FNORM=2 turns it off).
     bool early;
+    // The float kernel's capped launch: each warp asks for its next row group's rows in L2
+    // as it starts a group (set by launch_vec_fused from OpContext::mv_next).
+    bool next;
 };
 
 template <bool aligned>
@@ -502,9 +505,20 @@ __device__ __forceinline__ void mv_chunk(const Lane8& w, const char* bm, int64_t
 // over row groups (a capped grid shares each block's norm between several groups); every
 // segment's rows are a multiple of kMvWarps, so a block's rows lie in one segment and rope
 // pairs (2i, 2i + 1) in one block (S <= kMvWarps / 2).
-template <Type T, int NC, bool x_aligned, int S, bool glu, int MINB, bool fused = false>
+//
+// raw (plain weights, one column; FERRY_CUDA_MV_FRAW=0 turns it off): a group's chunks are
+// held as their raw bytes (4 registers a chunk for F16/BF16, 8 for F32) and decoded one at a
+// time just before use, so that 4-8 chunks per matrix are in flight under the register cap
+// instead of 1-2 decoded ones (the same chunks added in the same order: the same sums).
+template <Type T>
+constexpr bool kPlain = T == Type::F16 || T == Type::BF16 || T == Type::F32;
+
+template <Type T, int NC, bool x_aligned, int S, bool glu, int MINB, bool fused = false,
+          bool raw = false>
 __global__ void __launch_bounds__(32 * kMvWarps, MINB) k_mul_mat_vec(MvArgs g) {
-    constexpr int U = MINB > 1 ? (glu ? 1 : 2) : (glu ? 2 : 4);
+    constexpr bool kRaw = raw && kPlain<T> && NC == 1;
+    constexpr int U = kRaw ? (T == Type::F32 ? (glu ? 2 : 4) : (glu ? 4 : 8))
+                           : (MINB > 1 ? (glu ? 1 : 2) : (glu ? 2 : 4));
     constexpr int R = kMvWarps / S;  // rows per block and row group
     static_assert(!fused || NC == 1, "the fused forms take one column");
     __shared__ float sh[kMvWarps][glu ? 2 * NC : NC];
@@ -583,6 +597,15 @@ __global__ void __launch_bounds__(32 * kMvWarps, MINB) k_mul_mat_vec(MvArgs g) {
         const bool valid = m < g.M;  // always, with the epilogue
         int sg = 0;
         int64_t ms = 0;
+        if constexpr (fused) {
+            // The block's next row group: its rows start on their way to L2 now, so that the
+            // group's loads do not each wait on DRAM after this one ends.
+            const int64_t mn = m + group_step;
+            if (g.next && part == 0 && mn < g.M) {
+                prefetch_l2(row_of(mn, &sg, &ms), g.a_row_bytes, lane);
+                if constexpr (glu) prefetch_l2(g.a2 + a_mat + mn * g.a_nb1, g.a_row_bytes, lane);
+            }
+        }
         const char* row = row_of(valid ? m : 0, &sg, &ms);
         const char* row2 = glu ? g.a2 + a_mat + (valid ? m : 0) * g.a_nb1 : nullptr;
         float acc[NC], acc2[glu ? NC : 1];
@@ -592,32 +615,64 @@ __global__ void __launch_bounds__(32 * kMvWarps, MINB) k_mul_mat_vec(MvArgs g) {
         for (int n = 0; n < (glu ? NC : 1); n++) acc2[n] = 0.0f;
         int64_t c = part;
         if (valid) {
-            for (; c + (U - 1) * S < n_full; c += U * S) {
-                Lane8 w[U], w2[glu ? U : 1];
-                bool decoded = false;
-                if constexpr (kEarly) {
-                    if (early) {
-#pragma unroll
-                        for (int u = 0; u < U; u++) {
-                            const int64_t e = (c + u * S) * 256 + 8 * lane;
-                            Dec<T>::from_raw(e0[u], e, w[u]);
-                            if constexpr (glu) Dec<T>::from_raw(e02[u], e, w2[u]);
-                        }
-                        early = false;
-                        decoded = true;
-                    }
-                }
-                if (!decoded) {
+            if constexpr (kRaw) {
+                for (; c + (U - 1) * S < n_full; c += U * S) {
+                    Raw8 r[U], r2[glu ? U : 1];
 #pragma unroll
                     for (int u = 0; u < U; u++) {
-                        Dec<T>::get(row, g.K, c + u * S, lane, w[u]);
-                        if constexpr (glu) Dec<T>::get(row2, g.K, c + u * S, lane, w2[u]);
+                        if constexpr (kEarly) {
+                            if (early) {
+                                r[u] = e0[u];
+                                if constexpr (glu) r2[u] = e02[u];
+                                continue;
+                            }
+                        }
+                        r[u] = load_raw<T>(row, c + u * S, lane);
+                        if constexpr (glu) r2[u] = load_raw<T>(row2, c + u * S, lane);
+                    }
+                    early = false;
+#pragma unroll
+                    for (int u = 0; u < U; u++) {
+                        const int64_t e = (c + u * S) * 256 + 8 * lane;
+                        Lane8 w;
+                        Dec<T>::from_raw(r[u], e, w);
+                        mv_chunk<T, NC, x_aligned>(w, bm, b_nb1, n_cols, acc);
+                        if constexpr (glu) {
+                            Dec<T>::from_raw(r2[u], e, w);
+                            mv_chunk<T, NC, x_aligned>(w, bm, b_nb1, n_cols, acc2);
+                        }
                     }
                 }
+            }
+            if constexpr (!kRaw) {
+                for (; c + (U - 1) * S < n_full; c += U * S) {
+                    Lane8 w[U], w2[glu ? U : 1];
+                    bool decoded = false;
+                    if constexpr (kEarly) {
+                        if (early) {
 #pragma unroll
-                for (int u = 0; u < U; u++) {
-                    mv_chunk<T, NC, x_aligned>(w[u], bm, b_nb1, n_cols, acc);
-                    if constexpr (glu) mv_chunk<T, NC, x_aligned>(w2[u], bm, b_nb1, n_cols, acc2);
+                            for (int u = 0; u < U; u++) {
+                                const int64_t e = (c + u * S) * 256 + 8 * lane;
+                                Dec<T>::from_raw(e0[u], e, w[u]);
+                                if constexpr (glu) Dec<T>::from_raw(e02[u], e, w2[u]);
+                            }
+                            early = false;
+                            decoded = true;
+                        }
+                    }
+                    if (!decoded) {
+#pragma unroll
+                        for (int u = 0; u < U; u++) {
+                            Dec<T>::get(row, g.K, c + u * S, lane, w[u]);
+                            if constexpr (glu) Dec<T>::get(row2, g.K, c + u * S, lane, w2[u]);
+                        }
+                    }
+#pragma unroll
+                    for (int u = 0; u < U; u++) {
+                        mv_chunk<T, NC, x_aligned>(w[u], bm, b_nb1, n_cols, acc);
+                        if constexpr (glu)
+                            mv_chunk<T, NC, x_aligned>(w2[u], bm, b_nb1, n_cols, acc2);
+                    }
                 }
             }
             for (; c < n_chunks; c += S) {
@@ -721,8 +776,15 @@ bool occupancy_mode() {
 }
 
 template <Type T, int NC, int S, bool glu>
-void launch_vec_s(const MvArgs& g, dim3 grid, cudaStream_t st) {
+void launch_vec_s(const MvArgs& g, dim3 grid, cudaStream_t st, bool raw) {
     grid.x = n_blocks(g.M, kMvWarps / S);
+    if constexpr (kPlain<T> && NC == 1) {
+        if (occupancy_mode() && raw) {
+            launch_pdl(k_mul_mat_vec<T, 1, true, S, glu, 3, false, true>, grid, dim3(32 * kMvWarps),
+                       0, st, g);
+            return;
+        }
+    }
     // Measured on the H200 (bench/results/cuda.md, 1B Q4_0 tg128, same machine): the cap for
     // every split gave 504 t/s, for splits <= 2 only 473, none 428.
     if (NC == 1 && occupancy_mode()) {
@@ -733,27 +795,27 @@ void launch_vec_s(const MvArgs& g, dim3 grid, cudaStream_t st) {
 }
 
 template <Type T, bool glu>
-void launch_vec(const MvArgs& g, dim3 grid, int split, cudaStream_t st) {
+void launch_vec(const MvArgs& g, dim3 grid, int split, cudaStream_t st, bool raw) {
     grid.z = static_cast<unsigned>((g.N + kMaxCols - 1) / kMaxCols);
     if (g.N == 1) {
         switch (split) {
             case 1:
-                return launch_vec_s<T, 1, 1, glu>(g, grid, st);
+                return launch_vec_s<T, 1, 1, glu>(g, grid, st, raw);
             case 2:
-                return launch_vec_s<T, 1, 2, glu>(g, grid, st);
+                return launch_vec_s<T, 1, 2, glu>(g, grid, st, raw);
             default:
-                return launch_vec_s<T, 1, 4, glu>(g, grid, st);
+                return launch_vec_s<T, 1, 4, glu>(g, grid, st, raw);
         }
     }
     if constexpr (!glu) {
         switch (g.N) {
             case 2:
-                return launch_vec_s<T, 2, 1, false>(g, grid, st);
+                return launch_vec_s<T, 2, 1, false>(g, grid, st, raw);
             case 3:
             case 4:
-                return launch_vec_s<T, 4, 1, false>(g, grid, st);
+                return launch_vec_s<T, 4, 1, false>(g, grid, st, raw);
             default:
-                return launch_vec_s<T, 8, 1, false>(g, grid, st);
+                return launch_vec_s<T, 8, 1, false>(g, grid, st, raw);
         }
     }
 }
@@ -819,6 +881,7 @@ MvArgs make_args(const Tensor* dst, const Tensor* res) {
     g.neps = 0.0f;
     g.norm_threads = 0;
     g.early = false;
+    g.next = false;
     return g;
 }
 
@@ -864,7 +927,9 @@ bool vec_fused_ok(const MvArgs& g, Type t) {
 }
 
 template <Type T, bool glu>
-void launch_vec_fused(const MvArgs& g, int split, int n_sm, cudaStream_t st) {
+void launch_vec_fused(const MvArgs& ga, int split, int n_sm, cudaStream_t st, bool raw, bool next) {
+    MvArgs g = ga;
+    g.next = next;
     const size_t smem = g.nx ? static_cast<size_t>(g.K) * sizeof(float) : 0;
     const int R = kMvWarps / split;
     // A few blocks per SM loop over the row groups (each computes the folded norm once).
@@ -878,6 +943,22 @@ void launch_vec_fused(const MvArgs& g, int split, int n_sm, cudaStream_t st) {
     const unsigned blocks =
         cap ? std::min(n_blocks(g.M, R), static_cast<unsigned>(n_sm) * 3) : n_blocks(g.M, R);
     const dim3 grid(blocks, 1, 1), block(32 * kMvWarps);
+    if (raw) {
+        switch (split) {
+            case 1:
+                launch_pdl(k_mul_mat_vec<T, 1, true, 1, glu, 3, true, true>, grid, block, smem, st,
+                           g);
+                return;
+            case 2:
+                launch_pdl(k_mul_mat_vec<T, 1, true, 2, glu, 3, true, true>, grid, block, smem, st,
+                           g);
+                return;
+            default:
+                launch_pdl(k_mul_mat_vec<T, 1, true, 4, glu, 3, true, true>, grid, block, smem, st,
+                           g);
+                return;
+        }
+    }
     switch (split) {
         case 1:
             launch_pdl(k_mul_mat_vec<T, 1, true, 1, glu, 3, true>, grid, block, smem, st, g);
@@ -897,13 +978,16 @@ Status dispatch_vec_fused(OpContext& ctx, const MvArgs& g, Type t, int64_t M) {
     const int split = choose_split(M, g.K, ctx.n_sm);
     switch (t) {
         case Type::F32:
-            launch_vec_fused<Type::F32, glu>(g, split, ctx.n_sm, ctx.stream);
+            launch_vec_fused<Type::F32, glu>(g, split, ctx.n_sm, ctx.stream, ctx.mv_raw,
+                                             ctx.mv_next);
             break;
         case Type::F16:
-            launch_vec_fused<Type::F16, glu>(g, split, ctx.n_sm, ctx.stream);
+            launch_vec_fused<Type::F16, glu>(g, split, ctx.n_sm, ctx.stream, ctx.mv_raw,
+                                             ctx.mv_next);
             break;
         case Type::BF16:
-            launch_vec_fused<Type::BF16, glu>(g, split, ctx.n_sm, ctx.stream);
+            launch_vec_fused<Type::BF16, glu>(g, split, ctx.n_sm, ctx.stream, ctx.mv_raw,
+                                              ctx.mv_next);
             break;
         default:
             return Status::errorf("CUDA: fused MUL_MAT weight type %s", type_name(t));
@@ -915,31 +999,31 @@ template <bool glu>
 Status dispatch_vec(OpContext& ctx, const MvArgs& g, Type t, dim3 grid, int split) {
     switch (t) {
         case Type::F32:
-            launch_vec<Type::F32, glu>(g, grid, split, ctx.stream);
+            launch_vec<Type::F32, glu>(g, grid, split, ctx.stream, ctx.mv_raw);
             break;
         case Type::F16:
-            launch_vec<Type::F16, glu>(g, grid, split, ctx.stream);
+            launch_vec<Type::F16, glu>(g, grid, split, ctx.stream, ctx.mv_raw);
             break;
         case Type::BF16:
-            launch_vec<Type::BF16, glu>(g, grid, split, ctx.stream);
+            launch_vec<Type::BF16, glu>(g, grid, split, ctx.stream, ctx.mv_raw);
             break;
         case Type::Q4_0:
-            launch_vec<Type::Q4_0, glu>(g, grid, split, ctx.stream);
+            launch_vec<Type::Q4_0, glu>(g, grid, split, ctx.stream, ctx.mv_raw);
             break;
         case Type::Q4_1:
-            launch_vec<Type::Q4_1, glu>(g, grid, split, ctx.stream);
+            launch_vec<Type::Q4_1, glu>(g, grid, split, ctx.stream, ctx.mv_raw);
             break;
         case Type::Q8_0:
-            launch_vec<Type::Q8_0, glu>(g, grid, split, ctx.stream);
+            launch_vec<Type::Q8_0, glu>(g, grid, split, ctx.stream, ctx.mv_raw);
             break;
         case Type::Q4_K:
-            launch_vec<Type::Q4_K, glu>(g, grid, split, ctx.stream);
+            launch_vec<Type::Q4_K, glu>(g, grid, split, ctx.stream, ctx.mv_raw);
             break;
         case Type::Q5_K:
-            launch_vec<Type::Q5_K, glu>(g, grid, split, ctx.stream);
+            launch_vec<Type::Q5_K, glu>(g, grid, split, ctx.stream, ctx.mv_raw);
             break;
         case Type::Q6_K:
-            launch_vec<Type::Q6_K, glu>(g, grid, split, ctx.stream);
+            launch_vec<Type::Q6_K, glu>(g, grid, split, ctx.stream, ctx.mv_raw);
             break;
         default:
             return Status::errorf("CUDA: MUL_MAT weight type %s", type_name(t));
@@ -1395,7 +1479,8 @@ __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
     [[maybe_unused]] const int64_t ring_rows =
         static_cast<int64_t>(R) * g.a_nb1;  // bytes of one matrix's rows
     // Issues the copies of the block's iteration j (when that row group exists).
-    [[maybe_unused]] auto issue = [&](int64_t j) {
+    // (slot = j % P, passed in: a 64-bit modulo by a run-time P is a long emulated sequence.)
+    [[maybe_unused]] auto issue = [&](int64_t j, int slot) {
         const int64_t mb = (static_cast<int64_t>(blockIdx.x) + j * gridDim.x) * R;
         if (mb >= g.M) return;
         const int64_t rows = min(static_cast<int64_t>(R), g.M - mb);
@@ -1405,7 +1490,6 @@ __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
             int64_t ms = 0;
             src = g.seg[seg_of(g, mb, &ms)].a + ms * g.a_nb1;
         }
-        const int slot = static_cast<int>(j % P);
         char* dst = ring_base + slot * stage_bytes;
         mbar_expect(&ring_bar[slot], glu ? 2 * bytes : bytes);
         bulk_to_smem(dst, src, bytes, &ring_bar[slot]);
@@ -1419,7 +1503,7 @@ __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
         if (threadIdx.x < static_cast<unsigned>(P)) {
             mbar_init(&ring_bar[threadIdx.x], 1);
             mbar_init_fence();
-            issue(threadIdx.x);
+            issue(threadIdx.x, static_cast<int>(threadIdx.x));
         }
     } else {
         // Weights never depend on the kernel before: this warp's part of its first row is on
@@ -1468,7 +1552,12 @@ __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
     }
     __syncthreads();
     const int64_t n_groups = n_chunks / U;
-    int64_t it = 0;  // the block's iteration (ring slot it % P)
+    // The block's iteration, its ring slot it % P and the slot's phase (it / P) % 2, the last
+    // two kept by counting: a 64-bit division by the run-time P was ~5% of a gate/up launch's
+    // instructions (ncu).
+    int64_t it = 0;
+    [[maybe_unused]] int slot = 0;
+    [[maybe_unused]] uint32_t phase = 0;
     for (int64_t mb = static_cast<int64_t>(blockIdx.x) * R; mb < g.M;
          mb += static_cast<int64_t>(gridDim.x) * R, it++) {
         const int64_t m = mb + rl;
@@ -1482,8 +1571,7 @@ __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
         }
         const char* row2 = glu ? g.a2 + a_mat + (valid ? m : 0) * g.a_nb1 : nullptr;
         if constexpr (ring) {
-            const int slot = static_cast<int>(it % P);
-            mbar_wait(&ring_bar[slot], static_cast<uint32_t>((it / P) & 1));
+            mbar_wait(&ring_bar[slot], phase);
             row = ring_base + slot * stage_bytes + rl * g.a_nb1;
             row2 = row + ring_rows;
         }
@@ -1525,7 +1613,11 @@ __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
         if constexpr (ring) {
             // Every warp is done with the slot: refill it with the block's iteration it + P.
             __syncthreads();
-            if (threadIdx.x == 0) issue(it + P);
+            if (threadIdx.x == 0) issue(it + P, slot);
+            if (++slot == P) {
+                slot = 0;
+                phase ^= 1u;
+            }
         }
         acc = warp_sum(acc);
         if constexpr (glu) acc2 = warp_sum(acc2);
