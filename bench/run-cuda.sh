@@ -9,7 +9,8 @@
 #         each decode switch: a moving result is a race), "positions" (per-position flips against the oracle,
 #         CPU and CUDA0), "profile" (FERRY_CUDA_PROFILE), "ncu" (per-kernel times under ncu),
 #         "servestep" (bench/serve-step.sh: 1B Q4_0 tg128 local / unix / tcp, step batching on
-#         and off, SERVE_REPS rounds, served test-ops over unix and tcp first)
+#         and off, SERVE_REPS rounds, served test-ops over unix and tcp first), "floor"
+#         (bench/bench_cuda_floor.cu: 82 kernels that only stream the decode step's bytes)
 #   TARGETS="ferry test_cuda test_ops"  what the build step builds
 #
 # Results are recorded by hand in bench/results/cuda.md with the date and the machine.
@@ -156,6 +157,15 @@ if has ncu; then
       --csv --print-units base --launch-skip 600 --launch-count 300 "$F" bench -m "$m" --device CUDA0 -p 0 -n 8 -r 1 \
       >"$OUT/ncu-$b.csv" 2>"$OUT/ncu-$b.err"
     python3 bench/ncu-summary.py "$OUT/ncu-$b.csv" 2>&1 | tee -a "$OUT/summary.txt"
+  done
+fi
+
+if has floor; then
+  log "floor: 82 streaming kernels with the 1B decode step's bytes"
+  nvcc -std=c++17 -arch=sm_90 -O3 bench/bench_cuda_floor.cu -o /tmp/bench_cuda_floor \
+    >"$OUT/floor-build.log" 2>&1 || log "bench_cuda_floor: build failed"
+  for m in q4_0 f16; do
+    /tmp/bench_cuda_floor $m 100 2>&1 | tee -a "$OUT/summary.txt"
   done
 fi
 
