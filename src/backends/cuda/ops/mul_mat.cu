@@ -926,10 +926,27 @@ bool vec_fused_ok(const MvArgs& g, Type t) {
            aligned16(g.b, {g.b_nb1, g.b_nb2, g.b_nb3});
 }
 
+// The fused float kernel, raw or decoded form, for split S = 1, 2 or 4.
+template <Type T, bool glu, bool raw>
+void launch_vec_fused_form(const MvArgs& g, int split, dim3 grid, size_t smem, cudaStream_t st) {
+    const dim3 block(32 * kMvWarps);
+    switch (split) {
+        case 1:
+            launch_pdl(k_mul_mat_vec<T, 1, true, 1, glu, 3, true, raw>, grid, block, smem, st, g);
+            break;
+        case 2:
+            launch_pdl(k_mul_mat_vec<T, 1, true, 2, glu, 3, true, raw>, grid, block, smem, st, g);
+            break;
+        default:
+            launch_pdl(k_mul_mat_vec<T, 1, true, 4, glu, 3, true, raw>, grid, block, smem, st, g);
+            break;
+    }
+}
+
 template <Type T, bool glu>
-void launch_vec_fused(const MvArgs& ga, int split, int n_sm, cudaStream_t st, bool raw, bool next) {
+void launch_vec_fused(const OpContext& ctx, const MvArgs& ga, int split) {
     MvArgs g = ga;
-    g.next = next;
+    g.next = ctx.mv_next;
     const size_t smem = g.nx ? static_cast<size_t>(g.K) * sizeof(float) : 0;
     const int R = kMvWarps / split;
     // A few blocks per SM loop over the row groups (each computes the folded norm once).
@@ -941,34 +958,12 @@ void launch_vec_fused(const MvArgs& ga, int split, int n_sm, cudaStream_t st, bo
         return !(v && v[0] == '0');
     }();
     const unsigned blocks =
-        cap ? std::min(n_blocks(g.M, R), static_cast<unsigned>(n_sm) * 3) : n_blocks(g.M, R);
-    const dim3 grid(blocks, 1, 1), block(32 * kMvWarps);
-    if (raw) {
-        switch (split) {
-            case 1:
-                launch_pdl(k_mul_mat_vec<T, 1, true, 1, glu, 3, true, true>, grid, block, smem, st,
-                           g);
-                return;
-            case 2:
-                launch_pdl(k_mul_mat_vec<T, 1, true, 2, glu, 3, true, true>, grid, block, smem, st,
-                           g);
-                return;
-            default:
-                launch_pdl(k_mul_mat_vec<T, 1, true, 4, glu, 3, true, true>, grid, block, smem, st,
-                           g);
-                return;
-        }
-    }
-    switch (split) {
-        case 1:
-            launch_pdl(k_mul_mat_vec<T, 1, true, 1, glu, 3, true>, grid, block, smem, st, g);
-            break;
-        case 2:
-            launch_pdl(k_mul_mat_vec<T, 1, true, 2, glu, 3, true>, grid, block, smem, st, g);
-            break;
-        default:
-            launch_pdl(k_mul_mat_vec<T, 1, true, 4, glu, 3, true>, grid, block, smem, st, g);
-            break;
+        cap ? std::min(n_blocks(g.M, R), static_cast<unsigned>(ctx.n_sm) * 3) : n_blocks(g.M, R);
+    const dim3 grid(blocks, 1, 1);
+    if (ctx.mv_raw) {
+        launch_vec_fused_form<T, glu, true>(g, split, grid, smem, ctx.stream);
+    } else {
+        launch_vec_fused_form<T, glu, false>(g, split, grid, smem, ctx.stream);
     }
 }
 
@@ -978,16 +973,13 @@ Status dispatch_vec_fused(OpContext& ctx, const MvArgs& g, Type t, int64_t M) {
     const int split = choose_split(M, g.K, ctx.n_sm);
     switch (t) {
         case Type::F32:
-            launch_vec_fused<Type::F32, glu>(g, split, ctx.n_sm, ctx.stream, ctx.mv_raw,
-                                             ctx.mv_next);
+            launch_vec_fused<Type::F32, glu>(ctx, g, split);
             break;
         case Type::F16:
-            launch_vec_fused<Type::F16, glu>(g, split, ctx.n_sm, ctx.stream, ctx.mv_raw,
-                                             ctx.mv_next);
+            launch_vec_fused<Type::F16, glu>(ctx, g, split);
             break;
         case Type::BF16:
-            launch_vec_fused<Type::BF16, glu>(g, split, ctx.n_sm, ctx.stream, ctx.mv_raw,
-                                              ctx.mv_next);
+            launch_vec_fused<Type::BF16, glu>(ctx, g, split);
             break;
         default:
             return Status::errorf("CUDA: fused MUL_MAT weight type %s", type_name(t));
