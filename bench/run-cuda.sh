@@ -12,6 +12,7 @@
 #         and off, SERVE_REPS rounds, served test-ops over unix and tcp first), "floor"
 #         (bench/bench_cuda_floor.cu: 82 kernels that only stream the decode step's bytes)
 #   TARGETS="ferry test_cuda test_ops"  what the build step builds
+#   CUDA_FLAGS="-DFERRY_CUDA_TRACE"  extra nvcc flags (the trace build: bench/tools/trace-timeline.py)
 #
 # Results are recorded by hand in bench/results/cuda.md with the date and the machine.
 set -uo pipefail
@@ -42,7 +43,7 @@ if has build; then
     prefix=(-DCMAKE_PREFIX_PATH=/tmp/gtest)
   fi
   cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O3 -DNDEBUG" \
-    -DFERRY_CUDA=ON -DFERRY_BENCH=OFF "${prefix[@]}" >"$OUT/build.log" 2>&1 &&
+    -DFERRY_CUDA=ON -DFERRY_BENCH=OFF -DCMAKE_CUDA_FLAGS="${CUDA_FLAGS:-}" "${prefix[@]}" >"$OUT/build.log" 2>&1 &&
     cmake --build "$B" -j "$JOBS" --target ${TARGETS:-ferry test_cuda test_ops} >>"$OUT/build.log" 2>&1 ||
     { log "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1; }
   log "built"

@@ -16,13 +16,40 @@
 // row kernel that reads elements one by one.
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "backends/cuda/cublas-api.h"
 #include "backends/cuda/ops/common.cuh"
 #include "backends/cuda/ops/ops.h"
 
 namespace ferry::cuda {
+
+#ifdef FERRY_CUDA_TRACE
+// Timeline of the int8 products (compile with -DFERRY_CUDA_TRACE; off in every normal build):
+// each block appends one record with %globaltimer at its start, after griddepcontrol.wait,
+// after b is in shared memory and at its end, and the cycles thread 0 spent waiting on the
+// ring. cuda_trace_dump writes the ring of records to FERRY_CUDA_TRACE_OUT at exit.
+struct TraceRec {
+    uint64_t t0, t1, t2, t3;
+    uint64_t wait_cyc;
+    uint32_t id, block, smid, groups, M, kind;
+};
+constexpr unsigned kTraceN = 1u << 18;
+__device__ TraceRec g_trace[kTraceN];
+__device__ unsigned long long g_trace_n;
+__device__ __forceinline__ uint64_t gtime() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ uint32_t smid() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
+    return r;
+}
+#endif
 
 namespace {
 
@@ -352,6 +379,7 @@ struct MvArgs {
     // The float kernel's capped launch: each warp asks for its next row group's rows in L2
     // as it starts a group (set by launch_vec_fused from OpContext::mv_next).
     bool next;
+    int trace_id;  // FERRY_CUDA_TRACE builds: the launch's number
 };
 
 template <bool aligned>
@@ -1461,6 +1489,11 @@ __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
     const float4* x4 = reinterpret_cast<const float4*>(g.b + i2 * g.b_nb2 + i3 * g.b_nb3);
     const int64_t a_mat = (i2 / g.r2) * g.a_nb2 + (i3 / g.r3) * g.a_nb3;
     const int64_t n_chunks = g.K / 256;
+#ifdef FERRY_CUDA_TRACE
+    const uint64_t tr0 = gtime();
+    uint64_t tr1 = 0, tr2 = 0, tr_wait = 0;
+    uint32_t tr_groups = 0;
+#endif
     pdl_trigger();
     // The ring's slots start after b's quants and scales (128-byte aligned); slot s holds the
     // rows of the block's iterations s, s + P, ...; the k-th use of a slot completes its
@@ -1516,6 +1549,9 @@ __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
         }
     }
     pdl_wait();
+#ifdef FERRY_CUDA_TRACE
+    tr1 = gtime();
+#endif
     // 8 consecutive threads quantize one block of 32 (K / 4 is a multiple of the block size,
     // so every warp runs each iteration whole). kPre loads per thread are issued before the
     // first is used: b (32 KiB for K = 8192) arrives in one round trip, not kPre
@@ -1543,6 +1579,9 @@ __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
         }
     }
     __syncthreads();
+#ifdef FERRY_CUDA_TRACE
+    tr2 = gtime();
+#endif
     const int64_t n_groups = n_chunks / U;
     // The block's iteration, its ring slot it % P and the slot's phase (it / P) % 2, the last
     // two kept by counting: a 64-bit division by the run-time P was ~5% of a gate/up launch's
@@ -1563,7 +1602,14 @@ __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
         }
         const char* row2 = glu ? g.a2 + a_mat + (valid ? m : 0) * g.a_nb1 : nullptr;
         if constexpr (ring) {
+#ifdef FERRY_CUDA_TRACE
+            const uint64_t c0 = clock64();
             mbar_wait(&ring_bar[slot], phase);
+            tr_wait += clock64() - c0;
+            tr_groups++;
+#else
+            mbar_wait(&ring_bar[slot], phase);
+#endif
             row = ring_base + slot * stage_bytes + rl * g.a_nb1;
             row2 = row + ring_rows;
         }
@@ -1641,7 +1687,55 @@ __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
             g.out[(i3 * g.ne2 + i2) * g.M + m] = v;
         }
     }
+#ifdef FERRY_CUDA_TRACE
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned long long at = atomicAdd(&g_trace_n, 1ull) % kTraceN;
+        TraceRec r;
+        r.t0 = tr0;
+        r.t1 = tr1;
+        r.t2 = tr2;
+        r.t3 = gtime();
+        r.wait_cyc = tr_wait;
+        r.id = static_cast<uint32_t>(g.trace_id);
+        r.block = blockIdx.x + blockIdx.y * gridDim.x;
+        r.smid = smid();
+        r.groups = tr_groups;
+        r.M = static_cast<uint32_t>(g.M);
+        r.kind = (glu ? 1u : 0u) | (epi ? 2u : 0u) | (g.nx ? 4u : 0u) | (ring ? 8u : 0u) |
+                 (static_cast<uint32_t>(T) << 8);
+        g_trace[at] = r;
+    }
+#endif
 }
+
+#ifdef FERRY_CUDA_TRACE
+void cuda_trace_dump() {
+    static std::vector<TraceRec> h(kTraceN);
+    unsigned long long n = 0;
+    cudaDeviceSynchronize();
+    cudaMemcpyFromSymbol(&n, g_trace_n, sizeof n);
+    cudaMemcpyFromSymbol(h.data(), g_trace, sizeof(TraceRec) * kTraceN);
+    const char* path = std::getenv("FERRY_CUDA_TRACE_OUT");
+    FILE* f = std::fopen(path ? path : "/tmp/ferry-trace.bin", "wb");
+    if (!f) return;
+    const uint64_t count = n < kTraceN ? n : kTraceN;
+    std::fwrite(&count, sizeof count, 1, f);
+    // Oldest first.
+    const uint64_t start = n < kTraceN ? 0 : n % kTraceN;
+    for (uint64_t i = 0; i < count; i++) std::fwrite(&h[(start + i) % kTraceN], sizeof(TraceRec), 1, f);
+    std::fclose(f);
+}
+int trace_next_id() {
+    static std::atomic<int> seq{0};
+    static const bool once = [] {
+        std::atexit(cuda_trace_dump);
+        return true;
+    }();
+    (void)once;
+    return seq++;
+}
+#endif
 
 bool q8_mode() {
     static const bool on = [] {
@@ -1755,7 +1849,11 @@ void allow_ring_smem(Kernel k, std::atomic<uint64_t>& done) {
 }
 
 template <Type T, bool glu, bool epi, bool blk>
-void launch_q8_form(const MvArgs& g, unsigned mats, int n_sm, bool ring, cudaStream_t st) {
+void launch_q8_form(const MvArgs& g0, unsigned mats, int n_sm, bool ring, cudaStream_t st) {
+    MvArgs g = g0;
+#ifdef FERRY_CUDA_TRACE
+    g.trace_id = trace_next_id();
+#endif
     const size_t smem = static_cast<size_t>(g.K) + static_cast<size_t>(g.K) / 8;
     const bool wide = q8_wide_mode();
     const int U = wide ? (glu ? 4 : 8) : (glu ? 2 : 4);

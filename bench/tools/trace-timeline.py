@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Timeline of one decode step's int8 products from a FERRY_CUDA_TRACE build.
+
+Usage: trace-timeline.py TRACE.bin [PER_STEP]
+
+TRACE.bin is what cuda_trace_dump writes (mul_mat.cu, built with -DFERRY_CUDA_TRACE): a u64
+count, then records of u64 t0 t1 t2 t3 wait_cyc, u32 id block smid groups M kind, where t0..t3
+are %globaltimer (ns) at a block's start, after griddepcontrol.wait, after b is in shared
+memory and at its end. Records of one launch share its id. PER_STEP is the number of product
+launches per decode step (65 for a 16-layer model: q/k/v, wo, gate/up, down per layer and the
+output product); the last whole step is printed kernel by kernel, then per kind over the
+step's layers (medians).
+"""
+import struct
+import sys
+from collections import defaultdict
+from statistics import median
+
+REC = struct.Struct("<5Q6I")
+
+
+def main():
+    path = sys.argv[1]
+    per_step = int(sys.argv[2]) if len(sys.argv) > 2 else 65
+    data = open(path, "rb").read()
+    (count,) = struct.unpack_from("<Q", data, 0)
+    recs = [REC.unpack_from(data, 8 + i * REC.size) for i in range(count)]
+    by_id = defaultdict(list)
+    for r in recs:
+        by_id[r[5]].append(r)
+    ids = sorted(by_id, key=lambda i: min(r[0] for r in by_id[i]))
+    # Launches whose records are all still in the ring: the newest ones.
+    ids = ids[-(per_step * 3):]
+    step = ids[-per_step:]
+    grains = set()
+    for r in recs[-2000:]:
+        for t in r[:4]:
+            grains.add(t % 32)
+    print(f"records {count}; launches kept {len(ids)}; globaltimer low bits seen: "
+          f"{sorted(grains)[:8]}")
+    t_base = min(r[0] for r in by_id[step[0]])
+    prev_end = None
+    rows = []
+    print(f"{'#':>3} {'kind':>12} {'M':>7} {'blk':>4} {'start0':>8} {'startN':>8} "
+          f"{'wait0':>8} {'waitmed':>8} {'prolog':>7} {'rows':>7} {'endmed':>8} {'end':>8} "
+          f"{'gap':>6} {'ringwait':>8} {'grp':>4}")
+    for n, i in enumerate(step):
+        rs = by_id[i]
+        M = rs[0][9]
+        kind = rs[0][10]
+        name = ("glu" if kind & 1 else "") + ("epi" if kind & 2 else "") + \
+               ("+norm" if kind & 4 else "") + ("" if kind & 8 else " noring") + \
+               f" t{kind >> 8}"
+        s0 = min(r[0] for r in rs) - t_base
+        sN = max(r[0] for r in rs) - t_base
+        w0 = min(r[1] for r in rs) - t_base
+        wm = median(r[1] for r in rs) - t_base
+        pro = median(r[2] - r[1] for r in rs)
+        rw = median(r[3] - r[2] for r in rs)
+        em = median(r[3] for r in rs) - t_base
+        e = max(r[3] for r in rs) - t_base
+        gap = (w0 - prev_end) if prev_end is not None else 0
+        ring = median(r[4] for r in rs)
+        grp = median(r[8] for r in rs)
+        print(f"{n:3d} {name:>12} {M:7d} {len(rs):4d} {s0/1e3:8.2f} {sN/1e3:8.2f} "
+              f"{w0/1e3:8.2f} {wm/1e3:8.2f} {pro/1e3:7.2f} {rw/1e3:7.2f} {em/1e3:8.2f} "
+              f"{e/1e3:8.2f} {gap/1e3:6.2f} {ring:8.0f} {grp:4.0f}")
+        rows.append(dict(name=f"{name} M={M}", s0=s0, sN=sN, w0=w0, wm=wm, pro=pro, rw=rw,
+                         em=em, e=e, gap=gap, prev=prev_end))
+        prev_end = e
+    total = rows[-1]["e"]
+    print(f"step (first product's first block start .. last product's end): {total/1e3:.1f} us")
+    kinds = defaultdict(list)
+    for r in rows[1:]:
+        kinds[r["name"]].append(r)
+    print("per kind (medians, us): n, prev end->first block start, prev end->wait done, "
+          "prologue, rows, last block start->end, median end->end (tail), prev end->end")
+    for k, rs in kinds.items():
+        def med(f):
+            return median(f(r) for r in rs) / 1e3
+        print(f"  {k:28s} {len(rs):3d} start {med(lambda r: r['s0'] - r['prev']):6.2f} "
+              f"wait {med(lambda r: r['w0'] - r['prev']):6.2f} "
+              f"prolog {med(lambda r: r['pro']):5.2f} rows {med(lambda r: r['rw']):6.2f} "
+              f"lastblk {med(lambda r: r['e'] - r['sN']):6.2f} tail {med(lambda r: r['e'] - r['em']):5.2f} "
+              f"total {med(lambda r: r['e'] - r['prev']):6.2f}")
+
+
+if __name__ == "__main__":
+    main()
