@@ -25,12 +25,24 @@ def main():
     data = open(path, "rb").read()
     (count,) = struct.unpack_from("<Q", data, 0)
     recs = [REC.unpack_from(data, 8 + i * REC.size) for i in range(count)]
+    # A replayed CUDA graph launches its nodes with the same arguments (the same id) every
+    # step: steps are told apart by the biggest product (the output), whose launches end them.
+    big = max(r[9] for r in recs)
+    ends = sorted({r[3] for r in recs if r[9] == big})
+    step_ends = []
+    for t in ends:
+        if step_ends and t - step_ends[-1] < 50_000:
+            step_ends[-1] = t
+        else:
+            step_ends.append(t)
+    if len(step_ends) < 2:
+        sys.exit("fewer than two whole steps in the trace")
+    lo, hi = step_ends[-2], step_ends[-1]
     by_id = defaultdict(list)
     for r in recs:
-        by_id[r[5]].append(r)
+        if lo < r[0] <= hi:
+            by_id[r[5]].append(r)
     ids = sorted(by_id, key=lambda i: min(r[0] for r in by_id[i]))
-    # Launches whose records are all still in the ring: the newest ones.
-    ids = ids[-(per_step * 3):]
     step = ids[-per_step:]
     grains = set()
     for r in recs[-2000:]:

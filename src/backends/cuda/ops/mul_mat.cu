@@ -379,6 +379,9 @@ struct MvArgs {
     // The float kernel's capped launch: each warp asks for its next row group's rows in L2
     // as it starts a group (set by launch_vec_fused from OpContext::mv_next).
     bool next;
+    // The int8 kernel's folded norm in one round trip (norm_prologue_fast;
+    // FERRY_CUDA_MV_NFAST=0 turns it off).
+    bool nfast;
     int trace_id;  // FERRY_CUDA_TRACE builds: the launch's number
 };
 
@@ -487,6 +490,102 @@ __device__ __forceinline__ void norm_prologue(const MvArgs& g, float* nred, Put 
         put(i, make_float4((e.x * inv) * w.x, (e.y * inv) * w.y, (e.z * inv) * w.z,
                            (e.w * inv) * w.w));
     }
+}
+
+// The folded norm in one round trip (the int8 kernel, k_norm's block of T = 1024, K % 4 == 0,
+// K <= 1024 * kNormJ): thread t loads float4s t + 256 j (j < kNormJ) of nx (+ nadd) at once,
+// and its weights before griddepcontrol.wait (norm_w_load: a model weight, which no kernel
+// writes). Those are elements 4t + c + 1024 j, exactly the ones k_norm's virtual threads
+// v = 4t + c (c = 0..3) sum, base j in order: each thread's four sums are theirs. k_norm's
+// warp_sum over virtual lanes L = 4 (t % 8) + c (xor 16, 8, 4, 2, 1) is then xor 4, 2, 1
+// on t (shuffles) and xor 2, 1 on c (in the thread), and its block sum the same second
+// warp_sum as norm_inv's: the same tree of the same additions, so b comes out bit for bit
+// as the unfused kernels give it. norm_inv's form (its loads in up to four dependent rounds
+// and the weights loaded after the wait) took 3.5-5.5 us of each launch (trace, stop 23).
+constexpr int kNormJ = 4;
+
+struct NormW {
+    float4 w[kNormJ];
+};
+
+__device__ __forceinline__ bool norm_fast_ok(const MvArgs& g) {
+    return g.norm_threads == 1024 && g.K % 4 == 0 && g.K <= 1024 * kNormJ;
+}
+
+__device__ __forceinline__ void norm_w_load(const MvArgs& g, NormW& nw) {
+    const float4* w4 = reinterpret_cast<const float4*>(g.nw);
+    const int64_t n4 = g.K / 4;
+#pragma unroll
+    for (int j = 0; j < kNormJ; j++) {
+        const int64_t i = threadIdx.x + 256 * j;
+        if (i < n4) nw.w[j] = w4[i];
+    }
+}
+
+template <typename Put>
+__device__ __forceinline__ void norm_prologue_fast(const MvArgs& g, const NormW& nw,
+                                                   float* red /* 32 floats */, Put put) {
+    static_assert(kMvWarps * 32 == 256, "thread t holds float4s t + 256 j");
+    const int tid = static_cast<int>(threadIdx.x), lane = tid % 32;
+    const int64_t n4 = g.K / 4;
+    const float4* x4 = reinterpret_cast<const float4*>(g.nx);
+    float4 e[kNormJ];
+#pragma unroll
+    for (int j = 0; j < kNormJ; j++) {
+        const int64_t i = tid + 256 * j;
+        if (i < n4) e[j] = x4[i];
+    }
+    if (g.nadd) {
+        const float4* a4 = reinterpret_cast<const float4*>(g.nadd);
+        float4 c[kNormJ];
+#pragma unroll
+        for (int j = 0; j < kNormJ; j++) {
+            const int64_t i = tid + 256 * j;
+            if (i < n4) c[j] = a4[i];
+        }
+#pragma unroll
+        for (int j = 0; j < kNormJ; j++) {
+            e[j] = make_float4(e[j].x + c[j].x, e[j].y + c[j].y, e[j].z + c[j].z, e[j].w + c[j].w);
+        }
+    }
+    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < kNormJ; j++) {
+        if (tid + 256 * j < n4) {
+            p[0] = fmaf(e[j].x, e[j].x, p[0]);
+            p[1] = fmaf(e[j].y, e[j].y, p[1]);
+            p[2] = fmaf(e[j].z, e[j].z, p[2]);
+            p[3] = fmaf(e[j].w, e[j].w, p[3]);
+        }
+    }
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) {
+#pragma unroll
+        for (int c = 0; c < 4; c++) p[c] += __shfl_xor_sync(0xffffffffu, p[c], o);
+    }
+    const float q0 = p[0] + p[2], q1 = p[1] + p[3];
+    if (tid % 8 == 0) red[tid / 8] = q0 + q1;  // virtual warp t / 8 of k_norm's 32
+    __syncthreads();
+    const float t = warp_sum(red[lane]);
+    const float inv = rsqrtf(t / static_cast<float>(g.K) + g.neps);
+    const bool write_sum = g.nsum && blockIdx.x == 0 && blockIdx.y == 0;
+#pragma unroll
+    for (int j = 0; j < kNormJ; j++) {
+        const int64_t i = tid + 256 * j;
+        if (i >= n4) break;
+        if (write_sum) reinterpret_cast<float4*>(g.nsum)[i] = e[j];
+        const float4 w = nw.w[j];
+        put(i, make_float4((e[j].x * inv) * w.x, (e[j].y * inv) * w.y, (e[j].z * inv) * w.z,
+                           (e[j].w * inv) * w.w));
+    }
+}
+
+bool norm_fast_mode() {
+    static const bool on = [] {
+        const char* v = std::getenv("FERRY_CUDA_MV_NFAST");
+        return !(v && v[0] == '0');
+    }();
+    return on;
 }
 
 // Adds one chunk's contribution (8 weights of each of NC columns) to acc.
@@ -874,7 +973,7 @@ bool rows_aligned(const MvArgs& g, bool glu, bool segs, int64_t n) {
 MvArgs make_args(const Tensor* dst, const Tensor* res) {
     const Tensor* a = dst->src[0];
     const Tensor* b = dst->src[1];
-    MvArgs g;
+    MvArgs g{};
     g.a = device_ptr(a);
     g.a2 = nullptr;
     g.a_nb1 = static_cast<int64_t>(a->nb[1]);
@@ -1548,6 +1647,9 @@ __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
             if constexpr (glu) prefetch_l2(g.a2 + a_mat + m0 * g.a_nb1 + off, n, lane);
         }
     }
+    NormW nw;
+    const bool nfast = g.nx && g.nfast && norm_fast_ok(g);
+    if (nfast) norm_w_load(g, nw);
     pdl_wait();
 #ifdef FERRY_CUDA_TRACE
     tr1 = gtime();
@@ -1557,8 +1659,11 @@ __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
     // first is used: b (32 KiB for K = 8192) arrives in one round trip, not kPre
     // (FERRY_CUDA_MV_WIDE=0: one load at a time, as before).
     const int64_t n4 = g.K / 4;
-    if (g.nx) {
+    if (nfast) {
         // b = the folded RMS_NORM (+ ADD) and MUL, element for element as k_norm computes it.
+        norm_prologue_fast(g, nw, nred,
+                           [&](int64_t i, float4 v) { q8_quantize4<blk, T>(v, i, lane, xq, xd); });
+    } else if (g.nx) {
         norm_prologue(g, nred,
                       [&](int64_t i, float4 v) { q8_quantize4<blk, T>(v, i, lane, xq, xd); });
     } else {
@@ -2256,6 +2361,7 @@ void set_norm(MvArgs& g, const NormPrologue* p) {
     g.nw = reinterpret_cast<const float*>(device_ptr(p->mul->src[1]));
     g.neps = p->norm->param_f(0);
     g.norm_threads = norm_threads(g.K);
+    g.nfast = norm_fast_mode();
     g.early = fnorm_early_mode();
 }
 
