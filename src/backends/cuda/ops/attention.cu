@@ -23,7 +23,6 @@ struct AttnArgs {
     Type kt, vt;
     bool has_mask, mask_f16;
     bool kv_vec;  // k and v rows 16-byte aligned, whole 16-byte chunks (k_attn_tiled's loads)
-    bool prefetch;  // k_attn_row: the cache's rows asked for in L2 before griddepcontrol.wait
     float scale;
     int64_t n_head, n_q, n_kv, D, Dv;
     int64_t rh, r3;  // n_head / n_head_kv, q.ne3 / k.ne3
@@ -927,6 +926,8 @@ __global__ void __launch_bounds__(kRThreads) k_attn_row(AttnArgs g) {
     float* qs = reinterpret_cast<float*>(rsm + g.n_kv * D * 2);  // [D]
     float* ps = qs + D;                                          // [kRThreads]
     __shared__ float red[kRWarps], part[kRWarps][D];
+    pdl_wait();
+    pdl_trigger();
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int64_t h = blockIdx.x, i3 = blockIdx.y;
     const int64_t hk = h / g.rh, k3 = i3 / g.r3;
@@ -934,21 +935,6 @@ __global__ void __launch_bounds__(kRThreads) k_attn_row(AttnArgs g) {
     constexpr int kC = D / 8;  // 16-byte chunks per row
     const char* kbase = g.k.p + hk * g.k.nb[2] + k3 * g.k.nb[3];
     const char* vbase = g.v.p + hk * g.v.nb[2] + k3 * g.v.nb[3];
-    // The cache's rows asked for in L2 while the q/k/v product before finishes (a hint that
-    // reads nothing: the loads after the wait see that kernel's new row, as L2 is where the
-    // writes land). The cache of a layer is usually out of L2 by the next step: the step
-    // streams its weights through it in between. FERRY_CUDA_ATTN_PF=0 turns it off.
-    if (g.prefetch && tid < n_kv) {
-        const char* kr = kbase + tid * g.k.nb[1];
-        const char* vr = vbase + tid * g.v.nb[1];
-#pragma unroll
-        for (int o = 0; o < D * 2; o += 128) {
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(kr + o));
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(vr + o));
-        }
-    }
-    pdl_wait();
-    pdl_trigger();
     // Every load at once: values into shared memory, key row tid, q, the mask value.
     for (int c = tid; c < n_kv * kC; c += kRThreads) {
         const int j = c / kC, e = c % kC;
@@ -1151,11 +1137,6 @@ Status op_flash_attn_ext(OpContext& ctx, const Tensor* dst) {
         q->ne[3] <= 65535 && row_enabled()) {
         const size_t smem = row_smem(g.D, g.n_kv);
         const dim3 grid(static_cast<unsigned>(q->ne[2]), static_cast<unsigned>(q->ne[3]));
-        static const bool pf = [] {
-            const char* v = std::getenv("FERRY_CUDA_ATTN_PF");
-            return !(v && v[0] == '0');
-        }();
-        g.prefetch = pf;
         if (g.D == 64) {
             launch_pdl(k_attn_row<64>, grid, dim3(kRThreads), smem, ctx.stream, g);
         } else {

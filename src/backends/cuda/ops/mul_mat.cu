@@ -382,9 +382,6 @@ struct MvArgs {
     // The int8 kernel's folded norm in one round trip (norm_prologue_fast;
     // FERRY_CUDA_MV_NFAST=0 turns it off).
     bool nfast;
-    // The ring's slots started before griddepcontrol.wait (the rest after b is in shared
-    // memory); set by the launcher (FERRY_CUDA_MV_PRE=n, experiment; default all).
-    int ring_pre;
     int trace_id;  // FERRY_CUDA_TRACE builds: the launch's number
 };
 
@@ -1630,9 +1627,7 @@ __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
         if (threadIdx.x < static_cast<unsigned>(P)) {
             mbar_init(&ring_bar[threadIdx.x], 1);
             mbar_init_fence();
-            if (threadIdx.x < static_cast<unsigned>(g.ring_pre)) {
-                issue(threadIdx.x, static_cast<int>(threadIdx.x));
-            }
+            issue(threadIdx.x, static_cast<int>(threadIdx.x));
         }
     } else {
         // Weights never depend on the kernel before: this warp's part of its first row is on
@@ -1692,13 +1687,6 @@ __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
 #ifdef FERRY_CUDA_TRACE
     tr2 = gtime();
 #endif
-    if constexpr (ring) {
-        // Slots not started before the wait (g.ring_pre < P): started now, behind b's loads.
-        if (threadIdx.x >= static_cast<unsigned>(g.ring_pre) &&
-            threadIdx.x < static_cast<unsigned>(P)) {
-            issue(threadIdx.x, static_cast<int>(threadIdx.x));
-        }
-    }
     const int64_t n_groups = n_chunks / U;
     // The block's iteration, its ring slot it % P and the slot's phase (it / P) % 2, the last
     // two kept by counting: a 64-bit division by the run-time P was ~5% of a gate/up launch's
@@ -1978,11 +1966,6 @@ void launch_q8_form(const MvArgs& g0, unsigned mats, int n_sm, bool ring, cudaSt
     const int R = kQ8Warps / S;
     const RingPlan rp = wide && ring ? plan_ring(g, R, glu, epi, smem) : RingPlan{};
     if (rp.P > 0) {
-        static const int pre = [] {
-            const char* v = std::getenv("FERRY_CUDA_MV_PRE");
-            return v ? static_cast<int>(std::strtol(v, nullptr, 10)) : 0;
-        }();
-        g.ring_pre = pre > 0 ? std::min(pre, rp.P) : rp.P;
         const unsigned cap = static_cast<unsigned>(n_sm * rp.per_sm);
         const unsigned blocks = std::min(n_blocks(g.M, R), std::max(1u, cap / mats));
         auto k = k_mul_mat_vec_q8<T, glu, epi, true, true, blk>;
