@@ -631,7 +631,9 @@ TEST(Cuda, FoldedNormMatchesTheUnfusedKernels) {
     const int64_t M = 1024;
     // Q4_0, Q6_K: the int8 kernel; F16, BF16, F32: the float kernel (b in shared memory).
     for (Type t : {Type::Q4_0, Type::Q6_K, Type::F16, Type::BF16, Type::F32}) {
-        for (int64_t K : {int64_t{256}, int64_t{2048}}) {
+        // K = 256: norm_inv's form (k_norm's block of 256); 2048, 3072, 4096: the one-round-trip
+        // form (a block of 1024; two, three and four float4s a thread).
+        for (int64_t K : {int64_t{256}, int64_t{2048}, int64_t{3072}, int64_t{4096}}) {
             std::vector<uint8_t> wb[2];
             ASSERT_TRUE(random_weight_pair(t, K, M, rnd, wb));
             std::vector<float> xv(static_cast<size_t>(K)), rv(xv.size()), nv(xv.size());

@@ -1,15 +1,14 @@
 #!/usr/bin/env python3
 """Timeline of one decode step's int8 products from a FERRY_CUDA_TRACE build.
 
-Usage: trace-timeline.py TRACE.bin [PER_STEP]
+Usage: trace-timeline.py TRACE.bin
 
 TRACE.bin is what cuda_trace_dump writes (mul_mat.cu, built with -DFERRY_CUDA_TRACE): a u64
 count, then records of u64 t0 t1 t2 t3 wait_cyc, u32 id block smid groups M kind, where t0..t3
 are %globaltimer (ns) at a block's start, after griddepcontrol.wait, after b is in shared
-memory and at its end. Records of one launch share its id. PER_STEP is the number of product
-launches per decode step (65 for a 16-layer model: q/k/v, wo, gate/up, down per layer and the
-output product); the last whole step is printed kernel by kernel, then per kind over the
-step's layers (medians).
+memory and at its end. Records of one launch share its id. The last whole step (from the end
+of the output product before it to the end of its own) is printed kernel by kernel, then per
+kind over the step's layers (medians).
 """
 import struct
 import sys
@@ -21,7 +20,6 @@ REC = struct.Struct("<5Q6I")
 
 def main():
     path = sys.argv[1]
-    per_step = int(sys.argv[2]) if len(sys.argv) > 2 else 65
     data = open(path, "rb").read()
     (count,) = struct.unpack_from("<Q", data, 0)
     recs = [REC.unpack_from(data, 8 + i * REC.size) for i in range(count)]
@@ -43,7 +41,7 @@ def main():
         if lo < r[0] <= hi:
             by_id[r[5]].append(r)
     ids = sorted(by_id, key=lambda i: min(r[0] for r in by_id[i]))
-    step = ids[-per_step:]
+    step = ids
     grains = set()
     for r in recs[-2000:]:
         for t in r[:4]:
@@ -81,7 +79,8 @@ def main():
                          em=em, e=e, gap=gap, prev=prev_end))
         prev_end = e
     total = rows[-1]["e"]
-    print(f"step (first product's first block start .. last product's end): {total/1e3:.1f} us")
+    print(f"step (first product's first block start .. last product's end): {total/1e3:.1f} us; "
+          f"from the output product before it: {(hi - lo)/1e3:.1f} us")
     kinds = defaultdict(list)
     for r in rows[1:]:
         kinds[r["name"]].append(r)

@@ -1828,7 +1828,8 @@ void cuda_trace_dump() {
     std::fwrite(&count, sizeof count, 1, f);
     // Oldest first.
     const uint64_t start = n < kTraceN ? 0 : n % kTraceN;
-    for (uint64_t i = 0; i < count; i++) std::fwrite(&h[(start + i) % kTraceN], sizeof(TraceRec), 1, f);
+    for (uint64_t i = 0; i < count; i++)
+        std::fwrite(&h[(start + i) % kTraceN], sizeof(TraceRec), 1, f);
     std::fclose(f);
 }
 int trace_next_id() {
