@@ -1,6 +1,8 @@
 // Llama inference sessions: the KV cache, the forward graph and decoding.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 
@@ -64,6 +66,18 @@ struct LlamaSession::Impl {
     std::vector<fp16_t> mask_host;
     std::vector<int32_t> pos_host;
     std::vector<int32_t> out_ids_host;
+
+    // FERRY_SESSION_PROFILE=1: host time of each part of a step (graph build, inputs, the
+    // compute call, the read of the logits, which waits for the device), summed over the
+    // session's steps and printed to stderr when it ends. On an asynchronous device the
+    // device is idle while the host is in the first three of a step (the read before them
+    // waited for everything): their sum is the host's share of a token.
+    struct StepProfile {
+        bool on = env_on("FERRY_SESSION_PROFILE");
+        int64_t steps = 0, builds = 0;
+        double build_us = 0, inputs_us = 0, compute_us = 0, read_us = 0, between_us = 0;
+        std::chrono::steady_clock::time_point last_end{};
+    } prof;
 
     Status build(int32_t n_tokens, int32_t n_kv, int32_t n_out);
     void reserve_logits(size_t n_floats);
@@ -180,10 +194,17 @@ Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bo
     const int32_t n_end = n_past + n_tokens;
     const int32_t n_kv = std::min(n_ctx, (n_end + kKvPad - 1) / kKvPad * kKvPad);
     const int32_t n_out = all_logits ? n_tokens : 1;
+    using clock = std::chrono::steady_clock;
+    auto us = [](clock::time_point a, clock::time_point b) {
+        return std::chrono::duration<double, std::micro>(b - a).count();
+    };
+    const clock::time_point t0 = prof.on ? clock::now() : clock::time_point{};
     // A graph is reused only when its inputs keep their storage (alloc was its last plan).
     if (!g.valid || g.n_tokens != n_tokens || g.n_kv != n_kv || g.n_out != n_out) {
         FERRY_TRY(build(n_tokens, n_kv, n_out));
+        if (prof.on) prof.builds++;
     }
+    const clock::time_point t1 = prof.on ? clock::now() : clock::time_point{};
     pos_host.resize(static_cast<size_t>(n_tokens));
     for (int32_t i = 0; i < n_tokens; i++) pos_host[static_cast<size_t>(i)] = n_past + i;
     FERRY_TRY(sched->set_tensor(g.ids, tokens, sizeof(int32_t) * static_cast<size_t>(n_tokens)));
@@ -207,14 +228,27 @@ Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bo
             g.mask_out, mask_host.data() + static_cast<size_t>(first) * static_cast<size_t>(n_kv),
             sizeof(fp16_t) * static_cast<size_t>(n_kv) * static_cast<size_t>(n_out)));
     }
+    const clock::time_point t2 = prof.on ? clock::now() : clock::time_point{};
     Status st = sched->compute(g.graph);
     if (!st) {
         g.valid = false;
         return st;
     }
+    const clock::time_point t3 = prof.on ? clock::now() : clock::time_point{};
     const size_t n_vocab = static_cast<size_t>(m->hp.n_vocab);
     // Read through the backend that wrote the logits: it waits for that device's work.
-    return sched->get_tensor(g.out, out_rows, sizeof(float) * n_vocab * static_cast<size_t>(n_out));
+    st = sched->get_tensor(g.out, out_rows, sizeof(float) * n_vocab * static_cast<size_t>(n_out));
+    if (prof.on && n_tokens == 1) {  // decode steps only
+        const clock::time_point t4 = clock::now();
+        if (prof.steps > 0) prof.between_us += us(prof.last_end, t0);
+        prof.steps++;
+        prof.build_us += us(t0, t1);
+        prof.inputs_us += us(t1, t2);
+        prof.compute_us += us(t2, t3);
+        prof.read_us += us(t3, t4);
+        prof.last_end = t4;
+    }
+    return st;
 }
 
 Expected<std::unique_ptr<LlamaSession>> LlamaSession::create(LlamaModel& model,
@@ -314,6 +348,17 @@ Expected<std::unique_ptr<LlamaSession>> LlamaSession::create(LlamaModel& model,
 LlamaSession::~LlamaSession() {
     // Work still in flight on an asynchronous device reads the graph freed below.
     if (impl_ && impl_->sched) (void)impl_->sched->synchronize();
+    if (impl_ && impl_->prof.on && impl_->prof.steps > 0) {
+        const Impl::StepProfile& p = impl_->prof;
+        const double n = static_cast<double>(p.steps);
+        std::fprintf(stderr,
+                     "session profile: %lld one-token steps (%lld graph builds), per step us: "
+                     "build %.1f, inputs %.1f, compute call %.1f, logits read (waits for the "
+                     "device) %.1f, caller between steps %.1f\n",
+                     static_cast<long long>(p.steps), static_cast<long long>(p.builds),
+                     p.build_us / n, p.inputs_us / n, p.compute_us / n, p.read_us / n,
+                     p.steps > 1 ? p.between_us / (n - 1) : 0.0);
+    }
 }
 
 Status LlamaSession::decode(std::span<const int32_t> tokens, bool all_logits) {
