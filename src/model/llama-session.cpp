@@ -76,6 +76,7 @@ struct LlamaSession::Impl {
         bool on = env_on("FERRY_SESSION_PROFILE");
         int64_t steps = 0, builds = 0;
         double build_us = 0, inputs_us = 0, compute_us = 0, read_us = 0, between_us = 0;
+        std::vector<float> compute_each, read_each;  // per step, for medians
         std::chrono::steady_clock::time_point last_end{};
     } prof;
 
@@ -246,6 +247,8 @@ Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bo
         prof.inputs_us += us(t1, t2);
         prof.compute_us += us(t2, t3);
         prof.read_us += us(t3, t4);
+        prof.compute_each.push_back(static_cast<float>(us(t2, t3)));
+        prof.read_each.push_back(static_cast<float>(us(t3, t4)));
         prof.last_end = t4;
     }
     return st;
@@ -349,15 +352,22 @@ LlamaSession::~LlamaSession() {
     // Work still in flight on an asynchronous device reads the graph freed below.
     if (impl_ && impl_->sched) (void)impl_->sched->synchronize();
     if (impl_ && impl_->prof.on && impl_->prof.steps > 0) {
-        const Impl::StepProfile& p = impl_->prof;
+        Impl::StepProfile& p = impl_->prof;
         const double n = static_cast<double>(p.steps);
+        auto median = [](std::vector<float>& v) {
+            std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2),
+                             v.end());
+            return static_cast<double>(v[v.size() / 2]);
+        };
         std::fprintf(stderr,
                      "session profile: %lld one-token steps (%lld graph builds), per step us: "
                      "build %.1f, inputs %.1f, compute call %.1f, logits read (waits for the "
-                     "device) %.1f, caller between steps %.1f\n",
+                     "device) %.1f, caller between steps %.1f; medians: compute call %.1f, "
+                     "logits read %.1f\n",
                      static_cast<long long>(p.steps), static_cast<long long>(p.builds),
                      p.build_us / n, p.inputs_us / n, p.compute_us / n, p.read_us / n,
-                     p.steps > 1 ? p.between_us / (n - 1) : 0.0);
+                     p.steps > 1 ? p.between_us / (n - 1) : 0.0, median(p.compute_each),
+                     median(p.read_each));
     }
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -495,12 +496,14 @@ class CudaBackend : public Backend {
         use_fnorm_ = fn && (std::strcmp(fn, "1") == 0 || std::strcmp(fn, "2") == 0);
         const char* p = std::getenv("FERRY_CUDA_PROFILE");
         profile_ = p && std::strcmp(p, "1") == 0;
+        gstats_.on = env_on("FERRY_CUDA_GRAPH_STATS");
     }
     ~CudaBackend() override {
         if (!dev_->activate()) return;
         cudaStreamSynchronize(stream_);
         if (ctx_.counters) cudaFree(ctx_.counters);
         if (profile_) print_profile();
+        if (gstats_.on) print_graph_stats();
         for (cudaEvent_t e : prof_ev_) cudaEventDestroy(e);
         if (exec_) cudaGraphExecDestroy(exec_);
         if (cublas_) ctx_.cublas_api->destroy(static_cast<cublasHandle_t>(cublas_));
@@ -636,7 +639,39 @@ class CudaBackend : public Backend {
     double prof_total_ms_ = 0.0;
     int64_t prof_graphs_ = 0;
     void print_profile();
+    // FERRY_CUDA_GRAPH_STATS=1: how compute() ran each graph (replayed, run kernel by kernel,
+    // captured and updated in place, or captured and instantiated anew) and the host time of
+    // each way, printed when the backend goes away.
+    struct GraphStats {
+        bool on = false;
+        int64_t n[4] = {0, 0, 0, 0};
+        double us[4] = {0, 0, 0, 0};
+        double key_us = 0, plan_us = 0;
+        int64_t plans = 0;
+    } gstats_;
+    enum { kReplay, kDirect, kUpdate, kInstantiate };
+    void print_graph_stats() const;
 };
+
+void CudaBackend::print_graph_stats() const {
+    static const char* const kWay[4] = {"replayed", "run kernel by kernel",
+                                        "captured, updated in place", "captured, instantiated"};
+    int64_t total = 0;
+    for (int64_t v : gstats_.n) total += v;
+    if (total == 0) return;
+    std::fprintf(stderr,
+                 "%s graph stats: %lld computes; key %.1f us each; %lld plans, %.1f us each",
+                 dev_->name(), static_cast<long long>(total),
+                 gstats_.key_us / static_cast<double>(total), static_cast<long long>(gstats_.plans),
+                 gstats_.plans ? gstats_.plan_us / static_cast<double>(gstats_.plans) : 0.0);
+    for (int w = 0; w < 4; w++) {
+        if (gstats_.n[w] == 0) continue;
+        std::fprintf(stderr, "; %s %lld, %.1f us each", kWay[w],
+                     static_cast<long long>(gstats_.n[w]),
+                     gstats_.us[w] / static_cast<double>(gstats_.n[w]));
+    }
+    std::fprintf(stderr, "\n");
+}
 
 bool is_view_op(Op op) {
     return op == Op::NONE || (op_info(op).flags & kOpView) != 0;
@@ -1053,12 +1088,31 @@ Status CudaBackend::compute(Graph& g) {
     Expected<DeviceError*> err = dev_->error_word();
     if (!err) return err.status();
     ctx_.err = *err;
+    using clock = std::chrono::steady_clock;
+    auto since = [](clock::time_point a) {
+        return std::chrono::duration<double, std::micro>(clock::now() - a).count();
+    };
+    const bool stats = gstats_.on;
+    clock::time_point t0 = stats ? clock::now() : clock::time_point{};
     quick_key(g, key_);
+    if (stats) gstats_.key_us += since(t0);
     if (key_ != planned_key_) {
         planned_key_.clear();
+        const clock::time_point tp = stats ? clock::now() : clock::time_point{};
         FERRY_TRY(plan(g));
+        if (stats) {
+            gstats_.plan_us += since(tp);
+            gstats_.plans++;
+        }
         planned_key_ = key_;
     }
+    // The way this compute ran, and the host time it took from here (stats only).
+    auto count = [&](int way) {
+        if (!stats) return;
+        gstats_.n[way]++;
+        gstats_.us[way] += since(t0);
+    };
+    if (stats) t0 = clock::now();
     if (steps_.empty()) return Status::ok();
     // What a captured graph also bakes in: the scratch and cuBLAS workspace addresses.
     key_.push_back(reinterpret_cast<uintptr_t>(scratch_));
@@ -1067,13 +1121,16 @@ Status CudaBackend::compute(Graph& g) {
     if (use_graphs_ && exec_ && key_ == exec_key_) {
         CUDA_TRY(cudaGraphLaunch(exec_, stream_), "%s: graph launch", name());
         last_key_ = key_;
+        count(kReplay);
         return Status::ok();
     }
     // A structure seen twice in a row is captured and replayed from then on (decode steps);
     // one-off graphs (prefill chunks) run directly.
     if (!use_graphs_ || key_ != last_key_) {
         last_key_ = key_;
-        return run_steps();
+        Status rs = run_steps();
+        count(kDirect);
+        return rs;
     }
     last_key_ = key_;
     CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "%s: capture",
@@ -1109,6 +1166,7 @@ Status CudaBackend::compute(Graph& g) {
     cudaGraphDestroy(graph);
     exec_key_ = key_;
     CUDA_TRY(cudaGraphLaunch(exec_, stream_), "%s: graph launch", name());
+    count(updated ? kUpdate : kInstantiate);
     return Status::ok();
 }
 
