@@ -13,6 +13,8 @@
 #         (bench/bench_cuda_floor.cu: 82 kernels that only stream the decode step's bytes)
 #   TARGETS="ferry test_cuda test_ops"  what the build step builds
 #   CUDA_FLAGS="-DFERRY_CUDA_TRACE"  extra nvcc flags (the trace build: bench/tools/trace-timeline.py)
+#   PREBUILT=DIR  ferry and test_cuda from DIR (bench/build-for-device.sh) instead of build/cuda;
+#         leave "build" out of STEPS
 #
 # Results are recorded by hand in bench/results/cuda.md with the date and the machine.
 set -uo pipefail
@@ -49,6 +51,11 @@ if has build; then
   log "built"
 fi
 F="$B/bin/ferry"
+T="$T"
+if [ -n "${PREBUILT:-}" ]; then
+  F="$PREBUILT/ferry"
+  T="$PREBUILT/test_cuda"
+fi
 "$F" devices | tee -a "$OUT/summary.txt"
 
 if has ops; then
@@ -59,7 +66,7 @@ fi
 
 if has tests; then
   log "test_cuda"
-  "$B/tests/test_cuda" >"$OUT/test_cuda.txt" 2>&1
+  "$T" >"$OUT/test_cuda.txt" 2>&1
   grep -E "^\[ cuda|FAILED|PASSED|Failure|error|Expected|Which is|actual|run " "$OUT/test_cuda.txt" | head -60 | tee -a "$OUT/summary.txt"
 fi
 
@@ -71,7 +78,7 @@ if has repeat; then
            "FERRY_CUDA_FUSION=0"; do
     log "oracle q8_0/q4_0 x${REPEAT:-10} with $v"
     for i in $(seq "${REPEAT:-10}"); do
-      env $v "$B/tests/test_cuda" --gtest_filter='Encodings/CudaOracle.*q8_0:Encodings/CudaOracle.*q4_0' 2>&1 |
+      env $v "$T" --gtest_filter='Encodings/CudaOracle.*q8_0:Encodings/CudaOracle.*q4_0' 2>&1 |
         grep -E "kv f16|FAILED  \]" | grep -v "listed below"
     done | sort | uniq -c | tee -a "$OUT/summary.txt"
   done
