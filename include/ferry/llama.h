@@ -91,6 +91,10 @@ struct SessionOptions {
     int32_t n_ctx = 0;      // 0: the model's training context, capped at 4096
     int32_t n_batch = 512;  // tokens per forward pass when decoding long prompts
     Type kv_type = Type::F16;
+    // The attended KV length is rounded up to a multiple of this (the positions past the end
+    // masked), so that kv_pad consecutive one-token steps share one graph (and one captured
+    // CUDA graph); a larger pad rebuilds less often and attends over more masked positions.
+    int32_t kv_pad = 32;
     int n_threads = 0;  // CPU threads (0: all cores)
     // Folder where graph-compiling devices (OPENVINO:*) keep their compiled models, so a second
     // start loads instead of compiling (BackendOptions::cache_dir). Empty: none.

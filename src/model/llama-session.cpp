@@ -17,9 +17,6 @@ namespace ferry {
 
 namespace {
 
-// The attended KV length is rounded up to this many positions (masked past the end) so that
-// consecutive single-token steps share one graph instead of building a new one per token.
-constexpr int32_t kKvPad = 32;
 constexpr fp16_t kF16NegInf = 0xFC00;
 
 }  // namespace
@@ -28,6 +25,7 @@ struct LlamaSession::Impl {
     LlamaModel::Impl* m = nullptr;
     int32_t n_ctx = 0;
     int32_t n_batch = 0;
+    int32_t kv_pad = 32;  // SessionOptions::kv_pad
     Type kv_type = Type::F16;
 
     // KV cache: per layer, K and V rows [head_dim * n_head_kv] for every position.
@@ -193,7 +191,7 @@ Status LlamaSession::Impl::build(int32_t n_tokens, int32_t n_kv, int32_t n_out) 
 Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bool all_logits,
                                      float* out_rows) {
     const int32_t n_end = n_past + n_tokens;
-    const int32_t n_kv = std::min(n_ctx, (n_end + kKvPad - 1) / kKvPad * kKvPad);
+    const int32_t n_kv = std::min(n_ctx, (n_end + kv_pad - 1) / kv_pad * kv_pad);
     const int32_t n_out = all_logits ? n_tokens : 1;
     using clock = std::chrono::steady_clock;
     auto us = [](clock::time_point a, clock::time_point b) {
@@ -266,6 +264,10 @@ Expected<std::unique_ptr<LlamaSession>> LlamaSession::create(LlamaModel& model,
     d.n_ctx = opts.n_ctx > 0 ? opts.n_ctx : std::min(hp.n_ctx_train, 4096);
     if (opts.n_batch < 0) return Status::errorf("session: n_batch %d is negative", opts.n_batch);
     d.n_batch = std::min(opts.n_batch > 0 ? opts.n_batch : 512, d.n_ctx);
+    if (opts.kv_pad < 1) {
+        return Status::errorf("session: kv_pad %d must be 1 or more", opts.kv_pad);
+    }
+    d.kv_pad = opts.kv_pad;
     if (opts.kv_type != Type::F16 && opts.kv_type != Type::F32 && opts.kv_type != Type::BF16) {
         return Status::errorf("session: KV cache type %s is not supported (f16, f32, bf16)",
                               type_name(opts.kv_type));
