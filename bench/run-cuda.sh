@@ -11,6 +11,8 @@
 #         "servestep" (bench/serve-step.sh: 1B Q4_0 tg128 local / unix / tcp, step batching on
 #         and off, SERVE_REPS rounds, served test-ops over unix and tcp first), "floor"
 #         (bench/bench_cuda_floor.cu: 82 kernels that only stream the decode step's bytes)
+#         "host" (1B Q4_0 tg128 with FERRY_CUDA_GRAPH_STATS and FERRY_SESSION_PROFILE, KV pad
+#         32 and 256: the host's share of a step)
 #   TARGETS="ferry test_cuda test_ops"  what the build step builds
 #   CUDA_FLAGS="-DFERRY_CUDA_TRACE"  extra nvcc flags (the trace build: bench/tools/trace-timeline.py)
 #   PREBUILT=DIR  ferry and test_cuda from DIR (bench/build-for-device.sh) instead of build/cuda;
@@ -174,6 +176,19 @@ if has floor; then
     >"$OUT/floor-build.log" 2>&1 || log "bench_cuda_floor: build failed"
   for m in q4_0 f16; do
     /tmp/bench_cuda_floor $m 100 2>&1 | tee -a "$OUT/summary.txt"
+  done
+fi
+
+if has host; then
+  # The host's share of a decode step: how each graph ran (FERRY_CUDA_GRAPH_STATS) and the
+  # session's per-step host times (FERRY_SESSION_PROFILE), with the KV padded to 32 (one
+  # capture per 32 tokens) and to 256.
+  gen_models
+  for pad in 32 256; do
+    log "host times, 1B q4_0 tg128, --kv-pad $pad"
+    FERRY_CUDA_GRAPH_STATS=1 FERRY_SESSION_PROFILE=1 "$F" bench -m /tmp/llama-1b-q4_0.gguf \
+      --device CUDA0 -p 0 -n 128 -r 5 --kv-pad $pad 2>&1 | grep -E "tg128|stats|profile" |
+      tee -a "$OUT/summary.txt"
   done
 fi
 
