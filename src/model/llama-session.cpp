@@ -73,8 +73,8 @@ struct LlamaSession::Impl {
     struct StepProfile {
         bool on = env_on("FERRY_SESSION_PROFILE");
         int64_t steps = 0, builds = 0;
-        double build_us = 0, inputs_us = 0, compute_us = 0, read_us = 0, between_us = 0;
-        std::vector<float> compute_each, read_each;  // per step, for medians
+        double build_us = 0, inputs_us = 0, between_us = 0;
+        std::vector<float> compute_each, read_each;  // per step (means and medians)
         std::chrono::steady_clock::time_point last_end{};
     } prof;
 
@@ -243,8 +243,6 @@ Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bo
         prof.steps++;
         prof.build_us += us(t0, t1);
         prof.inputs_us += us(t1, t2);
-        prof.compute_us += us(t2, t3);
-        prof.read_us += us(t3, t4);
         prof.compute_each.push_back(static_cast<float>(us(t2, t3)));
         prof.read_each.push_back(static_cast<float>(us(t3, t4)));
         prof.last_end = t4;
@@ -356,6 +354,11 @@ LlamaSession::~LlamaSession() {
     if (impl_ && impl_->prof.on && impl_->prof.steps > 0) {
         Impl::StepProfile& p = impl_->prof;
         const double n = static_cast<double>(p.steps);
+        auto mean = [n](const std::vector<float>& v) {
+            double sum = 0.0;
+            for (float x : v) sum += x;
+            return sum / n;
+        };
         auto median = [](std::vector<float>& v) {
             std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2),
                              v.end());
@@ -367,7 +370,7 @@ LlamaSession::~LlamaSession() {
                      "device) %.1f, caller between steps %.1f; medians: compute call %.1f, "
                      "logits read %.1f\n",
                      static_cast<long long>(p.steps), static_cast<long long>(p.builds),
-                     p.build_us / n, p.inputs_us / n, p.compute_us / n, p.read_us / n,
+                     p.build_us / n, p.inputs_us / n, mean(p.compute_each), mean(p.read_each),
                      p.steps > 1 ? p.between_us / (n - 1) : 0.0, median(p.compute_each),
                      median(p.read_each));
     }

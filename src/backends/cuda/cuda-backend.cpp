@@ -488,6 +488,7 @@ class CudaBackend : public Backend {
         ctx_.mv_blk = !env_off("FERRY_CUDA_MV_BLK");
         ctx_.mv_raw = !env_off("FERRY_CUDA_MV_FRAW");
         ctx_.mv_next = !env_off("FERRY_CUDA_MV_FNEXT");
+        ctx_.mv_nfast = !env_off("FERRY_CUDA_MV_NFAST");
         // The norm folded into the float kernel too (F16/BF16/F32 weights): off by default,
         // a wash on the H200 (bench/results/cuda.md, 1B F16 tg128: 611 with it against 627
         // in one run, 659-661 against 640-649 in the next); FERRY_CUDA_MV_FNORM=1 (the first

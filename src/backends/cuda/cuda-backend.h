@@ -67,6 +67,9 @@ struct OpContext {
     // The float kernel's capped launch asks for each block's next row group in L2 as it starts
     // a group (FERRY_CUDA_MV_FNEXT=0 turns it off).
     bool mv_next = true;
+    // The int8 kernel's folded RMS norm loads its row in one round trip and its weight before
+    // the wait (norm_prologue_fast; FERRY_CUDA_MV_NFAST=0 turns it off).
+    bool mv_nfast = true;
 };
 
 }  // namespace ferry::cuda

@@ -379,8 +379,8 @@ struct MvArgs {
     // The float kernel's capped launch: each warp asks for its next row group's rows in L2
     // as it starts a group (set by launch_vec_fused from OpContext::mv_next).
     bool next;
-    // The int8 kernel's folded norm in one round trip (norm_prologue_fast;
-    // FERRY_CUDA_MV_NFAST=0 turns it off).
+    // The int8 kernel's folded norm in one round trip (norm_prologue_fast; set by
+    // launch_q8_form from OpContext::mv_nfast).
     bool nfast;
     int trace_id;  // FERRY_CUDA_TRACE builds: the launch's number
 };
@@ -578,14 +578,6 @@ __device__ __forceinline__ void norm_prologue_fast(const MvArgs& g, const NormW&
         put(i, make_float4((e[j].x * inv) * w.x, (e[j].y * inv) * w.y, (e[j].z * inv) * w.z,
                            (e[j].w * inv) * w.w));
     }
-}
-
-bool norm_fast_mode() {
-    static const bool on = [] {
-        const char* v = std::getenv("FERRY_CUDA_MV_NFAST");
-        return !(v && v[0] == '0');
-    }();
-    return on;
 }
 
 // Adds one chunk's contribution (8 weights of each of NC columns) to acc.
@@ -1955,8 +1947,11 @@ void allow_ring_smem(Kernel k, std::atomic<uint64_t>& done) {
 }
 
 template <Type T, bool glu, bool epi, bool blk>
-void launch_q8_form(const MvArgs& g0, unsigned mats, int n_sm, bool ring, cudaStream_t st) {
+void launch_q8_form(const OpContext& ctx, const MvArgs& g0, unsigned mats) {
     MvArgs g = g0;
+    g.nfast = ctx.mv_nfast;
+    const int n_sm = ctx.n_sm;
+    cudaStream_t st = ctx.stream;
 #ifdef FERRY_CUDA_TRACE
     g.trace_id = trace_next_id();
 #endif
@@ -1965,7 +1960,7 @@ void launch_q8_form(const MvArgs& g0, unsigned mats, int n_sm, bool ring, cudaSt
     const int U = wide ? (glu ? 4 : 8) : (glu ? 2 : 4);
     const int S = q8_split(g.M, g.K / 256, U, n_sm, epi);
     const int R = kQ8Warps / S;
-    const RingPlan rp = wide && ring ? plan_ring(g, R, glu, epi, smem) : RingPlan{};
+    const RingPlan rp = wide && ctx.mv_ring ? plan_ring(g, R, glu, epi, smem) : RingPlan{};
     if (rp.P > 0) {
         const unsigned cap = static_cast<unsigned>(n_sm * rp.per_sm);
         const unsigned blocks = std::min(n_blocks(g.M, R), std::max(1u, cap / mats));
@@ -1992,11 +1987,11 @@ void launch_q8(const OpContext& ctx, const MvArgs& g, unsigned mats) {
     if constexpr (kHasBlk<T>) {
         // The block-lane form reads whole words of the rows.
         if (ctx.mv_blk && rows_aligned(g, glu, epi, 4)) {
-            launch_q8_form<T, glu, epi, true>(g, mats, ctx.n_sm, ctx.mv_ring, ctx.stream);
+            launch_q8_form<T, glu, epi, true>(ctx, g, mats);
             return;
         }
     }
-    launch_q8_form<T, glu, epi, false>(g, mats, ctx.n_sm, ctx.mv_ring, ctx.stream);
+    launch_q8_form<T, glu, epi, false>(ctx, g, mats);
 }
 
 template <bool glu, bool epi = false>
@@ -2362,7 +2357,6 @@ void set_norm(MvArgs& g, const NormPrologue* p) {
     g.nw = reinterpret_cast<const float*>(device_ptr(p->mul->src[1]));
     g.neps = p->norm->param_f(0);
     g.norm_threads = norm_threads(g.K);
-    g.nfast = norm_fast_mode();
     g.early = fnorm_early_mode();
 }
 
