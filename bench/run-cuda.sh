@@ -53,7 +53,7 @@ if has build; then
   log "built"
 fi
 F="$B/bin/ferry"
-T="$T"
+T="$B/tests/test_cuda"
 if [ -n "${PREBUILT:-}" ]; then
   F="$PREBUILT/ferry"
   T="$PREBUILT/test_cuda"

@@ -20,6 +20,7 @@
 #   SERVER_AB=1  the "off" columns are the default client against a second pair of servers
 #            with the server's per-step changes off (FERRY_SERVE_DEFER_SYNC=0: wait after
 #            every compute; FERRY_SERVE_REVALIDATE_ALL=1: validate every entry of a new table)
+#   BENCH_ARGS="--kv-pad 256"  more arguments for every `ferry bench` run (local and served)
 #   CHECK=1  first run `ferry test-ops` on the served device over both transports (every op
 #            case against the float64 reference: the served inputs, computes and reads of
 #            this build, tcp's reads of device memory included) and print the summary lines
@@ -74,7 +75,7 @@ tps() { # [ENV=V...] -- [--remote ADDR]: the t/s of the tg row
   shift
   local where=("$@")
   [ ${#where[@]} -eq 0 ] && where=("${dev_args[@]}")
-  env "${envs[@]}" "$ferry" bench -m "$model" -p 0 -n "$n" -r "$r" "${thr_args[@]}" "${where[@]}" |
+  env "${envs[@]}" "$ferry" bench -m "$model" -p 0 -n "$n" -r "$r" ${BENCH_ARGS:-} "${thr_args[@]}" "${where[@]}" |
     awk -F'|' -v t="tg$n" '$7 ~ t { split($8, v, " "); print v[1] }'
 }
 row() {
@@ -86,7 +87,7 @@ row() {
 }
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); commit: $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-echo "model: $model; each run: ferry bench -p 0 -n $n -r $r ${thr_args[*]} [${dev_args[*]} | --remote ADDR]; servers: ${dev_args[*]} ${thr_args[*]}"
+echo "model: $model; each run: ferry bench -p 0 -n $n -r $r ${BENCH_ARGS:-} ${thr_args[*]} [${dev_args[*]} | --remote ADDR]; servers: ${dev_args[*]} ${thr_args[*]}"
 row >/dev/null  # warm-up: page cache, the servers' first sessions
 rows=()
 for _ in $(seq "$reps"); do rows+=("$(row)"); done
@@ -115,7 +116,7 @@ for t in ("unix", "tcp"):
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 if [ "${PROFILE:-0}" = 1 ]; then
   for a in "unix:$dir/s" "tcp:127.0.0.1:$port"; do
-    FERRY_REMOTE_STATS=1 "$ferry" bench -m "$model" -p 0 -n "$n" -r 1 "${thr_args[@]}" --remote "$a" 2>&1 |
+    FERRY_REMOTE_STATS=1 "$ferry" bench -m "$model" -p 0 -n "$n" -r 1 ${BENCH_ARGS:-} "${thr_args[@]}" --remote "$a" 2>&1 |
       grep 'ferry remote' || true
   done
   sleep 0.5  # the sessions' profiles are printed when they end

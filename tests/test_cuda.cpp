@@ -476,6 +476,163 @@ TEST(Cuda, ReplayedGraphSeesNewInputs) {
     }
 }
 
+// Two graphs in the order A A A B A A B B A A (a decode step's structure, a prompt's, the decode
+// again): each compute gives its own graph's result for the inputs of that moment, whether it
+// ran kernel by kernel, was captured, or replayed a capture made before the other graph ran.
+TEST(Cuda, AlternatingGraphsEachGiveTheirOwnResult) {
+    REQUIRE_GPU();
+    Expected<std::unique_ptr<Backend>> be = gpu()->make_backend();
+    ASSERT_TRUE(be) << be.message();
+    Context in, gc;
+    Tensor* w = in.new_tensor(Type::F32, {32, 8});
+    Tensor* x = in.new_tensor(Type::F32, {32, 1});
+    Expected<std::unique_ptr<Buffer>> buf = allocate_context_tensors(in, gpu()->buffer_type());
+    ASSERT_TRUE(buf) << buf.message();
+    std::vector<float> wv(32 * 8), xv(32);
+    for (size_t i = 0; i < wv.size(); i++) wv[i] = std::sin(0.7f * static_cast<float>(i));
+    ASSERT_TRUE(tensor_set(w, wv.data(), wv.size() * 4));
+    Tensor* ya = gc.mul_mat(w, x);  // A: w x
+    ya->flags |= kTensorOutput;
+    Tensor* yb = gc.scale(gc.mul_mat(w, x), -3.0f);  // B: -3 w x
+    yb->flags |= kTensorOutput;
+    Graph ga, gb;
+    ga.build_forward(ya);
+    gb.build_forward(yb);
+    GraphAllocator alloc_a(gpu()->buffer_type()), alloc_b(gpu()->buffer_type());
+    ASSERT_TRUE(alloc_a.allocate(ga));
+    ASSERT_TRUE(alloc_b.allocate(gb));
+    int run = 0;
+    for (char which : std::string("AAABAABBAA")) {
+        const bool a = which == 'A';
+        for (size_t i = 0; i < xv.size(); i++) xv[i] = std::cos(0.3f * i + run);
+        ASSERT_TRUE((*be)->set_tensor_async(x, xv.data(), 0, xv.size() * 4));
+        ASSERT_TRUE((*be)->compute(a ? ga : gb));
+        std::vector<float> got(8);
+        ASSERT_TRUE((*be)->get_tensor_async(a ? ya : yb, got.data(), 0, got.size() * 4));
+        ASSERT_TRUE((*be)->synchronize());
+        for (int m = 0; m < 8; m++) {
+            double s = 0.0, mag = 0.0;
+            for (int k = 0; k < 32; k++) {
+                s += static_cast<double>(wv[m * 32 + k]) * xv[k];
+                mag += std::fabs(static_cast<double>(wv[m * 32 + k]) * xv[k]);
+            }
+            if (!a) s *= -3.0;
+            EXPECT_NEAR(got[static_cast<size_t>(m)], s, 1e-5 * mag * (a ? 1 : 3) + 1e-6)
+                << "compute " << run << " (" << which << ") row " << m;
+        }
+        run++;
+    }
+}
+
+// One decode step's attention (one query per head) over n_kv F16 keys of which the first
+// `visible` are unmasked (a session's padded KV view), with the backend made while the
+// switches `off` are "0".
+std::vector<float> decode_attention(int64_t D, int64_t n_head, int64_t n_head_kv, int64_t n_kv,
+                                    int64_t visible, std::initializer_list<const char*> off) {
+    for (const char* name : off) setenv(name, "0", 1);
+    Expected<std::unique_ptr<Backend>> be = gpu()->make_backend();
+    for (const char* name : off) unsetenv(name);
+    EXPECT_TRUE(be) << be.message();
+    if (!be) return {};
+    Context in, gc;
+    Tensor* q = in.new_tensor(Type::F32, {D, 1, n_head});
+    Tensor* k = in.new_tensor(Type::F16, {D, n_kv, n_head_kv});
+    Tensor* v = in.new_tensor(Type::F16, {D, n_kv, n_head_kv});
+    Tensor* mask = in.new_tensor(Type::F16, {n_kv, 1});
+    Expected<std::unique_ptr<Buffer>> buf = allocate_context_tensors(in, gpu()->buffer_type());
+    EXPECT_TRUE(buf) << buf.message();
+    if (!buf) return {};
+    Lcg rnd{static_cast<uint32_t>(D * 7 + n_kv)};
+    std::vector<float> qv(static_cast<size_t>(D * n_head));
+    for (float& x : qv) x = rnd();
+    std::vector<fp16_t> kv(static_cast<size_t>(D * n_kv * n_head_kv)), vv(kv.size());
+    for (fp16_t& x : kv) x = fp32_to_fp16(rnd());
+    for (fp16_t& x : vv) x = fp32_to_fp16(rnd());
+    std::vector<fp16_t> mv(static_cast<size_t>(n_kv), fp16_t{0xfc00});  // -inf
+    for (int64_t j = 0; j < visible; j++) mv[static_cast<size_t>(j)] = fp32_to_fp16(0.1f * rnd());
+    if (!tensor_set(q, qv.data(), qv.size() * 4) || !tensor_set(k, kv.data(), kv.size() * 2) ||
+        !tensor_set(v, vv.data(), vv.size() * 2) || !tensor_set(mask, mv.data(), mv.size() * 2)) {
+        ADD_FAILURE() << "decode_attention: inputs";
+        return {};
+    }
+    Tensor* y = gc.flash_attn_ext(q, k, v, mask, 1.0f / std::sqrt(static_cast<float>(D)));
+    y->flags |= kTensorOutput;
+    Graph g;
+    g.build_forward(y);
+    GraphAllocator alloc(gpu()->buffer_type());
+    std::vector<float> out(static_cast<size_t>(D * n_head), std::nanf(""));
+    if (!alloc.allocate(g) || !(*be)->compute(g) || !(*be)->synchronize() ||
+        !tensor_get(y, out.data(), out.size() * 4)) {
+        ADD_FAILURE() << "decode_attention: compute";
+        return {};
+    }
+    return out;
+}
+
+// Decode attention over caches longer than one block's keys, split into blocks of 256 (D 64)
+// or 128 (D 128) keys and merged, equals one block per KV head walking every key
+// (FERRY_CUDA_ATTN_CHUNKS=0): only fp32 sums in another order differ. Shapes of Llama 3.2 1B
+// (32 heads, 8 KV heads) and of a D = 128 model with 7 heads per KV head; caches padded as a
+// session pads them, so that the last block may see few keys or none (512 keys, 129 visible:
+// D 128's blocks 2 and 3 are all masked), and 257 keys (a last block of one key).
+TEST(Cuda, ChunkedDecodeAttentionMatchesOneBlockPerKvHead) {
+    REQUIRE_GPU();
+    struct Shape {
+        int64_t D, n_head, n_head_kv, n_kv, visible;
+    };
+    for (const Shape& s :
+         {Shape{64, 32, 8, 512, 257}, Shape{64, 32, 8, 768, 300}, Shape{64, 32, 8, 1024, 1000},
+          Shape{128, 14, 2, 512, 129}, Shape{128, 14, 2, 1024, 1024}, Shape{64, 32, 8, 257, 257}}) {
+        const std::vector<float> chunks =
+            decode_attention(s.D, s.n_head, s.n_head_kv, s.n_kv, s.visible, {});
+        const std::vector<float> one = decode_attention(s.D, s.n_head, s.n_head_kv, s.n_kv,
+                                                        s.visible, {"FERRY_CUDA_ATTN_CHUNKS"});
+        const double e = nmse_of(chunks, one);
+        std::printf(
+            "[ cuda     ] decode attention D %lld, %lld of %lld keys: chunks vs one "
+            "block per KV head nmse %.2e\n",
+            static_cast<long long>(s.D), static_cast<long long>(s.visible),
+            static_cast<long long>(s.n_kv), e);
+        EXPECT_LE(e, 1e-12) << s.D << " " << s.n_kv << " " << s.visible;
+    }
+}
+
+// A session on the GPU pads its KV length to 256 (the device replays captured graphs), and one
+// token at a time over 300 positions gives the logits of a session that pads to 1 (no masked
+// keys, a new graph every step). An F32 cache: the attention sums its keys in another order in
+// the two (tiny-llama's head size 32 takes k_attn, split by the cache length), and an F16 cache
+// could round a K or V value the other way (one f16 ulp, 5e-4 relative; measured 9.4e-11 with
+// one on the H200).
+TEST(Cuda, LongDecodeIsTheSameWithEveryPad) {
+    REQUIRE_GPU();
+    constexpr int kSteps = 300;
+    std::vector<std::vector<float>> runs;
+    for (int32_t pad : {0, 1}) {
+        Expected<std::unique_ptr<LlamaModel>> m = load("f16", gpu());
+        ASSERT_TRUE(m) << m.message();
+        SessionOptions so;
+        so.n_ctx = 512;
+        so.kv_type = Type::F32;
+        so.kv_pad = pad;
+        Expected<std::unique_ptr<LlamaSession>> s = LlamaSession::create(**m, so);
+        ASSERT_TRUE(s) << s.message();
+        EXPECT_EQ((*s)->kv_pad(), pad == 0 ? 256 : 1);
+        const std::vector<int32_t>& toks = cases()[0].tokens;
+        ASSERT_FALSE(toks.empty());
+        std::vector<float> rows;
+        for (int i = 0; i < kSteps; i++) {
+            const int32_t t = toks[static_cast<size_t>(i) % toks.size()];
+            Status st = (*s)->decode(std::span<const int32_t>(&t, 1), false);
+            ASSERT_TRUE(st) << st.message();
+            if (i >= 250) rows.insert(rows.end(), (*s)->logits(0), (*s)->logits(0) + kVocab);
+        }
+        runs.push_back(std::move(rows));
+    }
+    const double e = nmse_of(runs[1], runs[0]);
+    std::printf("[ cuda     ] positions 250-299, f32 cache, pad 256 vs pad 1: nmse %.2e\n", e);
+    EXPECT_LE(e, 1e-12);
+}
+
 // Products in the shapes of a model's layers (every path: vector kernel with split-K and
 // column groups, fused residual add, cuBLAS) agree with the CPU backend on the same inputs.
 TEST(Cuda, ModelShapedProductsMatchTheCpu) {

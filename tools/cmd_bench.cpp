@@ -104,8 +104,8 @@ int cmd_bench(int argc, char** argv) {
             {{"--kv-type"}, "TYPE", "KV cache type: f16 (default), f32 or bf16"},
             {{"--kv-pad"},
              "N",
-             "attended KV length rounded up to a multiple of N (default 32): N steps share a "
-             "graph"},
+             "attended KV length rounded up to a multiple of N: N steps share a graph (default "
+             "0: 256 on devices that replay captured graphs, CUDA; 32 elsewhere)"},
             {{"--mmap"},
              nullptr,
              "CPU: weights stay in the memory-mapped file instead of huge-page memory"},
@@ -123,7 +123,7 @@ int cmd_bench(int argc, char** argv) {
     const std::optional<std::string> out_path = args.value({"-o", "--output"});
     const std::string fmt = args.value({"--format"}).value_or("md");
     const std::optional<std::string> kv = args.value({"--kv-type"});
-    const long long kv_pad = args.integer({"--kv-pad"}).value_or(32);
+    const long long kv_pad = args.integer({"--kv-pad"}).value_or(0);
     const bool use_mmap = args.flag({"--mmap"});
     const Placement placement = read_placement(args);
     if (Status st = args.finish(); !st) return fail("bench", st.message());
@@ -135,8 +135,8 @@ int cmd_bench(int argc, char** argv) {
     if (n_prompt < 0) return fail("bench", strfmt("-p %lld: must be 0 or more", n_prompt));
     if (n_gen < 0) return fail("bench", strfmt("-n %lld: must be 0 or more", n_gen));
     if (reps < 1) return fail("bench", strfmt("-r %lld: must be 1 or more", reps));
-    if (kv_pad < 1 || kv_pad > (1 << 20)) {
-        return fail("bench", strfmt("--kv-pad %lld: must be 1 to 1048576", kv_pad));
+    if (kv_pad < 0 || kv_pad > (1 << 20)) {
+        return fail("bench", strfmt("--kv-pad %lld: must be 0 to 1048576", kv_pad));
     }
     // Created before the run, so that a bad path fails at once, not after minutes of timing.
     FILE* out = stdout;

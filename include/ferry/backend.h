@@ -58,6 +58,10 @@ struct DeviceCaps {
     bool init_tensor = false;      // Buffer::init_tensor does something
     bool size_dependent = false;   // supports_op may answer differently for other sizes
     bool prepare_weights = false;  // prepare_weights does something (sets Tensor::extra)
+    // compute() captures a graph's kernels once and replays them while the structure stays the
+    // same (CUDA graphs): every new structure costs a capture, so callers should change it
+    // rarely (a session pads its KV length to 256 instead of 32: SessionOptions::kv_pad).
+    bool graph_replay = false;
 };
 
 // Limits a host puts on one backend's compute (the remote server, for each session).
@@ -133,6 +137,13 @@ class Event {
     virtual Status synchronize() = 0;  // waits until the recorded point has passed
 };
 
+// One write of host bytes into a tensor (Backend::set_tensors_async).
+struct TensorWrite {
+    Tensor* t;
+    const void* src;
+    size_t offset, size;
+};
+
 // A stream of work on one device.
 class Backend {
   public:
@@ -140,6 +151,9 @@ class Backend {
     virtual const char* name() const = 0;
     virtual Device* device() const = 0;
     virtual Status set_tensor_async(Tensor* t, const void* src, size_t offset, size_t size);
+    // Several set_tensor_async at once (a decode step's inputs), in order; a device may move
+    // them in one transfer. The sources may be reused on return. Default: one by one.
+    virtual Status set_tensors_async(std::span<const TensorWrite> writes);
     virtual Status get_tensor_async(const Tensor* t, void* dst, size_t offset, size_t size);
     // Copies src (on any device this backend can reach) into dst (on this backend's device);
     // returns false when it cannot, and the caller falls back to a host round trip.

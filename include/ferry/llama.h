@@ -94,7 +94,9 @@ struct SessionOptions {
     // The attended KV length is rounded up to a multiple of this (the positions past the end
     // masked), so that kv_pad consecutive one-token steps share one graph (and one captured
     // CUDA graph); a larger pad rebuilds less often and attends over more masked positions.
-    int32_t kv_pad = 32;
+    // 0: 256 when a device of the model replays captured graphs (DeviceCaps::graph_replay:
+    // CUDA, also served), 32 otherwise.
+    int32_t kv_pad = 0;
     int n_threads = 0;  // CPU threads (0: all cores)
     // Folder where graph-compiling devices (OPENVINO:*) keep their compiled models, so a second
     // start loads instead of compiling (BackendOptions::cache_dir). Empty: none.
@@ -117,7 +119,8 @@ class LlamaSession {
     int32_t n_logit_rows() const;
     int32_t n_past() const;
     int32_t n_ctx() const;
-    void reset();  // empties the KV cache
+    int32_t kv_pad() const;  // SessionOptions::kv_pad, or the device's choice for 0
+    void reset();            // empties the KV cache
     // Keeps the first n_past positions of the KV cache (no-op when n_past >= n_past()), so a
     // chat can reuse the cached prefix of a conversation that was re-tokenized differently.
     void truncate(int32_t n_past);

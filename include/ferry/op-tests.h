@@ -33,8 +33,8 @@ struct Fill {
         Positions,  // I32: distinct positions in [0, n), out of order (ROPE)
         Mask,       // floats uniform in [lo, hi), a fraction p of entries -inf (never a whole row)
         Distinct,   // floats, distinct within each row (no ties: ARGMAX)
-        Causal,     // a causal mask [n_kv, n_q, ...]: row r sees keys i <= n_kv - n_q + r
-                    // (uniform in [lo, hi)), the rest -inf
+        Causal,     // a causal mask [n_kv, n_q, ...]: row r sees keys i <= n_kv - n - n_q + r
+                    // (uniform in [lo, hi)), the rest -inf (n: the KV view's padding)
     };
     Kind kind = Uniform;
     double lo = -1.0, hi = 1.0;
@@ -47,7 +47,7 @@ struct Fill {
     static Fill positions(int64_t n) { return {Positions, 0, 0, n, 0.0}; }
     static Fill mask(double p_neg_inf) { return {Mask, -1.0, 1.0, 0, p_neg_inf}; }
     static Fill distinct() { return {Distinct, -1.0, 1.0, 0, 0.0}; }
-    static Fill causal() { return {Causal, -1.0, 1.0, 0, 0.0}; }
+    static Fill causal(int64_t pad = 0) { return {Causal, -1.0, 1.0, pad, 0.0}; }
 };
 
 // Handed to a case's build function: creates inputs and gives the graph context.

@@ -46,6 +46,9 @@ class Scheduler {
     // Writes an input through the stream of the backend that reads it (ordered before the
     // next compute on that stream), or through its buffer when no backend reads it.
     Status set_tensor(Tensor* t, const void* src, size_t size);
+    // set_tensor of several inputs (whole tensors, offset 0), those of one backend in one
+    // Backend::set_tensors_async.
+    Status set_tensors(std::span<const TensorWrite> writes);
     // Reads a tensor after compute: through the backend that wrote it, then waits for that
     // backend. Whole tensor: size must be t->nbytes().
     Status get_tensor(const Tensor* t, void* dst, size_t size);

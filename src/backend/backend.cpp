@@ -26,6 +26,11 @@ Status Backend::set_tensor_async(Tensor* t, const void* src, size_t offset, size
     return t->buffer->set_tensor(t, src, offset, size);
 }
 
+Status Backend::set_tensors_async(std::span<const TensorWrite> writes) {
+    for (const TensorWrite& w : writes) FERRY_TRY(set_tensor_async(w.t, w.src, w.offset, w.size));
+    return Status::ok();
+}
+
 Status Backend::get_tensor_async(const Tensor* t, void* dst, size_t offset, size_t size) {
     if (!t->buffer) return Status::errorf("tensor '%s' has no buffer", t->name);
     return t->buffer->get_tensor(t, dst, offset, size);

@@ -512,6 +512,36 @@ Status Scheduler::set_tensor(Tensor* t, const void* src, size_t size) {
     return tensor_set(t, src, size);
 }
 
+Status Scheduler::set_tensors(std::span<const TensorWrite> writes) {
+    std::vector<TensorWrite> group;
+    std::vector<bool> done(writes.size(), false);
+    for (size_t i = 0; i < writes.size(); i++) {
+        const TensorWrite& w = writes[i];
+        if (w.offset != 0 || w.size != w.t->nbytes()) {
+            return Status::errorf(ErrorCode::InvalidArgument,
+                                  "tensor %s holds %zu bytes, %zu given", describe(w.t).c_str(),
+                                  w.t->nbytes(), w.size);
+        }
+    }
+    for (size_t i = 0; i < writes.size(); i++) {
+        if (done[i]) continue;
+        Backend* be = backend_of(writes[i].t);
+        if (!be) {
+            FERRY_TRY(tensor_set(writes[i].t, writes[i].src, writes[i].size));
+            continue;
+        }
+        group.clear();
+        for (size_t j = i; j < writes.size(); j++) {
+            if (!done[j] && backend_of(writes[j].t) == be) {
+                group.push_back(writes[j]);
+                done[j] = true;
+            }
+        }
+        FERRY_TRY(be->set_tensors_async(group));
+    }
+    return Status::ok();
+}
+
 Status Scheduler::get_tensor(const Tensor* t, void* dst, size_t size) {
     if (size != t->nbytes()) {
         return Status::errorf(ErrorCode::InvalidArgument,

@@ -80,6 +80,7 @@ constexpr uint8_t kDeviceCapPaddedAlloc = 8;      // caps().padded_alloc: ask AL
 constexpr uint8_t kDeviceCapInitTensor = 16;      // caps().init_tensor: send INIT_TENSOR
 constexpr uint8_t kDeviceCapSizeDependent = 32;   // caps().size_dependent: supports_op by size
 constexpr uint8_t kDeviceCapPrepareWeights = 64;  // caps().prepare_weights: PREPARE_WEIGHTS
+constexpr uint8_t kDeviceCapGraphReplay = 128;    // caps().graph_replay (advice only)
 
 // BUFFER_ALLOC kinds.
 constexpr uint8_t kBufferDevice = 0;  // the device's buffer_type()

@@ -403,6 +403,7 @@ Status Session::cmd_list_devices(Reply* out) {
                                          (c.size_dependent ? remote::kDeviceCapSizeDependent : 0));
         }
         if (version_ >= 3 && c.prepare_weights) bits |= remote::kDeviceCapPrepareWeights;
+        if (version_ >= 3 && c.graph_replay) bits |= remote::kDeviceCapGraphReplay;
         w.u8(bits);
         const DeviceMemory m = d->memory();
         w.u64(m.free);

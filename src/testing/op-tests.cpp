@@ -184,9 +184,9 @@ std::vector<uint8_t> make_input_bytes(const Tensor* t, const Fill& f, uint64_t s
             break;
         case Fill::Causal: {
             const int64_t n1 = t->ne[1];
-            FERRY_ASSERT(n0 >= n1);  // every row sees at least one key
+            FERRY_ASSERT(n0 - f.n >= n1);  // every row sees at least one key
             for (int64_t r = 0; r < n / n0; r++) {
-                const int64_t last = n0 - n1 + r % n1;
+                const int64_t last = n0 - f.n - n1 + r % n1;
                 for (int64_t i = 0; i < n0; i++) {
                     float& x = v[static_cast<size_t>(r * n0 + i)];
                     x = static_cast<float>(f.lo + (f.hi - f.lo) * rng.uniform());
@@ -835,6 +835,21 @@ void add_attention_cases(Table& T) {
               return b.g().flash_attn_ext(b.in(kF32, {64, 1, 8}), b.in(kBF16, {64, 300, 2}),
                                           b.in(kBF16, {64, 300, 2}),
                                           b.in(kF32, {300, 1, 8}, Fill::mask(0.5)), s64);
+          });
+    // Decode over a padded cache view, as a session pads its KV length: 700 keys of which the
+    // first 300 are visible, so whole blocks of keys may be masked (a backend may split the keys
+    // into chunks and merge them); D = 128 over 1,000 keys with 7 heads per KV head, 999 visible.
+    T.add(Op::FLASH_ATTN_EXT, "f16_decode_padded_700", kAttnF16, kNoteAttnF16,
+          [s64](CaseBuilder& b) {
+              return b.g().flash_attn_ext(b.in(kF32, {64, 1, 8}), b.in(kF16, {64, 700, 2}),
+                                          b.in(kF16, {64, 700, 2}),
+                                          b.in(kF16, {700, 1}, Fill::causal(400)), s64);
+          });
+    T.add(Op::FLASH_ATTN_EXT, "bf16_decode_d128_g7_1000", kAttnBF16, kNoteAttnBF16,
+          [](CaseBuilder& b) {
+              return b.g().flash_attn_ext(b.in(kF32, {128, 1, 14}), b.in(kBF16, {128, 1000, 2}),
+                                          b.in(kBF16, {128, 1000, 2}),
+                                          b.in(kF16, {1000, 1}, Fill::causal(1)), 0.088f);
           });
     T.add(Op::FLASH_ATTN_EXT, "f32_decode_batch_ne3", kFloatMath, kNoteFloatMath,
           [](CaseBuilder& b) {

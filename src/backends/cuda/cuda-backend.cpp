@@ -221,6 +221,7 @@ class CudaDevice : public Device {
         c.host_buffer = true;
         c.buffer_from_host_ptr = true;
         c.events = true;
+        c.graph_replay = true;
         return c;
     }
     BufferType* buffer_type() override { return &buffer_type_; }
@@ -489,6 +490,8 @@ class CudaBackend : public Backend {
         ctx_.mv_raw = !env_off("FERRY_CUDA_MV_FRAW");
         ctx_.mv_next = !env_off("FERRY_CUDA_MV_FNEXT");
         ctx_.mv_nfast = !env_off("FERRY_CUDA_MV_NFAST");
+        ctx_.attn_chunks = !env_off("FERRY_CUDA_ATTN_CHUNKS");
+        use_stage_ = env_on("FERRY_CUDA_STAGE");  // not yet run on a GPU: off by default
         // The norm folded into the float kernel too (F16/BF16/F32 weights): off by default,
         // a wash on the H200 (bench/results/cuda.md, 1B F16 tg128: 611 with it against 627
         // in one run, 659-661 against 640-649 in the next); FERRY_CUDA_MV_FNORM=1 (the first
@@ -510,6 +513,10 @@ class CudaBackend : public Backend {
         if (cublas_) ctx_.cublas_api->destroy(static_cast<cublasHandle_t>(cublas_));
         if (cublas_ws_) cudaFree(cublas_ws_);
         if (scratch_) cudaFree(scratch_);
+        for (Stage& s : stage_) {
+            if (s.done) cudaEventDestroy(s.done);
+        }
+        if (stage_host_) cudaFreeHost(stage_host_);
         cudaStreamDestroy(stream_);
     }
     const char* name() const override { return dev_->name(); }
@@ -525,6 +532,67 @@ class CudaBackend : public Backend {
         CUDA_TRY(cudaMemcpyAsync(b->dev_ptr() + t->offs + offset, src, size, cudaMemcpyHostToDevice,
                                  stream_),
                  "%s: set_tensor_async '%s'", name(), t->name);
+        return Status::ok();
+    }
+    // A step's small inputs go out together: their bytes into one half of a pinned staging
+    // area, and one kernel (reading it through the host mapping) copies them all, instead of a
+    // cudaMemcpyAsync each (~3.5 us of host time apiece, while the GPU waits: stop 24's session
+    // profile, 10.7 us for a decode step's three). A half is reused once its kernel has run.
+    // Off by default until measured on a GPU (stop 24 ran out of time): FERRY_CUDA_STAGE=1.
+    Status set_tensors_async(std::span<const TensorWrite> writes) override {
+        if (!use_stage_ || writes.size() < 2 || writes.size() > kStageDescs) {
+            return Backend::set_tensors_async(writes);
+        }
+        size_t total = 0;
+        for (const TensorWrite& w : writes) {
+            CudaBuffer* b = cuda_buffer(w.t);
+            if (!b || b->cuda_device() != dev_ || w.size > kStageMaxWrite) {
+                return Backend::set_tensors_async(writes);
+            }
+            FERRY_TRY(b->check_range(w.t, w.offset, w.size));
+            total += (w.size + 15) / 16 * 16;
+        }
+        if (total > kStageHalf - kStageDescs * sizeof(UploadDesc)) {
+            return Backend::set_tensors_async(writes);
+        }
+        FERRY_TRY(dev_->activate());
+        if (!stage_host_) {
+            CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&stage_host_), 2 * kStageHalf,
+                                   cudaHostAllocMapped),
+                     "%s: staging memory", name());
+            CUDA_TRY(
+                cudaHostGetDevicePointer(reinterpret_cast<void**>(&stage_dev_), stage_host_, 0),
+                "%s: staging memory", name());
+            for (Stage& s : stage_) {
+                CUDA_TRY(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming),
+                         "%s: staging event", name());
+            }
+        }
+        const int h = stage_cur_;
+        stage_cur_ ^= 1;
+        Stage& s = stage_[h];
+        if (s.used) {  // its kernel has almost always run: a step waits for its logits
+            CUDA_TRY(cudaEventSynchronize(s.done), "%s: staging", name());
+            s.used = false;
+        }
+        const size_t base = static_cast<size_t>(h) * kStageHalf;
+        auto* desc = reinterpret_cast<UploadDesc*>(stage_host_ + base);
+        char* data = stage_host_ + base + kStageDescs * sizeof(UploadDesc);
+        uint32_t off = 0;
+        int n = 0;
+        for (const TensorWrite& w : writes) {
+            if (w.size == 0) continue;
+            std::memcpy(data + off, w.src, w.size);
+            desc[n++] = {cuda_buffer(w.t)->dev_ptr() + w.t->offs + w.offset, off,
+                         static_cast<uint32_t>(w.size)};
+            off += static_cast<uint32_t>((w.size + 15) / 16 * 16);
+        }
+        if (n == 0) return Status::ok();
+        const char* dbase = stage_dev_ + base;
+        FERRY_TRY(launch_scatter_uploads(stream_, reinterpret_cast<const UploadDesc*>(dbase), n,
+                                         dbase + kStageDescs * sizeof(UploadDesc)));
+        CUDA_TRY(cudaEventRecord(s.done, stream_), "%s: staging event", name());
+        s.used = true;
         return Status::ok();
     }
     Status get_tensor_async(const Tensor* t, void* dst, size_t offset, size_t size) override {
@@ -604,7 +672,46 @@ class CudaBackend : public Backend {
     Status plan(Graph& g);
     static bool fusion_is_safe(int kind, const Tensor* n, const Tensor* second,
                                const Tensor* third);
-    void quick_key(const Graph& g, std::vector<uint64_t>& k) const;
+    // set_tensors_async's pinned staging: two halves of kStageHalf bytes (kStageDescs
+    // descriptors, then the data), each with the event recorded after its kernel.
+    static constexpr size_t kStageHalf = 64 << 10, kStageDescs = 64, kStageMaxWrite = 16 << 10;
+    struct Stage {
+        cudaEvent_t done = nullptr;
+        bool used = false;
+    };
+    Stage stage_[2];
+    int stage_cur_ = 0;
+    char* stage_host_ = nullptr;
+    char* stage_dev_ = nullptr;
+    bool use_stage_ = false;
+    // The words that describe a graph's structure (quick_key), in a buffer that keeps its
+    // capacity: building one is plain stores, comparing one a memcmp.
+    class Key {
+      public:
+        uint64_t* begin(size_t most) {
+            if (w_.size() < most) w_.resize(most);
+            return w_.data();
+        }
+        void end(const uint64_t* e) { n_ = static_cast<size_t>(e - w_.data()); }
+        void clear() { n_ = 0; }
+        bool operator==(const Key& o) const {
+            return n_ == o.n_ && (n_ == 0 || std::memcmp(w_.data(), o.w_.data(), n_ * 8) == 0);
+        }
+        void assign(const Key& o) {
+            if (w_.size() < o.n_) w_.resize(o.n_);
+            if (o.n_) std::memcpy(w_.data(), o.w_.data(), o.n_ * 8);
+            n_ = o.n_;
+        }
+        void swap(Key& o) {
+            w_.swap(o.w_);
+            std::swap(n_, o.n_);
+        }
+
+      private:
+        std::vector<uint64_t> w_;
+        size_t n_ = 0;
+    };
+    void quick_key(const Graph& g, Key& k) const;
     Status run_steps();
     Status run_profiled();
     Status run_step(const Step& s);
@@ -623,10 +730,20 @@ class CudaBackend : public Backend {
     size_t scratch_size_ = 0;
     void* cublas_ = nullptr;
     void* cublas_ws_ = nullptr;
-    // CUDA graphs: the structure (ops, shapes, addresses) of the last graph computed and of
-    // the one captured in exec_.
-    std::vector<uint64_t> last_key_, exec_key_;
-    std::vector<uint64_t> key_, planned_key_;
+    // CUDA graphs. planned_key_ is the structure (ops, shapes, addresses) the steps were
+    // planned for, and plan_gen_ counts its changes, so that the last graph computed and the
+    // one captured in exec_ are known by a generation and the scratch and cuBLAS workspace
+    // addresses a capture bakes in; exec_key_ is kept to recognise a structure that comes back
+    // (a decode step after a prompt) without a new capture.
+    Key key_, planned_key_, exec_key_;
+    uint64_t plan_gen_ = 0;
+    struct Seen {
+        uint64_t gen = 0;  // 0: none
+        const void* scratch = nullptr;
+        const void* ws = nullptr;
+        bool operator==(const Seen&) const = default;
+    };
+    Seen last_, exec_seen_;
     cudaGraphExec_t exec_ = nullptr;
     // FERRY_CUDA_PROFILE=1: every step timed with events (no graphs), a table at the end.
     bool profile_ = false;
@@ -995,10 +1112,9 @@ Status CudaBackend::plan(Graph& g) {
             continue;
         }
         steps_.push_back({n, nullptr, 0, nullptr});
-        scratch =
-            std::max(scratch, n->op == Op::MUL_MAT          ? mul_mat_scratch_size(n)
-                              : n->op == Op::FLASH_ATTN_EXT ? attn_scratch_size(n, dev_->n_sm())
-                                                            : size_t{0});
+        scratch = std::max(scratch, n->op == Op::MUL_MAT          ? mul_mat_scratch_size(n)
+                                    : n->op == Op::FLASH_ATTN_EXT ? attn_scratch_size(ctx_, n)
+                                                                  : size_t{0});
         cublas |= needs_cublas(n);
     }
     if (use_fusion_ && use_norm_mv_) {
@@ -1045,36 +1161,40 @@ Status CudaBackend::run_steps() {
 // shape, strides, op parameters and storage (buffer, offset). Equal keys mean the same kernels
 // with the same arguments, so the last plan (and a captured CUDA graph) can be reused. Buffers
 // are compared by object; g_buffer_epoch tells when one went away.
-void CudaBackend::quick_key(const Graph& g, std::vector<uint64_t>& k) const {
-    k.clear();
-    k.push_back(g_buffer_epoch.load());
-    k.push_back(use_fusion_);
-    auto tensor = [&k](const Tensor* t) {
-        k.push_back(reinterpret_cast<uintptr_t>(t));
-        k.push_back(static_cast<uint64_t>(t->op) | (static_cast<uint64_t>(t->type) << 32));
+void CudaBackend::quick_key(const Graph& g, Key& k) const {
+    constexpr size_t kTensorWords = 5 + 2 * kMaxDims;
+    constexpr size_t kNodeWords = kTensorWords + kMaxOpParams / 2 + kMaxSrc * kTensorWords;
+    uint64_t* w = k.begin(2 + g.nodes.size() * kNodeWords);
+    *w++ = g_buffer_epoch.load();
+    *w++ = use_fusion_;
+    auto tensor = [&w](const Tensor* t) {
+        w[0] = reinterpret_cast<uintptr_t>(t);
+        w[1] = static_cast<uint64_t>(t->op) | (static_cast<uint64_t>(t->type) << 32);
         for (int d = 0; d < kMaxDims; d++) {
-            k.push_back(static_cast<uint64_t>(t->ne[d]));
-            k.push_back(t->nb[d]);
+            w[2 + 2 * d] = static_cast<uint64_t>(t->ne[d]);
+            w[3 + 2 * d] = t->nb[d];
         }
-        k.push_back(reinterpret_cast<uintptr_t>(t->buffer));
-        k.push_back(t->offs);
-        k.push_back(t->flags);
+        w[2 + 2 * kMaxDims] = reinterpret_cast<uintptr_t>(t->buffer);
+        w[3 + 2 * kMaxDims] = t->offs;
+        w[4 + 2 * kMaxDims] = t->flags;
+        w += kTensorWords;
     };
     for (const Tensor* n : g.nodes) {
         if (is_view_op(n->op)) continue;
         tensor(n);
         for (int p = 0; p < kMaxOpParams; p += 2) {
-            k.push_back(static_cast<uint32_t>(n->op_params[p]) |
-                        (static_cast<uint64_t>(static_cast<uint32_t>(n->op_params[p + 1])) << 32));
+            *w++ = static_cast<uint32_t>(n->op_params[p]) |
+                   (static_cast<uint64_t>(static_cast<uint32_t>(n->op_params[p + 1])) << 32);
         }
         for (int s = 0; s < kMaxSrc; s++) {
             if (n->src[s]) {
                 tensor(n->src[s]);
             } else {
-                k.push_back(0);
+                *w++ = 0;
             }
         }
     }
+    k.end(w);
 }
 
 Status CudaBackend::compute(Graph& g) {
@@ -1097,15 +1217,16 @@ Status CudaBackend::compute(Graph& g) {
     clock::time_point t0 = stats ? clock::now() : clock::time_point{};
     quick_key(g, key_);
     if (stats) gstats_.key_us += since(t0);
-    if (key_ != planned_key_) {
+    if (!(key_ == planned_key_)) {
         planned_key_.clear();
+        plan_gen_++;
         const clock::time_point tp = stats ? clock::now() : clock::time_point{};
         FERRY_TRY(plan(g));
         if (stats) {
             gstats_.plan_us += since(tp);
             gstats_.plans++;
         }
-        planned_key_ = key_;
+        planned_key_.swap(key_);
     }
     // The way this compute ran, and the host time it took from here (stats only).
     auto count = [&](int way) {
@@ -1115,25 +1236,28 @@ Status CudaBackend::compute(Graph& g) {
     };
     if (stats) t0 = clock::now();
     if (steps_.empty()) return Status::ok();
-    // What a captured graph also bakes in: the scratch and cuBLAS workspace addresses.
-    key_.push_back(reinterpret_cast<uintptr_t>(scratch_));
-    key_.push_back(reinterpret_cast<uintptr_t>(cublas_ws_));
+    // This graph: its structure's generation, and what a captured graph also bakes in, the
+    // scratch and cuBLAS workspace addresses.
+    const Seen now{plan_gen_, scratch_, cublas_ws_};
     if (profile_) return run_profiled();
-    if (use_graphs_ && exec_ && key_ == exec_key_) {
+    if (use_graphs_ && exec_ && exec_seen_.gen != now.gen && exec_seen_.scratch == now.scratch &&
+        exec_seen_.ws == now.ws && exec_key_ == planned_key_) {
+        exec_seen_.gen = now.gen;  // the captured structure is back
+    }
+    if (use_graphs_ && exec_ && exec_seen_ == now) {
         CUDA_TRY(cudaGraphLaunch(exec_, stream_), "%s: graph launch", name());
-        last_key_ = key_;
+        last_ = now;
         count(kReplay);
         return Status::ok();
     }
     // A structure seen twice in a row is captured and replayed from then on (decode steps);
     // one-off graphs (prefill chunks) run directly.
-    if (!use_graphs_ || key_ != last_key_) {
-        last_key_ = key_;
+    if (!use_graphs_ || !(last_ == now)) {
+        last_ = now;
         Status rs = run_steps();
         count(kDirect);
         return rs;
     }
-    last_key_ = key_;
     CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "%s: capture",
              name());
     Status st = run_steps();
@@ -1165,7 +1289,8 @@ Status CudaBackend::compute(Graph& g) {
         }
     }
     cudaGraphDestroy(graph);
-    exec_key_ = key_;
+    exec_key_.assign(planned_key_);
+    exec_seen_ = now;
     CUDA_TRY(cudaGraphLaunch(exec_, stream_), "%s: graph launch", name());
     count(updated ? kUpdate : kInstantiate);
     return Status::ok();

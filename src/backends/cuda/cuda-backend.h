@@ -70,6 +70,9 @@ struct OpContext {
     // The int8 kernel's folded RMS norm loads its row in one round trip and its weight before
     // the wait (norm_prologue_fast; FERRY_CUDA_MV_NFAST=0 turns it off).
     bool mv_nfast = true;
+    // Decode attention over more keys than one k_attn_row block takes is split into such
+    // blocks and merged (FERRY_CUDA_ATTN_CHUNKS=0: one block per KV head, k_attn_decode).
+    bool attn_chunks = true;
 };
 
 }  // namespace ferry::cuda

@@ -424,6 +424,8 @@ class RemoteDevice : public Device {
         c.async = true;
         c.host_buffer = (conn_->caps() & kCapSharedMemory) != 0;
         c.events = (caps_bits_ & kDeviceCapEvents) != 0 && (conn_->caps() & kCapEvents) != 0;
+        // The server's device replays captured graphs: the client's sessions pad like a local one.
+        c.graph_replay = (caps_bits_ & kDeviceCapGraphReplay) != 0;
         return c;
     }
     BufferType* buffer_type() override { return buffer_type_.get(); }

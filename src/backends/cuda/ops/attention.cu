@@ -919,22 +919,31 @@ size_t row_smem(int64_t D, int64_t n_kv) {
     return static_cast<size_t>(n_kv * D) * 2 + sizeof(float) * static_cast<size_t>(D + kRThreads);
 }
 
+//
+// Longer caches (chunks > 1, FERRY_CUDA_ATTN_CHUNKS=0 turns it off): block (h, i3, c) takes keys
+// [c * chunk, (c + 1) * chunk) the same way and writes its unnormalised (max, sum, p v) to
+// g.partial; the last chunk of a head to finish (a counter per head, as k_attn's split) merges
+// them. So a cache of n keys is n / chunk times the short case's blocks, each one round trip,
+// instead of k_attn_decode's one block per KV head walking all n keys (8 blocks for a 1B model:
+// 38 us a layer at ~512 keys, stop 23).
 template <int D>
-__global__ void __launch_bounds__(kRThreads) k_attn_row(AttnArgs g) {
+__global__ void __launch_bounds__(kRThreads) k_attn_row(AttnArgs g, int chunk) {
     extern __shared__ __align__(16) char rsm[];
-    uint16_t* vs = reinterpret_cast<uint16_t*>(rsm);             // [n_kv][D]
-    float* qs = reinterpret_cast<float*>(rsm + g.n_kv * D * 2);  // [D]
-    float* ps = qs + D;                                          // [kRThreads]
+    uint16_t* vs = reinterpret_cast<uint16_t*>(rsm);            // [chunk][D]
+    float* qs = reinterpret_cast<float*>(rsm + chunk * D * 2);  // [D]
+    float* ps = qs + D;                                         // [kRThreads]
     __shared__ float red[kRWarps], part[kRWarps][D];
+    __shared__ int last;
     pdl_wait();
     pdl_trigger();
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int64_t h = blockIdx.x, i3 = blockIdx.y;
     const int64_t hk = h / g.rh, k3 = i3 / g.r3;
-    const int n_kv = static_cast<int>(g.n_kv);
+    const int64_t j0 = static_cast<int64_t>(blockIdx.z) * chunk;
+    const int n_kv = static_cast<int>(min(static_cast<int64_t>(chunk), g.n_kv - j0));
     constexpr int kC = D / 8;  // 16-byte chunks per row
-    const char* kbase = g.k.p + hk * g.k.nb[2] + k3 * g.k.nb[3];
-    const char* vbase = g.v.p + hk * g.v.nb[2] + k3 * g.v.nb[3];
+    const char* kbase = g.k.p + hk * g.k.nb[2] + k3 * g.k.nb[3] + j0 * g.k.nb[1];
+    const char* vbase = g.v.p + hk * g.v.nb[2] + k3 * g.v.nb[3] + j0 * g.v.nb[1];
     // Every load at once: values into shared memory, key row tid, q, the mask value.
     for (int c = tid; c < n_kv * kC; c += kRThreads) {
         const int j = c / kC, e = c % kC;
@@ -952,7 +961,7 @@ __global__ void __launch_bounds__(kRThreads) k_attn_row(AttnArgs g) {
     }
     float mk = 0.0f;
     if (g.has_mask && has_key) {
-        mk = mask_value(g, mask_row(g, 0, h, i3), tid);
+        mk = mask_value(g, mask_row(g, 0, h, i3), j0 + tid);
     }
     __syncthreads();  // q
     float s = -INFINITY;
@@ -1013,18 +1022,77 @@ __global__ void __launch_bounds__(kRThreads) k_attn_row(AttnArgs g) {
         for (int e = 0; e < 8; e++) part[warp][8 * lane + e] = acc[e];
     }
     __syncthreads();
+    float o = 0.0f;
     if (tid < D) {
-        float o = 0.0f;
 #pragma unroll
         for (int w = 0; w < kRWarps; w++) o += part[w][tid];
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        reinterpret_cast<float*>(g.out.p)[(i3 * g.n_head + h) * D + tid] = o * inv;
     }
+    float* const out = reinterpret_cast<float*>(g.out.p) + (i3 * g.n_head + h) * D;
+    if (gridDim.z == 1) {
+        if (tid < D) out[tid] = o * (l > 0.0f ? 1.0f / l : 0.0f);
+        return;
+    }
+    // This chunk's (max, sum, unnormalised p v); the last chunk of the head merges them all.
+    const int64_t r = i3 * g.n_head + h, rows = g.n_head * gridDim.y;
+    float* const mine = g.partial + (static_cast<int64_t>(blockIdx.z) * rows + r) * (D + 2);
+    if (tid < D) mine[2 + tid] = o;
+    if (tid == 0) {
+        mine[0] = m;
+        mine[1] = l;
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(&g.counters[r], 1) == static_cast<int>(gridDim.z) - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (tid < D) {
+        float M = -INFINITY;
+        for (unsigned c = 0; c < gridDim.z; c++) {
+            M = fmaxf(M, __ldcg(g.partial + (static_cast<int64_t>(c) * rows + r) * (D + 2)));
+        }
+        float L = 0.0f, acc_o = 0.0f;
+        if (M != -INFINITY) {
+            for (unsigned c = 0; c < gridDim.z; c++) {
+                const float* q = g.partial + (static_cast<int64_t>(c) * rows + r) * (D + 2);
+                const float qm = __ldcg(q);
+                if (qm == -INFINITY) continue;
+                const float f = expf(qm - M);
+                L += __ldcg(q + 1) * f;
+                acc_o += __ldcg(q + 2 + tid) * f;
+            }
+        }
+        out[tid] = acc_o * (L > 0.0f ? 1.0f / L : 0.0f);
+    }
+    if (tid == 0) g.counters[r] = 0;  // ready for the next launch (and graph replay)
 }
 
 bool row_enabled() {  // FERRY_CUDA_ATTN_ROW=0: short caches through k_attn and its KV split
     static const bool on = !env_off("FERRY_CUDA_ATTN_ROW");
     return on;
+}
+
+// The keys one k_attn_row block takes for head size D, and how many blocks (chunks) a head of
+// this decode node needs on that path: 0 when its shapes and types do not fit k_attn_row (the
+// 16-byte alignment of the rows is checked at launch), or when a cache over one chunk would need
+// more chunks than the launch allows (or ctx.attn_chunks is off).
+int64_t row_chunk(int64_t D) {
+    return kRMaxElems / D;
+}
+int64_t row_chunks(const OpContext& ctx, const Tensor* node) {
+    const Tensor* q = node->src[0];
+    const Tensor* k = node->src[1];
+    const Tensor* v = node->src[2];
+    const int64_t D = q->ne[0], n_kv = k->ne[1];
+    const bool fits = q->ne[1] == 1 && n_kv >= 1 && D == v->ne[0] && (D == 64 || D == 128) &&
+                      k->ne[0] == D && k->type != Type::F32 && v->type != Type::F32 &&
+                      k->ne[2] > 0 && q->ne[2] % k->ne[2] == 0 && q->ne[2] <= 65535 &&
+                      q->ne[3] <= 65535 && row_enabled();
+    if (!fits) return 0;
+    const int64_t chunks = (n_kv + row_chunk(D) - 1) / row_chunk(D);
+    if (chunks == 1) return 1;
+    if (!ctx.attn_chunks || chunks > 65535 || q->ne[2] * q->ne[3] > kMaxCounters) return 0;
+    return chunks;
 }
 
 bool decode_enabled() {  // FERRY_CUDA_ATTN_DECODE=0: decode through k_attn and its KV split
@@ -1083,13 +1151,16 @@ int choose_split(const Tensor* node, int n_sm) {
 
 }  // namespace
 
-size_t attn_scratch_size(const Tensor* node, int n_sm) {
-    const int s = choose_split(node, n_sm);
-    if (s <= 1) return 0;
+size_t attn_scratch_size(const OpContext& ctx, const Tensor* node) {
     const Tensor* q = node->src[0];
     const int64_t rows = q->ne[1] * q->ne[2] * q->ne[3];
-    return static_cast<size_t>(s) * static_cast<size_t>(rows) *
-           static_cast<size_t>(node->src[2]->ne[0] + 2) * sizeof(float);
+    const size_t per =
+        static_cast<size_t>(rows) * static_cast<size_t>(node->src[2]->ne[0] + 2) * sizeof(float);
+    // k_attn's split, or k_attn_row's chunks (either may run: the rows' alignment decides).
+    const int s = choose_split(node, ctx.n_sm);
+    const int64_t c = row_chunks(ctx, node);
+    return std::max(s > 1 ? static_cast<size_t>(s) * per : 0,
+                    c > 1 ? static_cast<size_t>(c) * per : 0);
 }
 
 Status op_flash_attn_ext(OpContext& ctx, const Tensor* dst) {
@@ -1131,16 +1202,15 @@ Status op_flash_attn_ext(OpContext& ctx, const Tensor* dst) {
         if (dmax <= 64) return launch_tiled<64>(ctx, g, q->ne[3]);
         if (dmax <= 128) return launch_tiled<128>(ctx, g, q->ne[3]);
     }
-    if (g.n_q == 1 && g.n_kv >= 1 && g.n_kv <= kRThreads && g.n_kv * g.D <= kRMaxElems &&
-        g.D == g.Dv && (g.D == 64 || g.D == 128) && g.kv_vec && g.kt != Type::F32 &&
-        g.vt != Type::F32 && g.n_head == g.rh * k->ne[2] && q->ne[2] <= 65535 &&
-        q->ne[3] <= 65535 && row_enabled()) {
-        const size_t smem = row_smem(g.D, g.n_kv);
-        const dim3 grid(static_cast<unsigned>(q->ne[2]), static_cast<unsigned>(q->ne[3]));
+    if (const int64_t chunks = row_chunks(ctx, dst); chunks > 0 && g.kv_vec) {
+        const int chunk = static_cast<int>(std::min(g.n_kv, row_chunk(g.D)));
+        const size_t smem = row_smem(g.D, chunk);
+        const dim3 grid(static_cast<unsigned>(q->ne[2]), static_cast<unsigned>(q->ne[3]),
+                        static_cast<unsigned>(chunks));
         if (g.D == 64) {
-            launch_pdl(k_attn_row<64>, grid, dim3(kRThreads), smem, ctx.stream, g);
+            launch_pdl(k_attn_row<64>, grid, dim3(kRThreads), smem, ctx.stream, g, chunk);
         } else {
-            launch_pdl(k_attn_row<128>, grid, dim3(kRThreads), smem, ctx.stream, g);
+            launch_pdl(k_attn_row<128>, grid, dim3(kRThreads), smem, ctx.stream, g, chunk);
         }
         return launch_status("FLASH_ATTN_EXT (row)");
     }

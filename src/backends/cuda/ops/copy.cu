@@ -140,3 +140,30 @@ Status op_cont(OpContext& ctx, const Tensor* dst) {
 }
 
 }  // namespace ferry::cuda
+
+namespace ferry::cuda {
+
+namespace {
+
+// Block b copies upload b: its bytes from host-mapped pinned memory into device memory, in
+// words when both ends and the size allow, else byte by byte.
+__global__ void k_scatter_uploads(const UploadDesc* d, const char* data) {
+    const UploadDesc u = d[blockIdx.x];
+    const char* s = data + u.off;
+    if ((reinterpret_cast<uintptr_t>(s) | reinterpret_cast<uintptr_t>(u.dst) | u.size) % 4 == 0) {
+        const uint32_t* s4 = reinterpret_cast<const uint32_t*>(s);
+        uint32_t* d4 = reinterpret_cast<uint32_t*>(u.dst);
+        for (uint32_t i = threadIdx.x; i < u.size / 4; i += blockDim.x) d4[i] = s4[i];
+    } else {
+        for (uint32_t i = threadIdx.x; i < u.size; i += blockDim.x) u.dst[i] = s[i];
+    }
+}
+
+}  // namespace
+
+Status launch_scatter_uploads(cudaStream_t st, const UploadDesc* d, int n, const char* data) {
+    k_scatter_uploads<<<n, 128, 0, st>>>(d, data);
+    return launch_status("scatter uploads");
+}
+
+}  // namespace ferry::cuda

@@ -39,7 +39,15 @@ bool supports(const Tensor* node);
 // Scratch bytes a node needs (0 for most ops).
 size_t scratch_size(const Tensor* node, int n_sm);
 size_t mul_mat_scratch_size(const Tensor* node);
-size_t attn_scratch_size(const Tensor* node, int n_sm);
+size_t attn_scratch_size(const OpContext& ctx, const Tensor* node);
+// Small host-to-device writes batched into one launch (CudaBackend's staged uploads): block i
+// copies `size` bytes from data + off (host-mapped pinned memory) to dst.
+struct UploadDesc {
+    char* dst;
+    uint32_t off, size;
+};
+Status launch_scatter_uploads(cudaStream_t st, const UploadDesc* d, int n, const char* data);
+
 // Whether a node calls cuBLAS (the backend creates its handle before running it).
 bool needs_cublas(const Tensor* node);
 
