@@ -504,25 +504,25 @@ Status Scheduler::synchronize() {
 }
 
 Status Scheduler::set_tensor(Tensor* t, const void* src, size_t size) {
-    if (size != t->nbytes()) {
-        return Status::errorf(ErrorCode::InvalidArgument, "tensor %s holds %zu bytes, %zu given",
-                              describe(t).c_str(), t->nbytes(), size);
-    }
-    if (Backend* be = backend_of(t)) return be->set_tensor_async(t, src, 0, size);
-    return tensor_set(t, src, size);
+    const TensorWrite w{t, src, 0, size};
+    return set_tensors(std::span<const TensorWrite>(&w, 1));
 }
 
 Status Scheduler::set_tensors(std::span<const TensorWrite> writes) {
-    std::vector<TensorWrite> group;
-    std::vector<bool> done(writes.size(), false);
-    for (size_t i = 0; i < writes.size(); i++) {
-        const TensorWrite& w = writes[i];
+    for (const TensorWrite& w : writes) {
         if (w.offset != 0 || w.size != w.t->nbytes()) {
             return Status::errorf(ErrorCode::InvalidArgument,
                                   "tensor %s holds %zu bytes, %zu given", describe(w.t).c_str(),
                                   w.t->nbytes(), w.size);
         }
     }
+    // Usually one backend reads them all: one call, no copies of the list.
+    Backend* const first = writes.empty() ? nullptr : backend_of(writes[0].t);
+    bool one = first != nullptr;
+    for (size_t i = 1; one && i < writes.size(); i++) one = backend_of(writes[i].t) == first;
+    if (one) return first->set_tensors_async(writes);
+    std::vector<TensorWrite> group;
+    std::vector<bool> done(writes.size(), false);
     for (size_t i = 0; i < writes.size(); i++) {
         if (done[i]) continue;
         Backend* be = backend_of(writes[i].t);

@@ -139,10 +139,6 @@ Status op_cont(OpContext& ctx, const Tensor* dst) {
     return copy(ctx, dst, dst->src[0], "CONT");
 }
 
-}  // namespace ferry::cuda
-
-namespace ferry::cuda {
-
 namespace {
 
 // Block b copies upload b: its bytes from host-mapped pinned memory into device memory, in
