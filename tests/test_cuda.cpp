@@ -425,8 +425,10 @@ TEST(Cuda, OutOfRangeIndexIsAnError) {
 
 // The same graph computed again with new inputs (replayed as a CUDA graph from the second
 // run on) gives each run's own answer.
-TEST(Cuda, ReplayedGraphSeesNewInputs) {
-    REQUIRE_GPU();
+// Run by run, the inputs go in one set_tensors_async (staged: copied by the first node of the
+// next compute, inside a captured graph when it replays one) or in one set_tensor_async each,
+// in the pattern `how`; every compute sees the inputs of its moment.
+void replayed_graph_sees_new_inputs(const char* how) {
     Expected<std::unique_ptr<Backend>> be = gpu()->make_backend();
     ASSERT_TRUE(be) << be.message();
     Context in, gc;
@@ -445,11 +447,21 @@ TEST(Cuda, ReplayedGraphSeesNewInputs) {
     g.build_forward(out);
     GraphAllocator alloc(gpu()->buffer_type());
     ASSERT_TRUE(alloc.allocate(g));
-    for (int run = 0; run < 5; run++) {
+    for (int run = 0; how[run]; run++) {
+        SCOPED_TRACE(::testing::Message() << "run " << run << " of " << how);
         for (size_t i = 0; i < xv.size(); i++) xv[i] = std::cos(0.3f * i + run);
         for (size_t i = 0; i < rv.size(); i++) rv[i] = 0.25f * run - 0.1f * i;
-        ASSERT_TRUE((*be)->set_tensor_async(x, xv.data(), 0, xv.size() * 4));
-        ASSERT_TRUE((*be)->set_tensor_async(r, rv.data(), 0, rv.size() * 4));
+        if (how[run] == 'T') {
+            const TensorWrite ws[2] = {{x, xv.data(), 0, xv.size() * 4},
+                                       {r, rv.data(), 0, rv.size() * 4}};
+            ASSERT_TRUE((*be)->set_tensors_async(ws));
+            // The sources may be reused at once.
+            std::fill(xv.begin(), xv.end(), 1e30f);
+            for (size_t i = 0; i < xv.size(); i++) xv[i] = std::cos(0.3f * i + run);
+        } else {
+            ASSERT_TRUE((*be)->set_tensor_async(x, xv.data(), 0, xv.size() * 4));
+            ASSERT_TRUE((*be)->set_tensor_async(r, rv.data(), 0, rv.size() * 4));
+        }
         ASSERT_TRUE((*be)->compute(g));
         std::vector<float> got(16);
         ASSERT_TRUE((*be)->get_tensor_async(out, got.data(), 0, got.size() * 4));
@@ -474,6 +486,88 @@ TEST(Cuda, ReplayedGraphSeesNewInputs) {
                 << "run " << run << " row " << m;
         }
     }
+}
+
+TEST(Cuda, ReplayedGraphSeesNewInputs) {
+    REQUIRE_GPU();
+    replayed_graph_sees_new_inputs("SSSSS");
+}
+
+TEST(Cuda, ReplayedGraphSeesNewStagedInputs) {
+    REQUIRE_GPU();
+    replayed_graph_sees_new_inputs("TTTTTSSTTSTTT");
+}
+
+// Staged inputs (set_tensors_async) keep their place among the stream's other operations: a
+// later write of the same bytes wins, a read sees them without a compute between, a second
+// batch staged before the first was issued replaces nothing it should not, and a batch larger
+// than the staging area goes as it is.
+TEST(Cuda, StagedInputsKeepTheCallersOrder) {
+    REQUIRE_GPU();
+    Expected<std::unique_ptr<Backend>> be = gpu()->make_backend();
+    ASSERT_TRUE(be) << be.message();
+    Context in;
+    Tensor* a = in.new_tensor(Type::F32, {64});
+    Tensor* b = in.new_tensor(Type::I32, {3});  // 12 bytes: not a multiple of 16
+    Tensor* big = in.new_tensor(Type::F32, {8192});
+    Expected<std::unique_ptr<Buffer>> buf = allocate_context_tensors(in, gpu()->buffer_type());
+    ASSERT_TRUE(buf) << buf.message();
+    auto fill = [](float v) { return std::vector<float>(64, v); };
+    auto read_a = [&] {
+        std::vector<float> got(64);
+        EXPECT_TRUE((*be)->get_tensor_async(a, got.data(), 0, 64 * 4));
+        EXPECT_TRUE((*be)->synchronize());
+        return got;
+    };
+    // Staged, then read: the read issues them first.
+    std::vector<float> v1 = fill(1.0f);
+    const int32_t bi[3] = {7, -8, 9};
+    const TensorWrite w1[2] = {{a, v1.data(), 0, 256}, {b, bi, 0, 12}};
+    ASSERT_TRUE((*be)->set_tensors_async(w1));
+    EXPECT_EQ(read_a(), v1);
+    int32_t bgot[3] = {};
+    ASSERT_TRUE(tensor_get(b, bgot, 12));  // after the synchronize: through the buffer
+    EXPECT_EQ(bgot[0], 7);
+    EXPECT_EQ(bgot[1], -8);
+    EXPECT_EQ(bgot[2], 9);
+    // Staged, then a plain write of part of it: the plain write comes last.
+    std::vector<float> v2 = fill(2.0f), v3 = fill(3.0f);
+    const TensorWrite w2[1] = {{a, v2.data(), 0, 256}};
+    ASSERT_TRUE((*be)->set_tensors_async(w2));
+    ASSERT_TRUE((*be)->set_tensor_async(a, v3.data(), 16, 32));
+    std::vector<float> want = v2;
+    for (int i = 4; i < 12; i++) want[static_cast<size_t>(i)] = 3.0f;
+    EXPECT_EQ(read_a(), want);
+    // Two batches before anything else: both land, in order (the second at offset 8 floats).
+    std::vector<float> v4 = fill(4.0f), v5 = fill(5.0f);
+    const TensorWrite w4[1] = {{a, v4.data(), 0, 256}};
+    const TensorWrite w5[1] = {{a, v5.data(), 32, 64}};
+    ASSERT_TRUE((*be)->set_tensors_async(w4));
+    ASSERT_TRUE((*be)->set_tensors_async(w5));
+    want = v4;
+    for (int i = 8; i < 24; i++) want[static_cast<size_t>(i)] = 5.0f;
+    EXPECT_EQ(read_a(), want);
+    // More than the staging area holds: copied the ordinary way, after what was staged.
+    std::vector<float> v6 = fill(6.0f), vb(8192);
+    for (size_t i = 0; i < vb.size(); i++) vb[i] = static_cast<float>(i);
+    const TensorWrite w6[1] = {{a, v6.data(), 0, 256}};
+    const TensorWrite w7[2] = {{big, vb.data(), 0, vb.size() * 4}, {a, v3.data(), 0, 16}};
+    ASSERT_TRUE((*be)->set_tensors_async(w6));
+    ASSERT_TRUE((*be)->set_tensors_async(w7));
+    want = v6;
+    for (int i = 0; i < 4; i++) want[static_cast<size_t>(i)] = 3.0f;
+    EXPECT_EQ(read_a(), want);
+    std::vector<float> bigot(8192);
+    ASSERT_TRUE(tensor_get(big, bigot.data(), bigot.size() * 4));
+    EXPECT_EQ(bigot, vb);
+    // A range outside the tensor is an error naming it, and nothing is staged.
+    Tensor bad = *a;
+    bad.set_name("bad_input");
+    const TensorWrite w8[1] = {{&bad, v1.data(), size_t{1} << 30, 256}};
+    Status st = (*be)->set_tensors_async(w8);
+    EXPECT_FALSE(st);
+    EXPECT_NE(st.message().find("bad_input"), std::string::npos) << st.message();
+    EXPECT_EQ(read_a(), want);
 }
 
 // Two graphs in the order A A A B A A B B A A (a decode step's structure, a prompt's, the decode

@@ -58,6 +58,13 @@ class FrameProfile {
                        static_cast<unsigned long long>(session_->validated_entries()),
                        static_cast<unsigned long long>(session_->table_entries()));
         }
+        if (session_->computes()) {
+            const double n = static_cast<double>(session_->computes());
+            line +=
+                strfmt(" of which inputs %.1f us and the backend's compute call %.1f us a compute;",
+                       static_cast<double>(session_->inputs_ns()) / 1e3 / n,
+                       static_cast<double>(session_->backend_ns()) / 1e3 / n);
+        }
         std::fprintf(stderr, "ferry serve: session %llu profile:%s\n",
                      static_cast<unsigned long long>(session_->id()), line.c_str());
     }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <new>
 
@@ -1003,22 +1004,29 @@ Status Session::cmd_graph_compute(const uint8_t* p, size_t n, Reply* out) {
     // path below does before returning (run_cached on success).
     Expected<Backend*> be = backend(dev);
     if (!be) return be.status();
+    // They go to the backend together (set_tensors_async: one transfer where the device can).
     input_tensors_.assign(inputs_.size(), Tensor());
-    bool queued = false;
+    input_writes_.clear();
     Status st;
     for (size_t i = 0; i < inputs_.size() && st; i++) {
         const InputWrite& in = inputs_[i];
         Tensor& t = input_tensors_[i];
         t.buffer = in.b->buf.get();
         t.offs = in.off;
-        std::memcpy(t.name, "input", sizeof("input"));  // errors add its index
+        std::snprintf(t.name, sizeof(t.name), "input %zu", i);  // named in the backend's errors
         if (in.b->dev == dev && !t.buffer->base()) {
-            st = (*be)->set_tensor_async(&t, in.data, 0, in.size);
-            queued = true;
+            input_writes_.push_back({&t, in.data, 0, static_cast<size_t>(in.size)});
         } else {
             st = t.buffer->set_tensor(&t, in.data, 0, in.size);
+            if (!st) st = st.context(strfmt("input %zu", i));
         }
-        if (!st) st = st.context(strfmt("input %zu", i));
+    }
+    const bool queued = !input_writes_.empty();
+    if (st && queued) {
+        const auto t0 = time_validation_ ? std::chrono::steady_clock::now()
+                                         : std::chrono::steady_clock::time_point();
+        st = (*be)->set_tensors_async(input_writes_);
+        if (time_validation_) inputs_ns_ += since_ns(t0);
     }
     if (st) st = compute_table(dev, static_cast<uint8_t>(mode & ~remote::kGraphInputs), r, out);
     if (!st && queued) (void)(*be)->synchronize();
@@ -1180,7 +1188,13 @@ Status Session::run_cached(uint32_t dev, Reply* out) {
     }
     if (opts_.max_scratch) lim.max_scratch = std::min<uint64_t>(lim.max_scratch, opts_.max_scratch);
     (*b)->set_compute_limits(std::move(lim));
+    const auto t0 = time_validation_ ? std::chrono::steady_clock::now()
+                                     : std::chrono::steady_clock::time_point();
     FERRY_TRY((*b)->compute(cache_.front().graph));
+    if (time_validation_) {
+        backend_ns_ += since_ns(t0);
+        computes_++;
+    }
     if (more_input_ && !defer_off()) {
         unsynced_ = dev + 1;  // waited for by the next request (see sync_pending)
     } else {

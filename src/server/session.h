@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -103,6 +104,11 @@ class Session {
     // Entries of those tables, and how many of them went through validate_node() (the others
     // were taken from a cached table, see build_table).
     uint64_t validated_entries() const { return entries_checked_; }
+    // Of GRAPH_COMPUTE's time (when timed): handing the folded inputs to the backend, and the
+    // backend's compute call, in nanoseconds, and how many computes there were.
+    uint64_t inputs_ns() const { return inputs_ns_; }
+    uint64_t backend_ns() const { return backend_ns_; }
+    uint64_t computes() const { return computes_; }
     uint64_t table_entries() const { return entries_built_; }
     // Called (rate-limited by the caller) while a compute runs; true stops it (the client is
     // gone). Set by the connection; the fuzzer leaves it unset.
@@ -215,6 +221,7 @@ class Session {
     };
     std::vector<InputWrite> inputs_;
     std::vector<Tensor> input_tensors_;
+    std::vector<TensorWrite> input_writes_;  // input_tensors_ on the compute's device
     // Host memory TENSOR_GET copies device memory into before it is sent (a reply's data
     // stays valid until the next request): for reads of at most kKeepReadStage bytes the
     // device's host buffer type where it has one (pinned for CUDA), plain memory otherwise.
@@ -232,6 +239,12 @@ class Session {
     uint32_t unsynced_ = 0;  // device index + 1 of a compute not waited for (0: none)
     Status settled_;         // how the last deferred compute's wait ended
     uint64_t validation_ns_ = 0;
+    uint64_t inputs_ns_ = 0, backend_ns_ = 0, computes_ = 0;
+    uint64_t since_ns(std::chrono::steady_clock::time_point t0) const {
+        return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                         std::chrono::steady_clock::now() - t0)
+                                         .count());
+    }
     uint64_t entries_checked_ = 0, entries_built_ = 0;
     uint32_t checked_ = 0;  // validate_node() calls of the last build_table
 };

@@ -491,7 +491,7 @@ class CudaBackend : public Backend {
         ctx_.mv_next = !env_off("FERRY_CUDA_MV_FNEXT");
         ctx_.mv_nfast = !env_off("FERRY_CUDA_MV_NFAST");
         ctx_.attn_chunks = !env_off("FERRY_CUDA_ATTN_CHUNKS");
-        use_stage_ = env_on("FERRY_CUDA_STAGE");  // not yet run on a GPU: off by default
+        use_stage_ = !env_off("FERRY_CUDA_STAGE");
         // The norm folded into the float kernel too (F16/BF16/F32 weights): off by default,
         // a wash on the H200 (bench/results/cuda.md, 1B F16 tg128: 611 with it against 627
         // in one run, 659-661 against 640-649 in the next); FERRY_CUDA_MV_FNORM=1 (the first
@@ -513,10 +513,7 @@ class CudaBackend : public Backend {
         if (cublas_) ctx_.cublas_api->destroy(static_cast<cublasHandle_t>(cublas_));
         if (cublas_ws_) cudaFree(cublas_ws_);
         if (scratch_) cudaFree(scratch_);
-        for (Stage& s : stage_) {
-            if (s.done) cudaEventDestroy(s.done);
-        }
-        if (stage_host_) cudaFreeHost(stage_host_);
+        if (in_host_) cudaFreeHost(in_host_);
         cudaStreamDestroy(stream_);
     }
     const char* name() const override { return dev_->name(); }
@@ -529,70 +526,70 @@ class CudaBackend : public Backend {
         FERRY_TRY(b->check_range(t, offset, size));
         if (size == 0) return Status::ok();
         FERRY_TRY(dev_->activate());
+        FERRY_TRY(issue_inputs());
         CUDA_TRY(cudaMemcpyAsync(b->dev_ptr() + t->offs + offset, src, size, cudaMemcpyHostToDevice,
                                  stream_),
                  "%s: set_tensor_async '%s'", name(), t->name);
         return Status::ok();
     }
-    // A step's small inputs go out together: their bytes into one half of a pinned staging
-    // area, and one kernel (reading it through the host mapping) copies them all, instead of a
-    // cudaMemcpyAsync each (~3.5 us of host time apiece, while the GPU waits: stop 24's session
-    // profile, 10.7 us for a decode step's three). A half is reused once its kernel has run.
-    // Off by default until measured on a GPU (stop 24 ran out of time): FERRY_CUDA_STAGE=1.
+    // A step's small inputs are staged, not copied: their bytes go into a pinned staging area
+    // that the GPU reads through its host mapping, and one kernel copies them all
+    // (launch_stage_inputs). The next compute launches that kernel as its first node, inside
+    // a captured CUDA graph when the step replays one, so a decode step's inputs cost a
+    // memcpy on the host instead of a cudaMemcpyAsync each (~4 us of host time apiece while
+    // the GPU waits: 13.1 us a step in stop 25's session profile). Every other operation on
+    // the stream issues staged inputs first (issue_inputs), so the order is the caller's.
+    // FERRY_CUDA_STAGE=0: one cudaMemcpyAsync per write.
     Status set_tensors_async(std::span<const TensorWrite> writes) override {
-        if (!use_stage_ || writes.size() < 2 || writes.size() > kStageDescs) {
+        if (!use_stage_ || writes.empty() || writes.size() > kInputDescs) {
+            FERRY_TRY(issue_inputs());
             return Backend::set_tensors_async(writes);
         }
-        size_t total = 0;
+        size_t total = 16, nz = 0;  // header, descriptors, data
         for (const TensorWrite& w : writes) {
             CudaBuffer* b = cuda_buffer(w.t);
-            if (!b || b->cuda_device() != dev_ || w.size > kStageMaxWrite) {
+            if (!b || b->cuda_device() != dev_) {
+                FERRY_TRY(issue_inputs());
                 return Backend::set_tensors_async(writes);
             }
             FERRY_TRY(b->check_range(w.t, w.offset, w.size));
-            total += (w.size + 15) / 16 * 16;
+            if (w.size == 0) continue;
+            nz++;
+            total += sizeof(UploadDesc) + (w.size + 15) / 16 * 16;
         }
-        if (total > kStageHalf - kStageDescs * sizeof(UploadDesc)) {
+        if (nz == 0) return Status::ok();
+        if (total > kInputAreaBytes) {
+            FERRY_TRY(issue_inputs());
             return Backend::set_tensors_async(writes);
         }
         FERRY_TRY(dev_->activate());
-        if (!stage_host_) {
-            CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&stage_host_), 2 * kStageHalf,
+        FERRY_TRY(issue_inputs());  // inputs staged before, and not yet issued
+        if (!in_host_) {
+            CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&in_host_), kInputAreaBytes + 16,
                                    cudaHostAllocMapped),
-                     "%s: staging memory", name());
-            CUDA_TRY(
-                cudaHostGetDevicePointer(reinterpret_cast<void**>(&stage_dev_), stage_host_, 0),
-                "%s: staging memory", name());
-            for (Stage& s : stage_) {
-                CUDA_TRY(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming),
-                         "%s: staging event", name());
-            }
+                     "%s: input staging memory", name());
+            CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&in_dev_), in_host_, 0),
+                     "%s: input staging memory", name());
+            std::memset(in_host_, 0, kInputAreaBytes + 16);
         }
-        const int h = stage_cur_;
-        stage_cur_ ^= 1;
-        Stage& s = stage_[h];
-        if (s.used) {  // its kernel has almost always run: a step waits for its logits
-            CUDA_TRY(cudaEventSynchronize(s.done), "%s: staging", name());
-            s.used = false;
+        // The area is free once the kernel that read the last inputs has run (the caller has
+        // almost always waited for that step's results); else wait for it.
+        if (__atomic_load_n(consumed_host(), __ATOMIC_ACQUIRE) != in_seq_) {
+            CUDA_TRY(cudaStreamSynchronize(stream_), "%s: input staging", name());
         }
-        const size_t base = static_cast<size_t>(h) * kStageHalf;
-        auto* desc = reinterpret_cast<UploadDesc*>(stage_host_ + base);
-        char* data = stage_host_ + base + kStageDescs * sizeof(UploadDesc);
-        uint32_t off = 0;
-        int n = 0;
+        auto* desc = reinterpret_cast<UploadDesc*>(in_host_ + 16);
+        uint32_t off = static_cast<uint32_t>(16 + nz * sizeof(UploadDesc));
+        uint32_t n = 0;
         for (const TensorWrite& w : writes) {
             if (w.size == 0) continue;
-            std::memcpy(data + off, w.src, w.size);
+            std::memcpy(in_host_ + off, w.src, w.size);
             desc[n++] = {cuda_buffer(w.t)->dev_ptr() + w.t->offs + w.offset, off,
                          static_cast<uint32_t>(w.size)};
             off += static_cast<uint32_t>((w.size + 15) / 16 * 16);
         }
-        if (n == 0) return Status::ok();
-        const char* dbase = stage_dev_ + base;
-        FERRY_TRY(launch_scatter_uploads(stream_, reinterpret_cast<const UploadDesc*>(dbase), n,
-                                         dbase + kStageDescs * sizeof(UploadDesc)));
-        CUDA_TRY(cudaEventRecord(s.done, stream_), "%s: staging event", name());
-        s.used = true;
+        const uint32_t head[4] = {n, ++in_seq_, 0, 0};
+        std::memcpy(in_host_, head, sizeof(head));
+        in_bytes_ = off;
         return Status::ok();
     }
     Status get_tensor_async(const Tensor* t, void* dst, size_t offset, size_t size) override {
@@ -601,6 +598,7 @@ class CudaBackend : public Backend {
         FERRY_TRY(b->check_range(t, offset, size));
         if (size == 0) return Status::ok();
         FERRY_TRY(dev_->activate());
+        FERRY_TRY(issue_inputs());
         CUDA_TRY(cudaMemcpyAsync(dst, b->dev_ptr() + t->offs + offset, size, cudaMemcpyDeviceToHost,
                                  stream_),
                  "%s: get_tensor_async '%s'", name(), t->name);
@@ -611,7 +609,7 @@ class CudaBackend : public Backend {
         if (!db || db->cuda_device() != dev_) return false;
         const size_t n = src->nbytes();
         if (n != dst->nbytes() || !src->is_contiguous() || !dst->is_contiguous()) return false;
-        if (!db->check_range(dst, 0, n) || !dev_->activate()) return false;
+        if (!db->check_range(dst, 0, n) || !dev_->activate() || !issue_inputs()) return false;
         char* d = db->dev_ptr() + dst->offs;
         if (CudaBuffer* sb = cuda_buffer(src)) {
             return cudaMemcpyPeerAsync(d, dev_->index(), sb->dev_ptr() + src->offs,
@@ -627,6 +625,7 @@ class CudaBackend : public Backend {
 
     Status synchronize() override {
         FERRY_TRY(dev_->activate());
+        FERRY_TRY(issue_inputs());
         CUDA_TRY(cudaStreamSynchronize(stream_), "%s: synchronize", name());
         return dev_->take_error();
     }
@@ -637,6 +636,7 @@ class CudaBackend : public Backend {
                                   e && e->device() ? e->device()->name() : "?");
         }
         FERRY_TRY(dev_->activate());
+        FERRY_TRY(issue_inputs());
         CUDA_TRY(cudaEventRecord(ce->get(), stream_), "%s: record_event", name());
         return Status::ok();
     }
@@ -647,6 +647,7 @@ class CudaBackend : public Backend {
             return e ? e->synchronize() : Status::errorf("%s: wait_event: no event", name());
         }
         FERRY_TRY(dev_->activate());
+        FERRY_TRY(issue_inputs());
         CUDA_TRY(cudaStreamWaitEvent(stream_, ce->get(), 0), "%s: wait_event", name());
         return Status::ok();
     }
@@ -672,18 +673,27 @@ class CudaBackend : public Backend {
     Status plan(Graph& g);
     static bool fusion_is_safe(int kind, const Tensor* n, const Tensor* second,
                                const Tensor* third);
-    // set_tensors_async's pinned staging: two halves of kStageHalf bytes (kStageDescs
-    // descriptors, then the data), each with the event recorded after its kernel.
-    static constexpr size_t kStageHalf = 64 << 10, kStageDescs = 64, kStageMaxWrite = 16 << 10;
-    struct Stage {
-        cudaEvent_t done = nullptr;
-        bool used = false;
-    };
-    Stage stage_[2];
-    int stage_cur_ = 0;
-    char* stage_host_ = nullptr;
-    char* stage_dev_ = nullptr;
-    bool use_stage_ = false;
+    // set_tensors_async's staging area (kInputAreaBytes of host-mapped pinned memory, then the
+    // sequence number the kernel stores once it has read the area), its device address, the
+    // bytes staged and not yet issued (0: none) and the sequence number of the last batch.
+    static constexpr size_t kInputDescs = 64;
+    char* in_host_ = nullptr;
+    char* in_dev_ = nullptr;
+    uint32_t in_bytes_ = 0;
+    uint32_t in_seq_ = 0;
+    bool use_stage_ = true;
+    uint32_t* consumed_host() const {
+        return reinterpret_cast<uint32_t*>(in_host_ + kInputAreaBytes);
+    }
+    // Launches the kernel that copies the staged inputs, if any (on the stream, or into a
+    // graph being captured).
+    Status issue_inputs() {
+        if (!in_bytes_) return Status::ok();
+        const uint32_t bytes = in_bytes_;
+        in_bytes_ = 0;
+        return launch_stage_inputs(stream_, in_dev_, bytes,
+                                   reinterpret_cast<uint32_t*>(in_dev_ + kInputAreaBytes));
+    }
     // The words that describe a graph's structure (quick_key), in a buffer that keeps its
     // capacity: building one is plain stores, comparing one a memcmp.
     class Key {
@@ -741,6 +751,7 @@ class CudaBackend : public Backend {
         uint64_t gen = 0;  // 0: none
         const void* scratch = nullptr;
         const void* ws = nullptr;
+        uint32_t inputs = 0;  // bytes of staged inputs its first node copies (0: none)
         bool operator==(const Seen&) const = default;
     };
     Seen last_, exec_seen_;
@@ -1237,15 +1248,19 @@ Status CudaBackend::compute(Graph& g) {
     if (stats) t0 = clock::now();
     if (steps_.empty()) return Status::ok();
     // This graph: its structure's generation, and what a captured graph also bakes in, the
-    // scratch and cuBLAS workspace addresses.
-    const Seen now{plan_gen_, scratch_, cublas_ws_};
-    if (profile_) return run_profiled();
+    // scratch and cuBLAS workspace addresses and the size of the staged inputs it copies first.
+    const Seen now{plan_gen_, scratch_, cublas_ws_, in_bytes_};
+    if (profile_) {
+        FERRY_TRY(issue_inputs());
+        return run_profiled();
+    }
     if (use_graphs_ && exec_ && exec_seen_.gen != now.gen && exec_seen_.scratch == now.scratch &&
         exec_seen_.ws == now.ws && exec_key_ == planned_key_) {
         exec_seen_.gen = now.gen;  // the captured structure is back
     }
     if (use_graphs_ && exec_ && exec_seen_ == now) {
         CUDA_TRY(cudaGraphLaunch(exec_, stream_), "%s: graph launch", name());
+        in_bytes_ = 0;  // copied by the graph's first node
         last_ = now;
         count(kReplay);
         return Status::ok();
@@ -1254,20 +1269,22 @@ Status CudaBackend::compute(Graph& g) {
     // one-off graphs (prefill chunks) run directly.
     if (!use_graphs_ || !(last_ == now)) {
         last_ = now;
+        FERRY_TRY(issue_inputs());
         Status rs = run_steps();
         count(kDirect);
         return rs;
     }
     CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "%s: capture",
              name());
-    Status st = run_steps();
+    const uint32_t staged = in_bytes_;
+    Status st = issue_inputs();  // the graph's first node
+    if (st) st = run_steps();
     cudaGraph_t graph = nullptr;
     const cudaError_t ce = cudaStreamEndCapture(stream_, &graph);
-    if (!st) {
+    if (!st || ce != cudaSuccess) {
+        in_bytes_ = staged;  // still to be issued
         if (graph) cudaGraphDestroy(graph);
-        return st;
-    }
-    if (ce != cudaSuccess) {
+        if (!st) return st;
         return Status::errorf("%s: graph capture: %s", name(), cudaGetErrorString(ce));
     }
     bool updated = false;
@@ -1285,6 +1302,7 @@ Status CudaBackend::compute(Graph& g) {
         if (ie != cudaSuccess) {
             cudaGraphDestroy(graph);
             exec_ = nullptr;
+            in_bytes_ = staged;
             return Status::errorf("%s: graph instantiate: %s", name(), cudaGetErrorString(ie));
         }
     }
@@ -1292,6 +1310,7 @@ Status CudaBackend::compute(Graph& g) {
     exec_key_.assign(planned_key_);
     exec_seen_ = now;
     CUDA_TRY(cudaGraphLaunch(exec_, stream_), "%s: graph launch", name());
+    in_bytes_ = 0;
     count(updated ? kUpdate : kInstantiate);
     return Status::ok();
 }

@@ -141,25 +141,47 @@ Status op_cont(OpContext& ctx, const Tensor* dst) {
 
 namespace {
 
-// Block b copies upload b: its bytes from host-mapped pinned memory into device memory, in
-// words when both ends and the size allow, else byte by byte.
-__global__ void k_scatter_uploads(const UploadDesc* d, const char* data) {
-    const UploadDesc u = d[blockIdx.x];
-    const char* s = data + u.off;
-    if ((reinterpret_cast<uintptr_t>(s) | reinterpret_cast<uintptr_t>(u.dst) | u.size) % 4 == 0) {
-        const uint32_t* s4 = reinterpret_cast<const uint32_t*>(s);
-        uint32_t* d4 = reinterpret_cast<uint32_t*>(u.dst);
-        for (uint32_t i = threadIdx.x; i < u.size / 4; i += blockDim.x) d4[i] = s4[i];
-    } else {
-        for (uint32_t i = threadIdx.x; i < u.size; i += blockDim.x) u.dst[i] = s[i];
+// A step's staged inputs (CudaBackend::set_tensors_async): one block reads the whole staging
+// area from host-mapped pinned memory in 16-byte loads that bypass the caches (one PCIe round
+// trip, and never a line left over from the last replay of a captured graph), then copies each
+// write from shared memory to its place, and stores the area's sequence number where the host
+// looks for it (the area may then be written again).
+__global__ void __launch_bounds__(256)
+    k_stage_inputs(const uint4* area, uint32_t n16, uint32_t* consumed) {
+    __shared__ uint4 sm[kInputAreaBytes / 16];
+    for (uint32_t i = threadIdx.x; i < n16; i += blockDim.x) sm[i] = __ldcv(area + i);
+    __syncthreads();
+    const uint32_t n = sm[0].x, seq = sm[0].y;
+    const char* bytes = reinterpret_cast<const char*>(sm);
+    const uint32_t limit = n16 * 16;
+    for (uint32_t k = 0; k < n && 16 * (k + 2) <= limit; k++) {
+        const UploadDesc u = reinterpret_cast<const UploadDesc*>(bytes + 16)[k];
+        if (u.off > limit || u.size > limit - u.off) continue;  // never outside the area
+        const char* s = bytes + u.off;
+        if ((reinterpret_cast<uintptr_t>(u.dst) | u.off | u.size) % 4 == 0) {
+            const uint32_t* s4 = reinterpret_cast<const uint32_t*>(s);
+            uint32_t* d4 = reinterpret_cast<uint32_t*>(u.dst);
+            for (uint32_t i = threadIdx.x; i < u.size / 4; i += blockDim.x) d4[i] = s4[i];
+        } else {
+            for (uint32_t i = threadIdx.x; i < u.size; i += blockDim.x) u.dst[i] = s[i];
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        *reinterpret_cast<volatile uint32_t*>(consumed) = seq;
     }
 }
 
 }  // namespace
 
-Status launch_scatter_uploads(cudaStream_t st, const UploadDesc* d, int n, const char* data) {
-    k_scatter_uploads<<<n, 128, 0, st>>>(d, data);
-    return launch_status("scatter uploads");
+Status launch_stage_inputs(cudaStream_t st, const void* area, uint32_t bytes, uint32_t* consumed) {
+    if (bytes < 16 || bytes % 16 != 0 || bytes > kInputAreaBytes) {
+        return Status::errorf("staged inputs of %u bytes (16..%zu, a multiple of 16)", bytes,
+                              kInputAreaBytes);
+    }
+    k_stage_inputs<<<1, 256, 0, st>>>(static_cast<const uint4*>(area), bytes / 16, consumed);
+    return launch_status("stage inputs");
 }
 
 }  // namespace ferry::cuda

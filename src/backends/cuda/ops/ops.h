@@ -40,13 +40,18 @@ bool supports(const Tensor* node);
 size_t scratch_size(const Tensor* node, int n_sm);
 size_t mul_mat_scratch_size(const Tensor* node);
 size_t attn_scratch_size(const OpContext& ctx, const Tensor* node);
-// Small host-to-device writes batched into one launch (CudaBackend's staged uploads): block i
-// copies `size` bytes from data + off (host-mapped pinned memory) to dst.
+// A step's small host-to-device writes in one launch (CudaBackend::set_tensors_async). The
+// staging area (host-mapped pinned memory, 16-byte aligned, `bytes` of at most
+// kInputAreaBytes) holds a header (u32 count, u32 sequence number, 8 unused bytes), `count`
+// descriptors, then the data (each write at a 16-byte aligned `off` from the area's start);
+// after the copies the kernel stores the sequence number into *consumed (host-mapped).
+constexpr size_t kInputAreaBytes = 16 << 10;
 struct UploadDesc {
     char* dst;
     uint32_t off, size;
 };
-Status launch_scatter_uploads(cudaStream_t st, const UploadDesc* d, int n, const char* data);
+static_assert(sizeof(UploadDesc) == 16);
+Status launch_stage_inputs(cudaStream_t st, const void* area, uint32_t bytes, uint32_t* consumed);
 
 // Whether a node calls cuBLAS (the backend creates its handle before running it).
 bool needs_cublas(const Tensor* node);
