@@ -570,6 +570,77 @@ TEST(Cuda, StagedInputsKeepTheCallersOrder) {
     EXPECT_EQ(read_a(), want);
 }
 
+// A graph changed in place after it was captured (a view moved to other rows of its weight, an
+// input leaf moved to other bytes, an op parameter) is never replayed stale: each change is
+// seen by the next compute and by the replays after it, under both forms of the graph key.
+TEST(Cuda, InPlaceChangesAreNeverReplayedStale) {
+    REQUIRE_GPU();
+    for (const char* compact : {"1", "0"}) {
+        SCOPED_TRACE(::testing::Message() << "FERRY_CUDA_COMPACT_KEY=" << compact);
+        setenv("FERRY_CUDA_COMPACT_KEY", compact, 1);
+        Expected<std::unique_ptr<Backend>> be = gpu()->make_backend();
+        unsetenv("FERRY_CUDA_COMPACT_KEY");
+        ASSERT_TRUE(be) << be.message();
+        Context in, gc;
+        Tensor* w = in.new_tensor(Type::F32, {64, 32});
+        Tensor* x1 = in.new_tensor(Type::F32, {64, 1});
+        Tensor* x2 = in.new_tensor(Type::F32, {64, 1});
+        Expected<std::unique_ptr<Buffer>> buf = allocate_context_tensors(in, gpu()->buffer_type());
+        ASSERT_TRUE(buf) << buf.message();
+        std::vector<float> wv(64 * 32), xv1(64), xv2(64);
+        for (size_t i = 0; i < wv.size(); i++) wv[i] = std::sin(0.37f * static_cast<float>(i));
+        for (size_t i = 0; i < 64; i++) {
+            xv1[i] = std::cos(0.2f * static_cast<float>(i));
+            xv2[i] = 1.0f - 0.03f * static_cast<float>(i);
+        }
+        ASSERT_TRUE(tensor_set(w, wv.data(), wv.size() * 4));
+        ASSERT_TRUE(tensor_set(x1, xv1.data(), 256));
+        ASSERT_TRUE(tensor_set(x2, xv2.data(), 256));
+        Tensor* rows = gc.view_2d(w, 64, 16, w->nb[1], 0);  // rows 0..15 of w
+        Tensor* sc = gc.scale(gc.mul_mat(rows, x1), 2.0f);
+        sc->flags |= kTensorOutput;
+        Graph g;
+        g.build_forward(sc);
+        GraphAllocator alloc(gpu()->buffer_type());
+        ASSERT_TRUE(alloc.allocate(g));
+        int row0 = 0;
+        const std::vector<float>* xv = &xv1;
+        float factor = 2.0f;
+        auto check = [&](const char* what) {
+            for (int rep = 0; rep < 4; rep++) {  // direct, captured, replayed, replayed
+                ASSERT_TRUE((*be)->compute(g)) << what;
+                std::vector<float> got(16);
+                ASSERT_TRUE((*be)->get_tensor_async(sc, got.data(), 0, 64));
+                ASSERT_TRUE((*be)->synchronize());
+                for (int m = 0; m < 16; m++) {
+                    double want = 0.0, mag = 0.0;
+                    for (int k = 0; k < 64; k++) {
+                        const double p = static_cast<double>(wv[(row0 + m) * 64 + k]) * (*xv)[k];
+                        want += p;
+                        mag += std::fabs(p);
+                    }
+                    EXPECT_NEAR(got[static_cast<size_t>(m)], factor * want,
+                                1e-5 * mag * std::fabs(factor))
+                        << what << ", repetition " << rep << ", row " << m;
+                }
+            }
+        };
+        check("as built");
+        rows->view_offs = 16 * w->nb[1];  // rows 16..31, as a new allocation would place it
+        rows->offs = w->offs + rows->view_offs;
+        row0 = 16;
+        check("view moved");
+        Tensor* xin = sc->src[0]->src[1];
+        ASSERT_EQ(xin, x1);
+        x1->offs = x2->offs;  // the input leaf now reads x2's bytes
+        xv = &xv2;
+        check("input moved");
+        sc->set_param_f(0, -0.5f);
+        factor = -0.5f;
+        check("parameter changed");
+    }
+}
+
 // Two graphs in the order A A A B A A B B A A (a decode step's structure, a prompt's, the decode
 // again): each compute gives its own graph's result for the inputs of that moment, whether it
 // ran kernel by kernel, was captured, or replayed a capture made before the other graph ran.

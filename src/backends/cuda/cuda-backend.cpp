@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "backends/cuda/cublas-api.h"
 #include "backends/cuda/ops/ops.h"
@@ -492,6 +493,7 @@ class CudaBackend : public Backend {
         ctx_.mv_nfast = !env_off("FERRY_CUDA_MV_NFAST");
         ctx_.attn_chunks = !env_off("FERRY_CUDA_ATTN_CHUNKS");
         use_stage_ = !env_off("FERRY_CUDA_STAGE");
+        use_compact_key_ = !env_off("FERRY_CUDA_COMPACT_KEY");
         // The norm folded into the float kernel too (F16/BF16/F32 weights): off by default,
         // a wash on the H200 (bench/results/cuda.md, 1B F16 tg128: 611 with it against 627
         // in one run, 659-661 against 640-649 in the next); FERRY_CUDA_MV_FNORM=1 (the first
@@ -682,6 +684,7 @@ class CudaBackend : public Backend {
     uint32_t in_bytes_ = 0;
     uint32_t in_seq_ = 0;
     bool use_stage_ = true;
+    bool use_compact_key_ = true;  // FERRY_CUDA_COMPACT_KEY=0: every source described at every read
     uint32_t* consumed_host() const {
         return reinterpret_cast<uint32_t*>(in_host_ + kInputAreaBytes);
     }
@@ -721,7 +724,8 @@ class CudaBackend : public Backend {
         std::vector<uint64_t> w_;
         size_t n_ = 0;
     };
-    void quick_key(const Graph& g, Key& k) const;
+    void quick_key(const Graph& g, Key& k, bool compact) const;
+    static bool sources_listed(const Graph& g);
     Status run_steps();
     Status run_profiled();
     Status run_step(const Step& s);
@@ -746,6 +750,7 @@ class CudaBackend : public Backend {
     // addresses a capture bakes in; exec_key_ is kept to recognise a structure that comes back
     // (a decode step after a prompt) without a new capture.
     Key key_, planned_key_, exec_key_;
+    bool planned_compact_ = false;  // planned_key_'s form (quick_key)
     uint64_t plan_gen_ = 0;
     struct Seen {
         uint64_t gen = 0;  // 0: none
@@ -1172,12 +1177,20 @@ Status CudaBackend::run_steps() {
 // shape, strides, op parameters and storage (buffer, offset). Equal keys mean the same kernels
 // with the same arguments, so the last plan (and a captured CUDA graph) can be reused. Buffers
 // are compared by object; g_buffer_epoch tells when one went away.
-void CudaBackend::quick_key(const Graph& g, Key& k) const {
+// Compact form (when every source of every node is itself a node or a leaf of the graph,
+// sources_listed: graphs built by build_forward and the scheduler's splits): each leaf and
+// each node (views too) described once, and a node's sources by address only, so a weight
+// or an activation read by several nodes is not described again at every read (a decode
+// step's key about half the words). Otherwise every source is described at every read.
+void CudaBackend::quick_key(const Graph& g, Key& k, bool compact) const {
     constexpr size_t kTensorWords = 5 + 2 * kMaxDims;
     constexpr size_t kNodeWords = kTensorWords + kMaxOpParams / 2 + kMaxSrc * kTensorWords;
-    uint64_t* w = k.begin(2 + g.nodes.size() * kNodeWords);
+    const size_t most = compact ? 3 + (g.leafs.size() + g.nodes.size()) *
+                                          (kTensorWords + kMaxOpParams / 2 + kMaxSrc)
+                                : 2 + g.nodes.size() * kNodeWords;
+    uint64_t* w = k.begin(most);
     *w++ = g_buffer_epoch.load();
-    *w++ = use_fusion_;
+    *w++ = static_cast<uint64_t>(use_fusion_) | (static_cast<uint64_t>(compact) << 1);
     auto tensor = [&w](const Tensor* t) {
         w[0] = reinterpret_cast<uintptr_t>(t);
         w[1] = static_cast<uint64_t>(t->op) | (static_cast<uint64_t>(t->type) << 32);
@@ -1190,13 +1203,27 @@ void CudaBackend::quick_key(const Graph& g, Key& k) const {
         w[4 + 2 * kMaxDims] = t->flags;
         w += kTensorWords;
     };
-    for (const Tensor* n : g.nodes) {
-        if (is_view_op(n->op)) continue;
-        tensor(n);
+    auto params = [&w](const Tensor* n) {
         for (int p = 0; p < kMaxOpParams; p += 2) {
             *w++ = static_cast<uint32_t>(n->op_params[p]) |
                    (static_cast<uint64_t>(static_cast<uint32_t>(n->op_params[p + 1])) << 32);
         }
+    };
+    if (compact) {
+        *w++ = g.leafs.size();
+        for (const Tensor* l : g.leafs) tensor(l);
+        for (const Tensor* n : g.nodes) {
+            tensor(n);
+            params(n);
+            for (int s = 0; s < kMaxSrc; s++) *w++ = reinterpret_cast<uintptr_t>(n->src[s]);
+        }
+        k.end(w);
+        return;
+    }
+    for (const Tensor* n : g.nodes) {
+        if (is_view_op(n->op)) continue;
+        tensor(n);
+        params(n);
         for (int s = 0; s < kMaxSrc; s++) {
             if (n->src[s]) {
                 tensor(n->src[s]);
@@ -1206,6 +1233,20 @@ void CudaBackend::quick_key(const Graph& g, Key& k) const {
         }
     }
     k.end(w);
+}
+
+// Whether every source of every node is a node or a leaf of g (quick_key's compact form).
+// The key holds the node and leaf lists and every source's address, so while a graph's key
+// is unchanged this stays true.
+bool CudaBackend::sources_listed(const Graph& g) {
+    std::unordered_set<const Tensor*> listed(g.nodes.begin(), g.nodes.end());
+    listed.insert(g.leafs.begin(), g.leafs.end());
+    for (const Tensor* n : g.nodes) {
+        for (const Tensor* src : n->src) {
+            if (src && !listed.count(src)) return false;
+        }
+    }
+    return true;
 }
 
 Status CudaBackend::compute(Graph& g) {
@@ -1226,13 +1267,19 @@ Status CudaBackend::compute(Graph& g) {
     };
     const bool stats = gstats_.on;
     clock::time_point t0 = stats ? clock::now() : clock::time_point{};
-    quick_key(g, key_);
+    quick_key(g, key_, planned_compact_);
     if (stats) gstats_.key_us += since(t0);
     if (!(key_ == planned_key_)) {
         planned_key_.clear();
         plan_gen_++;
         const clock::time_point tp = stats ? clock::now() : clock::time_point{};
         FERRY_TRY(plan(g));
+        // The key in the form this graph allows, compared against from now on.
+        const bool compact = use_compact_key_ && sources_listed(g);
+        if (compact != planned_compact_) {
+            planned_compact_ = compact;
+            quick_key(g, key_, compact);
+        }
         if (stats) {
             gstats_.plan_us += since(tp);
             gstats_.plans++;
