@@ -152,7 +152,10 @@ class Backend {
     virtual Device* device() const = 0;
     virtual Status set_tensor_async(Tensor* t, const void* src, size_t offset, size_t size);
     // Several set_tensor_async at once (a decode step's inputs), in order; a device may move
-    // them in one transfer. The sources may be reused on return. Default: one by one.
+    // them in one transfer. The sources may be reused on return. A device may also hold them
+    // until the next operation on this backend (CUDA copies them in the first node of the
+    // next compute's graph): like any asynchronous write they are visible to a read through
+    // the buffer only after synchronize(). Default: one by one.
     virtual Status set_tensors_async(std::span<const TensorWrite> writes);
     virtual Status get_tensor_async(const Tensor* t, void* dst, size_t offset, size_t size);
     // Copies src (on any device this backend can reach) into dst (on this backend's device);
