@@ -1139,12 +1139,7 @@ Status Session::compute_table(uint32_t dev, uint8_t mode, wire::Reader& r, Reply
                 g.work = saturating_add(g.work, node_work(&t));
             }
         }
-        if (time_validation_) {
-            validation_ns_ +=
-                static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                          std::chrono::steady_clock::now() - t0)
-                                          .count());
-        }
+        if (time_validation_) validation_ns_ += since_ns(t0);
         g.bytes = std::move(bytes);
         cache_misses_++;
         if (delta) delta_hits_++;

@@ -543,27 +543,22 @@ class CudaBackend : public Backend {
     // the stream issues staged inputs first (issue_inputs), so the order is the caller's.
     // FERRY_CUDA_STAGE=0: one cudaMemcpyAsync per write.
     Status set_tensors_async(std::span<const TensorWrite> writes) override {
+        // Anything not staged goes one write at a time (set_tensor_async issues what was
+        // staged before it first).
         if (!use_stage_ || writes.empty() || writes.size() > kInputDescs) {
-            FERRY_TRY(issue_inputs());
             return Backend::set_tensors_async(writes);
         }
         size_t total = 16, nz = 0;  // header, descriptors, data
         for (const TensorWrite& w : writes) {
             CudaBuffer* b = cuda_buffer(w.t);
-            if (!b || b->cuda_device() != dev_) {
-                FERRY_TRY(issue_inputs());
-                return Backend::set_tensors_async(writes);
-            }
+            if (!b || b->cuda_device() != dev_) return Backend::set_tensors_async(writes);
             FERRY_TRY(b->check_range(w.t, w.offset, w.size));
             if (w.size == 0) continue;
             nz++;
             total += sizeof(UploadDesc) + (w.size + 15) / 16 * 16;
         }
         if (nz == 0) return Status::ok();
-        if (total > kInputAreaBytes) {
-            FERRY_TRY(issue_inputs());
-            return Backend::set_tensors_async(writes);
-        }
+        if (total > kInputAreaBytes) return Backend::set_tensors_async(writes);
         FERRY_TRY(dev_->activate());
         FERRY_TRY(issue_inputs());  // inputs staged before, and not yet issued
         if (!in_host_) {
