@@ -492,6 +492,7 @@ class CudaBackend : public Backend {
         ctx_.mv_next = !env_off("FERRY_CUDA_MV_FNEXT");
         ctx_.mv_nfast = !env_off("FERRY_CUDA_MV_NFAST");
         ctx_.attn_chunks = !env_off("FERRY_CUDA_ATTN_CHUNKS");
+        ctx_.mv_stream = !env_off("FERRY_CUDA_MV_STREAM");
         use_stage_ = !env_off("FERRY_CUDA_STAGE");
         use_compact_key_ = !env_off("FERRY_CUDA_COMPACT_KEY");
         // The norm folded into the float kernel too (F16/BF16/F32 weights): off by default,
@@ -1019,7 +1020,7 @@ bool CudaBackend::fold_norm(const Step& s, Step* t) const {
     const auto it = consumers_.find(mul);
     if (it == consumers_.end() || it->second != static_cast<int>(mms.size())) return false;
     for (const Tensor* mm : mms) {
-        if (!can_fold_norm(p, mm, use_fnorm_)) return false;
+        if (!can_fold_norm(p, mm, use_fnorm_, ctx_.mv_stream)) return false;
     }
     std::vector<const Tensor*> ins = {p.norm->src[0], mul->src[1]};
     if (p.add) ins = {p.add->src[0], p.add->src[1], mul->src[1]};

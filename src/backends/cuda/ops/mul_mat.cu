@@ -404,6 +404,21 @@ __device__ __forceinline__ int seg_of(const MvArgs& g, int64_t m, int64_t* ms) {
     return s;
 }
 
+// Row ms of segment sg, value v (after its rope): the segment's result and its KV-cache row
+// (SET_ROWS: row kv_idx[0], bounds-checked on the device).
+__device__ __forceinline__ void epilogue_store(const MvArgs& g, const MvSeg& sg, int64_t ms,
+                                               float v) {
+    if (sg.write_out) sg.out[ms] = v;
+    if (sg.kv) {
+        const int32_t row = sg.kv_idx[0];
+        if (row < 0 || row >= sg.kv_rows) {
+            report_error(g.err, Op::SET_ROWS, row, sg.kv_rows, 0);
+        } else {
+            store_plain(sg.kv_type, sg.kv + row * sg.kv_nb1, ms, v);
+        }
+    }
+}
+
 // The decode epilogue, called by every warp of the block for each row group (the rows loop
 // is the same for all of them: M % (8 / S) == 0); v is the sum of row m (row ms of
 // segment sg), in every lane of the row's leading warp (part 0). Row pairs (2i, 2i+1) are rows
@@ -424,15 +439,7 @@ __device__ __forceinline__ void mv_epilogue(const MvArgs& g, const MvSeg& sg, in
         }
     }
     if (!leader || lane != 0) return;
-    if (sg.write_out) sg.out[ms] = v;
-    if (sg.kv) {
-        const int32_t row = sg.kv_idx[0];
-        if (row < 0 || row >= sg.kv_rows) {
-            report_error(g.err, Op::SET_ROWS, row, sg.kv_rows, 0);
-        } else {
-            store_plain(sg.kv_type, sg.kv + row * sg.kv_nb1, ms, v);
-        }
-    }
+    epilogue_store(g, sg, ms, v);
 }
 
 // 1/rms of the row nx (+ nadd) exactly as the RMS_NORM kernel (k_norm) computes it: virtual
@@ -1423,11 +1430,23 @@ struct BDec<Type::Q4_0> {
         s = __dp4a(hi(q3), xh.w, s);
         return s >> 4;
     }
-    __device__ static float dot(const char* row, int64_t sp, int lane, const BlkX& x, float acc) {
-        const uint32_t* w = reinterpret_cast<const uint32_t*>(row + sp * kSpanBytes + lane * 36);
+    // The lane's nine words of span sp (load_raw), then their products with b (dot_raw): apart
+    // so that the streaming form can load spans ahead of their use.
+    struct Raw {
         uint32_t v[9];
+    };
+    __device__ static void load_raw(const char* row, int64_t sp, int lane, Raw& r) {
+        const uint32_t* w = reinterpret_cast<const uint32_t*>(row + sp * kSpanBytes + lane * 36);
 #pragma unroll
-        for (int i = 0; i < 9; i++) v[i] = w[i];
+        for (int i = 0; i < 9; i++) r.v[i] = w[i];
+    }
+    __device__ static float dot(const char* row, int64_t sp, int lane, const BlkX& x, float acc) {
+        Raw r;
+        load_raw(row, sp, lane, r);
+        return dot_raw(r, sp, lane, x, acc);
+    }
+    __device__ static float dot_raw(const Raw& r, int64_t, int, const BlkX& x, float acc) {
+        const uint32_t* v = r.v;
         // Block A: scale in bytes 0-1, quants in 2-17; block B: scale in 18-19, quants in
         // 20-35 (words 5-8).
         const int sa =
@@ -1466,14 +1485,6 @@ struct BDec<Type::Q6_K> {
         }
         x.d = reinterpret_cast<const float4*>(xd)[2 * sb + h];
     }
-    // Four words (16 bytes) at byte offset `at` of the row (2-byte aligned; sh = 16 when it
-    // is 2 off a word).
-    __device__ static uint4 run(const char* row, uint32_t at, uint32_t sh) {
-        const uint32_t* w = reinterpret_cast<const uint32_t*>(row + (at & ~3u));
-        const uint32_t w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3], w4 = w[4];
-        return make_uint4(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh),
-                          __funnelshift_r(w2, w3, sh), __funnelshift_r(w3, w4, sh));
-    }
     // One part's 16 quants: 4 (q - 32) as signed bytes (q: the low or high nibble of ql, two
     // bits of qh at 2p), against b's group; the sum is divided by 4 (exact, as in IDec<Q6_K>).
     __device__ static int part(uint4 ql, uint4 qh, int lsh, int hsh, int4 xg) {
@@ -1487,22 +1498,55 @@ struct BDec<Type::Q6_K> {
         s = __dp4a(q(ql.w, qh.w), xg.w, s);
         return s >> 2;
     }
-    __device__ static float dot(const char* row, int64_t sp, int lane, const BlkX& x, float acc) {
-        const uint32_t sb = lane / 4, h = (lane / 2) % 2, e = lane % 2;
-        const uint32_t base = static_cast<uint32_t>(sp * kSpanBytes) + 210u * sb;
+    // The lane's words of span sp (load_raw: three runs of five, the scales' two or three and
+    // d's), then their products with b (dot_raw): apart so that the streaming form can load
+    // spans ahead of their use.
+    struct Raw {
+        uint32_t a[5], b[5], h[5], s[3], d;
+    };
+    __device__ static uint32_t base_of(int64_t sp, int lane) {
+        return static_cast<uint32_t>(sp * kSpanBytes) + 210u * static_cast<uint32_t>(lane / 4);
+    }
+    __device__ static void words5(const char* row, uint32_t at, uint32_t (&w)[5]) {
+        const uint32_t* p = reinterpret_cast<const uint32_t*>(row + (at & ~3u));
+#pragma unroll
+        for (int i = 0; i < 5; i++) w[i] = p[i];
+    }
+    __device__ static void load_raw(const char* row, int64_t sp, int lane, Raw& r) {
+        const uint32_t h = (lane / 2) % 2, e = lane % 2;
+        const uint32_t base = base_of(sp, lane);
         const uint32_t sh = (base & 2u) * 8u;
-        const uint4 qa = run(row, base + 64u * h + 16u * e, sh);
-        const uint4 qb = run(row, base + 64u * h + 32u + 16u * e, sh);
-        const uint4 qh = run(row, base + 128u + 32u * h + 16u * e, sh);
+        words5(row, base + 64u * h + 16u * e, r.a);
+        words5(row, base + 64u * h + 32u + 16u * e, r.b);
+        words5(row, base + 128u + 32u * h + 16u * e, r.h);
         // Scales 8h .. 8h + 7 (two words from 192 + 8h), then d (the low half at 208).
         const uint32_t* ws =
             reinterpret_cast<const uint32_t*>(row + ((base + 192u + 8u * h) & ~3u));
+        r.s[0] = ws[0];
+        r.s[1] = ws[1];
         // (The third word only when realigning: unshifted, it could lie past the row's end.)
-        const uint32_t s0 = __funnelshift_r(ws[0], ws[1], sh);
-        const uint32_t s1 = __funnelshift_r(ws[1], sh ? ws[2] : 0u, sh);
+        r.s[2] = sh ? ws[2] : 0u;
+        r.d = *reinterpret_cast<const uint32_t*>(row + ((base + 208u) & ~3u));
+    }
+    __device__ static uint4 shifted(const uint32_t (&w)[5], uint32_t sh) {
+        return make_uint4(__funnelshift_r(w[0], w[1], sh), __funnelshift_r(w[1], w[2], sh),
+                          __funnelshift_r(w[2], w[3], sh), __funnelshift_r(w[3], w[4], sh));
+    }
+    __device__ static float dot(const char* row, int64_t sp, int lane, const BlkX& x, float acc) {
+        Raw r;
+        load_raw(row, sp, lane, r);
+        return dot_raw(r, sp, lane, x, acc);
+    }
+    __device__ static float dot_raw(const Raw& r, int64_t sp, int lane, const BlkX& x, float acc) {
+        const uint32_t e = lane % 2;
+        const uint32_t sh = (base_of(sp, lane) & 2u) * 8u;
+        const uint4 qa = shifted(r.a, sh);
+        const uint4 qb = shifted(r.b, sh);
+        const uint4 qh = shifted(r.h, sh);
+        const uint32_t s0 = __funnelshift_r(r.s[0], r.s[1], sh);
+        const uint32_t s1 = __funnelshift_r(r.s[1], r.s[2], sh);
         const uint32_t sc = __byte_perm(s0, s1, 0x6420u + 0x1111u * e);  // 2p + e, p = 0..3
-        const uint32_t* wd = reinterpret_cast<const uint32_t*>(row + ((base + 208u) & ~3u));
-        const float d = h2f(static_cast<uint16_t>((wd[0] >> sh) & 0xffffu));
+        const float d = h2f(static_cast<uint16_t>((r.d >> sh) & 0xffffu));
         const int s0p = part(qa, qh, 0, 0, x.x[0]);
         const int s1p = part(qb, qh, 0, 2, x.x[1]);
         const int s2p = part(qa, qh, 4, 4, x.x[2]);
@@ -1539,6 +1583,27 @@ __device__ __forceinline__ void q8_quantize4(float4 v, int64_t i, int lane, int3
     if constexpr (swz) at = static_cast<int64_t>(BDec<T>::swz(static_cast<uint32_t>(i)));
     xq[at] = static_cast<int32_t>(q0 | (q1 << 8) | (q2 << 16) | (q3 << 24));
     if (lane % 8 == 0) xd[i / 8] = d;
+}
+
+// b's n4 float4s handed to put(i, v) by thread i % blockDim.x, kPre loads per thread issued
+// before the first is used (whole warps together when n4 is a multiple of 32, as
+// q8_quantize4 needs).
+template <int kPre, typename Put>
+__device__ __forceinline__ void put_b(const float4* x4, int64_t n4, Put put) {
+    for (int64_t i0 = threadIdx.x; i0 < n4; i0 += kPre * blockDim.x) {
+        float4 xv[kPre];
+#pragma unroll
+        for (int j = 0; j < kPre; j++) {
+            const int64_t i = i0 + j * static_cast<int64_t>(blockDim.x);
+            if (i < n4) xv[j] = x4[i];
+        }
+#pragma unroll
+        for (int j = 0; j < kPre; j++) {
+            const int64_t i = i0 + j * static_cast<int64_t>(blockDim.x);
+            if (i >= n4) break;
+            put(i, xv[j]);
+        }
+    }
 }
 
 // One column of b (N == 1), K a multiple of 256, b 16-byte aligned. Dynamic shared memory:
@@ -1659,21 +1724,8 @@ __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
         norm_prologue(g, nred,
                       [&](int64_t i, float4 v) { q8_quantize4<blk, T>(v, i, lane, xq, xd); });
     } else {
-        constexpr int kPre = wide ? 8 : 1;
-        for (int64_t i0 = threadIdx.x; i0 < n4; i0 += kPre * blockDim.x) {
-            float4 xv[kPre];
-#pragma unroll
-            for (int j = 0; j < kPre; j++) {
-                const int64_t i = i0 + j * static_cast<int64_t>(blockDim.x);
-                if (i < n4) xv[j] = x4[i];
-            }
-#pragma unroll
-            for (int j = 0; j < kPre; j++) {
-                const int64_t i = i0 + j * static_cast<int64_t>(blockDim.x);
-                if (i >= n4) break;
-                q8_quantize4<blk, T>(xv[j], i, lane, xq, xd);
-            }
-        }
+        put_b<wide ? 8 : 1>(x4, n4,
+                            [&](int64_t i, float4 v) { q8_quantize4<blk, T>(v, i, lane, xq, xd); });
     }
     __syncthreads();
 #ifdef FERRY_CUDA_TRACE
@@ -1845,6 +1897,287 @@ bool q8_mode() {
 
 // The dp4a path takes single-column products of block-format weights whose rows are whole
 // 256-element chunks, with b's column 16-byte aligned; FERRY_CUDA_MV_Q8=0 turns it off.
+// ---------------------------------------------------------------------------------------------
+// Decode, the streaming form (F16, BF16, Q4_0 and Q6_K weights, one column; FERRY_CUDA_MV_STREAM=0
+// turns it off, per backend): a grid of at most two blocks per SM whose warps stream their rows
+// one piece of 2048 weights after another, D pieces in flight per warp, the first ones issued
+// before griddepcontrol.wait (weights never depend on the kernel before). b is put once per
+// block into shared memory: as floats for F16/BF16 (stored so that the two float4s a lane
+// multiplies with its 8 weights are read by the warp without bank conflicts), quantized to
+// int8 in the block-lane form's layout for Q4_0/Q6_K; or computed there, the folded
+// [ADD ->] RMS_NORM -> MUL. Measured first (bench/results/cuda.md, stop 25): the float kernel
+// read F16 gate/up at 2.4 TB/s and took twice the time of a kernel that only streams the same
+// bytes (bench_cuda_floor); its grid runs in waves of short blocks, each a DRAM round trip,
+// 1-3 barriers and a reduction, with little in flight between them.
+//
+// Work items: a row (wo, down, output), a gate/up row pair (glu: silu(a x) * (a2 x)), or rows
+// 2i, 2i + 1 of the decode epilogue's segments (rope pairs in one warp; segment ends are
+// multiples of kMvWarps). Item i is taken by warp i % W (W warps in the grid). Every row is
+// summed the same way, fused or not (each lane adds its pieces in order as the S = 1 forms of
+// the kernels above do, then warp_sum), so the fused launches give the bits of the unfused ones.
+constexpr int kStreamMinBlocks = 2;     // blocks per SM
+constexpr int64_t kStreamMaxK = 12288;  // F16/BF16: b as floats in at most 48 KiB
+
+// One piece (2048 weights of a row) of a lane: its raw words (load) and their products with b
+// (dot); kD pieces in flight per warp.
+template <Type T>
+struct SPiece {  // F16, BF16: chunks 8p .. 8p + 7, the lane's 8 elements of each (16 bytes)
+    static constexpr int kD = 2;
+    struct Raw {
+        uint4 w[8];
+    };
+    __device__ static void load(const char* row, int64_t p, int lane, int64_t K, Raw& r) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int64_t e = (p * 8 + j) * 256 + 8 * lane;
+            r.w[j] = e < K ? __ldg(reinterpret_cast<const uint4*>(row + e * 2))
+                           : make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+    // b's float4 i (elements 4i .. 4i + 3: chunk c, lane l, half h) at c * 64 + h * 32 + l.
+    __device__ static void put(void* smem, int64_t i, float4 v, int) {
+        const int64_t c = i / 64, rem = i % 64;
+        static_cast<float4*>(smem)[c * 64 + (rem % 2) * 32 + rem / 2] = v;
+    }
+    static size_t smem_bytes(int64_t K) {
+        return static_cast<size_t>((K + 255) / 256) * 1024;
+    }
+    __device__ static float dot(const Raw& r, int64_t p, int lane, int64_t K, const void* smem,
+                                float a) {
+        const float4* xs = static_cast<const float4*>(smem);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int64_t c = p * 8 + j;
+            if (c * 256 + 8 * lane >= K) continue;
+            const float4 x0 = xs[c * 64 + lane], x1 = xs[c * 64 + 32 + lane];
+            const uint32_t u[4] = {r.w[j].x, r.w[j].y, r.w[j].z, r.w[j].w};
+            float w[8];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                if constexpr (T == Type::F16) {
+                    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u[k]));
+                    w[2 * k] = f.x;
+                    w[2 * k + 1] = f.y;
+                } else {
+                    w[2 * k] = __uint_as_float(u[k] << 16);
+                    w[2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
+                }
+            }
+            // mv_chunk's products and order.
+            float t = w[0] * x0.x;
+            t = fmaf(w[1], x0.y, t);
+            t = fmaf(w[2], x0.z, t);
+            t = fmaf(w[3], x0.w, t);
+            t = fmaf(w[4], x1.x, t);
+            t = fmaf(w[5], x1.y, t);
+            t = fmaf(w[6], x1.z, t);
+            t = fmaf(w[7], x1.w, t);
+            a = fmaf(1.0f, t, a);
+        }
+        return a;
+    }
+};
+
+// Q4_0, Q6_K: span p of the block-lane form (BDec), b as its int8 quants (K / 4 words, in
+// BDec's swizzled order) then K / 32 float scales.
+template <Type T>
+struct SBlkPiece {
+    static constexpr int kD = T == Type::Q4_0 ? 4 : 3;
+    using Raw = typename BDec<T>::Raw;
+    __device__ static void load(const char* row, int64_t p, int lane, int64_t K, Raw& r) {
+        if (BDec<T>::active(K, p, lane)) BDec<T>::load_raw(row, p, lane, r);
+    }
+    // Called by whole warps (8 consecutive threads quantize a block of 32).
+    __device__ static void put(void* smem, int64_t i, float4 v, int64_t K) {
+        int32_t* xq = static_cast<int32_t*>(smem);
+        q8_quantize4<true, T>(v, i, static_cast<int>(threadIdx.x % 32), xq,
+                              reinterpret_cast<float*>(xq + K / 4));
+    }
+    static size_t smem_bytes(int64_t K) { return static_cast<size_t>(K + K / 8); }
+    __device__ static float dot(const Raw& r, int64_t p, int lane, int64_t K, const void* smem,
+                                float a) {
+        if (!BDec<T>::active(K, p, lane)) return a;
+        const int32_t* xq = static_cast<const int32_t*>(smem);
+        BlkX x;
+        BDec<T>::load_x(xq, reinterpret_cast<const float*>(xq + K / 4), p, lane, x);
+        return BDec<T>::dot_raw(r, p, lane, x, a);
+    }
+};
+template <>
+struct SPiece<Type::Q4_0> : SBlkPiece<Type::Q4_0> {};
+template <>
+struct SPiece<Type::Q6_K> : SBlkPiece<Type::Q6_K> {};
+
+template <Type T, bool glu, bool pair>
+__global__ void __launch_bounds__(32 * kMvWarps, kStreamMinBlocks) k_mv_stream(MvArgs g) {
+    using P = SPiece<T>;
+    constexpr int D = P::kD;
+    constexpr int kRows = (glu || pair) ? 2 : 1;  // rows loaded per item
+    extern __shared__ __align__(16) float4 sm_b[];
+    __shared__ float nred[32];
+    void* smem = sm_b;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int64_t W = static_cast<int64_t>(gridDim.x) * kMvWarps;
+    const int64_t gw = static_cast<int64_t>(blockIdx.x) * kMvWarps + warp;
+    const int64_t items = pair ? g.M / 2 : g.M;
+    const int64_t K = g.K;
+    const int ppr = static_cast<int>((K + 2047) / 2048);  // pieces per row
+    // Row r of item it.
+    auto row_ptr = [&](int64_t it, int r) -> const char* {
+        if constexpr (glu) return (r == 0 ? g.a : g.a2) + it * g.a_nb1;
+        if constexpr (pair) {
+            int64_t ms;
+            const int sg = seg_of(g, 2 * it + r, &ms);
+            return g.seg[sg].a + ms * g.a_nb1;
+        }
+        return g.a + it * g.a_nb1;
+    };
+    auto advance = [&](int64_t& it, int& r, int& p) {
+        if (++p == ppr) {
+            p = 0;
+            if (++r == kRows) {
+                r = 0;
+                it += W;
+            }
+        }
+    };
+    pdl_trigger();
+    typename P::Raw buf[D];
+    // Load cursor: item lit, row lr, piece lp.
+    int64_t lit = gw;
+    int lr = 0, lp = 0;
+#pragma unroll
+    for (int s = 0; s < D; s++) {
+        if (lit < items) P::load(row_ptr(lit, lr), lp, lane, K, buf[s]);
+        advance(lit, lr, lp);
+    }
+    pdl_wait();
+    auto put = [&](int64_t i, float4 v) { P::put(smem, i, v, K); };
+    if (g.nx) {
+        if (g.nfast && norm_fast_ok(g)) {
+            NormW nw;
+            norm_w_load(g, nw);
+            norm_prologue_fast(g, nw, nred, put);
+        } else {
+            norm_prologue(g, nred, put);
+        }
+    } else {
+        // Up to 8 float4s a thread in one round trip (32 KiB for K = 8192).
+        put_b<8>(reinterpret_cast<const float4*>(g.b), K / 4, put);
+    }
+    __syncthreads();
+    int64_t cit = gw;
+    int cr = 0, cp = 0;
+    float acc[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; r++) acc[r] = 0.0f;
+    while (cit < items) {
+#pragma unroll
+        for (int s = 0; s < D; s++) {
+            if (cit >= items) break;
+            if constexpr (kRows == 2) {
+                if (cr == 0) {
+                    acc[0] = P::dot(buf[s], cp, lane, K, smem, acc[0]);
+                } else {
+                    acc[1] = P::dot(buf[s], cp, lane, K, smem, acc[1]);
+                }
+            } else {
+                acc[0] = P::dot(buf[s], cp, lane, K, smem, acc[0]);
+            }
+            // The slot's next piece goes out before this item's epilogue.
+            if (lit < items) P::load(row_ptr(lit, lr), lp, lane, K, buf[s]);
+            advance(lit, lr, lp);
+            const int64_t it = cit;
+            const bool last = cp + 1 == ppr && cr + 1 == kRows;
+            advance(cit, cr, cp);
+            if (!last) continue;
+            const float v0 = warp_sum(acc[0]);
+            const float v1 = kRows == 2 ? warp_sum(acc[kRows - 1]) : 0.0f;
+#pragma unroll
+            for (int r = 0; r < kRows; r++) acc[r] = 0.0f;
+            if constexpr (pair) {
+                int64_t ms;
+                const MvSeg& sg = g.seg[seg_of(g, 2 * it, &ms)];
+                float y0 = v0, y1 = v1;
+                if (sg.rope) {
+                    const int e = static_cast<int>(ms % g.rope_head);
+                    if (e < g.rope_dims) {
+                        // The same rotation as the ROPE kernel (rope_cos_sin).
+                        const float2 rc =
+                            rope_cos_sin(static_cast<double>(g.rope_pos[0]), e / 2, g.rope_dims,
+                                         g.rope_base, g.rope_fscale, g.rope_ff, g.rope_ff_nb0);
+                        y0 = v0 * rc.x - v1 * rc.y;
+                        y1 = v0 * rc.y + v1 * rc.x;
+                    }
+                }
+                if (lane < 2) epilogue_store(g, sg, ms + lane, lane == 0 ? y0 : y1);
+            } else if (lane == 0) {
+                float v = v0;
+                if constexpr (glu) v = v / (1.0f + expf(-v)) * v1;
+                if (g.res) v += reinterpret_cast<const float*>(g.res)[it];
+                g.out[it] = v;
+            }
+        }
+    }
+}
+
+// The streaming form takes this product: F16/BF16 (K % 8 == 0, 16-byte rows, b in 48 KiB) or
+// Q4_0/Q6_K (K % 256 == 0, 4-byte rows) weights, one column of one matrix, a2's and every
+// segment's rows aligned alike, b 16-byte aligned.
+bool stream_ok(const MvArgs& g, Type t, bool glu) {
+    if (g.N != 1 || g.ne2 != 1 || g.ne3 != 1 || !aligned16(g.b, {g.b_nb1, g.b_nb2, g.b_nb3}) ||
+        (g.n_seg > 0 && g.M % 2 != 0)) {
+        return false;
+    }
+    if (t == Type::F16 || t == Type::BF16) {
+        return g.K % 8 == 0 && g.K <= kStreamMaxK && rows_aligned(g, glu, g.n_seg > 0, 16);
+    }
+    if (t == Type::Q4_0 || t == Type::Q6_K) {
+        return g.K % 256 == 0 && g.K <= 32768 && rows_aligned(g, glu, g.n_seg > 0, 4);
+    }
+    return false;
+}
+
+template <Type T>
+void launch_stream_t(const OpContext& ctx, const MvArgs& g, bool glu) {
+    const bool pair = g.n_seg > 0;
+    const int64_t items = pair ? g.M / 2 : g.M;
+    const unsigned blocks =
+        std::min(n_blocks(items, kMvWarps), static_cast<unsigned>(ctx.n_sm * kStreamMinBlocks));
+    const size_t smem = SPiece<T>::smem_bytes(g.K);
+    const dim3 grid(blocks), block(32 * kMvWarps);
+    if (glu) {
+        launch_pdl(k_mv_stream<T, true, false>, grid, block, smem, ctx.stream, g);
+    } else if (pair) {
+        launch_pdl(k_mv_stream<T, false, true>, grid, block, smem, ctx.stream, g);
+    } else {
+        launch_pdl(k_mv_stream<T, false, false>, grid, block, smem, ctx.stream, g);
+    }
+}
+
+Status launch_stream(const OpContext& ctx, const MvArgs& g0, Type t, bool glu) {
+    MvArgs g = g0;
+    g.err = ctx.err;
+    g.nfast = ctx.mv_nfast;
+    switch (t) {
+        case Type::F16:
+            launch_stream_t<Type::F16>(ctx, g, glu);
+            break;
+        case Type::BF16:
+            launch_stream_t<Type::BF16>(ctx, g, glu);
+            break;
+        case Type::Q4_0:
+            launch_stream_t<Type::Q4_0>(ctx, g, glu);
+            break;
+        case Type::Q6_K:
+            launch_stream_t<Type::Q6_K>(ctx, g, glu);
+            break;
+        default:
+            return Status::errorf("CUDA: streaming MUL_MAT weight type %s", type_name(t));
+    }
+    return launch_status(glu ? "MUL_MAT+MUL_MAT+SWIGLU (stream)" : "MUL_MAT (stream)");
+}
+
 bool q8_vec_ok(const MvArgs& g, Type t) {
     return q8_mode() && is_block_type(t) && g.N == 1 && g.K % 256 == 0 && g.K <= 32768 &&
            aligned16(g.b, {g.b_nb2, g.b_nb3});
@@ -2032,6 +2365,7 @@ Status launch_mat_vec(OpContext& ctx, const Tensor* dst, MvArgs g) {
                             32 * kRowsPerBlock, 0, ctx.stream>>>(g, t);
         return launch_status("MUL_MAT (generic)");
     }
+    if (ctx.mv_stream && stream_ok(g, t, false)) return launch_stream(ctx, g, t, false);
     if (q8_vec_ok(g, t)) return dispatch_q8<false>(ctx, g, t);
     return dispatch_vec<false>(ctx, g, t, grid, choose_split(g.M, g.K, ctx.n_sm));
 }
@@ -2362,7 +2696,7 @@ void set_norm(MvArgs& g, const NormPrologue* p) {
 
 }  // namespace
 
-bool can_fold_norm(const NormPrologue& p, const Tensor* mm, bool float_kernel) {
+bool can_fold_norm(const NormPrologue& p, const Tensor* mm, bool float_kernel, bool stream) {
     const Tensor* mul = p.mul;
     const Tensor* norm = p.norm;
     if (!mul || !norm || mm->op != Op::MUL_MAT || mm->src[1] != mul || use_gemm(mm)) return false;
@@ -2378,7 +2712,7 @@ bool can_fold_norm(const NormPrologue& p, const Tensor* mm, bool float_kernel) {
     MvArgs g = make_args(mm, nullptr);
     if (g.K != K || g.ne2 != 1 || g.ne3 != 1) return false;
     // The float kernel keeps b in (at most 48 KiB of) shared memory.
-    return q8_vec_ok(g, mm->src[0]->type) ||
+    return q8_vec_ok(g, mm->src[0]->type) || (stream && stream_ok(g, mm->src[0]->type, false)) ||
            (float_kernel && vec_fused_ok(g, mm->src[0]->type) && K * 4 <= 48 * 1024);
 }
 
@@ -2386,6 +2720,7 @@ Status op_mul_mat_norm(OpContext& ctx, const Tensor* mm, const NormPrologue& p) 
     MvArgs g = make_args(mm, nullptr);
     set_norm(g, &p);
     const Type t = mm->src[0]->type;
+    if (ctx.mv_stream && stream_ok(g, t, false)) return launch_stream(ctx, g, t, false);
     if (q8_vec_ok(g, t)) return dispatch_q8<false>(ctx, g, t);
     if (vec_fused_ok(g, t)) return dispatch_vec_fused<false>(ctx, g, t, g.M);
     return Status::error("CUDA: folded RMS_NORM without the int8 or the fused float kernel");
@@ -2398,18 +2733,6 @@ Status op_mul_mat_epilogue(OpContext& ctx, const EpilogueUnit* units, int n_unit
     }
     MvArgs g = make_args(units[0].mm, nullptr);
     const Type t = units[0].mm->src[0]->type;
-    if (!q8_vec_ok(g, t)) {
-        // The float kernel: one launch for the units whose products split their rows alike
-        // (each adds its parts as its unfused launch would), one after another otherwise.
-        if (!vec_fused_ok(g, t)) return Status::error("CUDA: MUL_MAT epilogue: no fused kernel");
-        const int s0 = choose_split(units[0].mm->src[0]->ne[1], g.K, ctx.n_sm);
-        int n = 1;
-        while (n < n_units && choose_split(units[n].mm->src[0]->ne[1], g.K, ctx.n_sm) == s0) n++;
-        if (n < n_units) {
-            FERRY_TRY(op_mul_mat_epilogue(ctx, units, n, pro));
-            return op_mul_mat_epilogue(ctx, units + n, n_units - n, pro);
-        }
-    }
     g.err = ctx.err;
     g.n_seg = n_units;
     int64_t rows = 0;
@@ -2443,7 +2766,20 @@ Status op_mul_mat_epilogue(OpContext& ctx, const EpilogueUnit* units, int n_unit
     }
     g.M = rows;
     set_norm(g, pro);
+    // The streaming form takes every unit in one launch (a row is summed alike whatever the
+    // matrix's size).
+    if (ctx.mv_stream && stream_ok(g, t, false)) return launch_stream(ctx, g, t, false);
     if (q8_vec_ok(g, t)) return dispatch_q8<false, true>(ctx, g, t);
+    // The float kernel: one launch for the units whose products split their rows alike (each
+    // adds its parts as its unfused launch would), one after another otherwise.
+    if (!vec_fused_ok(g, t)) return Status::error("CUDA: MUL_MAT epilogue: no fused kernel");
+    const int s0 = choose_split(units[0].mm->src[0]->ne[1], g.K, ctx.n_sm);
+    int n = 1;
+    while (n < n_units && choose_split(units[n].mm->src[0]->ne[1], g.K, ctx.n_sm) == s0) n++;
+    if (n < n_units) {
+        FERRY_TRY(op_mul_mat_epilogue(ctx, units, n, pro));
+        return op_mul_mat_epilogue(ctx, units + n, n_units - n, pro);
+    }
     return dispatch_vec_fused<false>(ctx, g, t, units[0].mm->src[0]->ne[1]);
 }
 
@@ -2452,6 +2788,10 @@ Status op_mul_mat_swiglu(OpContext& ctx, const Tensor* gate, const Tensor* up, c
     if (glu->nelements() == 0) return Status::ok();
     MvArgs g = make_args(gate, glu);
     g.a2 = device_ptr(up->src[0]);
+    if (ctx.mv_stream && stream_ok(g, gate->src[0]->type, true)) {
+        set_norm(g, pro);
+        return launch_stream(ctx, g, gate->src[0]->type, true);
+    }
     if (q8_vec_ok(g, gate->src[0]->type)) {
         set_norm(g, pro);
         return dispatch_q8<true>(ctx, g, gate->src[0]->type);

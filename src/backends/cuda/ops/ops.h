@@ -88,8 +88,8 @@ struct NormPrologue {
     const Tensor* mul = nullptr;
 };
 // float_kernel: into the float kernel's fused form too (F16/BF16/F32 weights), not only
-// the int8 kernel.
-bool can_fold_norm(const NormPrologue& p, const Tensor* mm, bool float_kernel);
+// the int8 kernel; stream: into the streaming form (F16/BF16 weights, OpContext::mv_stream).
+bool can_fold_norm(const NormPrologue& p, const Tensor* mm, bool float_kernel, bool stream);
 Status op_mul_mat_norm(OpContext& ctx, const Tensor* mm, const NormPrologue& p);
 // The RMS_NORM kernel's block size for rows of n elements.
 int norm_threads(int64_t n);
