@@ -1915,7 +1915,8 @@ bool q8_mode() {
 // multiples of kMvWarps). Item i is taken by warp i % W (W warps in the grid). Every row is
 // summed the same way, fused or not (each lane adds its pieces in order as the S = 1 forms of
 // the kernels above do, then warp_sum), so the fused launches give the bits of the unfused ones.
-constexpr int kStreamMinBlocks = 2;     // blocks per SM
+constexpr int kStreamMinBlocks =
+    2;  // blocks per SM (registers); the grid takes ctx.mv_stream_blocks
 constexpr int64_t kStreamMaxK = 12288;  // F16/BF16: b as floats in at most 48 KiB
 
 // One piece (2048 weights of a row) of a lane: its raw words (load) and their products with b
@@ -2143,7 +2144,7 @@ void launch_stream_t(const OpContext& ctx, const MvArgs& g, bool glu) {
     const bool pair = g.n_seg > 0;
     const int64_t items = pair ? g.M / 2 : g.M;
     const unsigned blocks =
-        std::min(n_blocks(items, kMvWarps), static_cast<unsigned>(ctx.n_sm * kStreamMinBlocks));
+        std::min(n_blocks(items, kMvWarps), static_cast<unsigned>(ctx.n_sm * ctx.mv_stream_blocks));
     const size_t smem = SPiece<T>::smem_bytes(g.K);
     const dim3 grid(blocks), block(32 * kMvWarps);
     if (glu) {
