@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run D (stop 26): the streaming form's grid at one block per SM (a block of the next kernel
 # fits beside each, so PDL can start its weight loads early) against two. Carry [".devbin"].
+# FERRY_CUDA_MV_STREAM_BLOCKS exists at commit 6363978 only (removed after this run: slower).
 BIN=.devbin
 source bench/runs/common.sh
 gen_models

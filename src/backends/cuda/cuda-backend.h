@@ -77,9 +77,6 @@ struct OpContext {
     // blocks per SM streaming pieces of rows, b in shared memory, the RMS norm folded in;
     // FERRY_CUDA_MV_STREAM=0 turns it off).
     bool mv_stream = true;
-    // Blocks per SM of the streaming form's grid (FERRY_CUDA_MV_STREAM_BLOCKS=1 or 2): with
-    // one, a block of the next kernel fits beside each of its blocks (PDL).
-    int mv_stream_blocks = 2;
 };
 
 }  // namespace ferry::cuda

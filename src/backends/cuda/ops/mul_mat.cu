@@ -1915,8 +1915,11 @@ bool q8_mode() {
 // multiples of kMvWarps). Item i is taken by warp i % W (W warps in the grid). Every row is
 // summed the same way, fused or not (each lane adds its pieces in order as the S = 1 forms of
 // the kernels above do, then warp_sum), so the fused launches give the bits of the unfused ones.
-constexpr int kStreamMinBlocks =
-    2;  // blocks per SM (registers); the grid takes ctx.mv_stream_blocks
+// Blocks per SM (and the grid). Measured on the H200 (bench/results/cuda.md, stop 26 run D):
+// one block per SM, so that a block of the next kernel fits beside it, gave 1B F16 899-908
+// t/s against 1,090-1,102 and Q4_0 1,214-1,222 against 1,635-1,659: bytes in flight count
+// for more than the overlap.
+constexpr int kStreamMinBlocks = 2;
 constexpr int64_t kStreamMaxK = 12288;  // F16/BF16: b as floats in at most 48 KiB
 
 // One piece (2048 weights of a row) of a lane: its raw words (load) and their products with b
@@ -1983,6 +1986,8 @@ struct SPiece {  // F16, BF16: chunks 8p .. 8p + 7, the lane's 8 elements of eac
 // BDec's swizzled order) then K / 32 float scales.
 template <Type T>
 struct SBlkPiece {
+    // Measured on the H200 (stop 26 run E): 6 and 4 (a few bytes of spills under the
+    // 128-register cap) gave 1B Q4_0 1,544-1,551 t/s against 1,665-1,672.
     static constexpr int kD = T == Type::Q4_0 ? 4 : 3;
     using Raw = typename BDec<T>::Raw;
     __device__ static void load(const char* row, int64_t p, int lane, int64_t K, Raw& r) {
@@ -2144,7 +2149,7 @@ void launch_stream_t(const OpContext& ctx, const MvArgs& g, bool glu) {
     const bool pair = g.n_seg > 0;
     const int64_t items = pair ? g.M / 2 : g.M;
     const unsigned blocks =
-        std::min(n_blocks(items, kMvWarps), static_cast<unsigned>(ctx.n_sm * ctx.mv_stream_blocks));
+        std::min(n_blocks(items, kMvWarps), static_cast<unsigned>(ctx.n_sm * kStreamMinBlocks));
     const size_t smem = SPiece<T>::smem_bytes(g.K);
     const dim3 grid(blocks), block(32 * kMvWarps);
     if (glu) {
