@@ -73,9 +73,9 @@ struct OpContext {
     // Decode attention over more keys than one k_attn_row block takes is split into such
     // blocks and merged (FERRY_CUDA_ATTN_CHUNKS=0: one block per KV head, k_attn_decode).
     bool attn_chunks = true;
-    // F16/BF16 decode products run in the streaming form (k_mv_stream: a grid of at most two
-    // blocks per SM streaming pieces of rows, b in shared memory, the RMS norm folded in;
-    // FERRY_CUDA_MV_STREAM=0 turns it off).
+    // F16, BF16, Q4_0 and Q6_K decode products run in the streaming form (k_mv_stream: a grid
+    // of at most two blocks per SM streaming pieces of rows, b in shared memory, the RMS norm
+    // folded in; FERRY_CUDA_MV_STREAM=0 turns it off).
     bool mv_stream = true;
 };
 

@@ -419,6 +419,16 @@ __device__ __forceinline__ void epilogue_store(const MvArgs& g, const MvSeg& sg,
     }
 }
 
+// The rope epilogue's rotation of rows ms, ms + 1 of a segment (ms even; sums x0, x1): the
+// same rotation as the ROPE kernel (rope_cos_sin), or the sums as they are past rope_dims.
+__device__ __forceinline__ float2 rope_pair(const MvArgs& g, int64_t ms, float x0, float x1) {
+    const int e = static_cast<int>(ms % g.rope_head);
+    if (e >= g.rope_dims) return make_float2(x0, x1);
+    const float2 r = rope_cos_sin(static_cast<double>(g.rope_pos[0]), e / 2, g.rope_dims,
+                                  g.rope_base, g.rope_fscale, g.rope_ff, g.rope_ff_nb0);
+    return make_float2(x0 * r.x - x1 * r.y, x0 * r.y + x1 * r.x);
+}
+
 // The decode epilogue, called by every warp of the block for each row group (the rows loop
 // is the same for all of them: M % (8 / S) == 0); v is the sum of row m (row ms of
 // segment sg), in every lane of the row's leading warp (part 0). Row pairs (2i, 2i+1) are rows
@@ -430,12 +440,9 @@ __device__ __forceinline__ void mv_epilogue(const MvArgs& g, const MvSeg& sg, in
         __syncthreads();
         const float x0 = pair[rl & ~1], x1 = pair[rl | 1];
         __syncthreads();  // the next row group's pair may be written after this
-        const int e = static_cast<int>(ms % g.rope_head);
-        if (leader && lane == 0 && e < g.rope_dims) {
-            // The same rotation as the ROPE kernel (rope_cos_sin).
-            const float2 r = rope_cos_sin(static_cast<double>(g.rope_pos[0]), e / 2, g.rope_dims,
-                                          g.rope_base, g.rope_fscale, g.rope_ff, g.rope_ff_nb0);
-            v = (e % 2 == 0) ? x0 * r.x - x1 * r.y : x0 * r.y + x1 * r.x;
+        if (leader && lane == 0) {
+            const float2 y = rope_pair(g, ms & ~int64_t{1}, x0, x1);
+            v = ms % 2 == 0 ? y.x : y.y;
         }
     }
     if (!leader || lane != 0) return;
@@ -587,6 +594,19 @@ __device__ __forceinline__ void norm_prologue_fast(const MvArgs& g, const NormW&
     }
 }
 
+// A lane's 8 weights against b's 8 values, in one fixed order (the float kernel and the
+// streaming form add their chunks with it, so their sums are the same).
+__device__ __forceinline__ float dot8(const float (&q)[8], float4 x0, float4 x1) {
+    float s = q[0] * x0.x;
+    s = fmaf(q[1], x0.y, s);
+    s = fmaf(q[2], x0.z, s);
+    s = fmaf(q[3], x0.w, s);
+    s = fmaf(q[4], x1.x, s);
+    s = fmaf(q[5], x1.y, s);
+    s = fmaf(q[6], x1.z, s);
+    return fmaf(q[7], x1.w, s);
+}
+
 // Adds one chunk's contribution (8 weights of each of NC columns) to acc.
 template <Type T, int NC, bool x_aligned>
 __device__ __forceinline__ void mv_chunk(const Lane8& w, const char* bm, int64_t b_nb1, int n_cols,
@@ -597,14 +617,7 @@ __device__ __forceinline__ void mv_chunk(const Lane8& w, const char* bm, int64_t
         const float* x = reinterpret_cast<const float*>(bm + n * b_nb1);
         const float4 x0 = ld_x4<x_aligned>(x + w.o0);
         const float4 x1 = ld_x4<x_aligned>(x + w.o1);
-        float s = w.q[0] * x0.x;
-        s = fmaf(w.q[1], x0.y, s);
-        s = fmaf(w.q[2], x0.z, s);
-        s = fmaf(w.q[3], x0.w, s);
-        s = fmaf(w.q[4], x1.x, s);
-        s = fmaf(w.q[5], x1.y, s);
-        s = fmaf(w.q[6], x1.z, s);
-        s = fmaf(w.q[7], x1.w, s);
+        const float s = dot8(w.q, x0, x1);
         if constexpr (Dec<T>::kMin) {
             const float sx = (x0.x + x0.y) + (x0.z + x0.w) + (x1.x + x1.y) + (x1.z + x1.w);
             acc[n] = fmaf(w.m, sx, fmaf(w.d, s, acc[n]));
@@ -1895,8 +1908,6 @@ bool q8_mode() {
     return on;
 }
 
-// The dp4a path takes single-column products of block-format weights whose rows are whole
-// 256-element chunks, with b's column 16-byte aligned; FERRY_CUDA_MV_Q8=0 turns it off.
 // ---------------------------------------------------------------------------------------------
 // Decode, the streaming form (F16, BF16, Q4_0 and Q6_K weights, one column; FERRY_CUDA_MV_STREAM=0
 // turns it off, per backend): a grid of at most two blocks per SM whose warps stream their rows
@@ -1921,6 +1932,9 @@ bool q8_mode() {
 // for more than the overlap.
 constexpr int kStreamMinBlocks = 2;
 constexpr int64_t kStreamMaxK = 12288;  // F16/BF16: b as floats in at most 48 KiB
+// Block formats (the int8 kernels and the streaming form): rows of at most this many elements
+// (b's int8 quants and scales in shared memory).
+constexpr int64_t kQ8MaxK = 32768;
 
 // One piece (2048 weights of a row) of a lane: its raw words (load) and their products with b
 // (dot); kD pieces in flight per warp.
@@ -1953,30 +1967,10 @@ struct SPiece {  // F16, BF16: chunks 8p .. 8p + 7, the lane's 8 elements of eac
         for (int j = 0; j < 8; j++) {
             const int64_t c = p * 8 + j;
             if (c * 256 + 8 * lane >= K) continue;
-            const float4 x0 = xs[c * 64 + lane], x1 = xs[c * 64 + 32 + lane];
-            const uint32_t u[4] = {r.w[j].x, r.w[j].y, r.w[j].z, r.w[j].w};
-            float w[8];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                if constexpr (T == Type::F16) {
-                    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u[k]));
-                    w[2 * k] = f.x;
-                    w[2 * k + 1] = f.y;
-                } else {
-                    w[2 * k] = __uint_as_float(u[k] << 16);
-                    w[2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
-                }
-            }
-            // mv_chunk's products and order.
-            float t = w[0] * x0.x;
-            t = fmaf(w[1], x0.y, t);
-            t = fmaf(w[2], x0.z, t);
-            t = fmaf(w[3], x0.w, t);
-            t = fmaf(w[4], x1.x, t);
-            t = fmaf(w[5], x1.y, t);
-            t = fmaf(w[6], x1.z, t);
-            t = fmaf(w[7], x1.w, t);
-            a = fmaf(1.0f, t, a);
+            // The float kernel's decoder and mv_chunk's products and order (d = 1).
+            Lane8 w;
+            Dec<T>::from_raw(Raw8{r.w[j], make_uint4(0u, 0u, 0u, 0u)}, 0, w);
+            a = fmaf(1.0f, dot8(w.q, xs[c * 64 + lane], xs[c * 64 + 32 + lane]), a);
         }
         return a;
     }
@@ -2104,19 +2098,8 @@ __global__ void __launch_bounds__(32 * kMvWarps, kStreamMinBlocks) k_mv_stream(M
             if constexpr (pair) {
                 int64_t ms;
                 const MvSeg& sg = g.seg[seg_of(g, 2 * it, &ms)];
-                float y0 = v0, y1 = v1;
-                if (sg.rope) {
-                    const int e = static_cast<int>(ms % g.rope_head);
-                    if (e < g.rope_dims) {
-                        // The same rotation as the ROPE kernel (rope_cos_sin).
-                        const float2 rc =
-                            rope_cos_sin(static_cast<double>(g.rope_pos[0]), e / 2, g.rope_dims,
-                                         g.rope_base, g.rope_fscale, g.rope_ff, g.rope_ff_nb0);
-                        y0 = v0 * rc.x - v1 * rc.y;
-                        y1 = v0 * rc.y + v1 * rc.x;
-                    }
-                }
-                if (lane < 2) epilogue_store(g, sg, ms + lane, lane == 0 ? y0 : y1);
+                const float2 y = sg.rope ? rope_pair(g, ms, v0, v1) : make_float2(v0, v1);
+                if (lane < 2) epilogue_store(g, sg, ms + lane, lane == 0 ? y.x : y.y);
             } else if (lane == 0) {
                 float v = v0;
                 if constexpr (glu) v = v / (1.0f + expf(-v)) * v1;
@@ -2139,7 +2122,7 @@ bool stream_ok(const MvArgs& g, Type t, bool glu) {
         return g.K % 8 == 0 && g.K <= kStreamMaxK && rows_aligned(g, glu, g.n_seg > 0, 16);
     }
     if (t == Type::Q4_0 || t == Type::Q6_K) {
-        return g.K % 256 == 0 && g.K <= 32768 && rows_aligned(g, glu, g.n_seg > 0, 4);
+        return g.K % 256 == 0 && g.K <= kQ8MaxK && rows_aligned(g, glu, g.n_seg > 0, 4);
     }
     return false;
 }
@@ -2184,8 +2167,10 @@ Status launch_stream(const OpContext& ctx, const MvArgs& g0, Type t, bool glu) {
     return launch_status(glu ? "MUL_MAT+MUL_MAT+SWIGLU (stream)" : "MUL_MAT (stream)");
 }
 
+// The dp4a path takes single-column products of block-format weights whose rows are whole
+// 256-element chunks, with b's column 16-byte aligned; FERRY_CUDA_MV_Q8=0 turns it off.
 bool q8_vec_ok(const MvArgs& g, Type t) {
-    return q8_mode() && is_block_type(t) && g.N == 1 && g.K % 256 == 0 && g.K <= 32768 &&
+    return q8_mode() && is_block_type(t) && g.N == 1 && g.K % 256 == 0 && g.K <= kQ8MaxK &&
            aligned16(g.b, {g.b_nb2, g.b_nb3});
 }
 
