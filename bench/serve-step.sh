@@ -19,7 +19,9 @@
 #            the server (per command) and the client's sends, receives and waits
 #   SERVER_AB=1  the "off" columns are the default client against a second pair of servers
 #            with the server's per-step changes off (FERRY_SERVE_DEFER_SYNC=0: wait after
-#            every compute; FERRY_SERVE_REVALIDATE_ALL=1: validate every entry of a new table)
+#            every compute; FERRY_SERVE_REVALIDATE_ALL=1: validate every entry of a new table),
+#            or with SERVER_ENV="FERRY_X=1 ..." in their environment instead (and
+#            CLIENT_ENV="FERRY_Y=1 ..." in the environment of the clients of those columns)
 #   BENCH_ARGS="--kv-pad 256"  more arguments for every `ferry bench` run (local and served)
 #   CHECK=1  first run `ferry test-ops` on the served device over both transports (every op
 #            case against the float64 reference: the served inputs, computes and reads of
@@ -46,12 +48,13 @@ off=(FERRY_REMOTE_FOLD=0 FERRY_REMOTE_HOLD_COMPUTE=0)
 pids=($unix_pid $tcp_pid)
 if [ "${SERVER_AB:-0}" = 1 ]; then
   port2=$((port + 1))
-  env "${prof[@]}" FERRY_SERVE_DEFER_SYNC=0 FERRY_SERVE_REVALIDATE_ALL=1 "$ferry" serve --listen "unix:$dir/s2" "${dev_args[@]}" "${thr_args[@]}" >"$dir/unix2.log" 2>&1 &
+  read -r -a senv <<< "${SERVER_ENV:-FERRY_SERVE_DEFER_SYNC=0 FERRY_SERVE_REVALIDATE_ALL=1}"
+  env "${prof[@]}" "${senv[@]}" "$ferry" serve --listen "unix:$dir/s2" "${dev_args[@]}" "${thr_args[@]}" >"$dir/unix2.log" 2>&1 &
   pids+=($!)
-  env "${prof[@]}" FERRY_SERVE_DEFER_SYNC=0 FERRY_SERVE_REVALIDATE_ALL=1 "$ferry" serve --listen "tcp:127.0.0.1:$port2" "${dev_args[@]}" "${thr_args[@]}" >"$dir/tcp2.log" 2>&1 &
+  env "${prof[@]}" "${senv[@]}" "$ferry" serve --listen "tcp:127.0.0.1:$port2" "${dev_args[@]}" "${thr_args[@]}" >"$dir/tcp2.log" 2>&1 &
   pids+=($!)
   uoff="unix:$dir/s2" toff="tcp:127.0.0.1:$port2"
-  off=(FERRY_REMOTE_FOLD=1)  # the default client
+  read -r -a off <<< "${CLIENT_ENV:-FERRY_REMOTE_FOLD=1}"  # the default client
   for _ in $(seq 300); do
     grep -q listening "$dir/unix2.log" && grep -q listening "$dir/tcp2.log" && break
     sleep 0.1

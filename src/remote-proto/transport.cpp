@@ -139,7 +139,7 @@ Status Socket::send_parts(const iovec* parts, int n_parts, int pass_fd) {
         if (parts[i].iov_len) left[n++] = parts[i];
     }
     bool fd_pending = pass_fd >= 0;
-    int64_t send_deadline = 0;
+    int64_t send_deadline = 0, spin_until = 0;
     while (first < n) {
         msghdr msg{};
         msg.msg_iov = left + first;
@@ -155,9 +155,18 @@ Status Socket::send_parts(const iovec* parts, int n_parts, int pass_fd) {
             c->cmsg_len = CMSG_LEN(sizeof(int));
             std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
         }
-        const ssize_t sent = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | (frame_ms_ ? MSG_DONTWAIT : 0));
+        // A socket that spins before a receive blocks also retries a full send buffer
+        // without sleeping for as long (the peer is draining it, and a sleeping sender pays
+        // a wake-up for every refill).
+        const bool spinning = spin_ns_ && (!spin_until || now_ns() < spin_until);
+        const ssize_t sent =
+            ::sendmsg(fd_, &msg, MSG_NOSIGNAL | (frame_ms_ || spinning ? MSG_DONTWAIT : 0));
         if (sent < 0) {
             if (errno == EINTR) continue;
+            if (spinning && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                if (!spin_until) spin_until = now_ns() + spin_ns_;
+                continue;
+            }
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
                 if (frame_ms_) {
                     // The whole send must finish within the frame timeout from here.
@@ -372,9 +381,23 @@ Status sockaddr_for(const Address& a, sockaddr_storage* ss, socklen_t* len, int*
     return Status::ok();
 }
 
+// TCP_NODELAY, and with FERRY_SOCKET_BUF=N (bytes) fixed send and receive buffers of N
+// (SO_SNDBUFFORCE / SO_RCVBUFFORCE where the process may, else capped by net.core.*mem_max;
+// a fixed size turns the kernel's autotuning off): for measuring a large reply's sends.
 void set_nodelay(int fd) {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    static const int buf = [] {
+        const char* v = std::getenv("FERRY_SOCKET_BUF");
+        const long n = v ? std::strtol(v, nullptr, 10) : 0;
+        return static_cast<int>(std::clamp(n, 0L, 256L << 20));
+    }();
+    if (buf > 0) {
+        if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &buf, sizeof(buf)) != 0)
+            setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+        if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &buf, sizeof(buf)) != 0)
+            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+    }
 }
 
 }  // namespace
