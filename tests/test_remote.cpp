@@ -939,6 +939,37 @@ TEST(RemoteSocket, ASpinningReceiveGetsDataThatComesDuringOrAfterItsSpin) {
     EXPECT_TRUE(eof);
 }
 
+TEST(RemoteSocket, ASpinningSendThroughAFullBufferDeliversEverything) {
+    // A spinning socket retries a full send buffer without sleeping for its spin, then waits
+    // as before (poll under a frame timeout, a blocking send without): 8 MiB (many buffers'
+    // worth) arrive whole and in order whether the reader drains at once, after 1 ms (within
+    // the spin) or after 30 ms (past it), with and without a frame timeout.
+    for (int frame_ms : {0, 2000}) {
+        int fds[2];
+        ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+        remote::Socket a(fds[0]), b(fds[1]);
+        a.set_spin_ns(5'000'000);  // 5 ms
+        a.set_frame_timeout(frame_ms);
+        std::vector<uint32_t> data(2u << 20);
+        for (size_t i = 0; i < data.size(); i++) data[i] = static_cast<uint32_t>(i * 2654435761u);
+        for (int delay_ms : {0, 1, 30}) {
+            SCOPED_TRACE(std::to_string(frame_ms) + " ms frames, reader after " +
+                         std::to_string(delay_ms) + " ms");
+            std::vector<uint32_t> got(data.size());
+            Status rst = Status::ok();
+            std::thread reader([&] {
+                std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+                rst = b.recv_exact(got.data(), got.size() * 4, nullptr);
+            });
+            const Status st = a.send_all(data.data(), data.size() * 4, nullptr, 0);
+            reader.join();
+            ASSERT_TRUE(st.is_ok()) << st.message();
+            ASSERT_TRUE(rst.is_ok()) << rst.message();
+            EXPECT_EQ(std::memcmp(got.data(), data.data(), data.size() * 4), 0);
+        }
+    }
+}
+
 TEST(RemoteServer, FourConcurrentClientsThenMemoryReturnsToBaseline) {
     for (const std::string transport : {"unix", "tcp"}) {
         SCOPED_TRACE(transport);

@@ -202,7 +202,7 @@ bool Socket::wait_until_deadline(short events, int64_t deadline_ns) {
     }
 }
 
-int64_t socket_spin_ns(bool client) {
+int64_t socket_spin_ns(bool client, bool cpu_device) {
     const char* v = std::getenv("FERRY_SOCKET_SPIN_US");
     if (v) {
         const long us = std::strtol(v, nullptr, 10);
@@ -210,8 +210,12 @@ int64_t socket_spin_ns(bool client) {
     }
     // A client on a host with cores to spare spins through a GPU step's wait, as the CUDA
     // runtime's own synchronization does when cores outnumber contexts; on small machines the
-    // core may be the server's (a CPU device next door), so it sleeps at once.
-    return client && std::thread::hardware_concurrency() >= 8 ? kClientSpinNs : 0;
+    // core may be the server's (a CPU device next door), so it sleeps at once. A server on such
+    // a host spins between a session's frames unless it serves a CPU device (whose threads
+    // would share the cores).
+    if (std::thread::hardware_concurrency() < 8) return 0;
+    if (client) return kClientSpinNs;
+    return cpu_device ? 0 : kServerSpinNs;
 }
 
 Status Socket::recv_some(void* p, size_t cap, size_t* got, bool idle_ok, std::vector<int>* fds) {
@@ -381,23 +385,9 @@ Status sockaddr_for(const Address& a, sockaddr_storage* ss, socklen_t* len, int*
     return Status::ok();
 }
 
-// TCP_NODELAY, and with FERRY_SOCKET_BUF=N (bytes) fixed send and receive buffers of N
-// (SO_SNDBUFFORCE / SO_RCVBUFFORCE where the process may, else capped by net.core.*mem_max;
-// a fixed size turns the kernel's autotuning off): for measuring a large reply's sends.
 void set_nodelay(int fd) {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    static const int buf = [] {
-        const char* v = std::getenv("FERRY_SOCKET_BUF");
-        const long n = v ? std::strtol(v, nullptr, 10) : 0;
-        return static_cast<int>(std::clamp(n, 0L, 256L << 20));
-    }();
-    if (buf > 0) {
-        if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &buf, sizeof(buf)) != 0)
-            setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
-        if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &buf, sizeof(buf)) != 0)
-            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
-    }
 }
 
 }  // namespace

@@ -94,15 +94,19 @@ class Socket {
     int64_t spin_ns_ = 0;
 };
 
-// How long a receive spins before it blocks: FERRY_SOCKET_SPIN_US when set (either side;
-// 0 turns spinning off); otherwise kClientSpinNs for a client on a host of 8 or more hardware
-// threads, and 0 for servers and small hosts. A blocked thread the kernel wakes may take tens
-// of microseconds to run again on an idle host (a deep C-state), and a remote decode step
-// waits for one reply: measured on the H200 host, spinning clients raised 1B Q4_0 decode over
-// unix sockets from 0.88 to 0.96 of local in one run and from 0.90 to 0.92 in another, while
-// spinning servers gained nothing.
+// How long a receive spins before it blocks (and a send through a full buffer retries before
+// it waits): FERRY_SOCKET_SPIN_US when set (either side; 0 turns spinning off); otherwise, on
+// a host of 8 or more hardware threads, kClientSpinNs for a client and kServerSpinNs for a
+// server that serves no CPU device; 0 on smaller hosts. A blocked thread the kernel wakes may
+// take tens of microseconds to run again on an idle host (a deep C-state), and a remote decode
+// step waits for one reply: measured on the H200 host, spinning clients raised 1B Q4_0 decode
+// over unix sockets from 0.88 to 0.96 of local in one run and from 0.90 to 0.92 in another
+// (stop 18, when a step took ~1 ms and spinning servers gained nothing); with 0.6 ms steps,
+// servers spinning 300 us raised it from 0.948 to 0.975 over unix and 0.831 to 0.845 over tcp
+// (stop 27, the same minutes).
 constexpr int64_t kClientSpinNs = 2'000'000;
-int64_t socket_spin_ns(bool client);
+constexpr int64_t kServerSpinNs = 300'000;
+int64_t socket_spin_ns(bool client, bool cpu_device = false);
 
 // Reads a socket through a buffer: one receive takes in every frame that has arrived (a
 // pipeline's requests or replies come together); large reads bypass the buffer.

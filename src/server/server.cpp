@@ -273,7 +273,9 @@ void serve_connection_impl(Socket& sock, const ServerOptions& opts, ServerCounte
     }
     if (Status st = sock.set_io_timeout(limits.io_timeout_ms); !st) return;
     sock.set_frame_timeout(limits.io_timeout_ms);
-    sock.set_spin_ns(remote::socket_spin_ns(false));
+    bool cpu_device = false;
+    for (Device* d : opts.devices) cpu_device |= d->type() == DeviceType::CPU;
+    sock.set_spin_ns(remote::socket_spin_ns(false, cpu_device));
     if (opts.verbose)
         std::fprintf(stderr, "ferry serve: session %llu opened (%s)\n",
                      static_cast<unsigned long long>(session.id()), who.c_str());
