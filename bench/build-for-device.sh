@@ -7,14 +7,16 @@
 #   bash bench/build-for-device.sh [OUT_DIR]      (default .devbin, ignored by git)
 #   then, on the device:  PREBUILT=.devbin STEPS="ops tg ..." bash bench/run-cuda.sh
 #   (the run tool's carry: [".devbin"]; ~28 MB)
+#   BUILD_DIR=DIR builds elsewhere (e.g. CUDA_FLAGS=-DFERRY_CUDA_TRACE BUILD_DIR=build/devtrace).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-.devbin}"
-cmake -S . -B build/devpkg -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O3 -DNDEBUG" \
+bd="${BUILD_DIR:-build/devpkg}"
+cmake -S . -B "$bd" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O3 -DNDEBUG" \
   -DFERRY_CUDA=ON -DFERRY_OPENVINO=OFF -DFERRY_NATIVE=OFF -DFERRY_BENCH=OFF \
   -DCMAKE_EXE_LINKER_FLAGS="-static-libstdc++ -static-libgcc" ${CUDA_FLAGS:+-DCMAKE_CUDA_FLAGS="$CUDA_FLAGS"} >/dev/null
-cmake --build build/devpkg -j "$(nproc)" --target ferry test_cuda
+cmake --build "$bd" -j "$(nproc)" --target ferry test_cuda
 mkdir -p "$out"
-cp build/devpkg/bin/ferry build/devpkg/tests/test_cuda "$out/"
+cp "$bd/bin/ferry" "$bd/tests/test_cuda" "$out/"
 strip "$out/ferry" "$out/test_cuda"
 ls -la "$out"

@@ -125,14 +125,22 @@ Device* gpu() {
 
 // The product of c on the GPU twice, with the switches off0 and then off1 set to "0" while
 // each backend is made, and on the CPU (`cpu_be`): outs[0], outs[1], outs[2] (empty on failure).
+// Two GPU backends made with settings off0 and off1 ("NAME": NAME=0, or "NAME=VALUE") and the
+// CPU backend compute the same decode product.
 void gpu_forms_and_cpu(Backend* cpu_be, const ProductCase& c, bool glu, bool with_add,
                        std::initializer_list<const char*> off0,
                        std::initializer_list<const char*> off1, std::vector<float> (&outs)[3]) {
     for (int d = 0; d < 2; d++) {
         outs[d].clear();
-        for (const char* name : d == 0 ? off0 : off1) setenv(name, "0", 1);
+        std::vector<std::string> names;
+        for (const char* e : d == 0 ? off0 : off1) {
+            const std::string s = e;
+            const size_t eq = s.find('=');
+            names.push_back(s.substr(0, eq));
+            setenv(names.back().c_str(), eq == std::string::npos ? "0" : s.c_str() + eq + 1, 1);
+        }
         Expected<std::unique_ptr<Backend>> gbe = gpu()->make_backend();
-        for (const char* name : d == 0 ? off0 : off1) unsetenv(name);
+        for (const std::string& name : names) unsetenv(name.c_str());
         if (!gbe) {
             ADD_FAILURE() << gbe.message();
             return;
@@ -1180,8 +1188,10 @@ TEST(Cuda, StreamProductsMatchTheCpuAndTheOtherKernels) {
     };
     std::vector<Shape> shapes;
     for (Type t : {Type::F16, Type::BF16}) {
+        // K = 12288: b takes the whole 48 KiB of kStreamMaxK (stop 27: the launch failed with
+        // "invalid argument" until the kernels asked for more than the default 48 KiB).
         for (Shape sh : {Shape{t, 264, 5}, Shape{t, 2056, 2048}, Shape{t, 2048, 24000},
-                         Shape{t, 4096, 3000}, Shape{t, 8192, 2048}}) {
+                         Shape{t, 4096, 3000}, Shape{t, 8192, 2048}, Shape{t, 12288, 600}}) {
             shapes.push_back(sh);
         }
     }
@@ -1218,6 +1228,48 @@ TEST(Cuda, StreamProductsMatchTheCpuAndTheOtherKernels) {
             if (plain || sh.M >= 64) {
                 EXPECT_LE(nmse_of(outs[0], outs[2]), plain ? 1e-10 : 1e-4) << what;
             }
+        }
+    }
+}
+
+// The streaming form's launches without a folded norm in one 16-warp block per SM (Q4_0/Q6_K
+// by default, every type with FERRY_CUDA_MV_STREAM_WIDE=2) sum every row as the two 8-warp
+// blocks (FERRY_CUDA_MV_STREAM_WIDE=0) do: the same bits, in products and in decode.
+TEST(Cuda, WideStreamBlocksEqualTheDefault) {
+    REQUIRE_GPU();
+    std::unique_ptr<Backend> cbe = cpu::make_cpu_backend(2);
+    Lcg rnd{43u};
+    for (auto [t, K, M] : {std::tuple<Type, int64_t, int64_t>{Type::F16, 264, 5},
+                           {Type::F16, 8192, 2048},
+                           {Type::BF16, 2048, 24000},
+                           {Type::F16, 12288, 600},
+                           {Type::Q4_0, 8192, 2048},
+                           {Type::Q4_0, 256, 5},
+                           {Type::Q6_K, 2048, 24000}}) {
+        ProductCase pc;
+        ASSERT_TRUE(random_product(t, K, M, rnd, pc));
+        for (const bool with_add : {false, true}) {
+            std::vector<float> outs[3];
+            gpu_forms_and_cpu(cbe.get(), pc, false, with_add, {"FERRY_CUDA_MV_STREAM_WIDE=2"},
+                              {"FERRY_CUDA_MV_STREAM_WIDE=0"}, outs);
+            const std::string what = std::string(type_name(t)) + " K=" + std::to_string(K) +
+                                     " M=" + std::to_string(M) + (with_add ? " add" : "");
+            ASSERT_EQ(outs[0].size(), static_cast<size_t>(M)) << what;
+            ASSERT_EQ(outs[1].size(), static_cast<size_t>(M)) << what;
+            EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * 4), 0) << what;
+        }
+    }
+    for (const char* enc : {"f16", "q4_0"}) {
+        const std::vector<std::vector<float>> base =
+            step_logits(enc, {"FERRY_CUDA_MV_STREAM_WIDE=0"});
+        const std::vector<std::vector<float>> got =
+            step_logits(enc, {"FERRY_CUDA_MV_STREAM_WIDE=2"});
+        ASSERT_EQ(got.size(), cases().size()) << enc;
+        ASSERT_EQ(base.size(), got.size()) << enc;
+        for (size_t k = 0; k < got.size(); k++) {
+            ASSERT_EQ(got[k].size(), base[k].size()) << enc;
+            EXPECT_EQ(std::memcmp(got[k].data(), base[k].data(), got[k].size() * 4), 0)
+                << enc << " prompt " << k;
         }
     }
 }

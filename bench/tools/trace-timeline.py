@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Timeline of one decode step's int8 products from a FERRY_CUDA_TRACE build.
+"""Timeline of one decode step's products (int8 and streaming forms) from a FERRY_CUDA_TRACE build.
 
 Usage: trace-timeline.py TRACE.bin
 
@@ -59,7 +59,7 @@ def main():
         M = rs[0][9]
         kind = rs[0][10]
         name = ("glu" if kind & 1 else "") + ("epi" if kind & 2 else "") + \
-               ("+norm" if kind & 4 else "") + ("" if kind & 8 else " noring") + \
+               ("+norm" if kind & 4 else "") + (" stream" if kind & 16 else ("" if kind & 8 else " noring")) + \
                f" t{kind >> 8}"
         s0 = min(r[0] for r in rs) - t_base
         sN = max(r[0] for r in rs) - t_base

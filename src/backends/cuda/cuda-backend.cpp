@@ -493,6 +493,9 @@ class CudaBackend : public Backend {
         ctx_.mv_nfast = !env_off("FERRY_CUDA_MV_NFAST");
         ctx_.attn_chunks = !env_off("FERRY_CUDA_ATTN_CHUNKS");
         ctx_.mv_stream = !env_off("FERRY_CUDA_MV_STREAM");
+        if (const char* w = std::getenv("FERRY_CUDA_MV_STREAM_WIDE")) {
+            ctx_.mv_stream_wide = w[0] == '0' ? 0 : (w[0] == '2' ? 2 : 1);
+        }
         use_stage_ = !env_off("FERRY_CUDA_STAGE");
         use_compact_key_ = !env_off("FERRY_CUDA_COMPACT_KEY");
         // The norm folded into the float kernel too (F16/BF16/F32 weights): off by default,

@@ -77,6 +77,10 @@ struct OpContext {
     // of at most two blocks per SM streaming pieces of rows, b in shared memory, the RMS norm
     // folded in; FERRY_CUDA_MV_STREAM=0 turns it off).
     bool mv_stream = true;
+    // Its launches without a folded norm (wo, down) run one block of 16 warps per SM instead
+    // of two of 8: 1 for Q4_0/Q6_K weights (the default), 2 for F16/BF16 too, 0 never
+    // (FERRY_CUDA_MV_STREAM_WIDE).
+    int mv_stream_wide = 1;
 };
 
 }  // namespace ferry::cuda

@@ -49,6 +49,27 @@ __device__ __forceinline__ uint32_t smid() {
     asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
     return r;
 }
+// Thread 0 appends the block's record (t3: now), after the whole block is done.
+__device__ __forceinline__ void trace_block(int id, int64_t M, uint32_t kind, uint64_t t0,
+                                            uint64_t t1, uint64_t t2, uint64_t wait_cyc,
+                                            uint32_t groups) {
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    const unsigned long long at = atomicAdd(&g_trace_n, 1ull) % kTraceN;
+    TraceRec r;
+    r.t0 = t0;
+    r.t1 = t1;
+    r.t2 = t2;
+    r.t3 = gtime();
+    r.wait_cyc = wait_cyc;
+    r.id = static_cast<uint32_t>(id);
+    r.block = blockIdx.x + blockIdx.y * gridDim.x;
+    r.smid = smid();
+    r.groups = groups;
+    r.M = static_cast<uint32_t>(M);
+    r.kind = kind;
+    g_trace[at] = r;
+}
 #endif
 
 namespace {
@@ -1850,24 +1871,10 @@ __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
         }
     }
 #ifdef FERRY_CUDA_TRACE
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const unsigned long long at = atomicAdd(&g_trace_n, 1ull) % kTraceN;
-        TraceRec r;
-        r.t0 = tr0;
-        r.t1 = tr1;
-        r.t2 = tr2;
-        r.t3 = gtime();
-        r.wait_cyc = tr_wait;
-        r.id = static_cast<uint32_t>(g.trace_id);
-        r.block = blockIdx.x + blockIdx.y * gridDim.x;
-        r.smid = smid();
-        r.groups = tr_groups;
-        r.M = static_cast<uint32_t>(g.M);
-        r.kind = (glu ? 1u : 0u) | (epi ? 2u : 0u) | (g.nx ? 4u : 0u) | (ring ? 8u : 0u) |
-                 (static_cast<uint32_t>(T) << 8);
-        g_trace[at] = r;
-    }
+    trace_block(g.trace_id, g.M,
+                (glu ? 1u : 0u) | (epi ? 2u : 0u) | (g.nx ? 4u : 0u) | (ring ? 8u : 0u) |
+                    (static_cast<uint32_t>(T) << 8),
+                tr0, tr1, tr2, tr_wait, tr_groups);
 #endif
 }
 
@@ -2008,8 +2015,17 @@ struct SPiece<Type::Q4_0> : SBlkPiece<Type::Q4_0> {};
 template <>
 struct SPiece<Type::Q6_K> : SBlkPiece<Type::Q6_K> {};
 
-template <Type T, bool glu, bool pair>
-__global__ void __launch_bounds__(32 * kMvWarps, kStreamMinBlocks) k_mv_stream(MvArgs g) {
+// kW warps a block: kMvWarps (two blocks per SM), or 2 * kMvWarps (one block per SM, the same
+// warps, so b is loaded and quantized once per SM instead of twice) for Q4_0/Q6_K launches
+// without a folded norm (wo, down; the folded norm's bit-exact prologue is built for 256
+// threads). Measured on the H200 (bench/results/cuda.md, stop 27 run G, three rounds side by
+// side): 1B Q4_0 tg128 1,745-1,760 t/s against 1,633-1,640 (run B's timeline had Q4_0 down's
+// prologue, every block loading and quantizing the whole 32 KiB of b, at 3.65 us against 2.14
+// of rows); 1B F16, whose b is only copied, 1,078-1,108 against 1,102-1,109, so F16/BF16 keep
+// two blocks. FERRY_CUDA_MV_STREAM_WIDE=0 turns it off, =2 takes F16/BF16 too.
+template <Type T, bool glu, bool pair, int kW = kMvWarps>
+__global__ void __launch_bounds__(32 * kW, kW == kMvWarps ? kStreamMinBlocks : 1)
+    k_mv_stream(MvArgs g) {
     using P = SPiece<T>;
     constexpr int D = P::kD;
     constexpr int kRows = (glu || pair) ? 2 : 1;  // rows loaded per item
@@ -2017,8 +2033,8 @@ __global__ void __launch_bounds__(32 * kMvWarps, kStreamMinBlocks) k_mv_stream(M
     __shared__ float nred[32];
     void* smem = sm_b;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int64_t W = static_cast<int64_t>(gridDim.x) * kMvWarps;
-    const int64_t gw = static_cast<int64_t>(blockIdx.x) * kMvWarps + warp;
+    const int64_t W = static_cast<int64_t>(gridDim.x) * kW;
+    const int64_t gw = static_cast<int64_t>(blockIdx.x) * kW + warp;
     const int64_t items = pair ? g.M / 2 : g.M;
     const int64_t K = g.K;
     const int ppr = static_cast<int>((K + 2047) / 2048);  // pieces per row
@@ -2041,6 +2057,10 @@ __global__ void __launch_bounds__(32 * kMvWarps, kStreamMinBlocks) k_mv_stream(M
             }
         }
     };
+#ifdef FERRY_CUDA_TRACE
+    const uint64_t tr0 = gtime();
+    uint64_t tr1 = 0, tr2 = 0;
+#endif
     pdl_trigger();
     typename P::Raw buf[D];
     // Load cursor: item lit, row lr, piece lp.
@@ -2052,20 +2072,28 @@ __global__ void __launch_bounds__(32 * kMvWarps, kStreamMinBlocks) k_mv_stream(M
         advance(lit, lr, lp);
     }
     pdl_wait();
+#ifdef FERRY_CUDA_TRACE
+    tr1 = gtime();
+#endif
     auto put = [&](int64_t i, float4 v) { P::put(smem, i, v, K); };
-    if (g.nx) {
-        if (g.nfast && norm_fast_ok(g)) {
-            NormW nw;
-            norm_w_load(g, nw);
-            norm_prologue_fast(g, nw, nred, put);
-        } else {
-            norm_prologue(g, nred, put);
+    if (kW == kMvWarps && g.nx) {
+        if constexpr (kW == kMvWarps) {
+            if (g.nfast && norm_fast_ok(g)) {
+                NormW nw;
+                norm_w_load(g, nw);
+                norm_prologue_fast(g, nw, nred, put);
+            } else {
+                norm_prologue(g, nred, put);
+            }
         }
     } else {
         // Up to 8 float4s a thread in one round trip (32 KiB for K = 8192).
         put_b<8>(reinterpret_cast<const float4*>(g.b), K / 4, put);
     }
     __syncthreads();
+#ifdef FERRY_CUDA_TRACE
+    tr2 = gtime();
+#endif
     int64_t cit = gw;
     int cr = 0, cp = 0;
     float acc[kRows];
@@ -2108,6 +2136,12 @@ __global__ void __launch_bounds__(32 * kMvWarps, kStreamMinBlocks) k_mv_stream(M
             }
         }
     }
+#ifdef FERRY_CUDA_TRACE
+    trace_block(g.trace_id, g.M,
+                (glu ? 1u : 0u) | (pair ? 2u : 0u) | (g.nx ? 4u : 0u) | 16u |
+                    (static_cast<uint32_t>(T) << 8),
+                tr0, tr1, tr2, 0, 0);
+#endif
 }
 
 // The streaming form takes this product: F16/BF16 (K % 8 == 0, 16-byte rows, b in 48 KiB) or
@@ -2127,13 +2161,42 @@ bool stream_ok(const MvArgs& g, Type t, bool glu) {
     return false;
 }
 
+// b's 48 KiB for K = kStreamMaxK F16/BF16 weights and the kernel's static shared memory are
+// over the 48 KiB a launch gets without asking: each kernel of the streaming form may take
+// this much dynamic shared memory (set once per device and weight type).
+constexpr size_t kStreamSmem = kStreamMaxK * 4 + 1024;
+
+template <Type T>
+void allow_stream_smem() {
+    static std::atomic<uint64_t> done{0};
+    int dev = 0;
+    cudaGetDevice(&dev);
+    const uint64_t bit = uint64_t{1} << (dev % 64);
+    if (done.load(std::memory_order_acquire) & bit) return;
+    for (auto k : {k_mv_stream<T, true, false>, k_mv_stream<T, false, true>,
+                   k_mv_stream<T, false, false>, k_mv_stream<T, false, false, 2 * kMvWarps>}) {
+        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(kStreamSmem));
+    }
+    done.fetch_or(bit, std::memory_order_acq_rel);
+}
+
 template <Type T>
 void launch_stream_t(const OpContext& ctx, const MvArgs& g, bool glu) {
+    allow_stream_smem<T>();
     const bool pair = g.n_seg > 0;
     const int64_t items = pair ? g.M / 2 : g.M;
+    const size_t smem = SPiece<T>::smem_bytes(g.K);
+    const bool block_format = T == Type::Q4_0 || T == Type::Q6_K;
+    if (ctx.mv_stream_wide > (block_format ? 0 : 1) && !glu && !pair && !g.nx) {
+        constexpr int kW = 2 * kMvWarps;
+        const unsigned blocks = std::min(n_blocks(items, kW), static_cast<unsigned>(ctx.n_sm));
+        launch_pdl(k_mv_stream<T, false, false, kW>, dim3(blocks), dim3(32 * kW), smem, ctx.stream,
+                   g);
+        return;
+    }
     const unsigned blocks =
         std::min(n_blocks(items, kMvWarps), static_cast<unsigned>(ctx.n_sm * kStreamMinBlocks));
-    const size_t smem = SPiece<T>::smem_bytes(g.K);
     const dim3 grid(blocks), block(32 * kMvWarps);
     if (glu) {
         launch_pdl(k_mv_stream<T, true, false>, grid, block, smem, ctx.stream, g);
@@ -2148,6 +2211,9 @@ Status launch_stream(const OpContext& ctx, const MvArgs& g0, Type t, bool glu) {
     MvArgs g = g0;
     g.err = ctx.err;
     g.nfast = ctx.mv_nfast;
+#ifdef FERRY_CUDA_TRACE
+    g.trace_id = trace_next_id();
+#endif
     switch (t) {
         case Type::F16:
             launch_stream_t<Type::F16>(ctx, g, glu);
