@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (FERRY_CUDA_MV_STAGE was removed after this run: slower; see bench/results/cuda.md, stop 27.)
 # Run E (stop 27): the staged streaming form again (run C's build set the shared-memory limit
 # of one of its three kernels only: launches failed), its tests, 1B F16 tg128 staged against
 # the register form side by side; then the served ratios with servers spinning by default
