@@ -2077,7 +2077,7 @@ __global__ void __launch_bounds__(32 * kW, kW == kMvWarps ? kStreamMinBlocks : 1
 #endif
     auto put = [&](int64_t i, float4 v) { P::put(smem, i, v, K); };
     if (kW == kMvWarps && g.nx) {
-        if constexpr (kW == kMvWarps) {
+        if constexpr (kW == kMvWarps) {  // (wide blocks are launched without a folded norm)
             if (g.nfast && norm_fast_ok(g)) {
                 NormW nw;
                 norm_w_load(g, nw);
@@ -2166,19 +2166,28 @@ bool stream_ok(const MvArgs& g, Type t, bool glu) {
 // this much dynamic shared memory (set once per device and weight type).
 constexpr size_t kStreamSmem = kStreamMaxK * 4 + 1024;
 
-template <Type T>
-void allow_stream_smem() {
-    static std::atomic<uint64_t> done{0};
+// Lets kernels ks take `bytes` of dynamic shared memory on the current device (once per device;
+// `done` is the caller's, one per set of kernels).
+template <typename Kernel>
+void allow_dyn_smem(std::initializer_list<Kernel> ks, size_t bytes, std::atomic<uint64_t>& done) {
     int dev = 0;
     cudaGetDevice(&dev);
     const uint64_t bit = uint64_t{1} << (dev % 64);
     if (done.load(std::memory_order_acquire) & bit) return;
-    for (auto k : {k_mv_stream<T, true, false>, k_mv_stream<T, false, true>,
-                   k_mv_stream<T, false, false>, k_mv_stream<T, false, false, 2 * kMvWarps>}) {
+    for (Kernel k : ks) {
         cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(kStreamSmem));
+                             static_cast<int>(bytes));
     }
     done.fetch_or(bit, std::memory_order_acq_rel);
+}
+
+template <Type T>
+void allow_stream_smem() {
+    static std::atomic<uint64_t> done{0};
+    allow_dyn_smem<void (*)(MvArgs)>(
+        {k_mv_stream<T, true, false>, k_mv_stream<T, false, true>, k_mv_stream<T, false, false>,
+         k_mv_stream<T, false, false, 2 * kMvWarps>},
+        kStreamSmem, done);
 }
 
 template <Type T>
@@ -2323,19 +2332,6 @@ RingPlan plan_ring(const MvArgs& g, int R, bool glu, bool segs, size_t b_bytes) 
     return r;
 }
 
-// Lets kernel k take kRingSmem1 bytes of dynamic shared memory on the current device (once per
-// device; `done` is the caller's, one per kernel).
-template <typename Kernel>
-void allow_ring_smem(Kernel k, std::atomic<uint64_t>& done) {
-    int dev = 0;
-    cudaGetDevice(&dev);
-    const uint64_t bit = uint64_t{1} << (dev % 64);
-    if (done.load(std::memory_order_acquire) & bit) return;
-    cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(kRingSmem1));
-    done.fetch_or(bit, std::memory_order_acq_rel);
-}
-
 template <Type T, bool glu, bool epi, bool blk>
 void launch_q8_form(const OpContext& ctx, const MvArgs& g0, unsigned mats) {
     MvArgs g = g0;
@@ -2356,7 +2352,7 @@ void launch_q8_form(const OpContext& ctx, const MvArgs& g0, unsigned mats) {
         const unsigned blocks = std::min(n_blocks(g.M, R), std::max(1u, cap / mats));
         auto k = k_mul_mat_vec_q8<T, glu, epi, true, true, blk>;
         static std::atomic<uint64_t> smem_set{0};
-        allow_ring_smem(k, smem_set);
+        allow_dyn_smem({k}, kRingSmem1, smem_set);
         launch_pdl(k, dim3(blocks, mats, 1), dim3(32 * kQ8Warps), rp.smem, st, g, S, rp.P,
                    rp.stage);
         return;
