@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -201,33 +202,55 @@ TEST(Cuda, F32WithF32CacheMatchesOracle) {
     EXPECT_EQ(r.top1_min, 1.0);
 }
 
-// Every position's logits of every prompt, one model path, one device, one KV type.
-std::vector<std::vector<float>> prompt_logits(const std::string& path, Type kv, Device* dev) {
+// Every position's logits of every prompt of the model at `path` with its layers shared
+// between `devs`: each prompt at once, or (`stepwise`) one token at a time (the decode kernels
+// and their fusions, CUDA-graph replay), with the backend's environment switches `env`
+// ("NAME=VALUE") set while the model and session are made.
+std::vector<std::vector<float>> session_logits(const std::string& path,
+                                               const std::vector<Device*>& devs, Type kv,
+                                               bool stepwise,
+                                               const std::vector<std::string>& env = {}) {
+    for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
     std::vector<std::vector<float>> out;
     ModelOptions mo;
-    mo.devices.push_back(dev);
+    mo.devices = devs;
     Expected<std::unique_ptr<LlamaModel>> m = LlamaModel::load(path, mo);
     EXPECT_TRUE(m) << m.message();
-    if (!m) return out;
     SessionOptions so;
     so.kv_type = kv;
     so.n_threads = 2;
-    Expected<std::unique_ptr<LlamaSession>> s = LlamaSession::create(**m, so);
+    Expected<std::unique_ptr<LlamaSession>> s =
+        m ? LlamaSession::create(**m, so) : Expected<std::unique_ptr<LlamaSession>>(m.status());
+    for (const std::string& e : env) unsetenv(e.substr(0, e.find('=')).c_str());
     EXPECT_TRUE(s) << s.message();
     if (!s) return out;
     for (const Case& c : cases()) {
         (*s)->reset();
-        Status st = (*s)->decode(c.tokens, true);
-        EXPECT_TRUE(st) << st.message();
-        if (!st) return {};
         std::vector<float> rows;
-        for (size_t i = 0; i < c.tokens.size(); i++) {
-            const float* r = (*s)->logits(static_cast<int32_t>(i));
-            rows.insert(rows.end(), r, r + kVocab);
+        if (stepwise) {
+            for (int32_t t : c.tokens) {
+                const Status st = (*s)->decode(std::span<const int32_t>(&t, 1), false);
+                EXPECT_TRUE(st) << st.message();
+                if (!st) return {};
+                rows.insert(rows.end(), (*s)->logits(0), (*s)->logits(0) + kVocab);
+            }
+        } else {
+            const Status st = (*s)->decode(c.tokens, true);
+            EXPECT_TRUE(st) << st.message();
+            if (!st) return {};
+            for (size_t i = 0; i < c.tokens.size(); i++) {
+                const float* r = (*s)->logits(static_cast<int32_t>(i));
+                rows.insert(rows.end(), r, r + kVocab);
+            }
         }
         out.push_back(std::move(rows));
     }
     return out;
+}
+
+// Every position's logits of every prompt, one model path, one device, one KV type.
+std::vector<std::vector<float>> prompt_logits(const std::string& path, Type kv, Device* dev) {
+    return session_logits(path, {dev}, kv, false);
 }
 
 // The same model, prompts and binary give the same logits, bit for bit, every time (a race
@@ -244,35 +267,11 @@ TEST(Cuda, SameLogitsEveryRun) {
     }
 }
 
-// Every position of every prompt decoded one token at a time (the decode kernels and their
-// fusions, CUDA-graph replay), with the backend's environment switches `env` set while the
-// session is made.
+// Every position of every prompt decoded one token at a time on CUDA0, with the backend's
+// environment switches `env` set while the session is made.
 std::vector<std::vector<float>> step_logits(const std::string& enc,
                                             const std::vector<std::string>& env) {
-    for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
-    std::vector<std::vector<float>> out;
-    Expected<std::unique_ptr<LlamaModel>> m = load(enc, gpu());
-    EXPECT_TRUE(m) << m.message();
-    SessionOptions so;
-    so.kv_type = Type::F16;
-    so.n_threads = 2;
-    Expected<std::unique_ptr<LlamaSession>> s =
-        m ? LlamaSession::create(**m, so) : Expected<std::unique_ptr<LlamaSession>>(m.status());
-    for (const std::string& e : env) unsetenv(e.substr(0, e.find('=')).c_str());
-    EXPECT_TRUE(s) << s.message();
-    if (!s) return out;
-    for (const Case& c : cases()) {
-        (*s)->reset();
-        std::vector<float> rows;
-        for (int32_t t : c.tokens) {
-            Status st = (*s)->decode(std::span<const int32_t>(&t, 1), false);
-            EXPECT_TRUE(st) << st.message();
-            if (!st) return {};
-            rows.insert(rows.end(), (*s)->logits(0), (*s)->logits(0) + kVocab);
-        }
-        out.push_back(std::move(rows));
-    }
-    return out;
+    return session_logits(kDir + "/tiny-llama-" + enc + ".gguf", {gpu()}, Type::F16, true, env);
 }
 
 // Token-by-token decode with every fusion on gives what it gives with none (the fused
@@ -1337,6 +1336,85 @@ TEST(Cuda, TooLargeAllocationNamesTheDeviceAndSizes) {
     // The device still works after the refusal.
     Expected<std::unique_ptr<Buffer>> ok = gpu()->buffer_type()->allocate(1 << 20);
     EXPECT_TRUE(ok) << ok.message();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Two GPUs (CUDA0 and CUDA1; SKIPPED with fewer).
+
+Device* gpu1() {
+    return find_device("CUDA1");
+}
+
+#define REQUIRE_TWO_GPUS()                                                               \
+    do {                                                                                 \
+        REQUIRE_GPU();                                                                   \
+        if (!gpu1()) GTEST_SKIP() << "one CUDA device: this test needs CUDA0 and CUDA1"; \
+    } while (0)
+
+// Bytes copied from one GPU's memory into the other's arrive intact, both ways, by the buffer's
+// copy and by the backend's asynchronous copy (what the scheduler uses between the layers of a
+// split model); the asynchronous copy's speed is printed (peer to peer where the pair allows).
+TEST(Cuda, CopiesBetweenTwoGpus) {
+    REQUIRE_TWO_GPUS();
+    constexpr int64_t n = 64 << 20;  // 256 MiB of f32
+    std::vector<float> src(static_cast<size_t>(n)), back(static_cast<size_t>(n));
+    Lcg rnd{7};
+    for (float& v : src) v = rnd();
+    Device* devs[2] = {gpu(), gpu1()};
+    for (int from = 0; from < 2; from++) {
+        Device* sd = devs[from];
+        Device* dd = devs[1 - from];
+        Context sc, dc;
+        Tensor* a = sc.new_tensor(Type::F32, {n});
+        Tensor* b = dc.new_tensor(Type::F32, {n});
+        Expected<std::unique_ptr<Buffer>> sb = allocate_context_tensors(sc, sd->buffer_type());
+        ASSERT_TRUE(sb) << sb.message();
+        Expected<std::unique_ptr<Buffer>> db = allocate_context_tensors(dc, dd->buffer_type());
+        ASSERT_TRUE(db) << db.message();
+        ASSERT_TRUE(tensor_set(a, src.data(), src.size() * 4));
+        ASSERT_TRUE((*db)->clear(0));
+        ASSERT_TRUE(b->buffer->copy_tensor(a, b)) << sd->name() << " -> " << dd->name();
+        ASSERT_TRUE(tensor_get(b, back.data(), back.size() * 4));
+        EXPECT_EQ(std::memcmp(back.data(), src.data(), src.size() * 4), 0)
+            << "buffer copy " << sd->name() << " -> " << dd->name();
+
+        Expected<std::unique_ptr<Backend>> be = dd->make_backend();
+        ASSERT_TRUE(be) << be.message();
+        ASSERT_TRUE((*db)->clear(0));
+        constexpr int kReps = 10;
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int r = 0; r < kReps; r++) ASSERT_TRUE((*be)->copy_tensor_async(a, b));
+        ASSERT_TRUE((*be)->synchronize());
+        const double s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::fill(back.begin(), back.end(), 0.0f);
+        ASSERT_TRUE(tensor_get(b, back.data(), back.size() * 4));
+        EXPECT_EQ(std::memcmp(back.data(), src.data(), src.size() * 4), 0)
+            << "asynchronous copy " << sd->name() << " -> " << dd->name();
+        std::printf("[ cuda     ] %s -> %s: %.1f GB/s (10 copies of 256 MiB)\n", sd->name(),
+                    dd->name(), kReps * static_cast<double>(n) * 4 / s / 1e9);
+    }
+}
+
+// A model split over two GPUs (half the layers each, the activations handed over by a
+// device-to-device copy) gives the logits one GPU gives, bit for bit: the same kernels on the
+// same kind of GPU in the same order, prompts at once and token by token (CUDA-graph replay on
+// each GPU).
+TEST(Cuda, ModelSplitOverTwoGpusGivesOneGpusLogits) {
+    REQUIRE_TWO_GPUS();
+    for (const char* enc : {"f16", "q4_0", "q8_0"}) {
+        for (bool stepwise : {false, true}) {
+            const std::string path = kDir + "/tiny-llama-" + enc + ".gguf";
+            const auto one = session_logits(path, {gpu()}, Type::F16, stepwise);
+            const auto two = session_logits(path, {gpu(), gpu1()}, Type::F16, stepwise);
+            ASSERT_EQ(one.size(), cases().size()) << enc;
+            ASSERT_EQ(two.size(), one.size()) << enc;
+            for (size_t k = 0; k < one.size(); k++) {
+                EXPECT_EQ(two[k], one[k]) << enc << (stepwise ? " token by token" : " prompt")
+                                          << " case " << k << ": nmse " << nmse_of(two[k], one[k]);
+            }
+        }
+    }
 }
 
 }  // namespace

@@ -262,6 +262,25 @@ class CudaDevice : public Device {
         CUDA_TRY(cudaSetDevice(index_), "%s: cudaSetDevice", name_.c_str());
         return Status::ok();
     }
+    // Lets this device read and write `other`'s memory directly (NVLink or PCIe peer to peer),
+    // once per pair, before the first copy between them, so that cudaMemcpyPeer(Async) goes
+    // straight from one GPU to the other instead of through host memory. Where the pair cannot
+    // (no peer path) copies still work, staged by the driver. May change the current device.
+    void enable_peer(int other) {
+        if (other == index_ || other < 0 || other >= kMaxPeers) return;
+        std::lock_guard<std::mutex> lock(mu_);
+        if (peer_tried_ & (1ull << other)) return;
+        peer_tried_ |= 1ull << other;
+        int can = 0;
+        if (cudaDeviceCanAccessPeer(&can, index_, other) != cudaSuccess || !can) return;
+        if (cudaSetDevice(index_) != cudaSuccess) return;
+        const cudaError_t e = cudaDeviceEnablePeerAccess(other, 0);
+        if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
+            std::fprintf(stderr, "ferry: %s: peer access to CUDA%d: %s (copies are staged)\n",
+                         name(), other, cudaGetErrorString(e));
+        }
+        (void)cudaGetLastError();  // AlreadyEnabled is sticky until read
+    }
     // The error word kernels report data errors through (host-mapped pinned memory).
     Expected<DeviceError*> error_word() {
         std::lock_guard<std::mutex> lock(mu_);
@@ -357,6 +376,8 @@ class CudaDevice : public Device {
     cudaStream_t copy_stream_ = nullptr;
     void* staging_[2] = {nullptr, nullptr};
     cudaEvent_t staged_[2] = {nullptr, nullptr};
+    static constexpr int kMaxPeers = 64;
+    uint64_t peer_tried_ = 0;  // bit i: enable_peer(i) ran
 };
 
 const char* CudaBufferType::name() const {
@@ -464,6 +485,11 @@ bool CudaBuffer::copy_tensor(const Tensor* src, Tensor* dst) {
     char* d = ptr_ + dst->offs;
     if (CudaBuffer* sb = cuda_buffer(src)) {
         const int sdev = sb->cuda_device()->index();
+        if (sdev != dev_->index()) {
+            sb->cuda_device()->enable_peer(dev_->index());
+            dev_->enable_peer(sdev);
+            if (!dev_->activate()) return false;
+        }
         return cudaMemcpyPeer(d, dev_->index(), sb->dev_ptr() + src->offs, sdev, n) == cudaSuccess;
     }
     if (src->data) return cudaMemcpy(d, src->data, n, cudaMemcpyHostToDevice) == cudaSuccess;
@@ -613,6 +639,11 @@ class CudaBackend : public Backend {
         if (!db->check_range(dst, 0, n) || !dev_->activate() || !issue_inputs()) return false;
         char* d = db->dev_ptr() + dst->offs;
         if (CudaBuffer* sb = cuda_buffer(src)) {
+            if (sb->cuda_device() != dev_) {
+                sb->cuda_device()->enable_peer(dev_->index());
+                dev_->enable_peer(sb->cuda_device()->index());
+                if (!dev_->activate()) return false;
+            }
             return cudaMemcpyPeerAsync(d, dev_->index(), sb->dev_ptr() + src->offs,
                                        sb->cuda_device()->index(), n, stream_) == cudaSuccess;
         }
