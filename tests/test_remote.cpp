@@ -970,6 +970,55 @@ TEST(RemoteSocket, ASpinningSendThroughAFullBufferDeliversEverything) {
     }
 }
 
+// Striped replies over tcp: with FERRY_REMOTE_STRIPES=N the client joins N - 1 more
+// connections to its session, and every read of kStripeMin bytes or more comes back split
+// over all of them (the server's lanes and the client's moving them at once). Reads of every
+// size around the stripe boundaries arrive whole, in order, and through the stripes; smaller
+// reads and unix sockets stay on one connection; N = 1 asks for none.
+TEST(RemoteStripes, LargeReadsOverTcpComeBackWholeOverEveryStripe) {
+    const std::vector<uint8_t> data = random_bytes((3u << 20) + 12344, 77);
+    for (int n : {1, 2, 4, 8}) {
+        SCOPED_TRACE(std::to_string(n) + " stripes");
+        setenv("FERRY_REMOTE_STRIPES", std::to_string(n).c_str(), 1);
+        auto reg = remote_open(addr_of("tcp"));
+        unsetenv("FERRY_REMOTE_STRIPES");
+        ASSERT_TRUE(reg) << reg.message();
+        Device* dev = (*reg)->devices()[0];
+        Context ctx;
+        Tensor* t = ctx.new_tensor(Type::F32, {static_cast<int64_t>(data.size() / 4)});
+        auto buf = allocate_context_tensors(ctx, dev->buffer_type());
+        ASSERT_TRUE(buf) << buf.message();
+        ASSERT_TRUE(tensor_set(t, data.data(), data.size()));
+        const uint64_t k = remote::kStripeMin;
+        // (offset, size): the whole tensor, the threshold, one byte under it (one connection),
+        // odd sizes and offsets, sizes whose stripes are not whole pages.
+        const std::pair<size_t, size_t> reads[] = {
+            {0, data.size()}, {0, k},         {1, k - 1},          {7, k + 1},
+            {4095, 1u << 20}, {3, 3 * k + 5}, {100, 8 * 4096 + 3}, {0, data.size() - 1}};
+        uint64_t striped = 0;
+        for (const auto& [off, size] : reads) {
+            std::vector<uint8_t> got(size, 0xEE);
+            ASSERT_TRUE(t->buffer->get_tensor(t, got.data(), off, size).is_ok());
+            EXPECT_EQ(std::memcmp(got.data(), data.data() + off, size), 0)
+                << "offset " << off << " size " << size;
+            striped += size >= k && n > 1;
+        }
+        auto st = remote_stats(reg->get());
+        ASSERT_TRUE(st) << st.message();
+        EXPECT_EQ(st->client_stripes, static_cast<uint32_t>(n));
+        EXPECT_EQ(st->client_striped_replies, striped);
+        EXPECT_EQ(st->errors, 0u);
+    }
+    // Unix sockets never stripe (their reads of shared memory do not cross the socket).
+    setenv("FERRY_REMOTE_STRIPES", "4", 1);
+    auto ureg = remote_open(addr_of("unix"));
+    unsetenv("FERRY_REMOTE_STRIPES");
+    ASSERT_TRUE(ureg) << ureg.message();
+    auto us = remote_stats(ureg->get());
+    ASSERT_TRUE(us);
+    EXPECT_EQ(us->client_stripes, 1u);
+}
+
 TEST(RemoteServer, FourConcurrentClientsThenMemoryReturnsToBaseline) {
     for (const std::string transport : {"unix", "tcp"}) {
         SCOPED_TRACE(transport);

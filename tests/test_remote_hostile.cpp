@@ -834,6 +834,189 @@ TEST(HostileTcp, WrongTokenIsRejected) {
     EXPECT_TRUE(r.ok && !r.is_error()) << r.message();
 }
 
+// Stripe connections (tcp): a STRIPE_JOIN must name a live session and show the key that
+// session's HELLO reply carried, join in order, and come before STRIPES; STRIPES must match
+// the joined connections; a session's own connection cannot join; unix sockets take none.
+// Every refusal is an error reply, and a striped reply carries exactly the bytes asked for,
+// stripe 0 behind its header and stripe 1 on the joined connection.
+TEST(HostileTcp, StripeJoinsNeedTheSessionsKeyAndOrder) {
+    ServerProcess srv;
+    std::string err;
+    ASSERT_TRUE(srv.start("tcp:127.0.0.1:0", {"--device", "CPU"}, &err)) << err;
+    RawClient main;
+    ASSERT_TRUE(main.connect(srv.addr()));
+    auto hello = main.hello("", remote::kProtocolVersion,
+                            remote::kCapGraphCache | remote::kCapEvents | remote::kCapStripes);
+    ASSERT_TRUE(hello.ok && !hello.is_error()) << hello.message();
+    wire::Reader hr(hello.payload.data(), hello.payload.size());
+    hr.u32();
+    ASSERT_TRUE(hr.u64() & remote::kCapStripes);
+    const uint64_t session = hr.u64();
+    hr.str();
+    const uint8_t* kp = hr.bytes(remote::kStripeKeyBytes);
+    ASSERT_NE(kp, nullptr);
+    ASSERT_TRUE(hr.done());
+    const std::vector<uint8_t> key(kp, kp + remote::kStripeKeyBytes);
+    auto join = [&](RawClient& c, uint64_t sid, std::vector<uint8_t> k, uint8_t index) {
+        EXPECT_TRUE(c.connect(srv.addr()));
+        return c.request(Cmd::STRIPE_JOIN, payload([&](wire::Writer& w) {
+                             w.u32(remote::kProtocolVersion);
+                             w.str("");
+                             w.u64(sid);
+                             w.bytes(k.data(), k.size());
+                             w.u8(index);
+                         }));
+    };
+    std::vector<uint8_t> wrong = key;
+    wrong[5] ^= 1;
+    const struct {
+        uint64_t sid;
+        std::vector<uint8_t> key;
+        uint8_t index;
+        const char* says;
+    } bad[] = {{session, wrong, 1, "no session"},
+               {session + 1000, key, 1, "no session"},
+               {session, key, 2, "stripe 2, expected 1"},
+               {session, key, 0, "stripe 0, expected 1"}};
+    for (const auto& b : bad) {
+        RawClient c;
+        auto r = join(c, b.sid, b.key, b.index);
+        ASSERT_TRUE(r.is_error()) << b.says;
+        EXPECT_NE(r.message().find(b.says), std::string::npos) << r.message();
+        EXPECT_TRUE(c.closed_by_server()) << b.says;
+    }
+    {  // A key that is too short: malformed.
+        RawClient c;
+        ASSERT_TRUE(c.connect(srv.addr()));
+        auto r = c.request(Cmd::STRIPE_JOIN, payload([&](wire::Writer& w) {
+                               w.u32(remote::kProtocolVersion);
+                               w.str("");
+                               w.u64(session);
+                               w.bytes(key.data(), 8);
+                           }));
+        ASSERT_TRUE(r.is_error());
+        EXPECT_NE(r.message().find("malformed STRIPE_JOIN"), std::string::npos) << r.message();
+    }
+    {  // Another session takes at most kMaxStripes - 1 joined connections.
+        RawClient other;
+        ASSERT_TRUE(other.connect(srv.addr()));
+        auto oh = other.hello("", remote::kProtocolVersion, remote::kCapStripes);
+        ASSERT_TRUE(oh.ok && !oh.is_error()) << oh.message();
+        wire::Reader orr(oh.payload.data(), oh.payload.size());
+        orr.u32();
+        orr.u64();
+        const uint64_t osid = orr.u64();
+        orr.str();
+        const uint8_t* ok2 = orr.bytes(remote::kStripeKeyBytes);
+        ASSERT_NE(ok2, nullptr);
+        const std::vector<uint8_t> okey(ok2, ok2 + remote::kStripeKeyBytes);
+        std::vector<RawClient> joined(remote::kMaxStripes);
+        for (int i = 1; i <= remote::kMaxStripes; i++) {
+            auto r = join(joined[static_cast<size_t>(i - 1)], osid, okey, static_cast<uint8_t>(i));
+            if (i < remote::kMaxStripes) {
+                EXPECT_FALSE(r.is_error()) << i << ": " << r.message();
+            } else {
+                ASSERT_TRUE(r.is_error());
+                EXPECT_NE(r.message().find("of at most"), std::string::npos) << r.message();
+            }
+        }
+    }
+    // The session's own connection cannot join (nor send STRIPE_JOIN later).
+    auto own = main.request(Cmd::STRIPE_JOIN, payload([&](wire::Writer& w) { w.u32(1); }));
+    ASSERT_TRUE(own.is_error());
+    RawClient lane;
+    auto ok = join(lane, session, key, 1);
+    ASSERT_TRUE(ok.ok && !ok.is_error()) << ok.message();
+    auto stripes = [&](uint8_t n) {
+        return main.request(Cmd::STRIPES, payload([&](wire::Writer& w) { w.u8(n); }));
+    };
+    for (uint8_t n : {3, 1, 9}) {
+        auto r = stripes(n);
+        ASSERT_TRUE(r.is_error()) << int{n};
+        EXPECT_NE(r.message().find("STRIPES"), std::string::npos) << r.message();
+    }
+    auto on = stripes(2);
+    ASSERT_TRUE(on.ok && !on.is_error()) << on.message();
+    EXPECT_TRUE(stripes(2).is_error());  // once per session
+    {
+        RawClient late;
+        auto r = join(late, session, key, 2);
+        ASSERT_TRUE(r.is_error());
+        EXPECT_NE(r.message().find("already in use"), std::string::npos) << r.message();
+    }
+    // A striped read: a 1 MiB + 12 buffer of known bytes, read from offset 4.
+    auto alloc = main.request(Cmd::BUFFER_ALLOC, payload([](wire::Writer& w) {
+                                  w.u32(0);
+                                  w.u8(remote::kBufferDevice);
+                                  w.u64((1u << 20) + 12);
+                              }));
+    ASSERT_TRUE(alloc.ok && !alloc.is_error()) << alloc.message();
+    const uint64_t h = u64_of(alloc.payload);
+    std::vector<uint8_t> bytes((1u << 20) + 12);
+    for (size_t i = 0; i < bytes.size(); i++) bytes[i] = static_cast<uint8_t>(i * 131 + 7);
+    auto set = main.request(Cmd::TENSOR_SET, payload([&](wire::Writer& w) {
+                                w.u64(h);
+                                w.u64(0);
+                                w.u64(bytes.size());
+                                w.bytes(bytes.data(), bytes.size());
+                            }));
+    ASSERT_TRUE(set.ok && !set.is_error()) << set.message();
+    const uint64_t len = (1u << 20) + 8;
+    auto read_fd = [](int fd, void* p, size_t n) {  // both sockets time out after 10 s
+        uint8_t* b = static_cast<uint8_t*>(p);
+        while (n > 0) {
+            const ssize_t k = ::recv(fd, b, n, 0);
+            if (k <= 0) return false;
+            b += k;
+            n -= static_cast<size_t>(k);
+        }
+        return true;
+    };
+    ASSERT_TRUE(
+        main.send_frame(static_cast<uint16_t>(Cmd::TENSOR_GET), payload([&](wire::Writer& w) {
+                            w.u64(h);
+                            w.u64(4);
+                            w.u64(len);
+                        })));
+    uint8_t hdr[remote::kHeaderSize];
+    ASSERT_TRUE(read_fd(main.fd(), hdr, sizeof(hdr)));
+    const remote::Header rh = remote::read_header(hdr);
+    EXPECT_EQ(rh.flags, remote::kFlagReply | remote::kFlagStriped);
+    ASSERT_EQ(rh.len, len);
+    std::vector<uint8_t> got(len);
+    const uint64_t split = remote::stripe_begin(len, 2, 1);
+    ASSERT_TRUE(read_fd(main.fd(), got.data(), split));
+    ASSERT_TRUE(read_fd(lane.fd(), got.data() + split, len - split));
+    EXPECT_EQ(std::memcmp(got.data(), bytes.data() + 4, len), 0);
+    // The session goes on; a smaller read is not striped.
+    auto small = main.request(Cmd::TENSOR_GET, payload([&](wire::Writer& w) {
+                                  w.u64(h);
+                                  w.u64(0);
+                                  w.u64(remote::kStripeMin - 1);
+                              }));
+    ASSERT_TRUE(small.ok && !small.is_error()) << small.message();
+    EXPECT_EQ(small.h.flags, remote::kFlagReply);
+    EXPECT_EQ(std::memcmp(small.payload.data(), bytes.data(), small.payload.size()), 0);
+
+    // Unix sockets: no stripes offered, and a STRIPE_JOIN as the first frame is refused.
+    const std::string dir = ferry::test::make_temp_dir();
+    ServerProcess usrv;
+    ASSERT_TRUE(usrv.start("unix:" + dir + "/u", {"--device", "CPU"}, &err)) << err;
+    RawClient u;
+    ASSERT_TRUE(u.connect(usrv.addr()));
+    auto uh = u.hello("", remote::kProtocolVersion, remote::kCapGraphCache | remote::kCapStripes);
+    ASSERT_TRUE(uh.ok && !uh.is_error());
+    wire::Reader ur(uh.payload.data(), uh.payload.size());
+    ur.u32();
+    EXPECT_FALSE(ur.u64() & remote::kCapStripes);
+    RawClient uj;
+    ASSERT_TRUE(uj.connect(usrv.addr()));
+    auto r = uj.request(Cmd::STRIPE_JOIN, payload([&](wire::Writer& w) { w.u32(1); }));
+    ASSERT_TRUE(r.is_error());
+    EXPECT_NE(r.message().find("HELLO must be the first request"), std::string::npos)
+        << r.message();
+}
+
 TEST(HostileEvents, EventOfAnotherDeviceIsRefused) {
     // The CPU served twice: devices 0 and 1, each with its own backend in a session.
     const std::string dir = ferry::test::make_temp_dir();

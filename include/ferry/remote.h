@@ -54,9 +54,11 @@ struct RemoteStats {
     uint64_t max_memory = 0;  // the limit (0: none)
     uint64_t max_work = 0;    // estimated operations per GRAPH_COMPUTE (0: no limit)
     // This client's side of the connection, before the stats request itself.
-    uint64_t client_waits = 0;     // times the client waited for replies (round trips)
-    uint64_t client_bytes_in = 0;  // reply bytes received (frames with their headers)
-    uint64_t client_sends = 0;     // send system calls (a batch of frames is one)
+    uint64_t client_waits = 0;            // times the client waited for replies (round trips)
+    uint64_t client_bytes_in = 0;         // reply bytes received (frames with their headers)
+    uint64_t client_sends = 0;            // send system calls (a batch of frames is one)
+    uint32_t client_stripes = 1;          // tcp connections that carry large replies (1: unstriped)
+    uint64_t client_striped_replies = 0;  // replies that came over all of them
 };
 
 // Stats of the session behind `reg` (a registry from remote_open or remote_connect).

@@ -28,6 +28,8 @@ const char* cmd_name(uint16_t cmd) {
         "ALLOC_SIZE",
         "INIT_TENSOR",
         "PREPARE_WEIGHTS",
+        "STRIPE_JOIN",
+        "STRIPES",
     };
     static_assert(sizeof(kNames) / sizeof(kNames[0]) == kCmdMax + 1);
     return cmd <= kCmdMax ? kNames[cmd] : "UNKNOWN";

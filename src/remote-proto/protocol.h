@@ -31,6 +31,10 @@ constexpr uint64_t kMaxChunk = 64ull << 20;
 enum FrameFlags : uint16_t {
     kFlagReply = 1u,  // a reply to the request with the same id and cmd
     kFlagError = 2u,  // reply payload is a u32-length error message
+    // A reply whose payload is split over the session's stripe connections (STRIPES): the
+    // frame's connection carries the header and stripe 0, joined connection i stripe i (see
+    // stripe_begin); only successful TENSOR_GET replies of at least kStripeMin bytes.
+    kFlagStriped = 4u,
 };
 
 enum class Cmd : uint16_t {
@@ -61,8 +65,17 @@ enum class Cmd : uint16_t {
     INIT_TENSOR = 22,  // u64 handle, entry (a leaf at entry offset) -> (empty)
     // Version 3.
     PREPARE_WEIGHTS = 23,  // u32 dev, u32 n, n entries (leaves in dev's buffers) -> (empty)
+    // kCapStripes (tcp). STRIPE_JOIN is the first (and only) request of an extra connection:
+    //   u32 version, str token, u64 session, kStripeKeyBytes key (from the session's HELLO
+    //   reply), u8 index (1..kMaxStripes-1) -> (empty)
+    // after which that connection only carries stripe index of striped replies. STRIPES on
+    // the session's own connection: u8 n (2..kMaxStripes; connections 1..n-1 joined) ->
+    // (empty); from then on every successful TENSOR_GET reply of at least kStripeMin bytes
+    // is striped over n connections (kFlagStriped). Once per session.
+    STRIPE_JOIN = 24,
+    STRIPES = 25,
 };
-constexpr uint16_t kCmdMax = 23;
+constexpr uint16_t kCmdMax = 25;
 const char* cmd_name(uint16_t cmd);
 
 // Capability bits (HELLO). The server answers with the intersection of what both offer.
@@ -70,7 +83,23 @@ enum Caps : uint64_t {
     kCapSharedMemory = 1ull << 0,  // host buffers are memfd shared memory, fd in the alloc reply
     kCapGraphCache = 1ull << 1,    // GRAPH_COMPUTE mode 1 (delta against a cached table)
     kCapEvents = 1ull << 2,        // EVENT_* commands (server-side events)
+    // tcp: the HELLO reply ends with a kStripeKeyBytes key, with which extra connections may
+    // join the session to carry stripes of large replies (STRIPE_JOIN, STRIPES).
+    kCapStripes = 1ull << 3,
 };
+
+// Striped replies: one tcp connection moves ~5 GB/s on a loopback (its bytes are copied by
+// one core on each side); n connections served by n threads on each side move them in
+// parallel. Stripe i of a payload of len bytes over n connections is [stripe_begin(len, n,
+// i), stripe_begin(len, n, i + 1)): equal parts in whole 4 KiB pages, the last one the rest.
+constexpr int kMaxStripes = 8;
+constexpr uint64_t kStripeMin = 256u << 10;
+constexpr size_t kStripeKeyBytes = 16;
+inline uint64_t stripe_begin(uint64_t len, int n, int i) {
+    if (i >= n) return len;
+    const uint64_t part = (len / static_cast<uint64_t>(n)) & ~uint64_t{4095};
+    return part * static_cast<uint64_t>(i);
+}
 
 // Device record caps bits (LIST_DEVICES, u8).
 constexpr uint8_t kDeviceCapAsync = 1;            // the device's caps().async

@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include <poll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "remote-proto/protocol.h"
+#include "remote-proto/stripes.h"
 #include "server/frame-loop.h"
 
 namespace ferry::server {
@@ -34,11 +36,12 @@ Status check_frame(const remote::Header& h) {
     return Status::ok();
 }
 
-Status check_hello(const remote::Header& h) {
+Status check_hello(const remote::Header& h, bool join_ok) {
     if (h.magic != remote::kMagic) {
         return Status::errorf("bad frame magic 0x%08x (not a ferry client?)", h.magic);
     }
-    if (h.cmd != static_cast<uint16_t>(remote::Cmd::HELLO) || h.flags != 0 ||
+    const bool join = join_ok && h.cmd == static_cast<uint16_t>(remote::Cmd::STRIPE_JOIN);
+    if ((h.cmd != static_cast<uint16_t>(remote::Cmd::HELLO) && !join) || h.flags != 0 ||
         h.len > kMaxHelloFrame) {
         return Status::errorf(
             "%s: HELLO must be the first request of a connection, at most %llu bytes (got %llu)",
@@ -72,6 +75,21 @@ void write_reply_header(uint8_t* hdr, const Header& req, const Reply& r, size_t 
     remote::write_header(hdr, h);
 }
 
+// A tcp session's stripe connections (STRIPE_JOIN): the key a join must show, and the lanes
+// that send stripes 1..n-1 of its large replies once STRIPES enabled them.
+struct StripeSlot {
+    // Lanes that spin at all poll through a read's wait for its compute (as the CUDA
+    // runtime's own synchronization polls), up to kStripeExpectNs.
+    StripeSlot(int64_t spin_ns, int frame_ms)
+        : lanes(remote::StripeLanes::Dir::Send, spin_ns, spin_ns > 0 ? kStripeExpectNs : 0,
+                frame_ms) {}
+    static constexpr int64_t kStripeExpectNs = 20'000'000;
+    uint8_t key[remote::kStripeKeyBytes] = {};
+    std::mutex mu;
+    int enabled = 0;  // stripes of a transfer once STRIPES came; 0 before
+    remote::StripeLanes lanes;
+};
+
 // One connection's byte streams. Reads are buffered (BufferedReader: a decode step's
 // pipelined requests arrive together and are taken in by one receive). Replies to requests
 // that are followed by requests already received are held and go out together, in one send,
@@ -92,6 +110,9 @@ class Stream {
     bool ended_between_frames() const { return in_.closed(); }
     void end_frame() { sock_.end_frame(); }
 
+    // The session's stripe connections (tcp sessions that offer them).
+    void set_stripes(StripeSlot* slot) { stripes_ = slot; }
+
     // Sends (or, while more requests are waiting or another reply follows at once, holds)
     // the reply to `req`.
     Status reply(const Header& req, const Reply& r, bool more = false) {
@@ -99,6 +120,15 @@ class Stream {
         const size_t len = r.data ? r.data_len : r.payload.size();
         uint8_t hdr[remote::kHeaderSize];
         write_reply_header(hdr, req, r, len);
+        if (stripes_ && r.data && !r.error && r.pass_fd < 0 && len >= remote::kStripeMin &&
+            req.cmd == static_cast<uint16_t>(remote::Cmd::TENSOR_GET)) {
+            int n = 0;
+            {
+                std::lock_guard<std::mutex> lock(stripes_->mu);
+                n = stripes_->enabled;
+            }
+            if (n >= 2) return reply_striped(hdr, body, len, n);
+        }
         if (r.pass_fd >= 0) {
             // The descriptor travels with the first byte of its own reply.
             FERRY_TRY(flush());
@@ -122,9 +152,27 @@ class Stream {
     }
 
   private:
+    // Header and stripe 0 here, stripes 1..n-1 on the joined connections at the same time;
+    // returns once all were sent (the bytes are only valid until the next request).
+    Status reply_striped(uint8_t* hdr, const uint8_t* body, size_t len, int n) {
+        Header h = remote::read_header(hdr);
+        h.flags = static_cast<uint16_t>(h.flags | remote::kFlagStriped);
+        remote::write_header(hdr, h);
+        stripes_->lanes.start(const_cast<uint8_t*>(body), len);
+        const iovec parts[3] = {
+            {const_cast<uint8_t*>(out_.data()), out_.size()},
+            {hdr, remote::kHeaderSize},
+            {const_cast<uint8_t*>(body), static_cast<size_t>(remote::stripe_begin(len, n, 1))}};
+        const Status st = sock_.send_parts(parts, 3);
+        out_.clear();
+        const Status lanes = stripes_->lanes.finish();
+        return st ? lanes : st;
+    }
+
     Socket& sock_;
     remote::BufferedReader in_;
     remote::HeldFrames out_;
+    StripeSlot* stripes_ = nullptr;
 };
 
 }  // namespace
@@ -194,6 +242,22 @@ struct Server::Admission {
         auto it = per_client.find(who);
         if (it != per_client.end() && --it->second <= 0) per_client.erase(it);
     }
+
+    // Sessions that take stripe connections, by session id (while they last).
+    std::map<uint64_t, std::weak_ptr<StripeSlot>> stripes;
+    void add_stripes(uint64_t session, const std::shared_ptr<StripeSlot>& slot) {
+        std::lock_guard<std::mutex> lock(mu);
+        stripes[session] = slot;
+    }
+    void remove_stripes(uint64_t session) {
+        std::lock_guard<std::mutex> lock(mu);
+        stripes.erase(session);
+    }
+    std::shared_ptr<StripeSlot> find_stripes(uint64_t session) {
+        std::lock_guard<std::mutex> lock(mu);
+        auto it = stripes.find(session);
+        return it == stripes.end() ? nullptr : it->second.lock();
+    }
 };
 
 namespace {
@@ -223,6 +287,60 @@ void serve_session(Socket& sock, Stream& io, Session& session, const ServerOptio
     }
 }
 
+// A STRIPE_JOIN (the first frame of a tcp connection, already read and checked for size):
+// token and key checked, the connection becomes the session's next stripe lane (its socket
+// moves there; this thread ends). Any failure is answered with an error, and the connection
+// closes.
+void join_stripes(Socket& sock, Stream& io, const Header& h, const uint8_t* body,
+                  const ServerOptions& opts, Server::Admission* admission) {
+    wire::Reader r(body, static_cast<size_t>(h.len));
+    const uint32_t version = r.u32();
+    const std::string token = r.str(1024);
+    const uint64_t session = r.u64();
+    const uint8_t* key = r.bytes(remote::kStripeKeyBytes);
+    const uint8_t index = r.u8();
+    auto refuse = [&](const std::string& why) { (void)io.reply(h, error_reply(why)); };
+    if (!r.done() || !key) return refuse("malformed STRIPE_JOIN");
+    if (version < remote::kMinProtocolVersion || version > remote::kProtocolVersion) {
+        return refuse(strfmt("protocol version %u is not supported (this server speaks %u to %u)",
+                             version, remote::kMinProtocolVersion, remote::kProtocolVersion));
+    }
+    if (!opts.token.empty() && !tokens_equal(opts.token, token)) {
+        return refuse("authentication failed: wrong or missing token");
+    }
+    // One answer for an unknown session and a wrong key: the key is the session's secret.
+    std::shared_ptr<StripeSlot> slot = admission->find_stripes(session);
+    const std::string want =
+        slot ? std::string(reinterpret_cast<const char*>(slot->key), remote::kStripeKeyBytes)
+             : std::string(remote::kStripeKeyBytes, '\0');
+    if (!slot || !tokens_equal(want, std::string(reinterpret_cast<const char*>(key),
+                                                 remote::kStripeKeyBytes))) {
+        return refuse(strfmt("STRIPE_JOIN: no session %llu with that key",
+                             static_cast<unsigned long long>(session)));
+    }
+    // The answer goes out under the slot's lock, and the lane is added before the lock is let
+    // go: a client that has its answer finds the lane there (its next join, its STRIPES). The
+    // answer is one small frame on a fresh connection, so the send never waits for the client.
+    std::lock_guard<std::mutex> lock(slot->mu);
+    if (slot->enabled) return refuse("STRIPE_JOIN: the session's stripes are already in use");
+    if (index >= remote::kMaxStripes) {
+        return refuse(strfmt("STRIPE_JOIN: stripe %u of at most %d", index, remote::kMaxStripes));
+    }
+    if (index != slot->lanes.lanes() + 1) {
+        return refuse(
+            strfmt("STRIPE_JOIN: stripe %u, expected %d", index, slot->lanes.lanes() + 1));
+    }
+    if (!io.reply(h, Reply{}).is_ok() || !io.flush().is_ok()) return;
+    if (Status st = slot->lanes.add(std::move(sock)); !st) {  // no thread: STRIPES will say so
+        if (opts.verbose) std::fprintf(stderr, "ferry serve: %s\n", st.message().c_str());
+        return;
+    }
+    if (opts.verbose) {
+        std::fprintf(stderr, "ferry serve: session %llu: stripe connection %u joined\n",
+                     static_cast<unsigned long long>(session), index);
+    }
+}
+
 void serve_connection_impl(Socket& sock, const ServerOptions& opts, ServerCounters* counters,
                            bool shared_memory, const ConnectionLimits& limits,
                            Server::Admission* admission, const std::string& who,
@@ -249,12 +367,44 @@ void serve_connection_impl(Socket& sock, const ServerOptions& opts, ServerCounte
             return;
         }
     }
-    if (Status st = check_hello(h); !st) {
+    const bool stripes_ok = !shared_memory && admission;  // tcp connections of a Server
+    if (Status st = check_hello(h, stripes_ok); !st) {
         (void)io.reply(h, error_reply(st.message()));
         return;
     }
     sock.end_frame();
+    bool cpu_device = false;
+    for (Device* d : opts.devices) cpu_device |= d->type() == DeviceType::CPU;
+    const int64_t spin_ns = remote::socket_spin_ns(false, cpu_device);
+    if (h.cmd == static_cast<uint16_t>(remote::Cmd::STRIPE_JOIN)) {
+        join_stripes(sock, io, h, body, opts, admission);
+        return;
+    }
     Session session(opts, counters, shared_memory);
+    std::shared_ptr<StripeSlot> stripes;
+    if (stripes_ok) {
+        stripes = std::make_shared<StripeSlot>(spin_ns, limits.io_timeout_ms);
+        if (getrandom(stripes->key, sizeof(stripes->key), 0) ==
+            static_cast<ssize_t>(sizeof(stripes->key))) {
+            Session::StripeHooks hooks;
+            std::memcpy(hooks.key, stripes->key, sizeof(hooks.key));
+            StripeSlot* slot = stripes.get();
+            hooks.enable = [slot](int n) {
+                std::lock_guard<std::mutex> lock(slot->mu);
+                if (slot->lanes.lanes() != n - 1) {
+                    return Status::errorf("STRIPES: %d stripes asked, %d connections joined", n,
+                                          slot->lanes.lanes() + 1);
+                }
+                slot->enabled = n;
+                return Status::ok();
+            };
+            hooks.wake = [slot] { slot->lanes.wake(); };
+            session.offer_stripes(std::move(hooks));
+            io.set_stripes(slot);
+        } else {
+            stripes.reset();  // no randomness: no stripes
+        }
+    }
     Reply reply;
     session.handle(h.cmd, body, static_cast<size_t>(h.len), &reply);
     if (reply.error) {
@@ -273,12 +423,19 @@ void serve_connection_impl(Socket& sock, const ServerOptions& opts, ServerCounte
     }
     if (Status st = sock.set_io_timeout(limits.io_timeout_ms); !st) return;
     sock.set_frame_timeout(limits.io_timeout_ms);
-    bool cpu_device = false;
-    for (Device* d : opts.devices) cpu_device |= d->type() == DeviceType::CPU;
-    sock.set_spin_ns(remote::socket_spin_ns(false, cpu_device));
+    sock.set_spin_ns(spin_ns);
     if (opts.verbose)
         std::fprintf(stderr, "ferry serve: session %llu opened (%s)\n",
                      static_cast<unsigned long long>(session.id()), who.c_str());
+    if (stripes) admission->add_stripes(session.id(), stripes);
+    // The stripe connections end with the session (their lanes stop when the slot goes).
+    struct Unregister {
+        Server::Admission* a;
+        uint64_t id;
+        ~Unregister() {
+            if (a) a->remove_stripes(id);
+        }
+    } unregister{stripes ? admission : nullptr, session.id()};
     if (!io.reply(h, reply)) return;
     serve_session(sock, io, session, opts);
     if (opts.verbose)

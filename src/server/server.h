@@ -85,10 +85,10 @@ class FrameBuffer {
 // The checks every transport makes on a frame header it has copied into private memory, with
 // the error a client is told. check_frame: the magic and the payload limit (a stream cannot be
 // resynchronized after either fails: answer, then close). check_hello: the first frame of a
-// connection must be a HELLO, unflagged, of at most kMaxHelloFrame bytes (its magic checked
-// first).
+// connection must be a HELLO (or, join_ok: a STRIPE_JOIN), unflagged, of at most
+// kMaxHelloFrame bytes (its magic checked first).
 Status check_frame(const remote::Header& h);
-Status check_hello(const remote::Header& h);
+Status check_hello(const remote::Header& h, bool join_ok = false);
 // A reply that carries an error message.
 Reply error_reply(const std::string& msg);
 

@@ -23,8 +23,6 @@ using remote::Cmd;
 using wire::Reader;
 using wire::Writer;
 
-namespace {
-
 bool tokens_equal(const std::string& a, const std::string& b) {
     // Constant time in the length of the expected token.
     unsigned diff = a.size() == b.size() ? 0u : 1u;
@@ -33,6 +31,8 @@ bool tokens_equal(const std::string& a, const std::string& b) {
     }
     return diff == 0;
 }
+
+namespace {
 
 // "entry N" (what errors of a node's kernel name it by), without snprintf: a table is named
 // entry by entry each time one is validated.
@@ -308,6 +308,22 @@ Status Session::dispatch(uint16_t cmd, const uint8_t* p, size_t n, Reply* out) {
             return cmd_tensor_io(cmd, p, n, out);
         case Cmd::GRAPH_COMPUTE:
             return cmd_graph_compute(p, n, out);
+        case Cmd::STRIPES: {
+            const uint8_t k = r.u8();
+            if (!r.done()) return Status::error("malformed request");
+            if (!(caps_ & remote::kCapStripes)) {
+                return Status::error("STRIPES: striped replies were not agreed in HELLO");
+            }
+            if (stripes_enabled_) return Status::error("STRIPES sent twice");
+            if (k < 2 || k > remote::kMaxStripes) {
+                return Status::errorf("STRIPES: %u stripes (2..%d)", k, remote::kMaxStripes);
+            }
+            FERRY_TRY(stripes_.enable(k));
+            stripes_enabled_ = true;
+            return Status::ok();
+        }
+        case Cmd::STRIPE_JOIN:
+            return Status::error("STRIPE_JOIN is the first request of a connection of its own");
         case Cmd::SYNCHRONIZE: {
             const uint32_t dev = r.u32();
             if (!r.done()) return Status::error("malformed request");
@@ -374,6 +390,7 @@ Status Session::cmd_hello(const uint8_t* p, size_t n, Reply* out) {
     }
     uint64_t offered = remote::kCapGraphCache | remote::kCapEvents;
     if (shared_memory_) offered |= remote::kCapSharedMemory;
+    if (stripes_.enable) offered |= remote::kCapStripes;
     caps_ = offered & caps;
     hello_ = true;
     version_ = version;
@@ -382,6 +399,7 @@ Status Session::cmd_hello(const uint8_t* p, size_t n, Reply* out) {
     w.u64(caps_);
     w.u64(id_);
     w.str("ferry serve");
+    if (caps_ & remote::kCapStripes) w.bytes(stripes_.key, sizeof(stripes_.key));
     return Status::ok();
 }
 
@@ -725,6 +743,7 @@ Status Session::cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* o
         case Cmd::TENSOR_MEMSET:
             return (*b)->buf->memset_tensor(&t, value, 0, size);
         default: {
+            if (stripes_enabled_ && size >= remote::kStripeMin) stripes_.wake();
             Backend* be = pending_reader(**b);
             if (!be) settle_now();
             if (const uint8_t* base = static_cast<const uint8_t*>((*b)->buf->base())) {

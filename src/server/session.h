@@ -67,6 +67,9 @@ struct Reply {
     bool close = false;  // close the connection after sending the reply
 };
 
+// Whether b equals the expected secret a, in time that depends on a's length only.
+bool tokens_equal(const std::string& a, const std::string& b);
+
 class Session {
   public:
     // shared_memory: the transport can pass descriptors (Unix sockets), so host buffers are
@@ -115,6 +118,18 @@ class Session {
     void set_abort_check(std::function<bool()> fn) { abort_check_ = std::move(fn); }
     // Bytes charged against max_memory now (buffers, scratch, graph cache, events).
     uint64_t charged() const;
+
+    // Striped replies (tcp): a transport that can take extra connections for the session
+    // offers them before the HELLO is handled. A client that asks for kCapStripes then gets
+    // `key` in its HELLO reply; STRIPES calls enable(n) (which checks that connections
+    // 1..n-1 joined); a TENSOR_GET that will be striped calls wake() before it waits for the
+    // device, so the sending threads are polling when its bytes are ready.
+    struct StripeHooks {
+        uint8_t key[remote::kStripeKeyBytes] = {};
+        std::function<Status(int n)> enable;
+        std::function<void()> wake;
+    };
+    void offer_stripes(StripeHooks hooks) { stripes_ = std::move(hooks); }
 
     // For a TENSOR_SET whose 24-byte prefix (handle, offset, size) is at `prefix` and whose
     // payload is frame_len bytes: where its data may be received directly (host-addressable
@@ -195,6 +210,8 @@ class Session {
     const ServerOptions& opts_;
     ServerCounters* counters_;
     const bool shared_memory_;
+    StripeHooks stripes_;  // enable unset: not offered
+    bool stripes_enabled_ = false;
     const uint64_t id_;
     bool hello_ = false;
     uint32_t version_ = 0;  // protocol version of the client (HELLO)

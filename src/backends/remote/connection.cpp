@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "core/env.h"
 
@@ -38,10 +39,12 @@ Expected<std::shared_ptr<Connection>> Connection::open(const std::string& addr,
     if (tok.empty()) {
         if (const char* env = std::getenv("FERRY_TOKEN")) tok = env;
     }
+    const int stripes = c->ring_ || unix_socket ? 1 : stripes_wanted();
     wire::Writer w;
     w.u32(kProtocolVersion);
     uint64_t caps = kCapGraphCache | kCapEvents;
     if (unix_socket) caps |= kCapSharedMemory;
+    if (stripes > 1) caps |= kCapStripes;
     w.u64(caps);
     w.str(tok);
     Expected<Result> r = c->call(Cmd::HELLO, w);
@@ -51,11 +54,76 @@ Expected<std::shared_ptr<Connection>> Connection::open(const std::string& addr,
     c->caps_ = rd.u64();
     c->session_ = rd.u64();
     (void)rd.str();
+    const uint8_t* key = (c->caps_ & kCapStripes) ? rd.bytes(kStripeKeyBytes) : nullptr;
     if (!rd.ok() || version != kProtocolVersion) {
         return c->error(strfmt("HELLO: server speaks protocol version %u, this client %u", version,
                                kProtocolVersion));
     }
+    if (key) {
+        // Slower without them, never wrong: a server that refuses stripes is used without.
+        if (Status st = c->open_stripes(addr, tok, key, stripes); !st) {
+            std::fprintf(stderr, "ferry: %s: continuing without stripe connections\n",
+                         st.message().c_str());
+        }
+    }
     return c;
+}
+
+int Connection::stripes_wanted() {
+    if (const char* v = std::getenv("FERRY_REMOTE_STRIPES")) {
+        const long n = std::strtol(v, nullptr, 10);
+        return static_cast<int>(std::clamp<long>(n, 1, kMaxStripes));
+    }
+    // As with spinning (socket_spin_ns): only hosts with cores to spare, where the client's
+    // lanes and the server's each take a core while a reply moves.
+    return std::thread::hardware_concurrency() >= 8 ? kDefaultStripes : 1;
+}
+
+Status Connection::open_stripes(const std::string& addr, const std::string& token,
+                                const uint8_t* key, int n) {
+    Expected<Address> a = parse_address(addr);
+    if (!a) return a.status();
+    // The lanes poll as long as the connection's own receive does (after wake(): a read of a
+    // step's result was sent).
+    const int64_t spin = socket_spin_ns(true);
+    auto lanes = std::make_unique<StripeLanes>(StripeLanes::Dir::Receive, spin, spin,
+                                               /*frame_ms=*/0);
+    for (int i = 1; i < n; i++) {
+        Expected<Socket> s = connect_to(*a);
+        if (!s) return error("stripe connection: " + s.message());
+        wire::Writer w;
+        w.u32(kProtocolVersion);
+        w.str(token);
+        w.u64(session_);
+        w.bytes(key, kStripeKeyBytes);
+        w.u8(static_cast<uint8_t>(i));
+        Header h;
+        h.cmd = static_cast<uint16_t>(Cmd::STRIPE_JOIN);
+        h.id = 1;
+        h.len = w.size();
+        uint8_t hdr[kHeaderSize];
+        write_header(hdr, h);
+        FERRY_TRY(s->send_all(hdr, sizeof(hdr), w.data(), w.size()));
+        uint8_t rh[kHeaderSize];
+        FERRY_TRY(s->recv_exact(rh, sizeof(rh), nullptr));
+        const Header reply = read_header(rh);
+        if (reply.magic != kMagic || reply.len > (1u << 16)) {
+            return error("stripe connection: malformed reply");
+        }
+        std::vector<uint8_t> msg(static_cast<size_t>(reply.len));
+        FERRY_TRY(s->recv_exact(msg.data(), msg.size(), nullptr));
+        if (reply.flags & kFlagError) {
+            wire::Reader r(msg.data(), msg.size());
+            return error("stripe connection refused: " + r.str(1u << 16));
+        }
+        FERRY_TRY(lanes->add(std::move(*s)));
+    }
+    wire::Writer w;
+    w.u8(static_cast<uint8_t>(n));
+    Expected<Result> r = call(Cmd::STRIPES, w);
+    if (!r) return r.status();
+    lanes_ = std::move(lanes);
+    return Status::ok();
 }
 
 Connection::~Connection() {
@@ -69,11 +137,12 @@ Connection::~Connection() {
     std::fprintf(
         stderr,
         "ferry remote %s: %llu waits, %llu sends, %llu receives, %llu bytes out, %llu "
-        "bytes in; inputs folded into GRAPH_COMPUTE=%llu;%s\n",
+        "bytes in; inputs folded into GRAPH_COMPUTE=%llu; replies striped over %d=%llu;%s\n",
         addr_.c_str(), static_cast<unsigned long long>(waits_),
         static_cast<unsigned long long>(sends_), static_cast<unsigned long long>(in_.receives()),
         static_cast<unsigned long long>(bytes_out_), static_cast<unsigned long long>(bytes_in_),
-        static_cast<unsigned long long>(folded_), per_cmd.c_str());
+        static_cast<unsigned long long>(folded_), lanes_ ? lanes_->stripes() : 1,
+        static_cast<unsigned long long>(striped_), per_cmd.c_str());
 }
 
 Status Connection::error(const std::string& what, ErrorCode code) const {
@@ -92,6 +161,7 @@ Status Connection::fail(const std::string& why) {
         n_inputs_ = 0;
         in_.reset();
         close_fds_in();
+        lanes_.reset();
     }
     return error("connection lost: " + dead_why_, ErrorCode::ConnectionLost);
 }
@@ -367,6 +437,23 @@ Status Connection::read_reply(Result* sync_result, Status* sync_status) {
     const bool is_error = (h.flags & kFlagError) != 0;
     bytes_in_ += kHeaderSize + h.len;
     std::vector<uint8_t> payload;
+    if (h.flags & kFlagStriped) {
+        // Only where both sides agreed: a successful TENSOR_GET reply of kStripeMin bytes or
+        // more, into its destination (stripe 0 here, the others on the lanes meanwhile).
+        if (!lanes_ || is_error || p.cmd != static_cast<uint16_t>(Cmd::TENSOR_GET) || !p.dst ||
+            h.len != p.dst_size || h.len < kStripeMin) {
+            return bad("unexpected striped reply");
+        }
+        uint8_t* dst = static_cast<uint8_t*>(p.dst);
+        lanes_->start(dst, h.len);
+        st = read_in(dst, static_cast<size_t>(stripe_begin(h.len, lanes_->stripes(), 1)));
+        const Status lanes = lanes_->finish();
+        if (!st) return fail(st.message());
+        if (!lanes) return fail(lanes.message());
+        striped_++;
+        run_local_actions();
+        return Status::ok();
+    }
     if (!is_error && p.dst && h.len == p.dst_size) {
         st = read_in(p.dst, p.dst_size);
     } else {
@@ -406,6 +493,7 @@ Status Connection::send_async(Cmd cmd, const wire::Writer& prefix, const void* d
     if (dead_) return error("connection lost: " + dead_why_, ErrorCode::ConnectionLost);
     FERRY_TRY(spill_inputs());  // held inputs go first, in the order they were posted
     const uint64_t id = next_id_++;
+    if (lanes_ && cmd == Cmd::TENSOR_GET && reply_size >= kStripeMin) lanes_->wake();
     FERRY_TRY(send_frame(cmd, id, prefix, data, size));
     Pending p;
     p.id = id;

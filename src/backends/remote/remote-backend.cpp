@@ -1067,6 +1067,8 @@ Expected<RemoteStats> remote_stats(Registry* reg) {
         s.client_waits = rr->conn()->waits();
         s.client_bytes_in = rr->conn()->bytes_in();
         s.client_sends = rr->conn()->sends();
+        s.client_stripes = static_cast<uint32_t>(rr->conn()->stripes());
+        s.client_striped_replies = rr->conn()->striped_replies();
     }
     Expected<remote::Connection::Result> r =
         rr->conn()->call(remote::Cmd::SESSION_STATS, wire::Writer());

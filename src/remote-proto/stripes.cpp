@@ -1,0 +1,148 @@
+#include "remote-proto/stripes.h"
+
+#include <chrono>
+#include <string>
+#include <utility>
+
+#include "remote-proto/protocol.h"
+
+namespace ferry::remote {
+
+namespace {
+
+int64_t mono_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+}  // namespace
+
+StripeLanes::StripeLanes(Dir dir, int64_t spin_ns, int64_t expect_ns, int frame_ms)
+    : dir_(dir), spin_ns_(spin_ns), expect_ns_(expect_ns), frame_ms_(frame_ms) {
+    lanes_.reserve(kMaxStripes);
+}
+
+StripeLanes::~StripeLanes() {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stop_.store(true);
+    }
+    cv_.notify_all();
+    for (auto& l : lanes_) l->sock.shutdown_both();  // a lane blocked in send or recv returns
+    for (auto& l : lanes_) {
+        if (l->thread.joinable()) l->thread.join();
+    }
+}
+
+Status StripeLanes::add(Socket sock) {
+    if (lanes() + 1 >= kMaxStripes) return Status::errorf("more than %d stripes", kMaxStripes);
+    if (seq_.load() != 0) return Status::error("stripe lanes are added before the first transfer");
+    auto l = std::make_unique<Lane>();
+    l->sock = std::move(sock);
+    l->sock.set_spin_ns(spin_ns_);
+    l->sock.set_frame_timeout(frame_ms_);
+    const int index = lanes() + 1;
+    Lane* lane = l.get();
+    lanes_.push_back(std::move(l));
+    try {
+        lane->thread = std::thread([this, lane, index] { run(*lane, index); });
+    } catch (const std::exception& e) {
+        lanes_.pop_back();
+        return Status::errorf("stripe lane %d: %s", index, e.what());
+    }
+    return Status::ok();
+}
+
+template <class Pred>
+bool StripeLanes::wait_for(Pred pred, int64_t spin_ns) {
+    if (pred()) return true;
+    if (spin_ns > 0) {
+        const int64_t until = mono_ns() + spin_ns;
+        do {
+            if (stop_.load(std::memory_order_relaxed)) return false;
+            if (pred()) return true;
+        } while (mono_ns() < until);
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    sleepers_.fetch_add(1);
+    cv_.wait(lock, [&] { return stop_.load() || pred(); });
+    sleepers_.fetch_sub(1);
+    return !stop_.load();
+}
+
+void StripeLanes::run(Lane& me, int index) {
+    uint64_t seen = 0;
+    int64_t spin = spin_ns_;
+    for (;;) {
+        const uint64_t woken = wake_.load();
+        // Poll for the next transfer (after wake(), for up to expect_ns_), then sleep.
+        if (!wait_for([&] { return seq_.load() != seen || wake_.load() != woken; }, spin)) {
+            return;
+        }
+        if (seq_.load() == seen) {  // woken: a transfer is coming
+            spin = expect_ns_;
+            continue;
+        }
+        spin = spin_ns_;
+        seen++;
+        uint8_t* data;
+        uint64_t len;
+        int n;
+        bool ok;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            data = data_;
+            len = len_;
+            n = n_;
+            ok = failed_.is_ok();
+        }
+        const uint64_t b = stripe_begin(len, n, index), e = stripe_begin(len, n, index + 1);
+        Status st;
+        if (ok && e > b) {
+            st = dir_ == Dir::Send ? me.sock.send_all(data + b, e - b, nullptr, 0)
+                                   : me.sock.recv_exact(data + b, e - b, nullptr);
+            me.sock.end_frame();
+        }
+        if (!st) {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (failed_)
+                failed_ = Status::errorf("stripe connection %d: %s", index, st.message().c_str());
+        }
+        done_.fetch_add(1);
+        if (sleepers_.load() > 0) {
+            std::lock_guard<std::mutex> lock(mu_);
+            cv_.notify_all();
+        }
+    }
+}
+
+void StripeLanes::start(uint8_t* data, uint64_t len) {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        data_ = data;
+        len_ = len;
+        n_ = stripes();
+        seq_.fetch_add(1);
+    }
+    if (sleepers_.load() > 0) cv_.notify_all();
+}
+
+Status StripeLanes::finish() {
+    const uint64_t want = seq_.load() * static_cast<uint64_t>(lanes());
+    if (!wait_for([&] { return done_.load() >= want; }, spin_ns_)) {
+        return Status::error("stripe connections stopped");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    return failed_;
+}
+
+void StripeLanes::wake() {
+    wake_.fetch_add(1);
+    if (sleepers_.load() > 0) {
+        std::lock_guard<std::mutex> lock(mu_);
+        cv_.notify_all();
+    }
+}
+
+}  // namespace ferry::remote
