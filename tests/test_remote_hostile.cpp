@@ -997,6 +997,31 @@ TEST(HostileTcp, StripeJoinsNeedTheSessionsKeyAndOrder) {
     ASSERT_TRUE(small.ok && !small.is_error()) << small.message();
     EXPECT_EQ(small.h.flags, remote::kFlagReply);
     EXPECT_EQ(std::memcmp(small.payload.data(), bytes.data(), small.payload.size()), 0);
+    // A client that closes a stripe connection loses its session: the stripe the server sends
+    // next may still vanish into the socket buffers (the bytes are lost, the client never sees
+    // the rest of that reply), the one after fails for certain (the peer reset the connection),
+    // and the session ends with its connection closed. The server goes on serving others.
+    lane.close();
+    for (int i = 0; i < 2; i++) {
+        ASSERT_TRUE(
+            main.send_frame(static_cast<uint16_t>(Cmd::TENSOR_GET), payload([&](wire::Writer& w) {
+                                w.u64(h);
+                                w.u64(0);
+                                w.u64(len);
+                            })));
+    }
+    size_t drained = 0;
+    ssize_t k = 0;
+    std::vector<uint8_t> sink(1u << 16);
+    while ((k = ::recv(main.fd(), sink.data(), sink.size(), 0)) > 0)
+        drained += static_cast<size_t>(k);
+    EXPECT_EQ(k, 0) << "the session's connection was not closed (recv: " << std::strerror(errno)
+                    << ")";
+    EXPECT_LE(drained, 2 * (remote::kHeaderSize + split));  // never a lane's stripe here
+    RawClient after;
+    ASSERT_TRUE(after.connect(srv.addr()));
+    auto ah = after.hello();
+    EXPECT_TRUE(ah.ok && !ah.is_error()) << ah.message();
 
     // Unix sockets: no stripes offered, and a STRIPE_JOIN as the first frame is refused.
     const std::string dir = ferry::test::make_temp_dir();
