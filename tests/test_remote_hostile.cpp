@@ -839,24 +839,40 @@ TEST(HostileTcp, WrongTokenIsRejected) {
 // the joined connections; a session's own connection cannot join; unix sockets take none.
 // Every refusal is an error reply, and a striped reply carries exactly the bytes asked for,
 // stripe 0 behind its header and stripe 1 on the joined connection.
+// A session opened with HELLO asking for stripes: its id and the key its reply ended with
+// (ok: the reply granted kCapStripes and carried exactly that).
+struct StripedHello {
+    bool ok = false;
+    uint64_t session = 0;
+    std::vector<uint8_t> key;
+};
+StripedHello hello_with_stripes(RawClient& c) {
+    StripedHello out;
+    auto hello = c.hello("", remote::kProtocolVersion,
+                         remote::kCapGraphCache | remote::kCapEvents | remote::kCapStripes);
+    if (!hello.ok || hello.is_error()) return out;
+    wire::Reader hr(hello.payload.data(), hello.payload.size());
+    hr.u32();
+    const bool granted = (hr.u64() & remote::kCapStripes) != 0;
+    out.session = hr.u64();
+    hr.str();
+    const uint8_t* kp = hr.bytes(remote::kStripeKeyBytes);
+    if (!granted || !kp || !hr.done()) return out;
+    out.key.assign(kp, kp + remote::kStripeKeyBytes);
+    out.ok = true;
+    return out;
+}
+
 TEST(HostileTcp, StripeJoinsNeedTheSessionsKeyAndOrder) {
     ServerProcess srv;
     std::string err;
     ASSERT_TRUE(srv.start("tcp:127.0.0.1:0", {"--device", "CPU"}, &err)) << err;
     RawClient main;
     ASSERT_TRUE(main.connect(srv.addr()));
-    auto hello = main.hello("", remote::kProtocolVersion,
-                            remote::kCapGraphCache | remote::kCapEvents | remote::kCapStripes);
-    ASSERT_TRUE(hello.ok && !hello.is_error()) << hello.message();
-    wire::Reader hr(hello.payload.data(), hello.payload.size());
-    hr.u32();
-    ASSERT_TRUE(hr.u64() & remote::kCapStripes);
-    const uint64_t session = hr.u64();
-    hr.str();
-    const uint8_t* kp = hr.bytes(remote::kStripeKeyBytes);
-    ASSERT_NE(kp, nullptr);
-    ASSERT_TRUE(hr.done());
-    const std::vector<uint8_t> key(kp, kp + remote::kStripeKeyBytes);
+    const StripedHello mh = hello_with_stripes(main);
+    ASSERT_TRUE(mh.ok);
+    const uint64_t session = mh.session;
+    const std::vector<uint8_t>& key = mh.key;
     auto join = [&](RawClient& c, uint64_t sid, std::vector<uint8_t> k, uint8_t index) {
         EXPECT_TRUE(c.connect(srv.addr()));
         return c.request(Cmd::STRIPE_JOIN, payload([&](wire::Writer& w) {
@@ -900,19 +916,12 @@ TEST(HostileTcp, StripeJoinsNeedTheSessionsKeyAndOrder) {
     {  // Another session takes at most kMaxStripes - 1 joined connections.
         RawClient other;
         ASSERT_TRUE(other.connect(srv.addr()));
-        auto oh = other.hello("", remote::kProtocolVersion, remote::kCapStripes);
-        ASSERT_TRUE(oh.ok && !oh.is_error()) << oh.message();
-        wire::Reader orr(oh.payload.data(), oh.payload.size());
-        orr.u32();
-        orr.u64();
-        const uint64_t osid = orr.u64();
-        orr.str();
-        const uint8_t* ok2 = orr.bytes(remote::kStripeKeyBytes);
-        ASSERT_NE(ok2, nullptr);
-        const std::vector<uint8_t> okey(ok2, ok2 + remote::kStripeKeyBytes);
+        const StripedHello oh = hello_with_stripes(other);
+        ASSERT_TRUE(oh.ok);
         std::vector<RawClient> joined(remote::kMaxStripes);
         for (int i = 1; i <= remote::kMaxStripes; i++) {
-            auto r = join(joined[static_cast<size_t>(i - 1)], osid, okey, static_cast<uint8_t>(i));
+            auto r = join(joined[static_cast<size_t>(i - 1)], oh.session, oh.key,
+                          static_cast<uint8_t>(i));
             if (i < remote::kMaxStripes) {
                 EXPECT_FALSE(r.is_error()) << i << ": " << r.message();
             } else {

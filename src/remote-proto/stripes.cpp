@@ -1,22 +1,11 @@
 #include "remote-proto/stripes.h"
 
-#include <chrono>
 #include <string>
 #include <utility>
 
 #include "remote-proto/protocol.h"
 
 namespace ferry::remote {
-
-namespace {
-
-int64_t mono_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
-
-}  // namespace
 
 StripeLanes::StripeLanes(Dir dir, int64_t spin_ns, int64_t expect_ns, int frame_ms)
     : dir_(dir), spin_ns_(spin_ns), expect_ns_(expect_ns), frame_ms_(frame_ms) {
@@ -58,11 +47,11 @@ template <class Pred>
 bool StripeLanes::wait_for(Pred pred, int64_t spin_ns) {
     if (pred()) return true;
     if (spin_ns > 0) {
-        const int64_t until = mono_ns() + spin_ns;
+        const int64_t until = now_ns() + spin_ns;
         do {
             if (stop_.load(std::memory_order_relaxed)) return false;
             if (pred()) return true;
-        } while (mono_ns() < until);
+        } while (now_ns() < until);
     }
     std::unique_lock<std::mutex> lock(mu_);
     sleepers_.fetch_add(1);

@@ -20,13 +20,15 @@
 
 namespace ferry::remote {
 
-namespace {
 int64_t now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
                std::chrono::steady_clock::now().time_since_epoch())
         .count();
 }
-}  // namespace
+
+bool spare_cores() {
+    return std::thread::hardware_concurrency() >= 8;
+}
 
 bool Address::is_loopback() const {
     if (kind == Kind::Unix) return true;
@@ -213,7 +215,7 @@ int64_t socket_spin_ns(bool client, bool cpu_device) {
     // core may be the server's (a CPU device next door), so it sleeps at once. A server on such
     // a host spins between a session's frames unless it serves a CPU device (whose threads
     // would share the cores).
-    if (std::thread::hardware_concurrency() < 8) return 0;
+    if (!spare_cores()) return 0;
     if (client) return kClientSpinNs;
     return cpu_device ? 0 : kServerSpinNs;
 }

@@ -104,6 +104,11 @@ class Socket {
 // (stop 18, when a step took ~1 ms and spinning servers gained nothing); with 0.6 ms steps,
 // servers spinning 300 us raised it from 0.948 to 0.975 over unix and 0.831 to 0.845 over tcp
 // (stop 27, the same minutes).
+// A host of 8 or more hardware threads, where a thread may poll instead of sleeping (socket
+// spins, stripe lanes).
+bool spare_cores();
+// The steady clock in nanoseconds.
+int64_t now_ns();
 constexpr int64_t kClientSpinNs = 2'000'000;
 constexpr int64_t kServerSpinNs = 300'000;
 int64_t socket_spin_ns(bool client, bool cpu_device = false);

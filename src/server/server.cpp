@@ -66,11 +66,13 @@ namespace {
 
 // Frame buffer capacity a session keeps between requests.
 constexpr size_t kKeepBytes = 4u << 20;
-void write_reply_header(uint8_t* hdr, const Header& req, const Reply& r, size_t len) {
+void write_reply_header(uint8_t* hdr, const Header& req, const Reply& r, size_t len,
+                        uint16_t more_flags = 0) {
     Header h;
     h.cmd = req.cmd;
     h.id = req.id;
-    h.flags = static_cast<uint16_t>(remote::kFlagReply | (r.error ? remote::kFlagError : 0));
+    h.flags =
+        static_cast<uint16_t>(remote::kFlagReply | (r.error ? remote::kFlagError : 0) | more_flags);
     h.len = len;
     remote::write_header(hdr, h);
 }
@@ -119,7 +121,6 @@ class Stream {
         const uint8_t* body = r.data ? r.data : r.payload.data();
         const size_t len = r.data ? r.data_len : r.payload.size();
         uint8_t hdr[remote::kHeaderSize];
-        write_reply_header(hdr, req, r, len);
         if (stripes_ && r.data && !r.error && r.pass_fd < 0 && len >= remote::kStripeMin &&
             req.cmd == static_cast<uint16_t>(remote::Cmd::TENSOR_GET)) {
             int n = 0;
@@ -127,8 +128,12 @@ class Stream {
                 std::lock_guard<std::mutex> lock(stripes_->mu);
                 n = stripes_->enabled;
             }
-            if (n >= 2) return reply_striped(hdr, body, len, n);
+            if (n >= 2) {
+                write_reply_header(hdr, req, r, len, remote::kFlagStriped);
+                return reply_striped(hdr, body, len, n);
+            }
         }
+        write_reply_header(hdr, req, r, len);
         if (r.pass_fd >= 0) {
             // The descriptor travels with the first byte of its own reply.
             FERRY_TRY(flush());
@@ -152,12 +157,10 @@ class Stream {
     }
 
   private:
-    // Header and stripe 0 here, stripes 1..n-1 on the joined connections at the same time;
-    // returns once all were sent (the bytes are only valid until the next request).
+    // Header (flagged striped) and stripe 0 here, stripes 1..n-1 on the joined connections at
+    // the same time; returns once all were sent (the bytes are only valid until the next
+    // request).
     Status reply_striped(uint8_t* hdr, const uint8_t* body, size_t len, int n) {
-        Header h = remote::read_header(hdr);
-        h.flags = static_cast<uint16_t>(h.flags | remote::kFlagStriped);
-        remote::write_header(hdr, h);
         stripes_->lanes.start(const_cast<uint8_t*>(body), len);
         const iovec parts[3] = {
             {const_cast<uint8_t*>(out_.data()), out_.size()},
@@ -301,13 +304,7 @@ void join_stripes(Socket& sock, Stream& io, const Header& h, const uint8_t* body
     const uint8_t index = r.u8();
     auto refuse = [&](const std::string& why) { (void)io.reply(h, error_reply(why)); };
     if (!r.done() || !key) return refuse("malformed STRIPE_JOIN");
-    if (version < remote::kMinProtocolVersion || version > remote::kProtocolVersion) {
-        return refuse(strfmt("protocol version %u is not supported (this server speaks %u to %u)",
-                             version, remote::kMinProtocolVersion, remote::kProtocolVersion));
-    }
-    if (!opts.token.empty() && !tokens_equal(opts.token, token)) {
-        return refuse("authentication failed: wrong or missing token");
-    }
+    if (Status st = check_client(opts, version, token); !st) return refuse(st.message());
     // One answer for an unknown session and a wrong key: the key is the session's secret.
     std::shared_ptr<StripeSlot> slot = admission->find_stripes(session);
     const std::string want =
@@ -373,13 +370,13 @@ void serve_connection_impl(Socket& sock, const ServerOptions& opts, ServerCounte
         return;
     }
     sock.end_frame();
-    bool cpu_device = false;
-    for (Device* d : opts.devices) cpu_device |= d->type() == DeviceType::CPU;
-    const int64_t spin_ns = remote::socket_spin_ns(false, cpu_device);
     if (h.cmd == static_cast<uint16_t>(remote::Cmd::STRIPE_JOIN)) {
         join_stripes(sock, io, h, body, opts, admission);
         return;
     }
+    bool cpu_device = false;
+    for (Device* d : opts.devices) cpu_device |= d->type() == DeviceType::CPU;
+    const int64_t spin_ns = remote::socket_spin_ns(false, cpu_device);
     Session session(opts, counters, shared_memory);
     std::shared_ptr<StripeSlot> stripes;
     if (stripes_ok) {

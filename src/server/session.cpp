@@ -32,6 +32,17 @@ bool tokens_equal(const std::string& a, const std::string& b) {
     return diff == 0;
 }
 
+Status check_client(const ServerOptions& opts, uint32_t version, const std::string& token) {
+    if (version < remote::kMinProtocolVersion || version > remote::kProtocolVersion) {
+        return Status::errorf("protocol version %u is not supported (this server speaks %u to %u)",
+                              version, remote::kMinProtocolVersion, remote::kProtocolVersion);
+    }
+    if (!opts.token.empty() && !tokens_equal(opts.token, token)) {
+        return Status::error("authentication failed: wrong or missing token");
+    }
+    return Status::ok();
+}
+
 namespace {
 
 // "entry N" (what errors of a node's kernel name it by), without snprintf: a table is named
@@ -379,14 +390,9 @@ Status Session::cmd_hello(const uint8_t* p, size_t n, Reply* out) {
         out->close = true;
         return Status::error("malformed HELLO");
     }
-    if (version < remote::kMinProtocolVersion || version > remote::kProtocolVersion) {
+    if (Status st = check_client(opts_, version, token); !st) {
         out->close = true;
-        return Status::errorf("protocol version %u is not supported (this server speaks %u to %u)",
-                              version, remote::kMinProtocolVersion, remote::kProtocolVersion);
-    }
-    if (!opts_.token.empty() && !tokens_equal(opts_.token, token)) {
-        out->close = true;
-        return Status::error("authentication failed: wrong or missing token");
+        return st;
     }
     uint64_t offered = remote::kCapGraphCache | remote::kCapEvents;
     if (shared_memory_) offered |= remote::kCapSharedMemory;

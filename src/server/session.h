@@ -69,6 +69,9 @@ struct Reply {
 
 // Whether b equals the expected secret a, in time that depends on a's length only.
 bool tokens_equal(const std::string& a, const std::string& b);
+// The checks every connection's first request makes (HELLO, STRIPE_JOIN): the client's
+// protocol version is one this server speaks, and its token is the server's (if it has one).
+Status check_client(const ServerOptions& opts, uint32_t version, const std::string& token);
 
 class Session {
   public:

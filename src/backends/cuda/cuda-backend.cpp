@@ -281,6 +281,15 @@ class CudaDevice : public Device {
         }
         (void)cudaGetLastError();  // AlreadyEnabled is sticky until read
     }
+    // Before a copy from another device's memory into this one's (this device current): peer
+    // access both ways (once per pair), then this device current again. False when it cannot
+    // be made current.
+    bool ready_for_copy_from(CudaDevice* src) {
+        if (src == this) return true;
+        src->enable_peer(index_);
+        enable_peer(src->index());
+        return activate().is_ok();
+    }
     // The error word kernels report data errors through (host-mapped pinned memory).
     Expected<DeviceError*> error_word() {
         std::lock_guard<std::mutex> lock(mu_);
@@ -484,13 +493,9 @@ bool CudaBuffer::copy_tensor(const Tensor* src, Tensor* dst) {
     if (!dev_->activate()) return false;
     char* d = ptr_ + dst->offs;
     if (CudaBuffer* sb = cuda_buffer(src)) {
-        const int sdev = sb->cuda_device()->index();
-        if (sdev != dev_->index()) {
-            sb->cuda_device()->enable_peer(dev_->index());
-            dev_->enable_peer(sdev);
-            if (!dev_->activate()) return false;
-        }
-        return cudaMemcpyPeer(d, dev_->index(), sb->dev_ptr() + src->offs, sdev, n) == cudaSuccess;
+        if (!dev_->ready_for_copy_from(sb->cuda_device())) return false;
+        return cudaMemcpyPeer(d, dev_->index(), sb->dev_ptr() + src->offs,
+                              sb->cuda_device()->index(), n) == cudaSuccess;
     }
     if (src->data) return cudaMemcpy(d, src->data, n, cudaMemcpyHostToDevice) == cudaSuccess;
     return false;
@@ -639,11 +644,7 @@ class CudaBackend : public Backend {
         if (!db->check_range(dst, 0, n) || !dev_->activate() || !issue_inputs()) return false;
         char* d = db->dev_ptr() + dst->offs;
         if (CudaBuffer* sb = cuda_buffer(src)) {
-            if (sb->cuda_device() != dev_) {
-                sb->cuda_device()->enable_peer(dev_->index());
-                dev_->enable_peer(sb->cuda_device()->index());
-                if (!dev_->activate()) return false;
-            }
+            if (!dev_->ready_for_copy_from(sb->cuda_device())) return false;
             return cudaMemcpyPeerAsync(d, dev_->index(), sb->dev_ptr() + src->offs,
                                        sb->cuda_device()->index(), n, stream_) == cudaSuccess;
         }

@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 
 #include "core/env.h"
 
@@ -76,7 +75,7 @@ int Connection::stripes_wanted() {
     }
     // As with spinning (socket_spin_ns): only hosts with cores to spare, where the client's
     // lanes and the server's each take a core while a reply moves.
-    return std::thread::hardware_concurrency() >= 8 ? kDefaultStripes : 1;
+    return spare_cores() ? kDefaultStripes : 1;
 }
 
 Status Connection::open_stripes(const std::string& addr, const std::string& token,
