@@ -18,6 +18,7 @@
 #include "core/json.h"
 #include "device-checks.h"
 #include "ferry/backend.h"
+#include "ferry/gen-model.h"
 #include "ferry/gguf.h"
 #include "ferry/llama.h"
 #include "ferry/op-tests.h"
@@ -803,6 +804,65 @@ TEST(Cuda, LongDecodeIsTheSameWithEveryPad) {
     std::printf("[ cuda     ] positions 250-299, f32 cache, pad 256 vs pad 1: nmse %.2e\n", e);
     EXPECT_LE(e, 1e-12);
 }
+
+#ifdef FERRY_HAVE_CUDA
+// Decode attention with a head size of 64 (k_attn_row) inside a captured graph loads the
+// cache's rows before griddepcontrol.wait and, after it, again the rows the step's SET_ROWS
+// wrote: a 20-token prompt and then 280 tokens one at a time (KV lengths 256 and 512, one and
+// two blocks a head) give the logits of loading every row after the wait
+// (FERRY_CUDA_ATTN_EARLY=0) bit for bit, with F16 and BF16 caches; and the early form ran.
+TEST(Cuda, EarlyAttentionLoadsGiveTheSameBits) {
+    REQUIRE_GPU();
+    const ModelPreset p = {"test-d64", 384, 512, 256, 2, 4, 2, 512, 10000.0f, 1e-5f, false};
+    GenModelOptions o;
+    o.type = Type::F16;
+    o.n_threads = 2;
+    const std::string path = ::testing::TempDir() + "/ferry-test-d64.gguf";
+    ASSERT_TRUE(generate_model(p, o, path));
+    std::vector<int32_t> toks(300);
+    Lcg rnd{7u};
+    for (int32_t& t : toks) t = static_cast<int32_t>((rnd() + 1.0f) * 0.5f * 383.0f);
+    for (const Type kv : {Type::F16, Type::BF16}) {
+        std::vector<float> runs[2];
+        uint64_t early[2] = {0, 0};
+        for (int e = 0; e < 2; e++) {
+            setenv("FERRY_CUDA_ATTN_EARLY", e == 0 ? "0" : "1", 1);
+            ModelOptions mo;
+            mo.devices = {gpu()};
+            Expected<std::unique_ptr<LlamaModel>> m = LlamaModel::load(path, mo);
+            SessionOptions so;
+            so.kv_type = kv;
+            Expected<std::unique_ptr<LlamaSession>> s =
+                m ? LlamaSession::create(**m, so)
+                  : Expected<std::unique_ptr<LlamaSession>>(m.status());
+            unsetenv("FERRY_CUDA_ATTN_EARLY");
+            ASSERT_TRUE(s) << s.message();
+            const uint64_t before = cuda::early_attention_launches();
+            ASSERT_TRUE((*s)->decode(std::span<const int32_t>(toks.data(), 20), false));
+            for (size_t i = 20; i < toks.size(); i++) {
+                const Status st = (*s)->decode(std::span<const int32_t>(&toks[i], 1), false);
+                ASSERT_TRUE(st) << st.message();
+                runs[e].insert(runs[e].end(), (*s)->logits(0), (*s)->logits(0) + p.n_vocab);
+            }
+            early[e] = cuda::early_attention_launches() - before;
+        }
+        EXPECT_EQ(early[0], 0u) << type_name(kv);
+        EXPECT_GT(early[1], 0u) << type_name(kv);
+        ASSERT_EQ(runs[0].size(), runs[1].size());
+        size_t first = runs[0].size();
+        for (size_t i = 0; i < runs[0].size() && first == runs[0].size(); i++) {
+            if (std::memcmp(&runs[0][i], &runs[1][i], 4) != 0) first = i;
+        }
+        std::printf(
+            "[ cuda     ] %s cache: %llu early attention launches; first differing "
+            "logit %zu of %zu\n",
+            type_name(kv), static_cast<unsigned long long>(early[1]), first, runs[0].size());
+        EXPECT_EQ(first, runs[0].size())
+            << type_name(kv) << ": decode step " << first / static_cast<size_t>(p.n_vocab);
+    }
+    std::remove(path.c_str());
+}
+#endif
 
 // Products in the shapes of a model's layers (every path: vector kernel with split-K and
 // column groups, fused residual add, cuBLAS) agree with the CPU backend on the same inputs.

@@ -3,13 +3,15 @@
 
 Usage: trace-timeline.py TRACE.bin
 
-TRACE.bin is what cuda_trace_dump writes (mul_mat.cu, built with -DFERRY_CUDA_TRACE): a u64
+TRACE.bin is what trace_dump_tu writes (ops/trace.cuh, built with -DFERRY_CUDA_TRACE; TRACE.bin.attn,
+when present, the attention kernels' records, read with it): a u64
 count, then records of u64 t0 t1 t2 t3 wait_cyc, u32 id block smid groups M kind, where t0..t3
 are %globaltimer (ns) at a block's start, after griddepcontrol.wait, after b is in shared
 memory and at its end. Records of one launch share its id. The last whole step (from the end
 of the output product before it to the end of its own) is printed kernel by kernel, then per
 kind over the step's layers (medians).
 """
+import os
 import struct
 import sys
 from collections import defaultdict
@@ -20,9 +22,15 @@ REC = struct.Struct("<5Q6I")
 
 def main():
     path = sys.argv[1]
-    data = open(path, "rb").read()
-    (count,) = struct.unpack_from("<Q", data, 0)
-    recs = [REC.unpack_from(data, 8 + i * REC.size) for i in range(count)]
+    recs = []
+    # attention.cu's ring (kind bit 32: k_attn_row; bit 64: its early form) beside mul_mat.cu's.
+    for f in (path, path + ".attn"):
+        if f != path and not os.path.exists(f):
+            continue
+        data = open(f, "rb").read()
+        (count,) = struct.unpack_from("<Q", data, 0)
+        recs += [REC.unpack_from(data, 8 + i * REC.size) for i in range(count)]
+    count = len(recs)
     # A replayed CUDA graph launches its nodes with the same arguments (the same id) every
     # step: steps are told apart by the biggest product (the output), whose launches end them.
     big = max(r[9] for r in recs)
@@ -58,9 +66,12 @@ def main():
         rs = by_id[i]
         M = rs[0][9]
         kind = rs[0][10]
-        name = ("glu" if kind & 1 else "") + ("epi" if kind & 2 else "") + \
-               ("+norm" if kind & 4 else "") + (" stream" if kind & 16 else ("" if kind & 8 else " noring")) + \
-               f" t{kind >> 8}"
+        if kind & 32:
+            name = "attn" + (" early" if kind & 64 else "")
+        else:
+            name = ("glu" if kind & 1 else "") + ("epi" if kind & 2 else "") + \
+                   ("+norm" if kind & 4 else "") + (" stream" if kind & 16 else ("" if kind & 8 else " noring")) + \
+                   f" t{kind >> 8}"
         s0 = min(r[0] for r in rs) - t_base
         sN = max(r[0] for r in rs) - t_base
         w0 = min(r[1] for r in rs) - t_base

@@ -523,6 +523,7 @@ class CudaBackend : public Backend {
         ctx_.mv_next = !env_off("FERRY_CUDA_MV_FNEXT");
         ctx_.mv_nfast = !env_off("FERRY_CUDA_MV_NFAST");
         ctx_.attn_chunks = !env_off("FERRY_CUDA_ATTN_CHUNKS");
+        use_attn_early_ = !env_off("FERRY_CUDA_ATTN_EARLY");
         ctx_.mv_stream = !env_off("FERRY_CUDA_MV_STREAM");
         if (const char* w = std::getenv("FERRY_CUDA_MV_STREAM_WIDE")) {
             ctx_.mv_stream_wide = w[0] == '0' ? 0 : (w[0] == '2' ? 2 : 1);
@@ -699,7 +700,12 @@ class CudaBackend : public Backend {
         int n_units = 0;
         // kinds 0, 3, 5: the [ADD ->] RMS_NORM -> MUL computed in the product's prologue
         NormPrologue pro{};
+        // kind 0 FLASH_ATTN_EXT: the rows of its K and V views this graph writes (has_early:
+        // early_rows found every writer)
+        AttnEarly early{};
+        bool has_early = false;
     };
+    static bool early_rows(const std::vector<const Tensor*>& kn, size_t a, AttnEarly* e);
     bool fold_norm(const Step& s, Step* t) const;
     bool match_epilogue(const std::vector<const Tensor*>& kn, size_t i, EpilogueUnit* u,
                         size_t* len);
@@ -768,6 +774,9 @@ class CudaBackend : public Backend {
     OpContext ctx_;
     bool use_graphs_ = true, use_fusion_ = true, use_add_norm_ = true, use_epilogue_ = true,
          use_qkv_ = true, use_norm_mv_ = true, use_fnorm_ = false;
+    // FERRY_CUDA_ATTN_EARLY=0: decode attention loads its keys and values after the wait.
+    bool use_attn_early_ = true;
+    bool capturing_ = false;  // run_steps is recording a CUDA graph
     std::vector<Step> steps_;
     std::unordered_map<const Tensor*, int> consumers_;
     std::unordered_map<const Tensor*, int> kconsumers_;  // readers that are not views, by storage
@@ -1173,9 +1182,67 @@ Status CudaBackend::plan(Graph& g) {
         }
         steps_ = std::move(kept);
     }
+    if (use_attn_early_) {
+        size_t a = 0;
+        for (Step& st : steps_) {
+            if (st.kind != 0 || st.node->op != Op::FLASH_ATTN_EXT) continue;
+            while (a < kn.size() && kn[a] != st.node) a++;
+            st.has_early = a < kn.size() && early_rows(kn, a, &st.early);
+        }
+    }
     FERRY_TRY(ensure_scratch(scratch));
     if (cublas) FERRY_TRY(ensure_cublas());
     return Status::ok();
+}
+
+// Whether every write this graph makes into the K and V views of the attention kn[a] before
+// it is one SET_ROWS per view, of at most kAttnEarlyRows I32 indices into rows that hold the
+// view's keys whole (so the attention may load the other rows before griddepcontrol.wait);
+// if so, their indices and offsets. Any other overlapping writer (or a layout that does not
+// map a cache row to one key) says no.
+bool CudaBackend::early_rows(const std::vector<const Tensor*>& kn, size_t a, AttnEarly* e) {
+    constexpr int64_t kAttnEarlyRows = 32;
+    const Tensor* att = kn[a];
+    auto range = [](const Tensor* t, const char** lo, const char** hi) {
+        *lo = device_ptr(t);
+        *hi = *lo + t->nbytes();
+    };
+    for (int which = 0; which < 2; which++) {
+        const Tensor* view = att->src[1 + which];
+        if (!view || view->ne[3] != 1) return false;
+        const char *vlo, *vhi;
+        range(view, &vlo, &vhi);
+        const Tensor* writer = nullptr;
+        for (size_t i = 0; i < a; i++) {
+            const char *wlo, *whi;
+            range(kn[i], &wlo, &whi);
+            if (whi <= vlo || vhi <= wlo) continue;
+            if (writer || kn[i]->op != Op::SET_ROWS) return false;
+            writer = kn[i];
+        }
+        AttnRowsWritten& w = which == 0 ? e->k : e->v;
+        w = AttnRowsWritten{};
+        if (!writer) continue;
+        const Tensor* dst = writer->src[0];
+        const Tensor* src = writer->src[1];
+        const Tensor* idx = writer->src[2];
+        const int64_t nb1 = static_cast<int64_t>(dst->nb[1]);
+        const int64_t delta = device_ptr(view) - device_ptr(dst);
+        if (idx->type != Type::I32 || !idx->is_contiguous() || idx->ne[0] != src->ne[1] ||
+            src->ne[2] != 1 || src->ne[3] != 1 || src->ne[1] > kAttnEarlyRows ||
+            static_cast<int64_t>(view->nb[1]) != nb1 || nb1 <= 0 || delta < 0) {
+            return false;
+        }
+        // A key's bytes (all heads) inside one cache row.
+        const int64_t in_row = delta % nb1;
+        const int64_t key_bytes = static_cast<int64_t>(row_size(view->type, view->ne[0])) +
+                                  (view->ne[2] - 1) * static_cast<int64_t>(view->nb[2]);
+        if (in_row + key_bytes > nb1) return false;
+        w.idx = reinterpret_cast<const int32_t*>(device_ptr(idx));
+        w.n = static_cast<int>(src->ne[1]);
+        w.j0 = delta / nb1;
+    }
+    return true;
 }
 
 Status CudaBackend::run_step(const Step& s) {
@@ -1190,9 +1257,15 @@ Status CudaBackend::run_step(const Step& s) {
             return op_add_rms_norm_mul(ctx_, s.node, s.second, s.third);
         case 5:
             return op_mul_mat_epilogue(ctx_, s.units.data(), s.n_units, &s.pro);
-        default:
+        default: {
             if (s.pro.norm) return op_mul_mat_norm(ctx_, s.node, s.pro);
-            return run_node(ctx_, s.node);
+            // Rows loaded before the wait only inside a captured graph, which starts after
+            // all earlier work: a direct launch may overlap an earlier compute's kernels.
+            ctx_.attn_early = s.has_early && capturing_ ? &s.early : nullptr;
+            const Status st = run_node(ctx_, s.node);
+            ctx_.attn_early = nullptr;
+            return st;
+        }
     }
 }
 
@@ -1356,7 +1429,9 @@ Status CudaBackend::compute(Graph& g) {
              name());
     const uint32_t staged = in_bytes_;
     Status st = issue_inputs();  // the graph's first node
+    capturing_ = true;
     if (st) st = run_steps();
+    capturing_ = false;
     cudaGraph_t graph = nullptr;
     const cudaError_t ce = cudaStreamEndCapture(stream_, &graph);
     if (!st || ce != cudaSuccess) {

@@ -25,6 +25,10 @@ namespace ferry::cuda {
 // CPU), e.g. to show the fallback working. Empty by default.
 void set_declined_ops(const std::vector<Op>& ops);
 
+// Test hook: decode attention launches queued with their rows loaded before the wait
+// (k_attn_row's early form) since the process started.
+uint64_t early_attention_launches();
+
 // Device address of a tensor's element 0 (the tensor must be in a CUDA buffer), else nullptr.
 char* device_ptr(const Tensor* t);
 
@@ -42,6 +46,18 @@ struct DeviceError {
 struct Scratch {
     char* ptr = nullptr;
     size_t size = 0;
+};
+
+// Rows of one K or V view of a decode attention that the graph writes before it: SET_ROWS
+// into the cache with `n` I32 indices at `idx` (device memory), cache row r holding key
+// r - j0 of the view. AttnEarly lists both views' writers.
+struct AttnRowsWritten {
+    const int32_t* idx = nullptr;
+    int n = 0;
+    int64_t j0 = 0;
+};
+struct AttnEarly {
+    AttnRowsWritten k, v;
 };
 
 struct OpContext {
@@ -81,6 +97,10 @@ struct OpContext {
     // of two of 8: 1 for Q4_0/Q6_K weights (the default), 2 for F16/BF16 too, 0 never
     // (FERRY_CUDA_MV_STREAM_WIDE).
     int mv_stream_wide = 1;
+    // Set by the backend for one FLASH_ATTN_EXT launch of a captured graph whose K and V rows
+    // are written in that graph only by the SET_ROWS listed: k_attn_row then loads the rows
+    // before griddepcontrol.wait and reloads the listed ones after it (nullptr: after it, all).
+    const AttnEarly* attn_early = nullptr;
 };
 
 }  // namespace ferry::cuda

@@ -7,13 +7,22 @@
 // Grouped-query heads read kv head h / (n_head / n_head_kv). When there are too few rows to
 // fill the GPU (decode: one query), the KV length is split across blocks and a second kernel
 // merges the partial (max, sum, output) triples.
+#include <atomic>
+
 #include "backends/cuda/ops/common.cuh"
 #include "backends/cuda/ops/ops.h"
+#include "backends/cuda/ops/trace.cuh"
 #include "core/env.h"
 
 namespace ferry::cuda {
 
 namespace {
+
+#ifdef FERRY_CUDA_TRACE
+int trace_next_id() {
+    return trace_next_id_tu(".attn");
+}
+#endif
 
 constexpr int kWarps = 4;
 constexpr int64_t kMaxCounters = 1 << 16;  // rows a split launch may have (OpContext::counters)
@@ -29,6 +38,11 @@ struct AttnArgs {
     int n_split;
     float* partial;     // [n_split][rows][Dv + 2] when n_split > 1
     int32_t* counters;  // [rows], zero between launches: splits of a row done so far
+    // k_attn_row: keys and values loaded before griddepcontrol.wait, then the rows the graph
+    // wrote (early_k / early_v) again after it (OpContext::attn_early).
+    bool early;
+    AttnRowsWritten early_k, early_v;
+    int trace_id;  // FERRY_CUDA_TRACE builds: the launch's number
 };
 
 __device__ __forceinline__ float kv_at(Type t, const char* row, int64_t i) {
@@ -912,6 +926,7 @@ __global__ void __launch_bounds__(kDThreads) k_attn_decode(AttnArgs g, bool vec2
 // 32 blocks keep an SM ~2.9 us each); 1B Q4_0 tg128 1,260 t/s against 1,079 with
 // FERRY_CUDA_ATTN_ROW=0, 1B F16 715 against 679.
 constexpr int kRThreads = 256;
+constexpr int kAttnEarlyMax = 32;  // rows of each view a graph may write (early_rows' limit)
 constexpr int kRWarps = kRThreads / 32;
 constexpr int64_t kRMaxElems = 256 * 64;  // n_kv * D at most
 
@@ -926,6 +941,15 @@ size_t row_smem(int64_t D, int64_t n_kv) {
 // them. So a cache of n keys is n / chunk times the short case's blocks, each one round trip,
 // instead of k_attn_decode's one block per KV head walking all n keys (8 blocks for a 1B model:
 // 38 us a layer at ~512 keys, stop 23).
+//
+// Early form (g.early, captured graphs whose only writes into the cache before this launch
+// are the listed SET_ROWS): the key and value rows are loaded before griddepcontrol.wait,
+// while the products before it run (the cache's other rows were written by earlier graphs,
+// which have completed), and after it only the rows this graph wrote are loaded again, from
+// L2 (ld.cg / cp.async.cg: never an L1 line of the early load). Measured on the H200
+// (bench/results/cuda.md, stop 29 run A, side by side): tg128 1B F16 1,119-1,125 t/s against
+// 1,083-1,101, Q4_0 1,769-1,800 against 1,724-1,746; tg512 F16 1,057 against 990, Q4_0 1,677
+// against 1,558; a layer's attention (q/k/v's end to its own) 3.76 us against 4.75 (Q4_0).
 template <int D>
 __global__ void __launch_bounds__(kRThreads) k_attn_row(AttnArgs g, int chunk) {
     extern __shared__ __align__(16) char rsm[];
@@ -934,8 +958,18 @@ __global__ void __launch_bounds__(kRThreads) k_attn_row(AttnArgs g, int chunk) {
     float* ps = qs + D;                                         // [kRThreads]
     __shared__ float red[kRWarps], part[kRWarps][D];
     __shared__ int last;
-    pdl_wait();
-    pdl_trigger();
+    __shared__ int wk[kAttnEarlyMax], wv[kAttnEarlyMax];  // keys of this chunk rewritten
+#ifdef FERRY_CUDA_TRACE
+    const uint64_t tr0 = gtime();
+    uint64_t tr1 = 0, tr2 = 0;
+#endif
+    if (!g.early) {
+        pdl_wait();
+        pdl_trigger();
+#ifdef FERRY_CUDA_TRACE
+        tr1 = gtime();
+#endif
+    }
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int64_t h = blockIdx.x, i3 = blockIdx.y;
     const int64_t hk = h / g.rh, k3 = i3 / g.r3;
@@ -955,6 +989,39 @@ __global__ void __launch_bounds__(kRThreads) k_attn_row(AttnArgs g, int chunk) {
         const uint4* krow = reinterpret_cast<const uint4*>(kbase + tid * g.k.nb[1]);
 #pragma unroll
         for (int e = 0; e < kC; e++) kr[e] = krow[e];
+    }
+    if (g.early) {
+        pdl_wait();
+        pdl_trigger();
+#ifdef FERRY_CUDA_TRACE
+        tr1 = gtime();
+#endif
+        // This chunk's keys that the step wrote (-1: another chunk's, or out of range: the
+        // SET_ROWS reported it and wrote nothing), and their rows again. Measured on the H200
+        // (bench/results/cuda.md, stop 29 run B): reading the indices before the wait as well
+        // (checked after it), for one round trip after the wait instead of two, gained nothing.
+        auto key_of = [&](const AttnRowsWritten& w, int i) {
+            const int64_t j = static_cast<int64_t>(__ldcg(w.idx + i)) - w.j0 - j0;
+            return j >= 0 && j < n_kv ? static_cast<int>(j) : -1;
+        };
+        if (tid < g.early_k.n) wk[tid] = key_of(g.early_k, tid);
+        if (tid < g.early_v.n) wv[tid] = key_of(g.early_v, tid);
+        __syncthreads();
+        for (int i = 0; i < g.early_k.n; i++) {
+            if (wk[i] != tid) continue;
+            const uint4* krow = reinterpret_cast<const uint4*>(kbase + tid * g.k.nb[1]);
+#pragma unroll
+            for (int e = 0; e < kC; e++) kr[e] = __ldcg(krow + e);
+        }
+        // A value row's 16-byte pieces go again through the threads that copied them first,
+        // once their first copies have landed (two copies into one place are not ordered).
+        cp_async_wait_all();
+        for (int i = 0; i < g.early_v.n; i++) {
+            if (wv[i] < 0) continue;
+            const int first = wv[i] * kC;
+            const int e = ((tid - first) % kRThreads + kRThreads) % kRThreads;
+            if (e < kC) cp_async16(vs + wv[i] * D + 8 * e, vbase + wv[i] * g.v.nb[1] + 16 * e);
+        }
     }
     if (tid < D) {
         qs[tid] = reinterpret_cast<const float*>(g.q.p + h * g.q.nb[2] + i3 * g.q.nb[3])[tid];
@@ -997,6 +1064,9 @@ __global__ void __launch_bounds__(kRThreads) k_attn_row(AttnArgs g, int chunk) {
     if (lane == 0) red[warp] = l;
     cp_async_wait_all();
     __syncthreads();  // red, and every thread's value rows
+#ifdef FERRY_CUDA_TRACE
+    tr2 = gtime();
+#endif
     l = lane < kRWarps ? red[lane] : 0.0f;
     l = warp_sum(l);
     // p v: thread (slice, c) sums columns 8c..8c+7 over rows slice, slice + slices, ...
@@ -1030,6 +1100,9 @@ __global__ void __launch_bounds__(kRThreads) k_attn_row(AttnArgs g, int chunk) {
     float* const out = reinterpret_cast<float*>(g.out.p) + (i3 * g.n_head + h) * D;
     if (gridDim.z == 1) {
         if (tid < D) out[tid] = o * (l > 0.0f ? 1.0f / l : 0.0f);
+#ifdef FERRY_CUDA_TRACE
+        trace_block(g.trace_id, g.n_kv, 32u | (g.early ? 64u : 0u), tr0, tr1, tr2, 0, 0);
+#endif
         return;
     }
     // This chunk's (max, sum, unnormalised p v); the last chunk of the head merges them all.
@@ -1149,7 +1222,13 @@ int choose_split(const Tensor* node, int n_sm) {
     return static_cast<int>(std::max<int64_t>(s, 1));
 }
 
+std::atomic<uint64_t> g_early_launches{0};
+
 }  // namespace
+
+uint64_t early_attention_launches() {
+    return g_early_launches.load(std::memory_order_relaxed);
+}
 
 size_t attn_scratch_size(const OpContext& ctx, const Tensor* node) {
     const Tensor* q = node->src[0];
@@ -1191,6 +1270,10 @@ Status op_flash_attn_ext(OpContext& ctx, const Tensor* dst) {
     g.counters = ctx.counters;
     const int64_t rows = q->ne[1] * q->ne[2] * q->ne[3];
     if (rows == 0) return Status::ok();
+#ifdef FERRY_CUDA_TRACE
+    g.trace_id = trace_next_id();
+#endif
+    g.early = false;
     const int64_t dmax = std::max(g.D, g.Dv);
     g.kv_vec = vec_rows(k, g.D) && vec_rows(v, g.Dv) && !vec_off();
     if (g.n_q >= kTiledMinQueries && q->ne[2] <= 65535 && q->ne[3] <= 65535 && tiled_enabled()) {
@@ -1205,6 +1288,13 @@ Status op_flash_attn_ext(OpContext& ctx, const Tensor* dst) {
     if (const int64_t chunks = row_chunks(ctx, dst); chunks > 0 && g.kv_vec) {
         const int chunk = static_cast<int>(std::min(g.n_kv, row_chunk(g.D)));
         const size_t smem = row_smem(g.D, chunk);
+        if (const AttnEarly* e = ctx.attn_early;
+            e && e->k.n <= kAttnEarlyMax && e->v.n <= kAttnEarlyMax) {
+            g.early = true;
+            g.early_k = e->k;
+            g.early_v = e->v;
+            g_early_launches.fetch_add(1, std::memory_order_relaxed);
+        }
         const dim3 grid(static_cast<unsigned>(q->ne[2]), static_cast<unsigned>(q->ne[3]),
                         static_cast<unsigned>(chunks));
         if (g.D == 64) {

@@ -23,54 +23,9 @@
 #include "backends/cuda/cublas-api.h"
 #include "backends/cuda/ops/common.cuh"
 #include "backends/cuda/ops/ops.h"
+#include "backends/cuda/ops/trace.cuh"
 
 namespace ferry::cuda {
-
-#ifdef FERRY_CUDA_TRACE
-// Timeline of the int8 products (compile with -DFERRY_CUDA_TRACE; off in every normal build):
-// each block appends one record with %globaltimer at its start, after griddepcontrol.wait,
-// after b is in shared memory and at its end, and the cycles thread 0 spent waiting on the
-// ring. cuda_trace_dump writes the ring of records to FERRY_CUDA_TRACE_OUT at exit.
-struct TraceRec {
-    uint64_t t0, t1, t2, t3;
-    uint64_t wait_cyc;
-    uint32_t id, block, smid, groups, M, kind;
-};
-constexpr unsigned kTraceN = 1u << 18;
-__device__ TraceRec g_trace[kTraceN];
-__device__ unsigned long long g_trace_n;
-__device__ __forceinline__ uint64_t gtime() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-__device__ __forceinline__ uint32_t smid() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
-    return r;
-}
-// Thread 0 appends the block's record (t3: now), after the whole block is done.
-__device__ __forceinline__ void trace_block(int id, int64_t M, uint32_t kind, uint64_t t0,
-                                            uint64_t t1, uint64_t t2, uint64_t wait_cyc,
-                                            uint32_t groups) {
-    __syncthreads();
-    if (threadIdx.x != 0) return;
-    const unsigned long long at = atomicAdd(&g_trace_n, 1ull) % kTraceN;
-    TraceRec r;
-    r.t0 = t0;
-    r.t1 = t1;
-    r.t2 = t2;
-    r.t3 = gtime();
-    r.wait_cyc = wait_cyc;
-    r.id = static_cast<uint32_t>(id);
-    r.block = blockIdx.x + blockIdx.y * gridDim.x;
-    r.smid = smid();
-    r.groups = groups;
-    r.M = static_cast<uint32_t>(M);
-    r.kind = kind;
-    g_trace[at] = r;
-}
-#endif
 
 namespace {
 
@@ -1879,31 +1834,14 @@ __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
 }
 
 #ifdef FERRY_CUDA_TRACE
-void cuda_trace_dump() {
-    static std::vector<TraceRec> h(kTraceN);
-    unsigned long long n = 0;
-    cudaDeviceSynchronize();
-    cudaMemcpyFromSymbol(&n, g_trace_n, sizeof n);
-    cudaMemcpyFromSymbol(h.data(), g_trace, sizeof(TraceRec) * kTraceN);
-    const char* path = std::getenv("FERRY_CUDA_TRACE_OUT");
-    FILE* f = std::fopen(path ? path : "/tmp/ferry-trace.bin", "wb");
-    if (!f) return;
-    const uint64_t count = n < kTraceN ? n : kTraceN;
-    std::fwrite(&count, sizeof count, 1, f);
-    // Oldest first.
-    const uint64_t start = n < kTraceN ? 0 : n % kTraceN;
-    for (uint64_t i = 0; i < count; i++)
-        std::fwrite(&h[(start + i) % kTraceN], sizeof(TraceRec), 1, f);
-    std::fclose(f);
-}
-int trace_next_id() {
+}  // namespace
+int trace_next_id_shared() {
     static std::atomic<int> seq{0};
-    static const bool once = [] {
-        std::atexit(cuda_trace_dump);
-        return true;
-    }();
-    (void)once;
     return seq++;
+}
+namespace {
+int trace_next_id() {
+    return trace_next_id_tu("");
 }
 #endif
 
