@@ -203,16 +203,17 @@ TEST(Cuda, F32WithF32CacheMatchesOracle) {
     EXPECT_EQ(r.top1_min, 1.0);
 }
 
-// Every position's logits of every prompt of the model at `path` with its layers shared
-// between `devs`: each prompt at once, or (`stepwise`) one token at a time (the decode kernels
-// and their fusions, CUDA-graph replay), with the backend's environment switches `env`
-// ("NAME=VALUE") set while the model and session are made.
-std::vector<std::vector<float>> session_logits(const std::string& path,
-                                               const std::vector<Device*>& devs, Type kv,
-                                               bool stepwise,
-                                               const std::vector<std::string>& env = {}) {
+// The model at `path` with its layers shared between `devs` and a session with a `kv` cache,
+// with the backend's environment switches `env` ("NAME=VALUE") set while they are made;
+// `s` is null (the failure recorded) when either could not be made.
+struct OpenSession {
+    std::unique_ptr<LlamaModel> m;
+    std::unique_ptr<LlamaSession> s;
+};
+OpenSession open_session(const std::string& path, const std::vector<Device*>& devs, Type kv,
+                         const std::vector<std::string>& env = {}) {
     for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
-    std::vector<std::vector<float>> out;
+    OpenSession o;
     ModelOptions mo;
     mo.devices = devs;
     Expected<std::unique_ptr<LlamaModel>> m = LlamaModel::load(path, mo);
@@ -224,23 +225,41 @@ std::vector<std::vector<float>> session_logits(const std::string& path,
         m ? LlamaSession::create(**m, so) : Expected<std::unique_ptr<LlamaSession>>(m.status());
     for (const std::string& e : env) unsetenv(e.substr(0, e.find('=')).c_str());
     EXPECT_TRUE(s) << s.message();
-    if (!s) return out;
+    if (s) {
+        o.m = std::move(*m);
+        o.s = std::move(*s);
+    }
+    return o;
+}
+
+// Every position's logits of every prompt of the model at `path` with its layers shared
+// between `devs`: each prompt at once, or (`stepwise`) one token at a time (the decode kernels
+// and their fusions, CUDA-graph replay), with the backend's environment switches `env` set
+// while the model and session are made.
+std::vector<std::vector<float>> session_logits(const std::string& path,
+                                               const std::vector<Device*>& devs, Type kv,
+                                               bool stepwise,
+                                               const std::vector<std::string>& env = {}) {
+    std::vector<std::vector<float>> out;
+    const OpenSession os = open_session(path, devs, kv, env);
+    if (!os.s) return out;
+    LlamaSession* s = os.s.get();
     for (const Case& c : cases()) {
-        (*s)->reset();
+        s->reset();
         std::vector<float> rows;
         if (stepwise) {
             for (int32_t t : c.tokens) {
-                const Status st = (*s)->decode(std::span<const int32_t>(&t, 1), false);
+                const Status st = s->decode(std::span<const int32_t>(&t, 1), false);
                 EXPECT_TRUE(st) << st.message();
                 if (!st) return {};
-                rows.insert(rows.end(), (*s)->logits(0), (*s)->logits(0) + kVocab);
+                rows.insert(rows.end(), s->logits(0), s->logits(0) + kVocab);
             }
         } else {
-            const Status st = (*s)->decode(c.tokens, true);
+            const Status st = s->decode(c.tokens, true);
             EXPECT_TRUE(st) << st.message();
             if (!st) return {};
             for (size_t i = 0; i < c.tokens.size(); i++) {
-                const float* r = (*s)->logits(static_cast<int32_t>(i));
+                const float* r = s->logits(static_cast<int32_t>(i));
                 rows.insert(rows.end(), r, r + kVocab);
             }
         }
@@ -826,23 +845,17 @@ TEST(Cuda, EarlyAttentionLoadsGiveTheSameBits) {
         std::vector<float> runs[2];
         uint64_t early[2] = {0, 0};
         for (int e = 0; e < 2; e++) {
-            setenv("FERRY_CUDA_ATTN_EARLY", e == 0 ? "0" : "1", 1);
-            ModelOptions mo;
-            mo.devices = {gpu()};
-            Expected<std::unique_ptr<LlamaModel>> m = LlamaModel::load(path, mo);
-            SessionOptions so;
-            so.kv_type = kv;
-            Expected<std::unique_ptr<LlamaSession>> s =
-                m ? LlamaSession::create(**m, so)
-                  : Expected<std::unique_ptr<LlamaSession>>(m.status());
-            unsetenv("FERRY_CUDA_ATTN_EARLY");
-            ASSERT_TRUE(s) << s.message();
+            const OpenSession os =
+                open_session(path, {gpu()}, kv,
+                             {e == 0 ? "FERRY_CUDA_ATTN_EARLY=0" : "FERRY_CUDA_ATTN_EARLY=1"});
+            ASSERT_TRUE(os.s);
+            LlamaSession* s = os.s.get();
             const uint64_t before = cuda::early_attention_launches();
-            ASSERT_TRUE((*s)->decode(std::span<const int32_t>(toks.data(), 20), false));
+            ASSERT_TRUE(s->decode(std::span<const int32_t>(toks.data(), 20), false));
             for (size_t i = 20; i < toks.size(); i++) {
-                const Status st = (*s)->decode(std::span<const int32_t>(&toks[i], 1), false);
+                const Status st = s->decode(std::span<const int32_t>(&toks[i], 1), false);
                 ASSERT_TRUE(st) << st.message();
-                runs[e].insert(runs[e].end(), (*s)->logits(0), (*s)->logits(0) + p.n_vocab);
+                runs[e].insert(runs[e].end(), s->logits(0), s->logits(0) + p.n_vocab);
             }
             early[e] = cuda::early_attention_launches() - before;
         }

@@ -1196,12 +1196,11 @@ Status CudaBackend::plan(Graph& g) {
 }
 
 // Whether every write this graph makes into the K and V views of the attention kn[a] before
-// it is one SET_ROWS per view, of at most kAttnEarlyRows I32 indices into rows that hold the
+// it is one SET_ROWS per view, of at most kAttnEarlyMaxRows I32 indices into rows that hold the
 // view's keys whole (so the attention may load the other rows before griddepcontrol.wait);
 // if so, their indices and offsets. Any other overlapping writer (or a layout that does not
 // map a cache row to one key) says no.
 bool CudaBackend::early_rows(const std::vector<const Tensor*>& kn, size_t a, AttnEarly* e) {
-    constexpr int64_t kAttnEarlyRows = 32;
     const Tensor* att = kn[a];
     auto range = [](const Tensor* t, const char** lo, const char** hi) {
         *lo = device_ptr(t);
@@ -1229,7 +1228,7 @@ bool CudaBackend::early_rows(const std::vector<const Tensor*>& kn, size_t a, Att
         const int64_t nb1 = static_cast<int64_t>(dst->nb[1]);
         const int64_t delta = device_ptr(view) - device_ptr(dst);
         if (idx->type != Type::I32 || !idx->is_contiguous() || idx->ne[0] != src->ne[1] ||
-            src->ne[2] != 1 || src->ne[3] != 1 || src->ne[1] > kAttnEarlyRows ||
+            src->ne[2] != 1 || src->ne[3] != 1 || src->ne[1] > kAttnEarlyMaxRows ||
             static_cast<int64_t>(view->nb[1]) != nb1 || nb1 <= 0 || delta < 0) {
             return false;
         }

@@ -51,6 +51,7 @@ struct Scratch {
 // Rows of one K or V view of a decode attention that the graph writes before it: SET_ROWS
 // into the cache with `n` I32 indices at `idx` (device memory), cache row r holding key
 // r - j0 of the view. AttnEarly lists both views' writers.
+constexpr int kAttnEarlyMaxRows = 32;  // n at most (CudaBackend::early_rows, k_attn_row)
 struct AttnRowsWritten {
     const int32_t* idx = nullptr;
     int n = 0;

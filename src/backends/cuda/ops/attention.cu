@@ -926,7 +926,6 @@ __global__ void __launch_bounds__(kDThreads) k_attn_decode(AttnArgs g, bool vec2
 // 32 blocks keep an SM ~2.9 us each); 1B Q4_0 tg128 1,260 t/s against 1,079 with
 // FERRY_CUDA_ATTN_ROW=0, 1B F16 715 against 679.
 constexpr int kRThreads = 256;
-constexpr int kAttnEarlyMax = 32;  // rows of each view a graph may write (early_rows' limit)
 constexpr int kRWarps = kRThreads / 32;
 constexpr int64_t kRMaxElems = 256 * 64;  // n_kv * D at most
 
@@ -958,18 +957,21 @@ __global__ void __launch_bounds__(kRThreads) k_attn_row(AttnArgs g, int chunk) {
     float* ps = qs + D;                                         // [kRThreads]
     __shared__ float red[kRWarps], part[kRWarps][D];
     __shared__ int last;
-    __shared__ int wk[kAttnEarlyMax], wv[kAttnEarlyMax];  // keys of this chunk rewritten
+    __shared__ int wk[kAttnEarlyMaxRows], wv[kAttnEarlyMaxRows];  // keys of this chunk rewritten
 #ifdef FERRY_CUDA_TRACE
     const uint64_t tr0 = gtime();
     uint64_t tr1 = 0, tr2 = 0;
 #endif
-    if (!g.early) {
+    // Before the first read of anything an earlier kernel wrote: at once, or (early form)
+    // once the cache's rows are asked for.
+    auto wait_prior = [&] {
         pdl_wait();
         pdl_trigger();
 #ifdef FERRY_CUDA_TRACE
         tr1 = gtime();
 #endif
-    }
+    };
+    if (!g.early) wait_prior();
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int64_t h = blockIdx.x, i3 = blockIdx.y;
     const int64_t hk = h / g.rh, k3 = i3 / g.r3;
@@ -991,11 +993,7 @@ __global__ void __launch_bounds__(kRThreads) k_attn_row(AttnArgs g, int chunk) {
         for (int e = 0; e < kC; e++) kr[e] = krow[e];
     }
     if (g.early) {
-        pdl_wait();
-        pdl_trigger();
-#ifdef FERRY_CUDA_TRACE
-        tr1 = gtime();
-#endif
+        wait_prior();
         // This chunk's keys that the step wrote (-1: another chunk's, or out of range: the
         // SET_ROWS reported it and wrote nothing), and their rows again. Measured on the H200
         // (bench/results/cuda.md, stop 29 run B): reading the indices before the wait as well
@@ -1289,7 +1287,7 @@ Status op_flash_attn_ext(OpContext& ctx, const Tensor* dst) {
         const int chunk = static_cast<int>(std::min(g.n_kv, row_chunk(g.D)));
         const size_t smem = row_smem(g.D, chunk);
         if (const AttnEarly* e = ctx.attn_early;
-            e && e->k.n <= kAttnEarlyMax && e->v.n <= kAttnEarlyMax) {
+            e && e->k.n <= kAttnEarlyMaxRows && e->v.n <= kAttnEarlyMaxRows) {
             g.early = true;
             g.early_k = e->k;
             g.early_v = e->v;

@@ -1834,12 +1834,6 @@ __global__ void __launch_bounds__(32 * kQ8Warps, ring ? 2 : kQ8MinBlocks)
 }
 
 #ifdef FERRY_CUDA_TRACE
-}  // namespace
-int trace_next_id_shared() {
-    static std::atomic<int> seq{0};
-    return seq++;
-}
-namespace {
 int trace_next_id() {
     return trace_next_id_tu("");
 }

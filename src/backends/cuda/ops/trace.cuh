@@ -58,8 +58,11 @@ __device__ __forceinline__ void trace_block(int id, int64_t M, uint32_t kind, ui
     g_trace[at] = r;
 }
 
-// The next launch's number (mul_mat.cu).
-int trace_next_id_shared();
+// The next launch's number, counted across files (an inline function's one static).
+inline int trace_next_id_shared() {
+    static std::atomic<int> seq{0};
+    return seq++;
+}
 
 // This file's ring, oldest first.
 static void trace_dump_tu(const char* suffix) {
