@@ -22,7 +22,9 @@
 #include "ferry/gguf.h"
 #include "ferry/llama.h"
 #include "ferry/op-tests.h"
+#include "ferry/remote.h"
 #include "ferry/scheduler.h"
+#include "test_remote_util.h"
 #ifdef FERRY_HAVE_CUDA
 #include "backends/cuda/cuda-backend.h"
 #endif
@@ -230,6 +232,23 @@ OpenSession open_session(const std::string& path, const std::vector<Device*>& de
         o.s = std::move(*s);
     }
     return o;
+}
+
+// An F16 model of preset p generated into the test's temporary folder (its path; empty, the
+// failure recorded, when it could not be made) and 300 token ids drawn from `seed`.
+std::string generated_f16_model(const ModelPreset& p, uint32_t seed, std::vector<int32_t>* toks) {
+    GenModelOptions o;
+    o.type = Type::F16;
+    o.n_threads = 2;
+    const std::string path = ::testing::TempDir() + "/ferry-" + p.name + ".gguf";
+    const Status st = generate_model(p, o, path);
+    EXPECT_TRUE(st) << st.message();
+    toks->resize(300);
+    Lcg rnd{seed};
+    for (int32_t& t : *toks) {
+        t = static_cast<int32_t>((rnd() + 1.0f) * 0.5f * static_cast<float>(p.n_vocab - 1));
+    }
+    return st ? path : std::string();
 }
 
 // Every position's logits of every prompt of the model at `path` with its layers shared
@@ -833,14 +852,9 @@ TEST(Cuda, LongDecodeIsTheSameWithEveryPad) {
 TEST(Cuda, EarlyAttentionLoadsGiveTheSameBits) {
     REQUIRE_GPU();
     const ModelPreset p = {"test-d64", 384, 512, 256, 2, 4, 2, 512, 10000.0f, 1e-5f, false};
-    GenModelOptions o;
-    o.type = Type::F16;
-    o.n_threads = 2;
-    const std::string path = ::testing::TempDir() + "/ferry-test-d64.gguf";
-    ASSERT_TRUE(generate_model(p, o, path));
-    std::vector<int32_t> toks(300);
-    Lcg rnd{7u};
-    for (int32_t& t : toks) t = static_cast<int32_t>((rnd() + 1.0f) * 0.5f * 383.0f);
+    std::vector<int32_t> toks;
+    const std::string path = generated_f16_model(p, 7u, &toks);
+    ASSERT_FALSE(path.empty());
     for (const Type kv : {Type::F16, Type::BF16}) {
         std::vector<float> runs[2];
         uint64_t early[2] = {0, 0};
@@ -1363,6 +1377,149 @@ TEST(Cuda, RingDecodeEqualsTheRegisterForm) {
                 << enc << " prompt " << k;
         }
     }
+}
+
+// Progressive results (BackendOptions::progressive_results, what `ferry serve` asks for over
+// tcp): a one-column product of many rows, last in its graph and with its RMS norm folded in
+// like a model's output product, is handed over in pieces while the GPU computes. Over six
+// computes (a direct run, the capture, replays), reading the whole result and a middle part
+// that crosses piece boundaries, the bytes are those of a backend made without the option, in
+// more than one piece; nothing else is offered (another tensor, a second read, a backend
+// without the option).
+TEST(Cuda, ProgressiveResultsGiveTheUsualBytes) {
+    REQUIRE_GPU();
+    Lcg rnd{21u};
+    const int64_t K = 2048, M = 40000;
+    const size_t bytes = static_cast<size_t>(M) * 4;
+    for (Type t : {Type::F16, Type::Q6_K}) {
+        SCOPED_TRACE(type_name(t));
+        std::vector<uint8_t> wb[2];
+        ASSERT_TRUE(random_weight_pair(t, K, M, rnd, wb));
+        std::vector<float> nv(static_cast<size_t>(K)), xv(nv.size());
+        for (float& v : nv) v = rnd() + 1.5f;
+        BackendOptions po;
+        po.progressive_results = true;
+        Expected<std::unique_ptr<Backend>> pbe = gpu()->make_backend(po);
+        Expected<std::unique_ptr<Backend>> ube = gpu()->make_backend();
+        ASSERT_TRUE(pbe && ube);
+        BufferType* bt = gpu()->buffer_type();
+        Context in, gc;
+        Tensor* w = in.new_tensor(t, {K, M});
+        Tensor* x = in.new_tensor(Type::F32, {K, 1});
+        Tensor* nw = in.new_tensor(Type::F32, {K});
+        Expected<std::unique_ptr<Buffer>> buf = allocate_context_tensors(in, bt);
+        ASSERT_TRUE(buf) << buf.message();
+        ASSERT_TRUE(tensor_set(w, wb[0].data(), wb[0].size()));
+        ASSERT_TRUE(tensor_set(nw, nv.data(), nv.size() * 4));
+        Tensor* y = gc.mul_mat(w, gc.mul(gc.rms_norm(x, 1e-5f), nw));
+        y->flags |= kTensorOutput;
+        Graph g;
+        g.build_forward(y);
+        GraphAllocator alloc(bt);
+        ASSERT_TRUE(alloc.allocate(g));
+        const std::vector<float> poison(static_cast<size_t>(M), std::nanf(""));
+        for (int step = 0; step < 6; step++) {
+            for (float& v : xv) v = rnd() * 3.0f;
+            ASSERT_TRUE(tensor_set(x, xv.data(), xv.size() * 4));
+            ASSERT_TRUE((*ube)->compute(g));
+            ASSERT_TRUE((*ube)->synchronize());
+            std::vector<float> want(static_cast<size_t>(M));
+            ASSERT_TRUE(tensor_get(y, want.data(), bytes));
+            ASSERT_TRUE(tensor_set(y, poison.data(), bytes));
+            // Odd steps read rows [15000, 27000): the end of one piece, two whole ones, the
+            // start of a fourth (8 pieces of 5,120 rows by default).
+            const size_t off = step % 2 ? 15000 * 4 : 0, len = step % 2 ? 12000 * 4 : bytes;
+            ASSERT_TRUE((*pbe)->compute(g));
+            PieceRead pr = (*pbe)->read_in_pieces(y, off, len);
+            ASSERT_NE(pr.data, nullptr) << "step " << step;
+            ASSERT_EQ(pr.size, len);
+            size_t have = 0;
+            int waits = 0;
+            while (have < len) {
+                Expected<size_t> r = pr.wait(have);
+                ASSERT_TRUE(r) << r.message();
+                ASSERT_GT(*r, have);
+                ASSERT_LE(*r, len);
+                have = *r;
+                waits++;
+            }
+            EXPECT_GE(waits, 2) << "step " << step;
+            EXPECT_EQ(
+                std::memcmp(pr.data, reinterpret_cast<const uint8_t*>(want.data()) + off, len), 0)
+                << "step " << step;
+            // Read once: the next call gets the usual path.
+            EXPECT_EQ((*pbe)->read_in_pieces(y, off, len).data, nullptr);
+            std::vector<float> got(static_cast<size_t>(M));
+            ASSERT_TRUE(tensor_get(y, got.data(), bytes));
+            EXPECT_EQ(std::memcmp(got.data(), want.data(), bytes), 0) << "step " << step;
+        }
+        ASSERT_TRUE((*pbe)->compute(g));
+        EXPECT_EQ((*pbe)->read_in_pieces(x, 0, xv.size() * 4).data, nullptr);
+        EXPECT_EQ((*pbe)->read_in_pieces(y, bytes - 4, 8).data, nullptr);  // past its end
+        ASSERT_TRUE((*pbe)->synchronize());
+        ASSERT_TRUE((*ube)->compute(g));
+        EXPECT_EQ((*ube)->read_in_pieces(y, 0, bytes).data, nullptr);
+        ASSERT_TRUE((*ube)->synchronize());
+    }
+}
+
+// The same through `ferry serve` over tcp (a child process serving CUDA0): a generated model
+// whose 20,000-entry vocabulary makes its logits a progressive product. Every decode step's
+// logits are the local GPU's bit for bit, with the server's pieces on (8 by default, 2, 16, and
+// on one connection) and off (FERRY_CUDA_PIECES=0), over graph rebuilds (KV length 256 -> 512).
+TEST(Cuda, ServedTcpLogitsEqualLocalWithProgressiveReads) {
+    REQUIRE_GPU();
+    const ModelPreset p = {"test-v20k", 20000, 1024, 256, 2, 4, 2, 512, 10000.0f, 1e-5f, false};
+    std::vector<int32_t> toks;
+    const std::string path = generated_f16_model(p, 5u, &toks);
+    ASSERT_FALSE(path.empty());
+    std::vector<float> local;
+    {
+        const OpenSession os = open_session(path, {gpu()}, Type::F16);
+        ASSERT_TRUE(os.s);
+        ASSERT_TRUE(os.s->decode(std::span<const int32_t>(toks.data(), 8), false));
+        for (size_t i = 8; i < toks.size(); i++) {
+            ASSERT_TRUE(os.s->decode(std::span<const int32_t>(&toks[i], 1), false));
+            local.insert(local.end(), os.s->logits(0), os.s->logits(0) + p.n_vocab);
+        }
+    }
+    // The server's environment: the default pieces (8; striped when the client joins stripe
+    // connections, as it does on hosts of 8+ threads), none, 2, 16, and on one connection.
+    for (const char* env : {"FERRY_CUDA_PIECES=8", "FERRY_CUDA_PIECES=0", "FERRY_CUDA_PIECES=2",
+                            "FERRY_CUDA_PIECES=16", "FERRY_SERVE_PIECE_STRIPES=0"}) {
+        SCOPED_TRACE(env);
+        const std::string e = env;
+        const std::string name = e.substr(0, e.find('='));
+        setenv(name.c_str(), e.c_str() + name.size() + 1, 1);
+        ServerProcess srv;
+        std::string err;
+        const bool up = srv.start("tcp:127.0.0.1:0", {"-d", "CUDA0"}, &err);
+        unsetenv(name.c_str());
+        ASSERT_TRUE(up) << err;
+        Expected<std::unique_ptr<Registry>> reg = remote_open(srv.addr());
+        ASSERT_TRUE(reg) << reg.message();
+        ASSERT_FALSE((*reg)->devices().empty());
+        Device* rdev = (*reg)->devices()[0];
+        ASSERT_NE(std::string(rdev->name()).find("CUDA0"), std::string::npos) << rdev->name();
+        const OpenSession os = open_session(path, {rdev}, Type::F16);
+        ASSERT_TRUE(os.s);
+        ASSERT_TRUE(os.s->decode(std::span<const int32_t>(toks.data(), 8), false));
+        size_t first = local.size();
+        for (size_t i = 8; i < toks.size(); i++) {
+            const Status st = os.s->decode(std::span<const int32_t>(&toks[i], 1), false);
+            ASSERT_TRUE(st) << st.message();
+            const size_t at = (i - 8) * static_cast<size_t>(p.n_vocab);
+            if (first == local.size() &&
+                std::memcmp(os.s->logits(0), &local[at], static_cast<size_t>(p.n_vocab) * 4) != 0) {
+                first = at;
+            }
+        }
+        EXPECT_EQ(first, local.size()) << "decode step " << first / static_cast<size_t>(p.n_vocab);
+        Expected<RemoteStats> st = remote_stats(reg->get());
+        ASSERT_TRUE(st) << st.message();
+        EXPECT_EQ(st->errors, 0u);
+    }
+    std::remove(path.c_str());
 }
 
 TEST(Cuda, EventsAndPinnedUploads) {

@@ -15,6 +15,7 @@
 #include "ferry/graph.h"
 #include "ferry/op-tests.h"
 #include "ferry/remote.h"
+#include "remote-proto/stripes.h"
 #include "remote-proto/transport.h"
 #include "shell.h"
 #include "test_remote_util.h"
@@ -1017,6 +1018,60 @@ TEST(RemoteStripes, LargeReadsOverTcpComeBackWholeOverEveryStripe) {
     auto us = remote_stats(ureg->get());
     ASSERT_TRUE(us);
     EXPECT_EQ(us->client_stripes, 1u);
+}
+
+// A progressive striped send (the server's reply to a read whose bytes a GPU still produces:
+// StripeLanes::start with `ready` < len, then advance): each lane sends only bytes in place. The
+// sender's buffer holds 0xEE past what it has said is ready and gets the real bytes just
+// before each advance, so a lane that ran ahead would deliver 0xEE; the receiving lanes and
+// the caller's own connection get every byte, over 1, 2 and 4 lanes.
+TEST(RemoteStripes, ProgressiveSendsOnlyWhatIsReady) {
+    const std::vector<uint8_t> data = random_bytes((1u << 20) + 4321, 91);
+    const uint64_t len = data.size();
+    for (int lanes : {1, 2, 4}) {
+        SCOPED_TRACE(std::to_string(lanes) + " lanes");
+        remote::StripeLanes send(remote::StripeLanes::Dir::Send, 1000000, 20000000, 0);
+        remote::StripeLanes recv(remote::StripeLanes::Dir::Receive, 1000000, 20000000, 0);
+        int own[2];
+        ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, own), 0);
+        remote::Socket own_send(own[0]), own_recv(own[1]);
+        for (int i = 0; i < lanes; i++) {
+            int sv[2];
+            ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+            ASSERT_TRUE(send.add(remote::Socket(sv[0])));
+            ASSERT_TRUE(recv.add(remote::Socket(sv[1])));
+        }
+        const int n = lanes + 1;
+        std::vector<uint8_t> out(len, 0xEE), got(len, 0x11);
+        const uint64_t mine = remote::stripe_begin(len, n, 1);
+        Status rst;
+        std::thread reader([&] {
+            recv.start(got.data(), len);
+            rst = own_recv.recv_exact(got.data(), mine, nullptr);
+            const Status f = recv.finish();
+            if (rst) rst = f;
+        });
+        uint64_t ready = 0, sent = 0;
+        send.start(out.data(), len, ready);
+        Status st;
+        while (ready < len && st) {
+            const uint64_t next = std::min<uint64_t>(len, ready + 100003);
+            std::memcpy(out.data() + ready, data.data() + ready, next - ready);
+            std::this_thread::sleep_for(std::chrono::microseconds(300));
+            ready = next;
+            send.advance(ready);
+            if (const uint64_t upto = std::min(ready, mine); upto > sent) {
+                st = own_send.send_all(out.data() + sent, upto - sent, nullptr, 0);
+                sent = upto;
+            }
+        }
+        const Status f = send.finish();
+        reader.join();
+        ASSERT_TRUE(st) << st.message();
+        ASSERT_TRUE(f) << f.message();
+        ASSERT_TRUE(rst) << rst.message();
+        EXPECT_EQ(std::memcmp(got.data(), data.data(), len), 0);
+    }
 }
 
 TEST(RemoteServer, FourConcurrentClientsThenMemoryReturnsToBaseline) {

@@ -28,6 +28,13 @@ inline std::string make_temp_dir() {
     return d ? d : "/tmp";
 }
 
+// The ferry binary the tests run: FERRY_TEST_BIN when set (test binaries copied to another
+// machine, such as the GPU machine, with ferry beside them), else the one built with them.
+inline const char* ferry_bin() {
+    const char* e = std::getenv("FERRY_TEST_BIN");
+    return e && *e ? e : FERRY_BIN;
+}
+
 // `ferry serve --listen ADDR ARGS...` as a child process; the address it bound is read from
 // its first line of output.
 class ServerProcess {
@@ -45,12 +52,12 @@ class ServerProcess {
         pid_ = fork();
         if (pid_ == 0) {
             dup2(out[1], 1);
-            std::vector<std::string> args = {FERRY_BIN, "serve", "--listen", listen};
+            std::vector<std::string> args = {ferry_bin(), "serve", "--listen", listen};
             for (auto& e : extra) args.push_back(e);
             std::vector<char*> argv;
             for (auto& a : args) argv.push_back(a.data());
             argv.push_back(nullptr);
-            execv(FERRY_BIN, argv.data());
+            execv(ferry_bin(), argv.data());
             _exit(127);
         }
         close(out[1]);

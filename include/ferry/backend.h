@@ -45,6 +45,10 @@ struct BackendOptions {
     bool blocking_stream = false;  // the stream synchronizes with the device's default stream
     bool graph_capture = true;     // capture and replay repeated graphs (e.g. CUDA graphs)
     std::string cache_dir;         // folder for compiled graphs (graph compilers); empty: none
+    // A compute's last product may be handed to the host in pieces while the device still
+    // computes the rest (Backend::read_in_pieces): worth its cost where the reader sends the
+    // result on (a server answering over tcp), not where it only waits for it.
+    bool progressive_results = false;
 };
 
 struct DeviceCaps {
@@ -144,6 +148,17 @@ struct TensorWrite {
     size_t offset, size;
 };
 
+// A result read while the compute that writes it still runs (Backend::read_in_pieces): the
+// bytes land in host memory the backend owns, front to back.
+struct PieceRead {
+    const uint8_t* data = nullptr;  // nullptr: not offered (read the usual way)
+    size_t size = 0;
+    // Blocks until more than `have` leading bytes are in place and returns how many are
+    // (`size` once all are: the compute has then finished); an error when it failed. Valid
+    // until the backend's next call.
+    std::function<Expected<size_t>(size_t have)> wait;
+};
+
 // A stream of work on one device.
 class Backend {
   public:
@@ -176,6 +191,15 @@ class Backend {
     virtual Status wait_event(Event* e) {
         (void)e;
         return Status::error("events not supported");
+    }
+    // Bytes [offset, offset + size) of t, right after the compute() that writes them, as
+    // they are produced (BackendOptions::progressive_results). Nothing is queued when it
+    // returns an empty PieceRead: the caller then reads as usual.
+    virtual PieceRead read_in_pieces(const Tensor* t, size_t offset, size_t size) {
+        (void)t;
+        (void)offset;
+        (void)size;
+        return {};
     }
     // Threads for CPU-side work (ignored by devices that have none).
     virtual void set_n_threads(int n) { (void)n; }

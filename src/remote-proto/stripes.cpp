@@ -1,5 +1,6 @@
 #include "remote-proto/stripes.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -88,9 +89,21 @@ void StripeLanes::run(Lane& me, int index) {
         }
         const uint64_t b = stripe_begin(len, n, index), e = stripe_begin(len, n, index + 1);
         Status st;
-        if (ok && e > b) {
-            st = dir_ == Dir::Send ? me.sock.send_all(data + b, e - b, nullptr, 0)
-                                   : me.sock.recv_exact(data + b, e - b, nullptr);
+        if (ok && e > b && dir_ == Dir::Receive) {
+            st = me.sock.recv_exact(data + b, e - b, nullptr);
+            me.sock.end_frame();
+        } else if (ok && e > b) {
+            // What of the stripe is in place, as it comes (all of it at once, but for a
+            // progressive read).
+            for (uint64_t at = b; at < e && st;) {
+                if (!wait_for([&] { return ready_.load(std::memory_order_acquire) > at; },
+                              expect_ns_)) {
+                    return;
+                }
+                const uint64_t upto = std::min(e, ready_.load(std::memory_order_acquire));
+                st = me.sock.send_all(data + at, upto - at, nullptr, 0);
+                at = upto;
+            }
             me.sock.end_frame();
         }
         if (!st) {
@@ -106,15 +119,24 @@ void StripeLanes::run(Lane& me, int index) {
     }
 }
 
-void StripeLanes::start(uint8_t* data, uint64_t len) {
+void StripeLanes::start(uint8_t* data, uint64_t len, uint64_t ready) {
     {
         std::lock_guard<std::mutex> lock(mu_);
         data_ = data;
         len_ = len;
         n_ = stripes();
+        ready_.store(std::min(ready, len), std::memory_order_release);
         seq_.fetch_add(1);
     }
     if (sleepers_.load() > 0) cv_.notify_all();
+}
+
+void StripeLanes::advance(uint64_t ready) {
+    ready_.store(ready);  // sequentially consistent, before sleepers_ is read (wait_for)
+    if (sleepers_.load() > 0) {
+        std::lock_guard<std::mutex> lock(mu_);
+        cv_.notify_all();
+    }
 }
 
 Status StripeLanes::finish() {

@@ -40,7 +40,12 @@ class StripeLanes {
     // Starts moving stripes 1..stripes()-1 of [data, data + len) (sending them, or receiving
     // into them); returns at once. The caller moves stripe 0 on its own connection, then calls
     // finish() before it starts another transfer or lets data go.
-    void start(uint8_t* data, uint64_t len);
+    void start(uint8_t* data, uint64_t len) { start(data, len, len); }
+    // A send of bytes that are still being produced (a progressive read): only the first
+    // `ready` are in place; each lane sends what of its stripe is, and the rest as advance()
+    // says more are.
+    void start(uint8_t* data, uint64_t len, uint64_t ready);
+    void advance(uint64_t ready);
     // Waits until every lane has moved its stripe. A lane whose connection failed fails this
     // transfer and every later one (its error names the lane).
     Status finish();
@@ -75,7 +80,8 @@ class StripeLanes {
     uint8_t* data_ = nullptr;        // the current transfer (written before seq_ moves)
     uint64_t len_ = 0;
     int n_ = 1;
-    Status failed_;  // the first lane error (under mu_)
+    std::atomic<uint64_t> ready_{0};  // bytes of the current transfer in place (sends)
+    Status failed_;                   // the first lane error (under mu_)
 };
 
 }  // namespace ferry::remote

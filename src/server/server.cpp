@@ -121,6 +121,7 @@ class Stream {
         const uint8_t* body = r.data ? r.data : r.payload.data();
         const size_t len = r.data ? r.data_len : r.payload.size();
         uint8_t hdr[remote::kHeaderSize];
+        if (r.more && r.data && !r.error) return reply_progressive(hdr, req, r, body, len);
         if (stripes_ && r.data && !r.error && r.pass_fd < 0 && len >= remote::kStripeMin &&
             req.cmd == static_cast<uint16_t>(remote::Cmd::TENSOR_GET)) {
             int n = 0;
@@ -157,6 +158,56 @@ class Stream {
     }
 
   private:
+    // A progressive read's reply (Reply::more): held replies, the header and the bytes in place
+    // in one send, then each piece as the device hands it over; striped like any large read
+    // when the session has stripes (each lane sends what of its stripe is in place, as it
+    // comes: StripeLanes::advance). The client sees an ordinary reply.
+    // FERRY_SERVE_PIECE_STRIPES=0: one connection.
+    Status reply_progressive(uint8_t* hdr, const Header& req, const Reply& r, const uint8_t* body,
+                             size_t len) {
+        static const bool striped_ok = !env_off("FERRY_SERVE_PIECE_STRIPES");
+        int n = 0;
+        if (stripes_ && striped_ok && len >= remote::kStripeMin) {
+            std::lock_guard<std::mutex> lock(stripes_->mu);
+            n = stripes_->enabled;
+        }
+        size_t ready = std::min(r.data_ready, len);
+        // Stripe 0 (all of it without stripes) is this connection's.
+        const size_t mine = n >= 2 ? static_cast<size_t>(remote::stripe_begin(len, n, 1)) : len;
+        if (n >= 2) {
+            write_reply_header(hdr, req, r, len, remote::kFlagStriped);
+            stripes_->lanes.start(const_cast<uint8_t*>(body), len, ready);
+        } else {
+            write_reply_header(hdr, req, r, len);
+        }
+        size_t sent = std::min(ready, mine);
+        const iovec parts[3] = {{const_cast<uint8_t*>(out_.data()), out_.size()},
+                                {hdr, remote::kHeaderSize},
+                                {const_cast<uint8_t*>(body), sent}};
+        Status st = sock_.send_parts(parts, 3);
+        out_.clear();
+        while (st && ready < len) {
+            Expected<size_t> now = r.more(ready);
+            if (!now) {
+                st = now.status();
+                break;
+            }
+            if (*now <= ready || *now > len) {
+                st = Status::errorf("progressive read: %zu bytes ready after %zu of %zu", *now,
+                                    ready, len);
+                break;
+            }
+            ready = *now;
+            if (n >= 2) stripes_->lanes.advance(ready);
+            if (const size_t upto = std::min(ready, mine); upto > sent) {
+                st = sock_.send_all(body + sent, upto - sent, nullptr, 0);
+                sent = upto;
+            }
+        }
+        // On an error the lanes are left waiting: the session ends, and its lanes with it.
+        if (!st || n < 2) return st;
+        return stripes_->lanes.finish();
+    }
     // Header (flagged striped) and stripe 0 here, stripes 1..n-1 on the joined connections at
     // the same time; returns once all were sent (the bytes are only valid until the next
     // request).
@@ -378,6 +429,7 @@ void serve_connection_impl(Socket& sock, const ServerOptions& opts, ServerCounte
     for (Device* d : opts.devices) cpu_device |= d->type() == DeviceType::CPU;
     const int64_t spin_ns = remote::socket_spin_ns(false, cpu_device);
     Session session(opts, counters, shared_memory);
+    if (!shared_memory) session.offer_progressive();
     std::shared_ptr<StripeSlot> stripes;
     if (stripes_ok) {
         stripes = std::make_shared<StripeSlot>(spin_ns, limits.io_timeout_ms);

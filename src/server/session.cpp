@@ -196,6 +196,8 @@ void Session::handle(uint16_t cmd, const uint8_t* payload, size_t len, Reply* ou
     out->payload.clear();
     out->data = nullptr;
     out->data_len = 0;
+    out->data_ready = 0;
+    out->more = nullptr;
     out->error = false;
     out->pass_fd = -1;
     requests_++;
@@ -453,7 +455,9 @@ Expected<Backend*> Session::backend(uint32_t dev) {
     Expected<Device*> d = device(dev);
     if (!d) return d.status();
     if (!backends_[dev]) {
-        Expected<std::unique_ptr<Backend>> b = (*d)->make_backend();
+        BackendOptions bo;
+        bo.progressive_results = progressive_;
+        Expected<std::unique_ptr<Backend>> b = (*d)->make_backend(bo);
         if (!b) return b.status();
         backends_[dev] = std::move(*b);
         if (opts_.n_threads > 0) backends_[dev]->set_n_threads(opts_.n_threads);
@@ -756,6 +760,25 @@ Status Session::cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* o
                 out->data = base + off;  // host memory: sent from the buffer, no staging copy
                 out->data_len = size;
                 return Status::ok();
+            }
+            // The compute that writes it hands it over in pieces (a decode step's logits): the
+            // reply goes out from the first piece on, while the device computes the rest.
+            if (be && progressive_) {
+                if (PieceRead pr = be->read_in_pieces(&t, 0, size); pr.data) {
+                    unsynced_ = 0;
+                    Expected<size_t> first = pr.wait(0);
+                    if (!first) {
+                        settled_ = first.status();
+                        (void)be->synchronize();
+                        return first.status();
+                    }
+                    settled_ = Status::ok();
+                    out->data = pr.data;
+                    out->data_len = size;
+                    out->data_ready = *first;
+                    if (*first < size) out->more = std::move(pr.wait);
+                    return Status::ok();
+                }
             }
             // Device memory: copied into the session's read stage (host memory of the
             // device: pinned for CUDA, so the copy is one DMA; not zero-filled first) and

@@ -62,6 +62,11 @@ struct Reply {
     // straight from the buffer; valid until the next request of the session).
     const uint8_t* data = nullptr;
     size_t data_len = 0;
+    // With `more` (a progressive read, Session::offer_progressive): only the first data_ready
+    // bytes of data are in place; more(n) blocks until more than n are and returns how many
+    // (data_len: all); an error there ends the session (the reply is half sent).
+    size_t data_ready = 0;
+    std::function<Expected<size_t>(size_t)> more;
     bool error = false;
     int pass_fd = -1;    // descriptor to send with the reply (the caller closes it after)
     bool close = false;  // close the connection after sending the reply
@@ -133,6 +138,11 @@ class Session {
         std::function<void()> wake;
     };
     void offer_stripes(StripeHooks hooks) { stripes_ = std::move(hooks); }
+    // Progressive reads (tcp): the transport can send a TENSOR_GET reply in pieces
+    // (Reply::more), so the session's backends are made with
+    // BackendOptions::progressive_results and a decode step's logits go out while the device
+    // still computes them. Before the HELLO is handled.
+    void offer_progressive() { progressive_ = true; }
 
     // For a TENSOR_SET whose 24-byte prefix (handle, offset, size) is at `prefix` and whose
     // payload is frame_len bytes: where its data may be received directly (host-addressable
@@ -215,6 +225,7 @@ class Session {
     const bool shared_memory_;
     StripeHooks stripes_;  // enable unset: not offered
     bool stripes_enabled_ = false;
+    bool progressive_ = false;
     const uint64_t id_;
     bool hello_ = false;
     uint32_t version_ = 0;  // protocol version of the client (HELLO)

@@ -552,11 +552,26 @@ class CudaBackend : public Backend {
         if (cublas_ws_) cudaFree(cublas_ws_);
         if (scratch_) cudaFree(scratch_);
         if (in_host_) cudaFreeHost(in_host_);
+        if (fork_ev_) cudaEventDestroy(fork_ev_);
+        if (join_ev_) cudaEventDestroy(join_ev_);
+        if (side_) cudaStreamDestroy(side_);
+        if (mirror_) cudaFreeHost(mirror_);
+        if (piece_flags_) cudaFreeHost(piece_flags_);
+        if (piece_ids_) cudaFree(piece_ids_);
         cudaStreamDestroy(stream_);
     }
     const char* name() const override { return dev_->name(); }
     Device* device() const override { return dev_; }
     void disable_graphs() { use_graphs_ = false; }
+    // BackendOptions::progressive_results. FERRY_CUDA_PIECES=N: N pieces (1..kMaxPieces; 0:
+    // off), for every backend (without a reader too: what the pieces cost the GPU).
+    void enable_pieces(bool asked) {
+        pieces_ = asked ? kDefaultPieces : 0;
+        if (const char* v = std::getenv("FERRY_CUDA_PIECES")) {
+            pieces_ = std::clamp(std::atoi(v), 0, kMaxPieces);
+        }
+        piece_copies_ = !env_off("FERRY_CUDA_PIECE_COPIES");
+    }
 
     Status set_tensor_async(Tensor* t, const void* src, size_t offset, size_t size) override {
         CudaBuffer* b = cuda_buffer(t);
@@ -656,11 +671,13 @@ class CudaBackend : public Backend {
     }
 
     Status compute(Graph& g) override;
+    PieceRead read_in_pieces(const Tensor* t, size_t offset, size_t size) override;
 
     Status synchronize() override {
         FERRY_TRY(dev_->activate());
         FERRY_TRY(issue_inputs());
         CUDA_TRY(cudaStreamSynchronize(stream_), "%s: synchronize", name());
+        pieces_pending_ = false;
         return dev_->take_error();
     }
     Status record_event(Event* e) override {
@@ -766,6 +783,48 @@ class CudaBackend : public Backend {
     Status run_steps();
     Status run_profiled();
     Status run_step(const Step& s);
+    // Progressive results (BackendOptions::progressive_results, read_in_pieces): when a
+    // graph's last step is a one-column product of many rows (a decode step's logits), it runs
+    // as pieces_ launches over its rows; after each, a second stream copies that piece's rows
+    // into pinned host memory (mirror_) and sets the piece's flag there (an 8-byte copy: copy
+    // engines only, nothing that competes with the product for SMs), so that a server sends
+    // the first logits over its socket while the GPU computes the last. Each cut costs the GPU
+    // a few microseconds (bench/results/cuda.md, stop 30).
+    static constexpr int kMaxPieces = 16, kDefaultPieces = 8;
+    static constexpr int64_t kPieceMinRows = 16384;
+    Status plan_pieces();
+    Status run_pieces(const Step& s);
+    struct PieceLayout {
+        bool on = false;  // the run copies and flags its pieces
+        int n = 0;
+        int64_t rows = 0;  // rows of each piece (the last may have fewer)
+    };
+    void pieces_issued(const PieceLayout& layout);
+    Expected<size_t> wait_piece(size_t lo, size_t size, size_t have);
+    int pieces_ = 0;            // pieces a progressive result is cut into (0: off)
+    bool piece_copies_ = true;  // FERRY_CUDA_PIECE_COPIES=0: cut, not copied (what a cut costs)
+    int piece_step_ = -1;       // steps_ index of the plan's progressive product, or -1
+    // The pieces of the last run_steps (a direct run or a capture) and of the captured graph.
+    PieceLayout run_layout_, exec_layout_;
+    cudaStream_t side_ = nullptr;
+    cudaEvent_t fork_ev_ = nullptr;
+    cudaEvent_t join_ev_ = nullptr;
+    char* mirror_ = nullptr;  // pinned host memory for the product's bytes
+    size_t mirror_size_ = 0;
+    // Pinned host memory: piece c's flag (0 until the piece is in mirror_, then c + 1, copied
+    // from piece_ids_ in device memory). Cleared by compute() once no copy of an earlier
+    // compute can still be on its way (pieces_pending_: a compute ran the product and was not
+    // waited for since).
+    uint64_t* piece_flags_ = nullptr;
+    uint64_t* piece_ids_ = nullptr;
+    bool pieces_pending_ = false;
+    struct LivePieces {  // the last compute's progressive product
+        bool on = false;
+        const char* dev = nullptr;
+        size_t bytes = 0;
+        int n = 0;
+        size_t ends[kMaxPieces] = {};  // each piece's end in bytes from dev
+    } live_;
     Status ensure_scratch(size_t size);
     Status ensure_cublas();
 
@@ -796,7 +855,8 @@ class CudaBackend : public Backend {
         uint64_t gen = 0;  // 0: none
         const void* scratch = nullptr;
         const void* ws = nullptr;
-        uint32_t inputs = 0;  // bytes of staged inputs its first node copies (0: none)
+        const void* mirror = nullptr;  // the progressive product's host copy (mirror_)
+        uint32_t inputs = 0;           // bytes of staged inputs its first node copies (0: none)
         bool operator==(const Seen&) const = default;
     };
     Seen last_, exec_seen_;
@@ -1192,7 +1252,170 @@ Status CudaBackend::plan(Graph& g) {
     }
     FERRY_TRY(ensure_scratch(scratch));
     if (cublas) FERRY_TRY(ensure_cublas());
+    piece_step_ = -1;
+    if (pieces_ > 0) FERRY_TRY(plan_pieces());
     return Status::ok();
+}
+
+Status CudaBackend::plan_pieces() {
+    const Step& s = steps_.back();
+    if (s.kind != 0 || s.node->op != Op::MUL_MAT) return Status::ok();
+    const Tensor* mm = s.node;
+    const Tensor* w = mm->src[0];
+    CudaBuffer* ob = cuda_buffer(mm);
+    if (!ob || ob->cuda_device() != dev_ || mm->type != Type::F32 || mm->nb[0] != sizeof(float) ||
+        mm->ne[1] != 1 || mm->ne[2] != 1 || mm->ne[3] != 1 || w->ne[2] != 1 || w->ne[3] != 1 ||
+        mm->ne[0] < kPieceMinRows) {
+        return Status::ok();
+    }
+    const size_t bytes = static_cast<size_t>(mm->ne[0]) * sizeof(float);
+    if (!side_) {
+        CUDA_TRY(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "%s: piece stream",
+                 name());
+        CUDA_TRY(cudaEventCreateWithFlags(&fork_ev_, cudaEventDisableTiming), "%s: piece events",
+                 name());
+        CUDA_TRY(cudaEventCreateWithFlags(&join_ev_, cudaEventDisableTiming), "%s: piece events",
+                 name());
+        void* p = nullptr;
+        CUDA_TRY(cudaHostAlloc(&p, kMaxPieces * sizeof(uint64_t), cudaHostAllocDefault),
+                 "%s: piece flags", name());
+        piece_flags_ = static_cast<uint64_t*>(p);
+        std::memset(piece_flags_, 0, kMaxPieces * sizeof(uint64_t));
+        uint64_t ids[kMaxPieces];
+        for (int c = 0; c < kMaxPieces; c++) ids[c] = static_cast<uint64_t>(c) + 1;
+        CUDA_TRY(cudaMalloc(&p, sizeof(ids)), "%s: piece ids", name());
+        piece_ids_ = static_cast<uint64_t*>(p);
+        CUDA_TRY(cudaMemcpy(piece_ids_, ids, sizeof(ids), cudaMemcpyHostToDevice), "%s: piece ids",
+                 name());
+    }
+    if (mirror_size_ < bytes) {
+        // A captured graph may copy into the old one (Seen::mirror keeps it from replaying).
+        CUDA_TRY(cudaStreamSynchronize(stream_), "%s: piece memory", name());
+        if (mirror_) cudaFreeHost(mirror_);
+        mirror_ = nullptr;
+        mirror_size_ = 0;
+        CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&mirror_), bytes, cudaHostAllocDefault),
+                 "%s: piece memory of %zu bytes", name(), bytes);
+        mirror_size_ = bytes;
+    }
+    piece_step_ = static_cast<int>(steps_.size()) - 1;
+    return Status::ok();
+}
+
+// The product as one launch per piece (views of the weight's and the result's rows), each
+// followed on side_ by the piece's copy and flag; the stream waits for side_ at the end (a
+// fork per piece and a join, so a captured graph holds the copies as branches beside the
+// launches that follow).
+Status CudaBackend::run_pieces(const Step& s) {
+    const Tensor* mm = s.node;
+    const Tensor* w = mm->src[0];
+    char* out = device_ptr(mm);
+    const int64_t M = mm->ne[0];
+    PieceLayout lay;
+    lay.rows = ((M + pieces_ - 1) / pieces_ + 255) / 256 * 256;
+    lay.n = static_cast<int>((M + lay.rows - 1) / lay.rows);
+    for (int c = 0; c < lay.n; c++) {
+        const int64_t r0 = c * lay.rows, rows = std::min(lay.rows, M - r0);
+        Tensor wc = *w;
+        wc.ne[1] = rows;
+        wc.offs += static_cast<size_t>(r0) * w->nb[1];
+        Tensor mc = *mm;
+        mc.ne[0] = rows;
+        mc.nb[1] = static_cast<size_t>(rows) * sizeof(float);
+        mc.nb[2] = mc.nb[1];
+        mc.nb[3] = mc.nb[1];
+        mc.offs += static_cast<size_t>(r0) * sizeof(float);
+        mc.src[0] = &wc;
+        FERRY_TRY(s.pro.norm ? op_mul_mat_norm(ctx_, &mc, s.pro) : run_node(ctx_, &mc));
+        if (!piece_copies_) continue;
+        CUDA_TRY(cudaEventRecord(fork_ev_, stream_), "%s: piece %d", name(), c);
+        CUDA_TRY(cudaStreamWaitEvent(side_, fork_ev_, 0), "%s: piece %d", name(), c);
+        const size_t off = static_cast<size_t>(r0) * sizeof(float);
+        CUDA_TRY(
+            cudaMemcpyAsync(mirror_ + off, out + off, static_cast<size_t>(rows) * sizeof(float),
+                            cudaMemcpyDeviceToHost, side_),
+            "%s: piece %d", name(), c);
+        CUDA_TRY(cudaMemcpyAsync(piece_flags_ + c, piece_ids_ + c, sizeof(uint64_t),
+                                 cudaMemcpyDeviceToHost, side_),
+                 "%s: piece %d", name(), c);
+    }
+    if (!piece_copies_) return Status::ok();
+    CUDA_TRY(cudaEventRecord(join_ev_, side_), "%s: pieces", name());
+    CUDA_TRY(cudaStreamWaitEvent(stream_, join_ev_, 0), "%s: pieces", name());
+    lay.on = true;
+    run_layout_ = lay;
+    return Status::ok();
+}
+
+// The compute just issued runs the progressive product in `layout`'s pieces: read_in_pieces
+// may hand it out.
+void CudaBackend::pieces_issued(const PieceLayout& layout) {
+    if (piece_step_ < 0 || !layout.on) return;
+    const Tensor* mm = steps_[static_cast<size_t>(piece_step_)].node;
+    live_.on = true;
+    pieces_pending_ = true;
+    live_.dev = device_ptr(mm);
+    live_.bytes = static_cast<size_t>(mm->ne[0]) * sizeof(float);
+    live_.n = layout.n;
+    for (int c = 0; c < layout.n; c++) {
+        live_.ends[c] =
+            std::min(static_cast<size_t>((c + 1) * layout.rows) * sizeof(float), live_.bytes);
+    }
+}
+
+PieceRead CudaBackend::read_in_pieces(const Tensor* t, size_t offset, size_t size) {
+    CudaBuffer* b = cuda_buffer(t);
+    if (!live_.on || size == 0 || !b || b->cuda_device() != dev_ ||
+        !b->check_range(t, offset, size))
+        return {};
+    const char* p = b->dev_ptr() + t->offs + offset;
+    if (p < live_.dev || p + size > live_.dev + live_.bytes) return {};
+    const size_t lo = static_cast<size_t>(p - live_.dev);
+    PieceRead r;
+    r.data = reinterpret_cast<const uint8_t*>(mirror_) + lo;
+    r.size = size;
+    r.wait = [this, lo, size](size_t have) { return wait_piece(lo, size, have); };
+    return r;
+}
+
+// Spins on the flag of the piece after `have` bytes (from lo) until it is in host memory;
+// every few thousand turns asks the stream whether it failed or ended without the flag.
+Expected<size_t> CudaBackend::wait_piece(size_t lo, size_t size, size_t have) {
+    if (!live_.on) return Status::errorf("%s: progressive read after another call", name());
+    FERRY_TRY(dev_->activate());
+    for (int c = 0; c < live_.n; c++) {
+        if (live_.ends[c] <= lo + have) continue;
+        const uint64_t id = static_cast<uint64_t>(c) + 1;
+        const volatile uint64_t* word = piece_flags_ + c;
+        for (uint32_t spins = 1; *word != id; spins++) {
+            if (spins % 4096 != 0) continue;
+            const cudaError_t q = cudaStreamQuery(stream_);
+            if (q == cudaErrorNotReady) continue;
+            if (q != cudaSuccess) {
+                cudaGetLastError();
+                live_.on = false;
+                return Status::errorf("%s: progressive read: %s", name(), cudaGetErrorString(q));
+            }
+            if (*word != id) {
+                live_.on = false;
+                return Status::errorf("%s: progressive read: piece %d's flag was never set", name(),
+                                      c);
+            }
+        }
+        std::atomic_thread_fence(std::memory_order_acquire);
+        // Every kernel before the product has finished: any data error is known now.
+        if (Status st = dev_->take_error(); !st) {
+            live_.on = false;
+            (void)synchronize();
+            return st;
+        }
+        const size_t ready = std::min(live_.ends[c], lo + size) - lo;
+        if (ready < size) return ready;
+        break;
+    }
+    live_.on = false;
+    FERRY_TRY(synchronize());  // the join: the compute is over
+    return size;
 }
 
 // Whether every write this graph makes into the K and V views of the attention kn[a] before
@@ -1269,8 +1492,10 @@ Status CudaBackend::run_step(const Step& s) {
 }
 
 Status CudaBackend::run_steps() {
-    for (const Step& s : steps_) {
-        Status st = run_step(s);
+    run_layout_ = PieceLayout{};
+    for (size_t i = 0; i < steps_.size(); i++) {
+        const Step& s = steps_[i];
+        Status st = static_cast<int>(i) == piece_step_ ? run_pieces(s) : run_step(s);
         if (!st) return st.context(strfmt("%s: %s", name(), describe(s.node).c_str()));
     }
     return Status::ok();
@@ -1364,6 +1589,16 @@ Status CudaBackend::compute(Graph& g) {
     Expected<DeviceError*> err = dev_->error_word();
     if (!err) return err.status();
     ctx_.err = *err;
+    live_.on = false;
+    if (piece_flags_) {
+        // An earlier product's copies may still be on their way only when it was not waited
+        // for (a prompt chunk whose logits nobody read): then wait, and clear the flags.
+        if (pieces_pending_) {
+            CUDA_TRY(cudaStreamSynchronize(stream_), "%s: pieces", name());
+            pieces_pending_ = false;
+        }
+        std::memset(piece_flags_, 0, kMaxPieces * sizeof(uint64_t));
+    }
     using clock = std::chrono::steady_clock;
     auto since = [](clock::time_point a) {
         return std::chrono::duration<double, std::micro>(clock::now() - a).count();
@@ -1399,18 +1634,20 @@ Status CudaBackend::compute(Graph& g) {
     if (steps_.empty()) return Status::ok();
     // This graph: its structure's generation, and what a captured graph also bakes in, the
     // scratch and cuBLAS workspace addresses and the size of the staged inputs it copies first.
-    const Seen now{plan_gen_, scratch_, cublas_ws_, in_bytes_};
+    const Seen now{plan_gen_, scratch_, cublas_ws_, piece_step_ >= 0 ? mirror_ : nullptr,
+                   in_bytes_};
     if (profile_) {
         FERRY_TRY(issue_inputs());
         return run_profiled();
     }
     if (use_graphs_ && exec_ && exec_seen_.gen != now.gen && exec_seen_.scratch == now.scratch &&
-        exec_seen_.ws == now.ws && exec_key_ == planned_key_) {
+        exec_seen_.ws == now.ws && exec_seen_.mirror == now.mirror && exec_key_ == planned_key_) {
         exec_seen_.gen = now.gen;  // the captured structure is back
     }
     if (use_graphs_ && exec_ && exec_seen_ == now) {
         CUDA_TRY(cudaGraphLaunch(exec_, stream_), "%s: graph launch", name());
         in_bytes_ = 0;  // copied by the graph's first node
+        pieces_issued(exec_layout_);
         last_ = now;
         count(kReplay);
         return Status::ok();
@@ -1421,6 +1658,11 @@ Status CudaBackend::compute(Graph& g) {
         last_ = now;
         FERRY_TRY(issue_inputs());
         Status rs = run_steps();
+        if (rs) {
+            pieces_issued(run_layout_);
+        } else if (piece_step_ >= 0) {
+            pieces_pending_ = true;  // some copies may have been queued
+        }
         count(kDirect);
         return rs;
     }
@@ -1463,6 +1705,8 @@ Status CudaBackend::compute(Graph& g) {
     exec_seen_ = now;
     CUDA_TRY(cudaGraphLaunch(exec_, stream_), "%s: graph launch", name());
     in_bytes_ = 0;
+    exec_layout_ = run_layout_;
+    pieces_issued(exec_layout_);
     count(updated ? kUpdate : kInstantiate);
     return Status::ok();
 }
@@ -1539,6 +1783,7 @@ Expected<std::unique_ptr<Backend>> CudaDevice::make_backend(const BackendOptions
              "%s: stream", name());
     auto* be = new CudaBackend(this, s, *err);
     if (!opts.graph_capture) be->disable_graphs();
+    be->enable_pieces(opts.progressive_results);
     return std::unique_ptr<Backend>(be);
 }
 
