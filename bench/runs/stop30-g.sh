@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Run G (stop 30): a third form of progressive results (FERRY_CUDA_PIECE_SIGNAL=1): no graph
+# branches; launch c + 1 stores piece c's flag once past its wait, and the reader copies each
+# piece itself (the last once the stream is idle). The new tests under it and under the
+# default, the early-attention test (its model helper is new); what each form costs the GPU
+# with no reader; then 1B Q4_0 and F16 tg128 side by side: local, unix, tcp with pieces off,
+# the default (8 copied pieces), signal 4 / 8 / 16; then profiled clients.
+# .devG holds ferry.xz and test_cuda.xz; carry [".devG"].
+BIN=.devG
+source bench/runs/common.sh
+gen_models &
+S=FERRY_CUDA_PIECE_SIGNAL=1
+echo "=== $(date -u +%T) test_cuda (signal, then the default)"
+env $S FERRY_TEST_BIN=$F timeout 120 $TC --gtest_filter='*Progressive*:*ServedTcp*' > $OUT/test_cuda.txt 2>&1
+grep -E "FAILED|Failure|OK \]|PASSED|Expected|Which is|step" $OUT/test_cuda.txt | head -20
+FERRY_TEST_BIN=$F timeout 120 $TC --gtest_filter='*Progressive*:*EarlyAttention*' > $OUT/test_cuda2.txt 2>&1
+grep -E "FAILED|Failure|OK \]|PASSED|Expected|Which is|step|early" $OUT/test_cuda2.txt | head -20
+wait
+echo "=== $(date -u +%T) local tg128, no reader: default | copies 8 | signal 8 | signal 4  (f16: default | copies 8 | signal 8)"
+for r in 1 2; do
+  echo "q4_0: $(R=3 tg $Q 128) $(R=3 tg $Q 128 FERRY_CUDA_PIECES=8) $(R=3 tg $Q 128 FERRY_CUDA_PIECES=8 $S) $(R=3 tg $Q 128 FERRY_CUDA_PIECES=4 $S)  f16: $(R=3 tg $H 128) $(R=3 tg $H 128 FERRY_CUDA_PIECES=8) $(R=3 tg $H 128 FERRY_CUDA_PIECES=8 $S)"
+done
+echo "=== $(date -u +%T) servers"
+d=$(mktemp -d)
+$F serve --listen unix:$d/u --device CUDA0 > $d/u.log 2>&1 &
+pids=($!)
+P=$((21000 + RANDOM % 20000))
+FERRY_CUDA_PIECES=0 $F serve --listen tcp:127.0.0.1:$P --device CUDA0 > $d/t0.log 2>&1 &
+pids+=($!)
+$F serve --listen tcp:127.0.0.1:$((P + 1)) --device CUDA0 > $d/t1.log 2>&1 &
+pids+=($!)
+for k in 4 8 16; do
+  FERRY_CUDA_PIECES=$k FERRY_CUDA_PIECE_SIGNAL=1 $F serve --listen tcp:127.0.0.1:$((P + k)) --device CUDA0 > $d/s$k.log 2>&1 &
+  pids+=($!)
+done
+trap 'kill ${pids[*]} 2>/dev/null' EXIT
+sleep 3
+grep -h listening $d/*.log | wc -l
+bt() { # MODEL [ARGS]: the tg128 t/s
+  local m=$1; shift
+  $F bench -m $m -p 0 -n 128 -r 3 "$@" 2>&1 | awk -F'|' '$7 ~ /tg128/ { split($8, v, " "); print v[1] }'
+}
+for model in $Q $H; do
+  echo "--- $(basename $model): local unix tcp0 copies8 signal4 signal8 signal16"
+  bt $model --device CUDA0 > /dev/null  # warm-up
+  for k in 0 1 8; do bt $model --remote tcp:127.0.0.1:$((P + k)) > /dev/null; done
+  rounds=3
+  [ $model = $H ] && rounds=2
+  for r in $(seq $rounds); do
+    row="$(bt $model --device CUDA0) $(bt $model --remote unix:$d/u)"
+    for k in 0 1 4 8 16; do row="$row $(bt $model --remote tcp:127.0.0.1:$((P + k)))"; done
+    echo "$row"
+  done
+done
+echo "=== $(date -u +%T) profiled clients (1B Q4_0): logits read"
+for k in 0 1 4 8; do
+  echo "tcp $k: $(FERRY_SESSION_PROFILE=1 $F bench -m $Q -p 0 -n 128 -r 1 --remote tcp:127.0.0.1:$((P + k)) 2>&1 | grep -o 'medians.*' | head -1)"
+done
+echo "=== $(date -u +%T) done"
