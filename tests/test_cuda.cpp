@@ -1449,6 +1449,10 @@ TEST(Cuda, ProgressiveResultsGiveTheUsualBytes) {
                 << "step " << step;
             // Read once: the next call gets the usual path.
             EXPECT_EQ((*pbe)->read_in_pieces(y, off, len).data, nullptr);
+            // The pinned copy is reported for a host to charge; a backend without pieces
+            // holds none.
+            EXPECT_EQ((*pbe)->scratch_bytes(), bytes);
+            EXPECT_EQ((*ube)->scratch_bytes(), 0u);
             std::vector<float> got(static_cast<size_t>(M));
             ASSERT_TRUE(tensor_get(y, got.data(), bytes));
             EXPECT_EQ(std::memcmp(got.data(), want.data(), bytes), 0) << "step " << step;

@@ -672,6 +672,8 @@ class CudaBackend : public Backend {
 
     Status compute(Graph& g) override;
     PieceRead read_in_pieces(const Tensor* t, size_t offset, size_t size) override;
+    // The pinned copy of a progressive product (a server charges it to the session).
+    size_t scratch_bytes() const override { return mirror_size_; }
 
     Status synchronize() override {
         FERRY_TRY(dev_->activate());
@@ -791,7 +793,9 @@ class CudaBackend : public Backend {
     // the first logits over its socket while the GPU computes the last. Each cut costs the GPU
     // a few microseconds (bench/results/cuda.md, stop 30).
     static constexpr int kMaxPieces = 16, kDefaultPieces = 8;
-    static constexpr int64_t kPieceMinRows = 16384;
+    // From a decode step's logits (a 32,000-token vocabulary: 125 KiB) to 64 MiB of pinned
+    // memory at most (a client's product may be far larger than any vocabulary).
+    static constexpr int64_t kPieceMinRows = 16384, kPieceMaxRows = int64_t{16} << 20;
     Status plan_pieces();
     Status run_pieces(const Step& s);
     struct PieceLayout {
@@ -1265,7 +1269,7 @@ Status CudaBackend::plan_pieces() {
     CudaBuffer* ob = cuda_buffer(mm);
     if (!ob || ob->cuda_device() != dev_ || mm->type != Type::F32 || mm->nb[0] != sizeof(float) ||
         mm->ne[1] != 1 || mm->ne[2] != 1 || mm->ne[3] != 1 || w->ne[2] != 1 || w->ne[3] != 1 ||
-        mm->ne[0] < kPieceMinRows) {
+        mm->ne[0] < kPieceMinRows || mm->ne[0] > kPieceMaxRows) {
         return Status::ok();
     }
     const size_t bytes = static_cast<size_t>(mm->ne[0]) * sizeof(float);
