@@ -121,17 +121,16 @@ class Stream {
         const uint8_t* body = r.data ? r.data : r.payload.data();
         const size_t len = r.data ? r.data_len : r.payload.size();
         uint8_t hdr[remote::kHeaderSize];
-        if (r.more && r.data && !r.error) return reply_progressive(hdr, req, r, body, len);
-        if (stripes_ && r.data && !r.error && r.pass_fd < 0 && len >= remote::kStripeMin &&
+        if (r.more && r.data && !r.error) {
+            // FERRY_SERVE_PIECE_STRIPES=0: progressive reads on one connection.
+            static const bool striped_ok = !env_off("FERRY_SERVE_PIECE_STRIPES");
+            return reply_in_order(hdr, req, r, body, len,
+                                  striped_ok && len >= remote::kStripeMin ? stripes_enabled() : 1);
+        }
+        if (r.data && !r.error && r.pass_fd < 0 && len >= remote::kStripeMin &&
             req.cmd == static_cast<uint16_t>(remote::Cmd::TENSOR_GET)) {
-            int n = 0;
-            {
-                std::lock_guard<std::mutex> lock(stripes_->mu);
-                n = stripes_->enabled;
-            }
-            if (n >= 2) {
-                write_reply_header(hdr, req, r, len, remote::kFlagStriped);
-                return reply_striped(hdr, body, len, n);
+            if (const int n = stripes_enabled(); n >= 2) {
+                return reply_in_order(hdr, req, r, body, len, n);
             }
         }
         write_reply_header(hdr, req, r, len);
@@ -158,28 +157,27 @@ class Stream {
     }
 
   private:
-    // A progressive read's reply (Reply::more): held replies, the header and the bytes in place
-    // in one send, then each piece as the device hands it over; striped like any large read
-    // when the session has stripes (each lane sends what of its stripe is in place, as it
-    // comes: StripeLanes::advance). The client sees an ordinary reply.
-    // FERRY_SERVE_PIECE_STRIPES=0: one connection.
-    Status reply_progressive(uint8_t* hdr, const Header& req, const Reply& r, const uint8_t* body,
-                             size_t len) {
-        static const bool striped_ok = !env_off("FERRY_SERVE_PIECE_STRIPES");
-        int n = 0;
-        if (stripes_ && striped_ok && len >= remote::kStripeMin) {
-            std::lock_guard<std::mutex> lock(stripes_->mu);
-            n = stripes_->enabled;
-        }
-        size_t ready = std::min(r.data_ready, len);
+    // Stripes a large read's reply is split into (1: none, or not yet STRIPES).
+    int stripes_enabled() {
+        if (!stripes_) return 1;
+        std::lock_guard<std::mutex> lock(stripes_->mu);
+        return std::max(stripes_->enabled, 1);
+    }
+    // A read's reply in order of its bytes: the held replies, the header and the bytes in place
+    // in one send, then, for a progressive read (Reply::more), each piece as the device hands
+    // it over. Over n >= 2 stripes the header is flagged striped, this connection moves stripe
+    // 0 and the lanes stripes 1..n-1 at the same time, each sending what of its stripe is in
+    // place (StripeLanes::advance). Returns once all was sent (the bytes are only valid until
+    // the next request).
+    Status reply_in_order(uint8_t* hdr, const Header& req, const Reply& r, const uint8_t* body,
+                          size_t len, int n) {
+        const bool striped = n >= 2;
+        size_t ready = r.more ? std::min(r.data_ready, len) : len;
         // Stripe 0 (all of it without stripes) is this connection's.
-        const size_t mine = n >= 2 ? static_cast<size_t>(remote::stripe_begin(len, n, 1)) : len;
-        if (n >= 2) {
-            write_reply_header(hdr, req, r, len, remote::kFlagStriped);
-            stripes_->lanes.start(const_cast<uint8_t*>(body), len, ready);
-        } else {
-            write_reply_header(hdr, req, r, len);
-        }
+        const size_t mine = striped ? static_cast<size_t>(remote::stripe_begin(len, n, 1)) : len;
+        write_reply_header(hdr, req, r, len,
+                           static_cast<uint16_t>(striped ? remote::kFlagStriped : 0));
+        if (striped) stripes_->lanes.start(const_cast<uint8_t*>(body), len, ready);
         size_t sent = std::min(ready, mine);
         const iovec parts[3] = {{const_cast<uint8_t*>(out_.data()), out_.size()},
                                 {hdr, remote::kHeaderSize},
@@ -198,27 +196,15 @@ class Stream {
                 break;
             }
             ready = *now;
-            if (n >= 2) stripes_->lanes.advance(ready);
+            if (striped) stripes_->lanes.advance(ready);
             if (const size_t upto = std::min(ready, mine); upto > sent) {
                 st = sock_.send_all(body + sent, upto - sent, nullptr, 0);
                 sent = upto;
             }
         }
-        // On an error the lanes are left waiting: the session ends, and its lanes with it.
-        if (!st || n < 2) return st;
-        return stripes_->lanes.finish();
-    }
-    // Header (flagged striped) and stripe 0 here, stripes 1..n-1 on the joined connections at
-    // the same time; returns once all were sent (the bytes are only valid until the next
-    // request).
-    Status reply_striped(uint8_t* hdr, const uint8_t* body, size_t len, int n) {
-        stripes_->lanes.start(const_cast<uint8_t*>(body), len);
-        const iovec parts[3] = {
-            {const_cast<uint8_t*>(out_.data()), out_.size()},
-            {hdr, remote::kHeaderSize},
-            {const_cast<uint8_t*>(body), static_cast<size_t>(remote::stripe_begin(len, n, 1))}};
-        const Status st = sock_.send_parts(parts, 3);
-        out_.clear();
+        // When a progressive read failed, the lanes wait for bytes that will not come: the
+        // session ends, and its lanes with it.
+        if (!striped || ready < len) return st;
         const Status lanes = stripes_->lanes.finish();
         return st ? lanes : st;
     }
