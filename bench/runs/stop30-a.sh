@@ -24,10 +24,6 @@ done
 trap 'kill ${pids[*]} 2>/dev/null' EXIT
 sleep 3
 grep -h listening $d/*.log
-bt() { # MODEL [ARGS]: the tg128 t/s
-  local m=$1; shift
-  $F bench -m $m -p 0 -n 128 -r 3 "$@" 2>&1 | awk -F'|' '$7 ~ /tg128/ { split($8, v, " "); print v[1] }'
-}
 for model in $Q $H; do
   echo "--- $(basename $model): local unix tcp0 tcp2 tcp4 tcp8 tcp16"
   bt $model --device CUDA0 > /dev/null  # warm-up

@@ -31,10 +31,6 @@ pids+=($!)
 trap 'kill ${pids[*]} 2>/dev/null' EXIT
 sleep 3
 grep -h listening $d/*.log | wc -l
-bt() { # MODEL [ARGS]: the tg128 t/s
-  local m=$1; shift
-  $F bench -m $m -p 0 -n 128 -r 3 "$@" 2>&1 | awk -F'|' '$7 ~ /tg128/ { split($8, v, " "); print v[1] }'
-}
 for model in $Q $H; do
   echo "--- $(basename $model): local unix tcp0 tcp2 tcp4 tcp8 tcp16 tcp4-one-connection"
   bt $model --device CUDA0 > /dev/null  # warm-up

@@ -34,10 +34,6 @@ done
 trap 'kill ${pids[*]} 2>/dev/null' EXIT
 sleep 3
 grep -h listening $d/*.log | wc -l
-bt() { # MODEL [ARGS]: the tg128 t/s
-  local m=$1; shift
-  $F bench -m $m -p 0 -n 128 -r 3 "$@" 2>&1 | awk -F'|' '$7 ~ /tg128/ { split($8, v, " "); print v[1] }'
-}
 for model in $Q $H; do
   echo "--- $(basename $model): local unix tcp0 counts4 counts8 launches4 launches8"
   bt $model --device CUDA0 > /dev/null  # warm-up
