@@ -13,32 +13,11 @@ FERRY_TEST_BIN=$F timeout 240 $TC --gtest_filter='*Progressive*:*ServedTcp*:*Sam
 grep -E "FAILED|Failure|OK \]|PASSED|tests ran|SKIPPED|Expected|Which is|step" $OUT/test_cuda.txt | head -60
 wait
 echo "=== $(date -u +%T) servers"
-d=$(mktemp -d)
-$F serve --listen unix:$d/u --device CUDA0 > $d/u.log 2>&1 &
-pids=($!)
-P=$((21000 + RANDOM % 20000))
-for k in 0 2 4 8 16; do
-  FERRY_CUDA_PIECES=$k $F serve --listen tcp:127.0.0.1:$((P + k)) --device CUDA0 > $d/t$k.log 2>&1 &
-  pids+=($!)
-done
-trap 'kill ${pids[*]} 2>/dev/null' EXIT
-sleep 3
-grep -h listening $d/*.log
-for model in $Q $H; do
-  echo "--- $(basename $model): local unix tcp0 tcp2 tcp4 tcp8 tcp16"
-  bt $model --device CUDA0 > /dev/null  # warm-up
-  for k in 0 4; do bt $model --remote tcp:127.0.0.1:$((P + k)) > /dev/null; done
-  rounds=3
-  [ $model = $H ] && rounds=2
-  for r in $(seq $rounds); do
-    row="$(bt $model --device CUDA0) $(bt $model --remote unix:$d/u)"
-    for k in 0 2 4 8 16; do row="$row $(bt $model --remote tcp:127.0.0.1:$((P + k)))"; done
-    echo "$row"
-  done
-done
+serve_unix
+for k in 0 2 4 8 16; do serve_tcp $k FERRY_CUDA_PIECES=$k; done
+servers_up
+side_by_side "tcp0 tcp2 tcp4 tcp8 tcp16" "0 4" "0 2 4 8 16"
 echo "=== $(date -u +%T) profiled clients (1B Q4_0): logits read"
-for a in unix:$d/u tcp:127.0.0.1:$P tcp:127.0.0.1:$((P + 4)) tcp:127.0.0.1:$((P + 8)); do
-  echo "$a: $(FERRY_SESSION_PROFILE=1 $F bench -m $Q -p 0 -n 128 -r 1 --remote $a 2>&1 | grep -o 'compute call.*' | head -1)"
-done
+logits_reads 'compute call.*' unix:$SD/u tcp:127.0.0.1:$P tcp:127.0.0.1:$((P + 4)) tcp:127.0.0.1:$((P + 8))
 echo "test-ops over tcp (pieces 4): $($F test-ops --remote tcp:127.0.0.1:$((P + 4)) --device tcp:127.0.0.1:$((P + 4))/CUDA0 | tail -1)"
 echo "=== $(date -u +%T) done"

@@ -21,33 +21,13 @@ for r in 1 2; do
   echo "q4_0: $(R=3 tg $Q 128) $(R=3 tg $Q 128 FERRY_CUDA_PIECES=4) $(R=3 tg $Q 128 FERRY_CUDA_PIECES=8) $(R=3 tg $Q 128 FERRY_CUDA_PIECES=4 $L)  f16: $(R=3 tg $H 128) $(R=3 tg $H 128 FERRY_CUDA_PIECES=4) $(R=3 tg $H 128 FERRY_CUDA_PIECES=4 $L)"
 done
 echo "=== $(date -u +%T) servers"
-d=$(mktemp -d)
-$F serve --listen unix:$d/u --device CUDA0 > $d/u.log 2>&1 &
-pids=($!)
-P=$((21000 + RANDOM % 20000))
+serve_unix
 for k in 0 4 8; do
-  FERRY_CUDA_PIECES=$k $F serve --listen tcp:127.0.0.1:$((P + k)) --device CUDA0 > $d/t$k.log 2>&1 &
-  pids+=($!)
-  FERRY_CUDA_PIECES=$k $L $F serve --listen tcp:127.0.0.1:$((P + 20 + k)) --device CUDA0 > $d/l$k.log 2>&1 &
-  pids+=($!)
+  serve_tcp $k FERRY_CUDA_PIECES=$k
+  serve_tcp $((20 + k)) FERRY_CUDA_PIECES=$k $L
 done
-trap 'kill ${pids[*]} 2>/dev/null' EXIT
-sleep 3
-grep -h listening $d/*.log | wc -l
-for model in $Q $H; do
-  echo "--- $(basename $model): local unix tcp0 counts4 counts8 launches4 launches8"
-  bt $model --device CUDA0 > /dev/null  # warm-up
-  for k in 0 4 24; do bt $model --remote tcp:127.0.0.1:$((P + k)) > /dev/null; done
-  rounds=3
-  [ $model = $H ] && rounds=2
-  for r in $(seq $rounds); do
-    row="$(bt $model --device CUDA0) $(bt $model --remote unix:$d/u)"
-    for k in 0 4 8 24 28; do row="$row $(bt $model --remote tcp:127.0.0.1:$((P + k)))"; done
-    echo "$row"
-  done
-done
+servers_up
+side_by_side "tcp0 counts4 counts8 launches4 launches8" "0 4 24" "0 4 8 24 28"
 echo "=== $(date -u +%T) profiled clients (1B Q4_0): logits read"
-for a in unix:$d/u tcp:127.0.0.1:$P tcp:127.0.0.1:$((P + 4)) tcp:127.0.0.1:$((P + 8)) tcp:127.0.0.1:$((P + 24)) tcp:127.0.0.1:$((P + 28)); do
-  echo "$a: $(FERRY_SESSION_PROFILE=1 $F bench -m $Q -p 0 -n 128 -r 1 --remote $a 2>&1 | grep -o 'medians.*' | head -1)"
-done
+logits_reads 'medians.*' unix:$SD/u tcp:127.0.0.1:$P tcp:127.0.0.1:$((P + 4)) tcp:127.0.0.1:$((P + 8)) tcp:127.0.0.1:$((P + 24)) tcp:127.0.0.1:$((P + 28))
 echo "=== $(date -u +%T) done"

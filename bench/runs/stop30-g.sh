@@ -21,35 +21,12 @@ for r in 1 2; do
   echo "q4_0: $(R=3 tg $Q 128) $(R=3 tg $Q 128 FERRY_CUDA_PIECES=8) $(R=3 tg $Q 128 FERRY_CUDA_PIECES=8 $S) $(R=3 tg $Q 128 FERRY_CUDA_PIECES=4 $S)  f16: $(R=3 tg $H 128) $(R=3 tg $H 128 FERRY_CUDA_PIECES=8) $(R=3 tg $H 128 FERRY_CUDA_PIECES=8 $S)"
 done
 echo "=== $(date -u +%T) servers"
-d=$(mktemp -d)
-$F serve --listen unix:$d/u --device CUDA0 > $d/u.log 2>&1 &
-pids=($!)
-P=$((21000 + RANDOM % 20000))
-FERRY_CUDA_PIECES=0 $F serve --listen tcp:127.0.0.1:$P --device CUDA0 > $d/t0.log 2>&1 &
-pids+=($!)
-$F serve --listen tcp:127.0.0.1:$((P + 1)) --device CUDA0 > $d/t1.log 2>&1 &
-pids+=($!)
-for k in 4 8 16; do
-  FERRY_CUDA_PIECES=$k FERRY_CUDA_PIECE_SIGNAL=1 $F serve --listen tcp:127.0.0.1:$((P + k)) --device CUDA0 > $d/s$k.log 2>&1 &
-  pids+=($!)
-done
-trap 'kill ${pids[*]} 2>/dev/null' EXIT
-sleep 3
-grep -h listening $d/*.log | wc -l
-for model in $Q $H; do
-  echo "--- $(basename $model): local unix tcp0 copies8 signal4 signal8 signal16"
-  bt $model --device CUDA0 > /dev/null  # warm-up
-  for k in 0 1 8; do bt $model --remote tcp:127.0.0.1:$((P + k)) > /dev/null; done
-  rounds=3
-  [ $model = $H ] && rounds=2
-  for r in $(seq $rounds); do
-    row="$(bt $model --device CUDA0) $(bt $model --remote unix:$d/u)"
-    for k in 0 1 4 8 16; do row="$row $(bt $model --remote tcp:127.0.0.1:$((P + k)))"; done
-    echo "$row"
-  done
-done
+serve_unix
+serve_tcp 0 FERRY_CUDA_PIECES=0
+serve_tcp 1
+for k in 4 8 16; do serve_tcp $k FERRY_CUDA_PIECES=$k $S; done
+servers_up
+side_by_side "tcp0 copies8 signal4 signal8 signal16" "0 1 8" "0 1 4 8 16"
 echo "=== $(date -u +%T) profiled clients (1B Q4_0): logits read"
-for k in 0 1 4 8; do
-  echo "tcp $k: $(FERRY_SESSION_PROFILE=1 $F bench -m $Q -p 0 -n 128 -r 1 --remote tcp:127.0.0.1:$((P + k)) 2>&1 | grep -o 'medians.*' | head -1)"
-done
+logits_reads 'medians.*' tcp:127.0.0.1:$P tcp:127.0.0.1:$((P + 1)) tcp:127.0.0.1:$((P + 4)) tcp:127.0.0.1:$((P + 8))
 echo "=== $(date -u +%T) done"
