@@ -1381,89 +1381,131 @@ TEST(Cuda, RingDecodeEqualsTheRegisterForm) {
 
 // Progressive results (BackendOptions::progressive_results, what `ferry serve` asks for over
 // tcp): a one-column product of many rows, last in its graph and with its RMS norm folded in
-// like a model's output product, is handed over in pieces while the GPU computes. Over six
-// computes (a direct run, the capture, replays), reading the whole result and a middle part
-// that crosses piece boundaries, the bytes are those of a backend made without the option, in
-// more than one piece; nothing else is offered (another tensor, a second read, a backend
-// without the option).
+// like a model's output product, is handed over in pieces while the GPU computes: through the
+// host mirror (the default) and in the cut form. Over six computes (a direct run, the capture,
+// replays), reading the whole result and a middle part that crosses piece boundaries, with
+// unread runs and an unmirrored F32 product in between, the bytes are those of a backend made
+// without the option (the cut form in more than one piece); nothing else is offered (another
+// tensor, a second read, a backend without the option).
 TEST(Cuda, ProgressiveResultsGiveTheUsualBytes) {
     REQUIRE_GPU();
     Lcg rnd{21u};
-    const int64_t K = 2048, M = 40000;
+    const int64_t K = 2048, M = 40000, M32 = 20000, K32 = 256;
     const size_t bytes = static_cast<size_t>(M) * 4;
-    for (Type t : {Type::F16, Type::Q6_K}) {
-        SCOPED_TRACE(type_name(t));
-        std::vector<uint8_t> wb[2];
-        ASSERT_TRUE(random_weight_pair(t, K, M, rnd, wb));
-        std::vector<float> nv(static_cast<size_t>(K)), xv(nv.size());
-        for (float& v : nv) v = rnd() + 1.5f;
-        BackendOptions po;
-        po.progressive_results = true;
-        Expected<std::unique_ptr<Backend>> pbe = gpu()->make_backend(po);
-        Expected<std::unique_ptr<Backend>> ube = gpu()->make_backend();
-        ASSERT_TRUE(pbe && ube);
-        BufferType* bt = gpu()->buffer_type();
-        Context in, gc;
-        Tensor* w = in.new_tensor(t, {K, M});
-        Tensor* x = in.new_tensor(Type::F32, {K, 1});
-        Tensor* nw = in.new_tensor(Type::F32, {K});
-        Expected<std::unique_ptr<Buffer>> buf = allocate_context_tensors(in, bt);
-        ASSERT_TRUE(buf) << buf.message();
-        ASSERT_TRUE(tensor_set(w, wb[0].data(), wb[0].size()));
-        ASSERT_TRUE(tensor_set(nw, nv.data(), nv.size() * 4));
-        Tensor* y = gc.mul_mat(w, gc.mul(gc.rms_norm(x, 1e-5f), nw));
-        y->flags |= kTensorOutput;
-        Graph g;
-        g.build_forward(y);
-        GraphAllocator alloc(bt);
-        ASSERT_TRUE(alloc.allocate(g));
-        const std::vector<float> poison(static_cast<size_t>(M), std::nanf(""));
-        for (int step = 0; step < 6; step++) {
-            for (float& v : xv) v = rnd() * 3.0f;
-            ASSERT_TRUE(tensor_set(x, xv.data(), xv.size() * 4));
-            ASSERT_TRUE((*ube)->compute(g));
-            ASSERT_TRUE((*ube)->synchronize());
-            std::vector<float> want(static_cast<size_t>(M));
-            ASSERT_TRUE(tensor_get(y, want.data(), bytes));
-            ASSERT_TRUE(tensor_set(y, poison.data(), bytes));
-            // Odd steps read rows [15000, 27000): the end of one piece, two whole ones, the
-            // start of a fourth (8 pieces of 5,120 rows by default).
-            const size_t off = step % 2 ? 15000 * 4 : 0, len = step % 2 ? 12000 * 4 : bytes;
-            ASSERT_TRUE((*pbe)->compute(g));
-            PieceRead pr = (*pbe)->read_in_pieces(y, off, len);
-            ASSERT_NE(pr.data, nullptr) << "step " << step;
-            ASSERT_EQ(pr.size, len);
-            size_t have = 0;
-            int waits = 0;
-            while (have < len) {
-                Expected<size_t> r = pr.wait(have);
-                ASSERT_TRUE(r) << r.message();
-                ASSERT_GT(*r, have);
-                ASSERT_LE(*r, len);
-                have = *r;
-                waits++;
+    // The host mirror (the default) and the cut form (FERRY_CUDA_PIECE_CUT=1).
+    for (const bool cut : {false, true}) {
+        // The streaming form (F16, Q6_K) and the int8 kernel (Q8_0).
+        for (Type t : {Type::F16, Type::Q6_K, Type::Q8_0}) {
+            SCOPED_TRACE(std::string(type_name(t)) + (cut ? ", cut" : ", mirror"));
+            // The streaming kernel's products are mirrored unless the cut form is asked for;
+            // the int8 kernel's (Q8_0) are cut either way.
+            const bool mirrored = !cut && t != Type::Q8_0;
+            std::vector<uint8_t> wb[2];
+            ASSERT_TRUE(random_weight_pair(t, K, M, rnd, wb));
+            std::vector<float> nv(static_cast<size_t>(K)), xv(nv.size());
+            for (float& v : nv) v = rnd() + 1.5f;
+            BackendOptions po;
+            po.progressive_results = true;
+            if (cut) setenv("FERRY_CUDA_PIECE_CUT", "1", 1);
+            Expected<std::unique_ptr<Backend>> pbe = gpu()->make_backend(po);
+            unsetenv("FERRY_CUDA_PIECE_CUT");
+            Expected<std::unique_ptr<Backend>> ube = gpu()->make_backend();
+            ASSERT_TRUE(pbe && ube);
+            BufferType* bt = gpu()->buffer_type();
+            Context in, gc;
+            Tensor* w = in.new_tensor(t, {K, M});
+            Tensor* x = in.new_tensor(Type::F32, {K, 1});
+            Tensor* nw = in.new_tensor(Type::F32, {K});
+            // A product of F32 weights, which no mirrored kernel takes (computed in between).
+            Tensor* w32 = in.new_tensor(Type::F32, {K32, M32});
+            Tensor* x32 = in.new_tensor(Type::F32, {K32, 1});
+            Expected<std::unique_ptr<Buffer>> buf = allocate_context_tensors(in, bt);
+            ASSERT_TRUE(buf) << buf.message();
+            ASSERT_TRUE(tensor_set(w, wb[0].data(), wb[0].size()));
+            ASSERT_TRUE(tensor_set(nw, nv.data(), nv.size() * 4));
+            {
+                std::vector<float> v32(static_cast<size_t>(K32 * (M32 + 1)));
+                for (float& v : v32) v = rnd();
+                ASSERT_TRUE(tensor_set(w32, v32.data(), static_cast<size_t>(K32 * M32) * 4));
+                ASSERT_TRUE(tensor_set(x32, v32.data() + K32 * M32, static_cast<size_t>(K32) * 4));
             }
-            EXPECT_GE(waits, 2) << "step " << step;
-            EXPECT_EQ(
-                std::memcmp(pr.data, reinterpret_cast<const uint8_t*>(want.data()) + off, len), 0)
-                << "step " << step;
-            // Read once: the next call gets the usual path.
-            EXPECT_EQ((*pbe)->read_in_pieces(y, off, len).data, nullptr);
-            // The pinned copy is reported for a host to charge; a backend without pieces
-            // holds none.
-            EXPECT_EQ((*pbe)->scratch_bytes(), bytes);
-            EXPECT_EQ((*ube)->scratch_bytes(), 0u);
-            std::vector<float> got(static_cast<size_t>(M));
-            ASSERT_TRUE(tensor_get(y, got.data(), bytes));
-            EXPECT_EQ(std::memcmp(got.data(), want.data(), bytes), 0) << "step " << step;
+            Tensor* y = gc.mul_mat(w, gc.mul(gc.rms_norm(x, 1e-5f), nw));
+            y->flags |= kTensorOutput;
+            Graph g;
+            g.build_forward(y);
+            GraphAllocator alloc(bt);
+            ASSERT_TRUE(alloc.allocate(g));
+            Context gc32;
+            Tensor* y32 = gc32.mul_mat(w32, x32);
+            y32->flags |= kTensorOutput;
+            Graph g32;
+            g32.build_forward(y32);
+            GraphAllocator alloc32(bt);
+            ASSERT_TRUE(alloc32.allocate(g32));
+            const std::vector<float> poison(static_cast<size_t>(M), std::nanf(""));
+            for (int step = 0; step < 6; step++) {
+                for (float& v : xv) v = rnd() * 3.0f;
+                ASSERT_TRUE(tensor_set(x, xv.data(), xv.size() * 4));
+                if (step == 2 || step == 3) {
+                    // A run nobody reads, then the F32 product (not the streaming kernel's: in
+                    // the cut form), before the run that is read.
+                    ASSERT_TRUE((*pbe)->compute(g));
+                    ASSERT_TRUE((*pbe)->compute(g32));
+                    PieceRead r32 = (*pbe)->read_in_pieces(y32, 0, static_cast<size_t>(M32) * 4);
+                    EXPECT_NE(r32.data, nullptr) << "step " << step;  // (in the cut form)
+                    ASSERT_TRUE((*pbe)->synchronize());
+                }
+                ASSERT_TRUE((*ube)->compute(g));
+                ASSERT_TRUE((*ube)->synchronize());
+                std::vector<float> want(static_cast<size_t>(M));
+                ASSERT_TRUE(tensor_get(y, want.data(), bytes));
+                ASSERT_TRUE(tensor_set(y, poison.data(), bytes));
+                // Odd steps read rows [15000, 27000): the end of one piece, two whole ones, the
+                // start of a fourth (8 pieces of 5,120 rows by default).
+                const size_t off = step % 2 ? 15000 * 4 : 0, len = step % 2 ? 12000 * 4 : bytes;
+                ASSERT_TRUE((*pbe)->compute(g));
+                PieceRead pr = (*pbe)->read_in_pieces(y, off, len);
+                ASSERT_NE(pr.data, nullptr) << "step " << step;
+                ASSERT_EQ(pr.size, len);
+                size_t have = 0;
+                int waits = 0;
+                while (have < len) {
+                    Expected<size_t> r = pr.wait(have);
+                    ASSERT_TRUE(r) << r.message();
+                    ASSERT_GT(*r, have);
+                    ASSERT_LE(*r, len);
+                    have = *r;
+                    waits++;
+                }
+                // The cut form hands out whole pieces; the mirror every step of W G rows
+                // whose flag is set (all of it at once when the GPU was quicker).
+                if (!mirrored) {
+                    EXPECT_GE(waits, 2) << "step " << step;
+                }
+                EXPECT_EQ(
+                    std::memcmp(pr.data, reinterpret_cast<const uint8_t*>(want.data()) + off, len),
+                    0)
+                    << "step " << step;
+                // Read once: the next call gets the usual path.
+                EXPECT_EQ((*pbe)->read_in_pieces(y, off, len).data, nullptr);
+                // The pinned copy (the mirror's rows and its 64 step flags; from step 2 on also
+                // the F32 product's pieces) is reported for a host to charge; a backend without
+                // pieces holds none.
+                EXPECT_EQ((*pbe)->scratch_bytes(), (mirrored ? bytes + 64 * 4 : bytes) +
+                                                       (mirrored && step >= 2 ? M32 * 4 : 0));
+                EXPECT_EQ((*ube)->scratch_bytes(), 0u);
+                std::vector<float> got(static_cast<size_t>(M));
+                ASSERT_TRUE(tensor_get(y, got.data(), bytes));
+                EXPECT_EQ(std::memcmp(got.data(), want.data(), bytes), 0) << "step " << step;
+            }
+            ASSERT_TRUE((*pbe)->compute(g));
+            EXPECT_EQ((*pbe)->read_in_pieces(x, 0, xv.size() * 4).data, nullptr);
+            EXPECT_EQ((*pbe)->read_in_pieces(y, bytes - 4, 8).data, nullptr);  // past its end
+            ASSERT_TRUE((*pbe)->synchronize());
+            ASSERT_TRUE((*ube)->compute(g));
+            EXPECT_EQ((*ube)->read_in_pieces(y, 0, bytes).data, nullptr);
+            ASSERT_TRUE((*ube)->synchronize());
         }
-        ASSERT_TRUE((*pbe)->compute(g));
-        EXPECT_EQ((*pbe)->read_in_pieces(x, 0, xv.size() * 4).data, nullptr);
-        EXPECT_EQ((*pbe)->read_in_pieces(y, bytes - 4, 8).data, nullptr);  // past its end
-        ASSERT_TRUE((*pbe)->synchronize());
-        ASSERT_TRUE((*ube)->compute(g));
-        EXPECT_EQ((*ube)->read_in_pieces(y, 0, bytes).data, nullptr);
-        ASSERT_TRUE((*ube)->synchronize());
     }
 }
 
@@ -1490,7 +1532,7 @@ TEST(Cuda, ServedTcpLogitsEqualLocalWithProgressiveReads) {
     // The server's environment: the default pieces (8; striped when the client joins stripe
     // connections, as it does on hosts of 8+ threads), none, 2, 16, and on one connection.
     for (const char* env : {"FERRY_CUDA_PIECES=8", "FERRY_CUDA_PIECES=0", "FERRY_CUDA_PIECES=2",
-                            "FERRY_CUDA_PIECES=16", "FERRY_SERVE_PIECE_STRIPES=0"}) {
+                            "FERRY_CUDA_PIECE_CUT=1", "FERRY_SERVE_PIECE_STRIPES=0"}) {
         SCOPED_TRACE(env);
         const std::string e = env;
         const std::string name = e.substr(0, e.find('='));

@@ -1020,6 +1020,59 @@ TEST(RemoteStripes, LargeReadsOverTcpComeBackWholeOverEveryStripe) {
     EXPECT_EQ(us->client_stripes, 1u);
 }
 
+// The striped layout (remote::stripe_parts): chunks of whole pages, at least 32 KiB, chunk j on
+// stripe j % n; every byte of a payload on exactly one stripe, each stripe's parts in order and
+// at most kStripeChunksEach + 1 of them; the parts of a range are the parts of the whole cut to
+// it (what a progressive send relies on), and stripe_next finds a stripe's next byte.
+TEST(RemoteStripes, InterleavedChunksCoverEveryByteOnce) {
+    for (uint64_t len : {uint64_t{256} << 10, uint64_t{513024}, (uint64_t{1} << 20) + 4321,
+                         (uint64_t{64} << 20) + 7}) {
+        for (int n = 1; n <= remote::kMaxStripes; n++) {
+            SCOPED_TRACE(std::to_string(len) + " bytes over " + std::to_string(n));
+            const uint64_t c = remote::stripe_chunk(len, n);
+            EXPECT_EQ(c % 4096, 0u);
+            EXPECT_GE(c, remote::kStripeChunkMin);
+            std::vector<uint8_t> seen(len, 0);
+            for (int i = 0; i < n; i++) {
+                uint64_t at = 0, parts = 0;
+                remote::stripe_parts(len, n, i, 0, len, [&](uint64_t off, uint64_t size) {
+                    EXPECT_GE(off, at);
+                    EXPECT_GT(size, 0u);
+                    if (n > 1) {
+                        EXPECT_EQ((off / c) % static_cast<uint64_t>(n), static_cast<uint64_t>(i));
+                        EXPECT_EQ(off / c, (off + size - 1) / c);  // within one chunk
+                    }
+                    for (uint64_t b = off; b < off + size; b++) seen[b]++;
+                    at = off + size;
+                    parts++;
+                });
+                EXPECT_LE(parts, remote::kStripeChunksEach + 1);
+                // Cut at two odd places: the same bytes.
+                const uint64_t a = len / 3 + 17, b = len - len / 5 - 5;
+                uint64_t whole = 0, cut = 0;
+                remote::stripe_parts(len, n, i, 0, len, [&](uint64_t, uint64_t s) { whole += s; });
+                for (auto [f, t] : {std::pair{uint64_t{0}, a}, {a, b}, {b, len}}) {
+                    remote::stripe_parts(len, n, i, f, t, [&](uint64_t off, uint64_t s) {
+                        EXPECT_GE(off, f);
+                        EXPECT_LE(off + s, t);
+                        cut += s;
+                    });
+                }
+                EXPECT_EQ(cut, whole);
+                // The next byte of stripe i from a: a itself when stripe i carries it.
+                const uint64_t nx = remote::stripe_next(len, n, i, a);
+                EXPECT_GE(nx, a);
+                if (nx < len && n > 1) {
+                    EXPECT_EQ((nx / c) % static_cast<uint64_t>(n), static_cast<uint64_t>(i));
+                    EXPECT_TRUE(nx == a || nx % c == 0);
+                }
+                EXPECT_EQ(remote::stripe_next(len, n, i, len), len);
+            }
+            EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), static_cast<std::ptrdiff_t>(len));
+        }
+    }
+}
+
 // A progressive striped send (the server's reply to a read whose bytes a GPU still produces:
 // StripeLanes::start with `ready` < len, then advance): each lane sends only bytes in place. The
 // sender's buffer holds 0xEE past what it has said is ready and gets the real bytes just
@@ -1043,27 +1096,33 @@ TEST(RemoteStripes, ProgressiveSendsOnlyWhatIsReady) {
         }
         const int n = lanes + 1;
         std::vector<uint8_t> out(len, 0xEE), got(len, 0x11);
-        const uint64_t mine = remote::stripe_begin(len, n, 1);
+        // The chunks are interleaved: stripe 0 has parts all over the payload.
+        int parts0 = 0;
+        remote::stripe_parts(len, n, 0, 0, len, [&](uint64_t, uint64_t) { parts0++; });
+        const uint64_t chunks =
+            (len + remote::stripe_chunk(len, n) - 1) / remote::stripe_chunk(len, n);
+        EXPECT_EQ(static_cast<uint64_t>(parts0), (chunks + n - 1) / n);
+        EXPECT_GE(parts0, 2);
         Status rst;
         std::thread reader([&] {
             recv.start(got.data(), len);
-            rst = own_recv.recv_exact(got.data(), mine, nullptr);
+            remote::stripe_parts(len, n, 0, 0, len, [&](uint64_t off, uint64_t size) {
+                if (rst) rst = own_recv.recv_exact(got.data() + off, size, nullptr);
+            });
             const Status f = recv.finish();
             if (rst) rst = f;
         });
-        uint64_t ready = 0, sent = 0;
+        uint64_t ready = 0;
         send.start(out.data(), len, ready);
         Status st;
         while (ready < len && st) {
             const uint64_t next = std::min<uint64_t>(len, ready + 100003);
             std::memcpy(out.data() + ready, data.data() + ready, next - ready);
             std::this_thread::sleep_for(std::chrono::microseconds(300));
+            const uint64_t prev = ready;
             ready = next;
             send.advance(ready);
-            if (const uint64_t upto = std::min(ready, mine); upto > sent) {
-                st = own_send.send_all(out.data() + sent, upto - sent, nullptr, 0);
-                sent = upto;
-            }
+            st = remote::send_stripe(own_send, out.data(), len, n, 0, prev, ready);
         }
         const Status f = send.finish();
         reader.join();

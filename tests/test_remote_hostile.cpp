@@ -993,9 +993,12 @@ TEST(HostileTcp, StripeJoinsNeedTheSessionsKeyAndOrder) {
     EXPECT_EQ(rh.flags, remote::kFlagReply | remote::kFlagStriped);
     ASSERT_EQ(rh.len, len);
     std::vector<uint8_t> got(len);
-    const uint64_t split = remote::stripe_begin(len, 2, 1);
-    ASSERT_TRUE(read_fd(main.fd(), got.data(), split));
-    ASSERT_TRUE(read_fd(lane.fd(), got.data() + split, len - split));
+    // Interleaved chunks: stripe 0's on the session's connection, stripe 1's on the lane.
+    for (int i = 0; i < 2; i++) {
+        remote::stripe_parts(len, 2, i, 0, len, [&](uint64_t off, uint64_t size) {
+            ASSERT_TRUE(read_fd(i == 0 ? main.fd() : lane.fd(), got.data() + off, size));
+        });
+    }
     EXPECT_EQ(std::memcmp(got.data(), bytes.data() + 4, len), 0);
     // The session goes on; a smaller read is not striped.
     auto small = main.request(Cmd::TENSOR_GET, payload([&](wire::Writer& w) {
@@ -1026,7 +1029,9 @@ TEST(HostileTcp, StripeJoinsNeedTheSessionsKeyAndOrder) {
         drained += static_cast<size_t>(k);
     EXPECT_EQ(k, 0) << "the session's connection was not closed (recv: " << std::strerror(errno)
                     << ")";
-    EXPECT_LE(drained, 2 * (remote::kHeaderSize + split));  // never a lane's stripe here
+    uint64_t mine = 0;  // stripe 0's bytes
+    remote::stripe_parts(len, 2, 0, 0, len, [&](uint64_t, uint64_t size) { mine += size; });
+    EXPECT_LE(drained, 2 * (remote::kHeaderSize + mine));  // never a lane's stripe here
     RawClient after;
     ASSERT_TRUE(after.connect(srv.addr()));
     auto ah = after.hello();

@@ -33,7 +33,7 @@ enum FrameFlags : uint16_t {
     kFlagError = 2u,  // reply payload is a u32-length error message
     // A reply whose payload is split over the session's stripe connections (STRIPES): the
     // frame's connection carries the header and stripe 0, joined connection i stripe i (see
-    // stripe_begin); only successful TENSOR_GET replies of at least kStripeMin bytes.
+    // stripe_parts); only successful TENSOR_GET replies of at least kStripeMin bytes.
     kFlagStriped = 4u,
 };
 
@@ -84,22 +84,56 @@ enum Caps : uint64_t {
     kCapGraphCache = 1ull << 1,    // GRAPH_COMPUTE mode 1 (delta against a cached table)
     kCapEvents = 1ull << 2,        // EVENT_* commands (server-side events)
     // tcp: the HELLO reply ends with a kStripeKeyBytes key, with which extra connections may
-    // join the session to carry stripes of large replies (STRIPE_JOIN, STRIPES).
-    kCapStripes = 1ull << 3,
+    // join the session to carry stripes of large replies (STRIPE_JOIN, STRIPES), in the
+    // interleaved layout of stripe_parts. (Bit 3 was the first form, one contiguous part per
+    // stripe; no longer offered or granted, so that builds of the two forms never stripe.)
+    kCapStripes = 1ull << 4,
 };
 
 // Striped replies: one tcp connection moves ~8.6 GB/s on the H200 host's loopback (its bytes
 // are copied by one core on each side; bench/bench_tcp_stripes); n connections served by n
-// threads on each side move them in parallel. Stripe i of a payload of len bytes over n connections
-// is [stripe_begin(len, n, i), stripe_begin(len, n, i + 1)): equal parts in whole 4 KiB pages, the
-// last one the rest.
+// threads on each side move them in parallel. A payload of len bytes over n connections is cut
+// into chunks of stripe_chunk(len, n) bytes (whole 4 KiB pages, at least 32 KiB, at most
+// kStripeChunksEach per stripe), chunk j on stripe j % n: interleaved, so that the bytes of a
+// reply the server sends as they are produced (progressive reads) keep every stripe busy, not
+// the first stripe while the first part is made and the last while the rest is (measured on
+// the H200, stop 32: contiguous stripes sent a step's logits ~30-45 us after the last piece).
 constexpr int kMaxStripes = 8;
 constexpr uint64_t kStripeMin = 256u << 10;
 constexpr size_t kStripeKeyBytes = 16;
-inline uint64_t stripe_begin(uint64_t len, int n, int i) {
-    if (i >= n) return len;
-    const uint64_t part = (len / static_cast<uint64_t>(n)) & ~uint64_t{4095};
-    return part * static_cast<uint64_t>(i);
+constexpr uint64_t kStripeChunkMin = 32u << 10;
+constexpr uint64_t kStripeChunksEach = 32;
+inline uint64_t stripe_chunk(uint64_t len, int n) {
+    const uint64_t per = len / (static_cast<uint64_t>(n) * kStripeChunksEach);
+    const uint64_t c = (per + 4095) & ~uint64_t{4095};
+    return c > kStripeChunkMin ? c : kStripeChunkMin;
+}
+// Calls f(offset, size) for each part of stripe i (of n) of a len-byte payload that lies in
+// [from, to), in order (one part for n == 1).
+template <class F>
+void stripe_parts(uint64_t len, int n, int i, uint64_t from, uint64_t to, F&& f) {
+    if (to > len) to = len;
+    if (from >= to) return;
+    if (n <= 1) {
+        f(from, to - from);
+        return;
+    }
+    const uint64_t c = stripe_chunk(len, n), nn = static_cast<uint64_t>(n);
+    uint64_t j = from / c;
+    j += (static_cast<uint64_t>(i) + nn - j % nn) % nn;  // the stripe's first chunk from there
+    for (; j * c < to; j += nn) {
+        const uint64_t b = j * c > from ? j * c : from, e = (j + 1) * c < to ? (j + 1) * c : to;
+        f(b, e - b);
+    }
+}
+// The first byte at or after `at` that stripe i carries (len when none).
+inline uint64_t stripe_next(uint64_t len, int n, int i, uint64_t at) {
+    uint64_t next = len;
+    bool found = false;
+    stripe_parts(len, n, i, at, len, [&](uint64_t off, uint64_t) {
+        if (!found) next = off, found = true;
+    });
+    return next;
 }
 
 // Device record caps bits (LIST_DEVICES, u8).

@@ -1,5 +1,7 @@
 #include "remote-proto/stripes.h"
 
+#include <sys/uio.h>
+
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -7,6 +9,23 @@
 #include "remote-proto/protocol.h"
 
 namespace ferry::remote {
+
+Status send_stripe(Socket& sock, const uint8_t* data, uint64_t len, int n, int i, uint64_t from,
+                   uint64_t to, const iovec* before, int n_before) {
+    iovec parts[Socket::kMaxParts];
+    int k = 0;
+    for (; k < n_before; k++) parts[k] = before[k];
+    Status st;
+    stripe_parts(len, n, i, from, to, [&](uint64_t off, uint64_t size) {
+        if (k == Socket::kMaxParts) {  // (more chunks than one send takes: send what is there)
+            if (st) st = sock.send_parts(parts, k);
+            k = 0;
+        }
+        parts[k++] = {const_cast<uint8_t*>(data + off), static_cast<size_t>(size)};
+    });
+    if (st && k > 0) st = sock.send_parts(parts, k);
+    return st;
+}
 
 StripeLanes::StripeLanes(Dir dir, int64_t spin_ns, int64_t expect_ns, int frame_ms)
     : dir_(dir), spin_ns_(spin_ns), expect_ns_(expect_ns), frame_ms_(frame_ms) {
@@ -87,22 +106,24 @@ void StripeLanes::run(Lane& me, int index) {
             n = n_;
             ok = failed_.is_ok();
         }
-        const uint64_t b = stripe_begin(len, n, index), e = stripe_begin(len, n, index + 1);
+        const uint64_t first = stripe_next(len, n, index, 0);
         Status st;
-        if (ok && e > b && dir_ == Dir::Receive) {
-            st = me.sock.recv_exact(data + b, e - b, nullptr);
+        if (ok && first < len && dir_ == Dir::Receive) {
+            stripe_parts(len, n, index, 0, len, [&](uint64_t off, uint64_t size) {
+                if (st) st = me.sock.recv_exact(data + off, size, nullptr);
+            });
             me.sock.end_frame();
-        } else if (ok && e > b) {
+        } else if (ok && first < len) {
             // What of the stripe is in place, as it comes (all of it at once, but for a
-            // progressive read).
-            for (uint64_t at = b; at < e && st;) {
+            // progressive read), in one send each time.
+            for (uint64_t at = first; at < len && st;) {
                 if (!wait_for([&] { return ready_.load(std::memory_order_acquire) > at; },
                               expect_ns_)) {
                     return;
                 }
-                const uint64_t upto = std::min(e, ready_.load(std::memory_order_acquire));
-                st = me.sock.send_all(data + at, upto - at, nullptr, 0);
-                at = upto;
+                const uint64_t upto = std::min(len, ready_.load(std::memory_order_acquire));
+                st = send_stripe(me.sock, data, len, n, index, at, upto);
+                at = stripe_next(len, n, index, upto);
             }
             me.sock.end_frame();
         }

@@ -18,6 +18,12 @@
 
 namespace ferry::remote {
 
+// Sends the parts of stripe i (of n) of a len-byte payload at data that lie in [from, to)
+// (stripe_parts), after the n_before pieces `before` (a reply's held frames and header), in as
+// few system calls as Socket::send_parts allows.
+Status send_stripe(Socket& sock, const uint8_t* data, uint64_t len, int n, int i, uint64_t from,
+                   uint64_t to, const iovec* before = nullptr, int n_before = 0);
+
 class StripeLanes {
   public:
     enum class Dir { Send, Receive };

@@ -133,7 +133,6 @@ Status Socket::send_all(const void* a, size_t na, const void* b, size_t nb, int 
 }
 
 Status Socket::send_parts(const iovec* parts, int n_parts, int pass_fd) {
-    constexpr int kMaxParts = 8;
     if (n_parts < 0 || n_parts > kMaxParts) return Status::errorf("send: %d pieces", n_parts);
     iovec left[kMaxParts];
     int first = 0, n = 0;

@@ -51,7 +51,9 @@ class Socket {
     // Blocking send of two pieces (e.g. header + payload); when pass_fd >= 0 it travels with
     // the first byte (SCM_RIGHTS, Unix sockets only). Never raises SIGPIPE.
     Status send_all(const void* a, size_t na, const void* b, size_t nb, int pass_fd = -1);
-    // The same for n pieces (empty ones allowed), in one system call when they fit.
+    // The same for n <= kMaxParts pieces (empty ones allowed), in one system call when they
+    // fit.
+    static constexpr int kMaxParts = 48;
     Status send_parts(const iovec* parts, int n, int pass_fd = -1);
     // Blocking receive of at most cap bytes; *got gets the count, 0 at the end of the stream.
     // Timeouts and idle_ok as in recv_exact (idle_ok: a timeout just keeps waiting).

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -97,6 +98,58 @@ struct StripeSlot {
 // that are followed by requests already received are held and go out together, in one send,
 // when the server is about to wait for input (or has much to send): a pipelined step is then
 // one receive and one send on each side.
+// FERRY_SERVE_PIECE_TRACE=1: each connection prints, when it ends, the medians of its
+// progressive replies' timeline (us from the reply's start: when each of the first pieces was
+// handed over, when the last was, when stripe 0 and the lanes had sent everything).
+class PieceTrace {
+  public:
+    static constexpr int kPieces = 12;
+    using clock = std::chrono::steady_clock;
+    bool on() const { return on_; }
+    void begin() { t0_ = clock::now(), n_ = 0, cur_.fill(-1); }
+    void piece() {
+        if (n_ < kPieces) cur_[static_cast<size_t>(n_)] = since();
+        n_++;
+    }
+    void end(int64_t last, int64_t sent0, int64_t lanes) {
+        cur_[kPieces] = last, cur_[kPieces + 1] = sent0, cur_[kPieces + 2] = lanes;
+        cur_[kPieces + 3] = n_;
+        rows_.push_back(cur_);
+    }
+    int64_t since() const {
+        return std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - t0_).count();
+    }
+    ~PieceTrace() {
+        if (!on_ || rows_.size() < 4) return;
+        auto med = [&](size_t c) {
+            std::vector<int64_t> v;
+            for (const auto& r : rows_) {
+                if (r[c] >= 0) v.push_back(r[c]);
+            }
+            if (v.empty()) return -1.0;
+            std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+            return static_cast<double>(v[v.size() / 2]) / 1000.0;
+        };
+        std::string pieces;
+        for (size_t c = 0; c < kPieces; c++) {
+            if (const double m = med(c); m >= 0) pieces += strfmt(" %.1f", m);
+        }
+        std::fprintf(stderr,
+                     "ferry serve: %zu progressive replies, medians (us from the reply's start): "
+                     "pieces handed over%s (%.0f calls); last %.1f; stripe 0 sent %.1f; lanes "
+                     "sent %.1f\n",
+                     rows_.size(), pieces.c_str(), med(kPieces + 3) * 1000.0, med(kPieces),
+                     med(kPieces + 1), med(kPieces + 2));
+    }
+
+  private:
+    bool on_ = env_on("FERRY_SERVE_PIECE_TRACE");
+    clock::time_point t0_;
+    int n_ = 0;
+    std::array<int64_t, kPieces + 4> cur_{};
+    std::vector<std::array<int64_t, kPieces + 4>> rows_;
+};
+
 class Stream {
   public:
     explicit Stream(Socket& sock) : sock_(sock), in_(sock) {}
@@ -172,17 +225,18 @@ class Stream {
     Status reply_in_order(uint8_t* hdr, const Header& req, const Reply& r, const uint8_t* body,
                           size_t len, int n) {
         const bool striped = n >= 2;
+        const bool tr = trace_.on() && r.more;
+        if (tr) trace_.begin();
+        int64_t t_last = -1;
         size_t ready = r.more ? std::min(r.data_ready, len) : len;
-        // Stripe 0 (all of it without stripes) is this connection's.
-        const size_t mine = striped ? static_cast<size_t>(remote::stripe_begin(len, n, 1)) : len;
+        // Stripe 0 (all of it without stripes) is this connection's: its parts below `ready`
+        // go out now, the rest as they come.
         write_reply_header(hdr, req, r, len,
                            static_cast<uint16_t>(striped ? remote::kFlagStriped : 0));
         if (striped) stripes_->lanes.start(const_cast<uint8_t*>(body), len, ready);
-        size_t sent = std::min(ready, mine);
-        const iovec parts[3] = {{const_cast<uint8_t*>(out_.data()), out_.size()},
-                                {hdr, remote::kHeaderSize},
-                                {const_cast<uint8_t*>(body), sent}};
-        Status st = sock_.send_parts(parts, 3);
+        const iovec before[2] = {{const_cast<uint8_t*>(out_.data()), out_.size()},
+                                 {hdr, remote::kHeaderSize}};
+        Status st = remote::send_stripe(sock_, body, len, n, 0, 0, ready, before, 2);
         out_.clear();
         while (st && ready < len) {
             Expected<size_t> now = r.more(ready);
@@ -195,17 +249,24 @@ class Stream {
                                     ready, len);
                 break;
             }
+            const size_t prev = ready;
             ready = *now;
-            if (striped) stripes_->lanes.advance(ready);
-            if (const size_t upto = std::min(ready, mine); upto > sent) {
-                st = sock_.send_all(body + sent, upto - sent, nullptr, 0);
-                sent = upto;
+            if (tr) {
+                trace_.piece();
+                if (ready == len) t_last = trace_.since();
             }
+            if (striped) stripes_->lanes.advance(ready);
+            st = remote::send_stripe(sock_, body, len, n, 0, prev, ready);
         }
         // When a progressive read failed, the lanes wait for bytes that will not come: the
         // session ends, and its lanes with it.
-        if (!striped || ready < len) return st;
+        const int64_t t_sent = tr ? trace_.since() : -1;
+        if (!striped || ready < len) {
+            if (tr) trace_.end(t_last, t_sent, t_sent);
+            return st;
+        }
         const Status lanes = stripes_->lanes.finish();
+        if (tr) trace_.end(t_last, t_sent, trace_.since());
         return st ? lanes : st;
     }
 
@@ -213,6 +274,7 @@ class Stream {
     remote::BufferedReader in_;
     remote::HeldFrames out_;
     StripeSlot* stripes_ = nullptr;
+    PieceTrace trace_;
 };
 
 }  // namespace

@@ -29,6 +29,12 @@ constexpr size_t kCublasWorkspace = 32u << 20;
 // runs at a fraction of the bus speed.
 constexpr size_t kPinnedRead = 64u << 10;
 
+#if defined(__x86_64__) || defined(__i386__)
+#define FERRY_CUDA_PAUSE() __builtin_ia32_pause()
+#else
+#define FERRY_CUDA_PAUSE() ((void)0)
+#endif
+
 #define CUDA_TRY(expr, ...)                                                                   \
     do {                                                                                      \
         const cudaError_t cuda_err_ = (expr);                                                 \
@@ -556,6 +562,8 @@ class CudaBackend : public Backend {
         if (join_ev_) cudaEventDestroy(join_ev_);
         if (side_) cudaStreamDestroy(side_);
         if (mirror_) cudaFreeHost(mirror_);
+        if (hm_flags_) cudaFreeHost(hm_flags_);
+        if (hm_count_) cudaFree(hm_count_);
         if (piece_flags_) cudaFreeHost(piece_flags_);
         if (piece_ids_) cudaFree(piece_ids_);
         cudaStreamDestroy(stream_);
@@ -571,6 +579,7 @@ class CudaBackend : public Backend {
             pieces_ = std::clamp(std::atoi(v), 0, kMaxPieces);
         }
         piece_copies_ = !env_off("FERRY_CUDA_PIECE_COPIES");
+        piece_cut_ = env_on("FERRY_CUDA_PIECE_CUT");
     }
 
     Status set_tensor_async(Tensor* t, const void* src, size_t offset, size_t size) override {
@@ -673,7 +682,7 @@ class CudaBackend : public Backend {
     Status compute(Graph& g) override;
     PieceRead read_in_pieces(const Tensor* t, size_t offset, size_t size) override;
     // The pinned copy of a progressive product (a server charges it to the session).
-    size_t scratch_bytes() const override { return mirror_size_; }
+    size_t scratch_bytes() const override { return mirror_size_ + (hm_flags_ ? hm_bytes_ : 0); }
 
     Status synchronize() override {
         FERRY_TRY(dev_->activate());
@@ -786,12 +795,14 @@ class CudaBackend : public Backend {
     Status run_profiled();
     Status run_step(const Step& s);
     // Progressive results (BackendOptions::progressive_results, read_in_pieces): when a
-    // graph's last step is a one-column product of many rows (a decode step's logits), it runs
-    // as pieces_ launches over its rows; after each, a second stream copies that piece's rows
-    // into pinned host memory (mirror_) and sets the piece's flag there (an 8-byte copy: copy
-    // engines only, nothing that competes with the product for SMs), so that a server sends
-    // the first logits over its socket while the GPU computes the last. Each cut costs the GPU
-    // a few microseconds (bench/results/cuda.md, stop 30).
+    // graph's last step is a one-column product of many rows (a decode step's logits), its
+    // rows reach host memory while the GPU still computes the rest, so that a server sends the
+    // first logits over its socket while the GPU computes the last. Two forms: the host
+    // mirror below (the streaming kernel's products, the default), and the cut form: the
+    // product as pieces_ launches over its rows; after each, a second stream copies that
+    // piece's rows into pinned host memory (mirror_) and sets the piece's flag there (an
+    // 8-byte copy: copy engines only). Each cut costs the GPU a few microseconds
+    // (bench/results/cuda.md, stop 30); the mirror about nothing (stop 32).
     static constexpr int kMaxPieces = 16, kDefaultPieces = 8;
     // From a decode step's logits (a 32,000-token vocabulary: 125 KiB) to 64 MiB of pinned
     // memory at most (a client's product may be far larger than any vocabulary).
@@ -799,12 +810,33 @@ class CudaBackend : public Backend {
     Status plan_pieces();
     Status run_pieces(const Step& s);
     struct PieceLayout {
-        bool on = false;  // the run copies and flags its pieces
+        bool on = false;      // the run copies and flags its pieces, or mirrors its rows
+        bool mirror = false;  // the kernel stored its rows into the host mirror (hm_*)
         int n = 0;
-        int64_t rows = 0;  // rows of each piece (the last may have fewer)
+        int64_t rows = 0;  // rows of each piece or step (the last may have fewer)
     };
     void pieces_issued(const PieceLayout& layout);
     Expected<size_t> wait_piece(size_t lo, size_t size, size_t have);
+    Expected<size_t> wait_mirror(size_t lo, size_t size, size_t have);
+    Status first_piece_error();
+    Status ensure_mirror(int64_t rows);
+    // The host mirror (HostMirror, the default form for products of the streaming kernel;
+    // the cut form above for others, or with FERRY_CUDA_PIECE_CUT=1): the product's kernel
+    // stores its rows into host-mapped memory as it sums them and sets a host flag for each
+    // step of W G rows once they are all there (no extra launch or copy); the reader sends
+    // a step once its flag is set. compute() clears the flags before each run (the run before
+    // is over by then: pieces_pending_), and resets the device's step counters when a run may
+    // have stopped short (hm_reset_).
+    bool piece_cut_ = false;
+    bool piece_mirror_ = false;     // the plan's progressive product is mirrored
+    uint32_t* hm_flags_ = nullptr;  // host-mapped: kMirrorSteps flags, then the rows
+    uint32_t* hm_dev_ = nullptr;    // its device address
+    size_t hm_bytes_ = 0;
+    int64_t hm_stride_ = 0;         // words of rows
+    uint32_t* hm_count_ = nullptr;  // device memory: kMirrorSteps step counters
+    bool hm_reset_ = false;         // a run may have stopped short: zero the counters
+    void pieces_failed();
+    Status launch_exec();
     int pieces_ = 0;            // pieces a progressive result is cut into (0: off)
     bool piece_copies_ = true;  // FERRY_CUDA_PIECE_COPIES=0: cut, not copied (what a cut costs)
     int piece_step_ = -1;       // steps_ index of the plan's progressive product, or -1
@@ -827,7 +859,8 @@ class CudaBackend : public Backend {
         const char* dev = nullptr;
         size_t bytes = 0;
         int n = 0;
-        size_t ends[kMaxPieces] = {};  // each piece's end in bytes from dev
+        size_t ends[kMirrorSteps] = {};  // each piece's (step's) end in bytes from dev
+        bool mirror = false;             // read from the host mirror (flags hm_flags_)
     } live_;
     Status ensure_scratch(size_t size);
     Status ensure_cublas();
@@ -1273,6 +1306,12 @@ Status CudaBackend::plan_pieces() {
         return Status::ok();
     }
     const size_t bytes = static_cast<size_t>(mm->ne[0]) * sizeof(float);
+    piece_mirror_ = !piece_cut_ && mirror_product_ok(ctx_, mm, s.pro.norm != nullptr);
+    if (piece_mirror_) {
+        FERRY_TRY(ensure_mirror(mm->ne[0]));
+        piece_step_ = static_cast<int>(steps_.size()) - 1;
+        return Status::ok();
+    }
     if (!side_) {
         CUDA_TRY(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "%s: piece stream",
                  name());
@@ -1306,6 +1345,53 @@ Status CudaBackend::plan_pieces() {
     return Status::ok();
 }
 
+// Launches the captured graph (a failed launch may have run in part).
+Status CudaBackend::launch_exec() {
+    const cudaError_t e = cudaGraphLaunch(exec_, stream_);
+    if (e == cudaSuccess) return Status::ok();
+    cudaGetLastError();
+    pieces_failed();
+    return Status::errorf("%s: graph launch: %s", name(), cudaGetErrorString(e));
+}
+
+// A compute failed after it may have started a progressive product: the next compute waits,
+// and zeroes the mirror's step counters before it runs.
+void CudaBackend::pieces_failed() {
+    if (piece_step_ < 0) return;
+    pieces_pending_ = true;
+    if (hm_count_) hm_reset_ = true;
+}
+
+// The host mirror for a product of `rows` rows.
+Status CudaBackend::ensure_mirror(int64_t rows) {
+    const int64_t stride = (rows + kMirrorGroup - 1) / kMirrorGroup * kMirrorGroup;
+    if (hm_stride_ >= stride) return Status::ok();
+    // A captured graph may store into the old one (Seen::mirror keeps it from replaying).
+    CUDA_TRY(cudaStreamSynchronize(stream_), "%s: mirror memory", name());
+    if (hm_flags_) cudaFreeHost(hm_flags_);
+    hm_flags_ = hm_dev_ = nullptr;
+    hm_stride_ = 0;
+    hm_bytes_ = 0;
+    if (!hm_count_) {
+        void* p = nullptr;
+        CUDA_TRY(cudaMalloc(&p, kMirrorSteps * sizeof(uint32_t)), "%s: mirror counters", name());
+        hm_count_ = static_cast<uint32_t*>(p);
+        CUDA_TRY(cudaMemset(hm_count_, 0, kMirrorSteps * sizeof(uint32_t)), "%s: mirror counters",
+                 name());
+    }
+    const size_t bytes = (kMirrorSteps + static_cast<size_t>(stride)) * sizeof(uint32_t);
+    void* p = nullptr;
+    CUDA_TRY(cudaHostAlloc(&p, bytes, cudaHostAllocMapped), "%s: mirror memory of %zu bytes",
+             name(), bytes);
+    hm_flags_ = static_cast<uint32_t*>(p);
+    std::memset(hm_flags_, 0, bytes);
+    CUDA_TRY(cudaHostGetDevicePointer(&p, hm_flags_, 0), "%s: mirror memory", name());
+    hm_dev_ = static_cast<uint32_t*>(p);
+    hm_stride_ = stride;
+    hm_bytes_ = bytes;
+    return Status::ok();
+}
+
 // The product as one launch per piece (views of the weight's and the result's rows), each
 // followed on side_ by the piece's copy and flag; the stream waits for side_ at the end (a
 // fork per piece and a join, so a captured graph holds the copies as branches beside the
@@ -1316,6 +1402,20 @@ Status CudaBackend::run_pieces(const Step& s) {
     char* out = device_ptr(mm);
     const int64_t M = mm->ne[0];
     PieceLayout lay;
+    if (piece_mirror_) {
+        // One launch that also stores its rows into the host mirror (when its kernel does).
+        ctx_.mirror = HostMirror{hm_dev_ + kMirrorSteps, hm_stride_, hm_dev_, hm_count_};
+        ctx_.mirror_taken = false;
+        const Status st = s.pro.norm ? op_mul_mat_norm(ctx_, mm, s.pro) : run_node(ctx_, mm);
+        lay.on = lay.mirror = ctx_.mirror_taken;
+        lay.rows = ctx_.mirror_step_rows;
+        lay.n = lay.mirror ? static_cast<int>((M + lay.rows - 1) / lay.rows) : 0;
+        ctx_.mirror = HostMirror{};
+        ctx_.mirror_taken = false;
+        FERRY_TRY(st);
+        run_layout_ = lay;
+        return Status::ok();
+    }
     lay.rows = ((M + pieces_ - 1) / pieces_ + 255) / 256 * 256;
     lay.n = static_cast<int>((M + lay.rows - 1) / lay.rows);
     for (int c = 0; c < lay.n; c++) {
@@ -1351,15 +1451,16 @@ Status CudaBackend::run_pieces(const Step& s) {
     return Status::ok();
 }
 
-// The compute just issued runs the progressive product in `layout`'s pieces: read_in_pieces
-// may hand it out.
+// The compute just issued runs the progressive product in `layout`'s pieces (or mirrored):
+// read_in_pieces may hand it out.
 void CudaBackend::pieces_issued(const PieceLayout& layout) {
     if (piece_step_ < 0 || !layout.on) return;
     const Tensor* mm = steps_[static_cast<size_t>(piece_step_)].node;
-    live_.on = true;
     pieces_pending_ = true;
     live_.dev = device_ptr(mm);
     live_.bytes = static_cast<size_t>(mm->ne[0]) * sizeof(float);
+    live_.mirror = layout.mirror;
+    live_.on = true;
     live_.n = layout.n;
     for (int c = 0; c < layout.n; c++) {
         live_.ends[c] =
@@ -1376,14 +1477,75 @@ PieceRead CudaBackend::read_in_pieces(const Tensor* t, size_t offset, size_t siz
     if (p < live_.dev || p + size > live_.dev + live_.bytes) return {};
     const size_t lo = static_cast<size_t>(p - live_.dev);
     PieceRead r;
-    r.data = reinterpret_cast<const uint8_t*>(mirror_) + lo;
     r.size = size;
+    if (live_.mirror) {
+        r.data = reinterpret_cast<const uint8_t*>(hm_flags_ + kMirrorSteps) + lo;
+        r.wait = [this, lo, size](size_t have) { return wait_mirror(lo, size, have); };
+        return r;
+    }
+    r.data = reinterpret_cast<const uint8_t*>(mirror_) + lo;
     r.wait = [this, lo, size](size_t have) { return wait_piece(lo, size, have); };
     return r;
 }
 
-// Spins on the flag of the piece after `have` bytes (from lo) until it is in host memory;
-// every few thousand turns asks the stream whether it failed or ended without the flag.
+// Spins until set() (pausing between polls); every few thousand turns asks `stream` whether
+// it failed, or ended with set() still false (the flag of `what` c was never set).
+template <class Set>
+static Status spin_for_flag(Set set, cudaStream_t stream, const char* dev, const char* what,
+                            int c) {
+    for (uint32_t spins = 1; !set(); spins++) {
+        FERRY_CUDA_PAUSE();
+        if (spins % 4096 != 0) continue;
+        const cudaError_t q = cudaStreamQuery(stream);
+        if (q == cudaErrorNotReady) continue;
+        if (q != cudaSuccess) {
+            cudaGetLastError();
+            return Status::errorf("%s: progressive read: %s", dev, cudaGetErrorString(q));
+        }
+        if (!set()) {
+            return Status::errorf("%s: progressive read: %s %d's flag was never set", dev, what, c);
+        }
+    }
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return Status::ok();
+}
+
+// Once the first piece is in: every kernel before the product has finished, so any data error
+// is known now (and ends the read).
+Status CudaBackend::first_piece_error() {
+    Status st = dev_->take_error();
+    if (!st) {
+        live_.on = false;
+        (void)synchronize();
+    }
+    return st;
+}
+
+// Spins on the flag of the step after `have` bytes (from lo) until its rows are in host
+// memory, then hands out every step in order whose flag is set. The compute is not waited for
+// at the end (its kernel has stored every row): the next compute waits (pieces_pending_).
+Expected<size_t> CudaBackend::wait_mirror(size_t lo, size_t size, size_t have) {
+    if (!live_.on || !live_.mirror) {
+        return Status::errorf("%s: progressive read after another call", name());
+    }
+    FERRY_TRY(dev_->activate());
+    int c = 0;
+    while (c < live_.n && live_.ends[c] <= lo + have) c++;
+    if (c == live_.n) return Status::errorf("%s: progressive read past the product", name());
+    const volatile uint32_t* flags = hm_flags_;
+    if (Status st = spin_for_flag([&] { return flags[c] != 0; }, stream_, name(), "step", c); !st) {
+        live_.on = false;
+        return st;
+    }
+    if (have == 0) FERRY_TRY(first_piece_error());
+    while (c + 1 < live_.n && live_.ends[c] < lo + size && flags[c + 1] != 0) c++;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    const size_t ready = std::min(live_.ends[c], lo + size) - lo;
+    if (ready == size) live_.on = false;
+    return ready;
+}
+
+// Spins on the flag of the piece after `have` bytes (from lo) until it is in host memory.
 Expected<size_t> CudaBackend::wait_piece(size_t lo, size_t size, size_t have) {
     if (!live_.on) return Status::errorf("%s: progressive read after another call", name());
     FERRY_TRY(dev_->activate());
@@ -1391,28 +1553,12 @@ Expected<size_t> CudaBackend::wait_piece(size_t lo, size_t size, size_t have) {
         if (live_.ends[c] <= lo + have) continue;
         const uint64_t id = static_cast<uint64_t>(c) + 1;
         const volatile uint64_t* word = piece_flags_ + c;
-        for (uint32_t spins = 1; *word != id; spins++) {
-            if (spins % 4096 != 0) continue;
-            const cudaError_t q = cudaStreamQuery(stream_);
-            if (q == cudaErrorNotReady) continue;
-            if (q != cudaSuccess) {
-                cudaGetLastError();
-                live_.on = false;
-                return Status::errorf("%s: progressive read: %s", name(), cudaGetErrorString(q));
-            }
-            if (*word != id) {
-                live_.on = false;
-                return Status::errorf("%s: progressive read: piece %d's flag was never set", name(),
-                                      c);
-            }
-        }
-        std::atomic_thread_fence(std::memory_order_acquire);
-        // Every kernel before the product has finished: any data error is known now.
-        if (Status st = dev_->take_error(); !st) {
+        if (Status st = spin_for_flag([&] { return *word == id; }, stream_, name(), "piece", c);
+            !st) {
             live_.on = false;
-            (void)synchronize();
             return st;
         }
+        FERRY_TRY(first_piece_error());
         const size_t ready = std::min(live_.ends[c], lo + size) - lo;
         if (ready < size) return ready;
         break;
@@ -1594,14 +1740,20 @@ Status CudaBackend::compute(Graph& g) {
     if (!err) return err.status();
     ctx_.err = *err;
     live_.on = false;
-    if (piece_flags_) {
-        // An earlier product's copies may still be on their way only when it was not waited
-        // for (a prompt chunk whose logits nobody read): then wait, and clear the flags.
-        if (pieces_pending_) {
-            CUDA_TRY(cudaStreamSynchronize(stream_), "%s: pieces", name());
-            pieces_pending_ = false;
-        }
-        std::memset(piece_flags_, 0, kMaxPieces * sizeof(uint64_t));
+    // An earlier progressive product may still be running when it was not waited for (a
+    // prompt chunk whose logits nobody read, or a mirrored read, which does not wait): then
+    // wait, so that its copies are done, or its kernel's emptying of the mirror's other half
+    // is in host memory. Then the flags are cleared (and the mirror emptied when asked).
+    if (pieces_pending_) {
+        CUDA_TRY(cudaStreamSynchronize(stream_), "%s: pieces", name());
+        pieces_pending_ = false;
+    }
+    if (piece_flags_) std::memset(piece_flags_, 0, kMaxPieces * sizeof(uint64_t));
+    if (hm_flags_) std::memset(hm_flags_, 0, kMirrorSteps * sizeof(uint32_t));
+    if (hm_reset_) {
+        CUDA_TRY(cudaMemset(hm_count_, 0, kMirrorSteps * sizeof(uint32_t)), "%s: mirror counters",
+                 name());
+        hm_reset_ = false;
     }
     using clock = std::chrono::steady_clock;
     auto since = [](clock::time_point a) {
@@ -1638,7 +1790,10 @@ Status CudaBackend::compute(Graph& g) {
     if (steps_.empty()) return Status::ok();
     // This graph: its structure's generation, and what a captured graph also bakes in, the
     // scratch and cuBLAS workspace addresses and the size of the staged inputs it copies first.
-    const Seen now{plan_gen_, scratch_, cublas_ws_, piece_step_ >= 0 ? mirror_ : nullptr,
+    const Seen now{plan_gen_, scratch_, cublas_ws_,
+                   piece_step_ < 0 ? nullptr
+                   : piece_mirror_ ? static_cast<void*>(hm_flags_)
+                                   : static_cast<void*>(mirror_),
                    in_bytes_};
     if (profile_) {
         FERRY_TRY(issue_inputs());
@@ -1649,7 +1804,7 @@ Status CudaBackend::compute(Graph& g) {
         exec_seen_.gen = now.gen;  // the captured structure is back
     }
     if (use_graphs_ && exec_ && exec_seen_ == now) {
-        CUDA_TRY(cudaGraphLaunch(exec_, stream_), "%s: graph launch", name());
+        FERRY_TRY(launch_exec());
         in_bytes_ = 0;  // copied by the graph's first node
         pieces_issued(exec_layout_);
         last_ = now;
@@ -1665,7 +1820,7 @@ Status CudaBackend::compute(Graph& g) {
         if (rs) {
             pieces_issued(run_layout_);
         } else if (piece_step_ >= 0) {
-            pieces_pending_ = true;  // some copies may have been queued
+            pieces_failed();  // some copies (or mirrored rows) may have been queued
         }
         count(kDirect);
         return rs;
@@ -1707,7 +1862,7 @@ Status CudaBackend::compute(Graph& g) {
     cudaGraphDestroy(graph);
     exec_key_.assign(planned_key_);
     exec_seen_ = now;
-    CUDA_TRY(cudaGraphLaunch(exec_, stream_), "%s: graph launch", name());
+    FERRY_TRY(launch_exec());
     in_bytes_ = 0;
     exec_layout_ = run_layout_;
     pieces_issued(exec_layout_);

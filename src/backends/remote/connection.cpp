@@ -445,7 +445,9 @@ Status Connection::read_reply(Result* sync_result, Status* sync_status) {
         }
         uint8_t* dst = static_cast<uint8_t*>(p.dst);
         lanes_->start(dst, h.len);
-        st = read_in(dst, static_cast<size_t>(stripe_begin(h.len, lanes_->stripes(), 1)));
+        stripe_parts(h.len, lanes_->stripes(), 0, 0, h.len, [&](uint64_t off, uint64_t size) {
+            if (st) st = read_in(dst + off, static_cast<size_t>(size));
+        });
         const Status lanes = lanes_->finish();
         if (!st) return fail(st.message());
         if (!lanes) return fail(lanes.message());

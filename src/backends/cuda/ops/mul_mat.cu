@@ -358,8 +358,43 @@ struct MvArgs {
     // The int8 kernel's folded norm in one round trip (norm_prologue_fast; set by
     // launch_q8_form from OpContext::mv_nfast).
     bool nfast;
+    // A progressive product's host copy (HostMirror; buf nullptr: none). Taken by the
+    // streaming form for one column of one matrix without an epilogue.
+    HostMirror mirror;
     int trace_id;  // FERRY_CUDA_TRACE builds: the launch's number
 };
+
+// The host copy of a progressive product (HostMirror). mirror_row: row r (of the warp's run
+// of kMirrorGroup rows from r - r % G), its value v in every lane; `last`: the warp has no
+// further row. After the run's last row the warp writes its line and fences at system scope
+// (the line is in host memory before the count says so), and its lane 0 counts the warp into
+// the step; the warp that completes the step (every warp with a run in it) sets its flag.
+__device__ __forceinline__ void mirror_row(const MvArgs& g, int64_t r, float v, bool last,
+                                           int64_t W, uint32_t& stash) {
+    constexpr int G = kMirrorGroup;
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    const int i = static_cast<int>(r % G);
+    if (lane == i) stash = __float_as_uint(v);
+    if (i != G - 1 && !last) return;  // (the same in every lane)
+    const int64_t r0 = r - i;
+    if (lane <= i) {
+        asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(g.mirror.buf + r0 + lane),
+                     "r"(stash)
+                     : "memory");
+    }
+    __threadfence_system();  // (one fence for the warp: every lane's store)
+    __syncwarp();
+    if (lane != 0) return;
+    const int64_t runs = (g.M + G - 1) / G;
+    const int64_t k = r0 / G / W;
+    const uint32_t need = static_cast<uint32_t>(min(W, runs - k * W));
+    if (atomicAdd_system(g.mirror.count + k, 1u) == need - 1) {
+        g.mirror.count[k] = 0u;
+        __threadfence_system();
+        asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(g.mirror.flags + k), "r"(1u)
+                     : "memory");
+    }
+}
 
 template <bool aligned>
 __device__ __forceinline__ float4 ld_x4(const float* x) {
@@ -1980,12 +2015,19 @@ __global__ void __launch_bounds__(32 * kW, kW == kMvWarps ? kStreamMinBlocks : 1
         }
         return g.a + it * g.a_nb1;
     };
+    // A mirrored launch (HostMirror): warp gw takes runs of kMirrorGroup rows, its k-th run
+    // rows (k W + gw) G ..., so that each of its line writes holds whole rows in order.
+    const bool mirrored = !glu && !pair && g.mirror.buf;
+    auto next_item = [&](int64_t it) -> int64_t {
+        if (!mirrored) return it + W;
+        return (it + 1) % kMirrorGroup != 0 ? it + 1 : it + 1 + (W - 1) * kMirrorGroup;
+    };
     auto advance = [&](int64_t& it, int& r, int& p) {
         if (++p == ppr) {
             p = 0;
             if (++r == kRows) {
                 r = 0;
-                it += W;
+                it = next_item(it);
             }
         }
     };
@@ -1996,7 +2038,8 @@ __global__ void __launch_bounds__(32 * kW, kW == kMvWarps ? kStreamMinBlocks : 1
     pdl_trigger();
     typename P::Raw buf[D];
     // Load cursor: item lit, row lr, piece lp.
-    int64_t lit = gw;
+    const int64_t first = mirrored ? gw * kMirrorGroup : gw;
+    int64_t lit = first;
     int lr = 0, lp = 0;
 #pragma unroll
     for (int s = 0; s < D; s++) {
@@ -2004,6 +2047,7 @@ __global__ void __launch_bounds__(32 * kW, kW == kMvWarps ? kStreamMinBlocks : 1
         advance(lit, lr, lp);
     }
     pdl_wait();
+    uint32_t stash = 0;
 #ifdef FERRY_CUDA_TRACE
     tr1 = gtime();
 #endif
@@ -2026,7 +2070,7 @@ __global__ void __launch_bounds__(32 * kW, kW == kMvWarps ? kStreamMinBlocks : 1
 #ifdef FERRY_CUDA_TRACE
     tr2 = gtime();
 #endif
-    int64_t cit = gw;
+    int64_t cit = first;
     int cr = 0, cp = 0;
     float acc[kRows];
 #pragma unroll
@@ -2060,11 +2104,12 @@ __global__ void __launch_bounds__(32 * kW, kW == kMvWarps ? kStreamMinBlocks : 1
                 const MvSeg& sg = g.seg[seg_of(g, 2 * it, &ms)];
                 const float2 y = sg.rope ? rope_pair(g, ms, v0, v1) : make_float2(v0, v1);
                 if (lane < 2) epilogue_store(g, sg, ms + lane, lane == 0 ? y.x : y.y);
-            } else if (lane == 0) {
+            } else {
                 float v = v0;
                 if constexpr (glu) v = v / (1.0f + expf(-v)) * v1;
                 if (g.res) v += reinterpret_cast<const float*>(g.res)[it];
-                g.out[it] = v;
+                if (lane == 0) g.out[it] = v;
+                if (mirrored) mirror_row(g, it, v, next_item(it) >= items, W, stash);
             }
         }
     }
@@ -2074,6 +2119,21 @@ __global__ void __launch_bounds__(32 * kW, kW == kMvWarps ? kStreamMinBlocks : 1
                     (static_cast<uint32_t>(T) << 8),
                 tr0, tr1, tr2, 0, 0);
 #endif
+}
+
+// A streaming launch of `warps` warps keeps the host mirror it was offered (HostMirror,
+// offer_mirror) when the rows fit and come in at most kMirrorSteps steps, and says so
+// (OpContext::mirror_taken, mirror_step_rows).
+void keep_mirror(const OpContext& ctx, MvArgs& g, int64_t warps) {
+    if (!g.mirror.buf) return;
+    const int64_t step = warps * kMirrorGroup;
+    if ((g.M + kMirrorGroup - 1) / kMirrorGroup * kMirrorGroup > g.mirror.stride ||
+        (g.M + step - 1) / step > kMirrorSteps) {
+        g.mirror = HostMirror{};
+        return;
+    }
+    ctx.mirror_taken = true;
+    ctx.mirror_step_rows = step;
 }
 
 // The streaming form takes this product: F16/BF16 (K % 8 == 0, 16-byte rows, b in 48 KiB) or
@@ -2123,8 +2183,9 @@ void allow_stream_smem() {
 }
 
 template <Type T>
-void launch_stream_t(const OpContext& ctx, const MvArgs& g, bool glu) {
+void launch_stream_t(const OpContext& ctx, const MvArgs& g0, bool glu) {
     allow_stream_smem<T>();
+    MvArgs g = g0;
     const bool pair = g.n_seg > 0;
     const int64_t items = pair ? g.M / 2 : g.M;
     const size_t smem = SPiece<T>::smem_bytes(g.K);
@@ -2132,6 +2193,7 @@ void launch_stream_t(const OpContext& ctx, const MvArgs& g, bool glu) {
     if (ctx.mv_stream_wide > (block_format ? 0 : 1) && !glu && !pair && !g.nx) {
         constexpr int kW = 2 * kMvWarps;
         const unsigned blocks = std::min(n_blocks(items, kW), static_cast<unsigned>(ctx.n_sm));
+        keep_mirror(ctx, g, static_cast<int64_t>(blocks) * kW);
         launch_pdl(k_mv_stream<T, false, false, kW>, dim3(blocks), dim3(32 * kW), smem, ctx.stream,
                    g);
         return;
@@ -2144,6 +2206,7 @@ void launch_stream_t(const OpContext& ctx, const MvArgs& g, bool glu) {
     } else if (pair) {
         launch_pdl(k_mv_stream<T, false, true>, grid, block, smem, ctx.stream, g);
     } else {
+        keep_mirror(ctx, g, static_cast<int64_t>(blocks) * kMvWarps);
         launch_pdl(k_mv_stream<T, false, false>, grid, block, smem, ctx.stream, g);
     }
 }
@@ -2342,6 +2405,12 @@ Status dispatch_q8(OpContext& ctx, const MvArgs& g, Type t) {
                                : "MUL_MAT (vec q8)");
 }
 
+// Hands the backend's host mirror (OpContext::mirror) to a launch of the streaming form: one
+// column of one matrix.
+void offer_mirror(const OpContext& ctx, MvArgs& g) {
+    if (ctx.mirror.buf && g.N == 1 && g.ne2 == 1 && g.ne3 == 1) g.mirror = ctx.mirror;
+}
+
 Status launch_mat_vec(OpContext& ctx, const Tensor* dst, MvArgs g) {
     const Type t = dst->src[0]->type;
     const dim3 grid(n_blocks(g.M, kRowsPerBlock), static_cast<unsigned>(g.ne2 * g.ne3), 1);
@@ -2350,7 +2419,9 @@ Status launch_mat_vec(OpContext& ctx, const Tensor* dst, MvArgs g) {
                             32 * kRowsPerBlock, 0, ctx.stream>>>(g, t);
         return launch_status("MUL_MAT (generic)");
     }
-    if (ctx.mv_stream && stream_ok(g, t, false)) return launch_stream(ctx, g, t, false);
+    const bool stream = ctx.mv_stream && stream_ok(g, t, false);
+    if (stream) offer_mirror(ctx, g);
+    if (stream) return launch_stream(ctx, g, t, false);
     if (q8_vec_ok(g, t)) return dispatch_q8<false>(ctx, g, t);
     return dispatch_vec<false>(ctx, g, t, grid, choose_split(g.M, g.K, ctx.n_sm));
 }
@@ -2701,11 +2772,23 @@ bool can_fold_norm(const NormPrologue& p, const Tensor* mm, bool float_kernel, b
            (float_kernel && vec_fused_ok(g, mm->src[0]->type) && K * 4 <= 48 * 1024);
 }
 
+bool mirror_product_ok(const OpContext& ctx, const Tensor* mm, bool folded_norm) {
+    if (mm->op != Op::MUL_MAT || use_gemm(mm)) return false;
+    const MvArgs g = make_args(mm, nullptr);
+    const Type t = mm->src[0]->type;
+    if (!folded_norm && (!fast_vec_ok(g, t) || !aligned16(g.b, {g.b_nb1, g.b_nb2, g.b_nb3}))) {
+        return false;  // launch_mat_vec's generic kernel
+    }
+    return ctx.mv_stream && stream_ok(g, t, false) && g.N == 1 && g.ne2 == 1 && g.ne3 == 1;
+}
+
 Status op_mul_mat_norm(OpContext& ctx, const Tensor* mm, const NormPrologue& p) {
     MvArgs g = make_args(mm, nullptr);
     set_norm(g, &p);
     const Type t = mm->src[0]->type;
-    if (ctx.mv_stream && stream_ok(g, t, false)) return launch_stream(ctx, g, t, false);
+    const bool stream = ctx.mv_stream && stream_ok(g, t, false);
+    if (stream) offer_mirror(ctx, g);
+    if (stream) return launch_stream(ctx, g, t, false);
     if (q8_vec_ok(g, t)) return dispatch_q8<false>(ctx, g, t);
     if (vec_fused_ok(g, t)) return dispatch_vec_fused<false>(ctx, g, t, g.M);
     return Status::error("CUDA: folded RMS_NORM without the int8 or the fused float kernel");

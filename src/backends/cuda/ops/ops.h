@@ -91,6 +91,9 @@ struct NormPrologue {
 // the int8 kernel; stream: into the streaming form (F16/BF16 weights, OpContext::mv_stream).
 bool can_fold_norm(const NormPrologue& p, const Tensor* mm, bool float_kernel, bool stream);
 Status op_mul_mat_norm(OpContext& ctx, const Tensor* mm, const NormPrologue& p);
+// Whether a launch of this product (op_mul_mat, or op_mul_mat_norm when folded_norm) stores
+// its rows into OpContext::mirror (the streaming form, one column of one matrix).
+bool mirror_product_ok(const OpContext& ctx, const Tensor* mm, bool folded_norm);
 // The RMS_NORM kernel's block size for rows of n elements.
 int norm_threads(int64_t n);
 bool can_fuse_mul_mat_epilogue(const Tensor* mm, const Tensor* rope, const Tensor* set_rows);
