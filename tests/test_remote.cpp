@@ -1051,7 +1051,9 @@ TEST(RemoteStripes, InterleavedChunksCoverEveryByteOnce) {
                 const uint64_t a = len / 3 + 17, b = len - len / 5 - 5;
                 uint64_t whole = 0, cut = 0;
                 remote::stripe_parts(len, n, i, 0, len, [&](uint64_t, uint64_t s) { whole += s; });
-                for (auto [f, t] : {std::pair{uint64_t{0}, a}, {a, b}, {b, len}}) {
+                for (const std::pair<uint64_t, uint64_t>& r :
+                     {std::pair{uint64_t{0}, a}, {a, b}, {b, len}}) {
+                    const uint64_t f = r.first, t = r.second;  // (clang: no captured bindings)
                     remote::stripe_parts(len, n, i, f, t, [&](uint64_t off, uint64_t s) {
                         EXPECT_GE(off, f);
                         EXPECT_LE(off + s, t);
