@@ -863,6 +863,29 @@ StripedHello hello_with_stripes(RawClient& c) {
     return out;
 }
 
+// A client of the first stripe layout (contiguous stripes, cap bit 3) gets neither that bit
+// nor the interleaved one, and no key: it talks to this server without stripes, instead of
+// reading chunks into the wrong places.
+TEST(HostileTcp, FirstStripeLayoutIsNotGranted) {
+    ServerProcess srv;
+    std::string err;
+    ASSERT_TRUE(srv.start("tcp:127.0.0.1:0", {"--device", "CPU"}, &err)) << err;
+    RawClient c;
+    ASSERT_TRUE(c.connect(srv.addr()));
+    constexpr uint64_t kFirstLayout = 1ull << 3;
+    static_assert(remote::kCapStripes != kFirstLayout);
+    auto hello = c.hello("", remote::kProtocolVersion, remote::kCapGraphCache | kFirstLayout);
+    ASSERT_TRUE(hello.ok && !hello.is_error()) << hello.message();
+    wire::Reader hr(hello.payload.data(), hello.payload.size());
+    hr.u32();
+    const uint64_t caps = hr.u64();
+    EXPECT_EQ(caps & (kFirstLayout | remote::kCapStripes), 0u);
+    EXPECT_NE(caps & remote::kCapGraphCache, 0u);
+    hr.u64();
+    hr.str();
+    EXPECT_TRUE(hr.done());  // no key
+}
+
 TEST(HostileTcp, StripeJoinsNeedTheSessionsKeyAndOrder) {
     ServerProcess srv;
     std::string err;
