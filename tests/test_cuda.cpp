@@ -1394,9 +1394,17 @@ TEST(Cuda, ProgressiveResultsGiveTheUsualBytes) {
     const size_t bytes = static_cast<size_t>(M) * 4;
     // The host mirror (the default) and the cut form (FERRY_CUDA_PIECE_CUT=1).
     for (const bool cut : {false, true}) {
-        // The streaming form (F16, Q6_K) and the int8 kernel (Q8_0).
-        for (Type t : {Type::F16, Type::Q6_K, Type::Q8_0}) {
-            SCOPED_TRACE(std::string(type_name(t)) + (cut ? ", cut" : ", mirror"));
+        // The streaming form (F16, Q6_K) and the int8 kernel (Q8_0), with the RMS norm folded
+        // in; and a plain Q6_K product (the streaming form's one-block-per-SM launch).
+        const struct {
+            Type t;
+            bool norm;
+        } cases[] = {
+            {Type::F16, true}, {Type::Q6_K, true}, {Type::Q8_0, true}, {Type::Q6_K, false}};
+        for (const auto& cs : cases) {
+            const Type t = cs.t;
+            SCOPED_TRACE(std::string(type_name(t)) + (cut ? ", cut" : ", mirror") +
+                         (cs.norm ? "" : ", no norm"));
             // The streaming kernel's products are mirrored unless the cut form is asked for;
             // the int8 kernel's (Q8_0) are cut either way.
             const bool mirrored = !cut && t != Type::Q8_0;
@@ -1429,7 +1437,8 @@ TEST(Cuda, ProgressiveResultsGiveTheUsualBytes) {
                 ASSERT_TRUE(tensor_set(w32, v32.data(), static_cast<size_t>(K32 * M32) * 4));
                 ASSERT_TRUE(tensor_set(x32, v32.data() + K32 * M32, static_cast<size_t>(K32) * 4));
             }
-            Tensor* y = gc.mul_mat(w, gc.mul(gc.rms_norm(x, 1e-5f), nw));
+            Tensor* y =
+                cs.norm ? gc.mul_mat(w, gc.mul(gc.rms_norm(x, 1e-5f), nw)) : gc.mul_mat(w, x);
             y->flags |= kTensorOutput;
             Graph g;
             g.build_forward(y);
