@@ -1742,8 +1742,9 @@ Status CudaBackend::compute(Graph& g) {
     live_.on = false;
     // An earlier progressive product may still be running when it was not waited for (a
     // prompt chunk whose logits nobody read, or a mirrored read, which does not wait): then
-    // wait, so that its copies are done, or its kernel's emptying of the mirror's other half
-    // is in host memory. Then the flags are cleared (and the mirror emptied when asked).
+    // wait, so that its copies are done and no late flag or row of it lands after the clear.
+    // Then the flags are cleared (and the mirror's step counters zeroed when a run may have
+    // stopped short).
     if (pieces_pending_) {
         CUDA_TRY(cudaStreamSynchronize(stream_), "%s: pieces", name());
         pieces_pending_ = false;
