@@ -5,12 +5,20 @@
 // DRAM and drain, with nothing computed. Compare it with `ferry bench` tg128 on the same
 // machine (bench/results/cuda.md).
 //
-//   bench_cuda_floor [q4_0|f16] [replays]
+//   bench_cuda_floor [q4_0|f16] [replays] [smem_kib]
 //
 // Each kernel sums its buffer with 16-byte loads (U loads in flight per thread) and writes one
 // value per block. Modes: no PDL; PDL with the loads after griddepcontrol.wait (a kernel that
 // must wait for its input before it reads anything); PDL with the loads issued before the wait
 // (weights do not depend on the kernel before).
+//
+// smem_kib (default 0): every block also holds that much dynamic shared memory (untouched), as
+// a product kernel holds its b vector and its staged weights. ferry's products fill an SM
+// (registers and shared memory), so the next kernel's blocks cannot start beside them, where
+// these kernels' can; with smem_kib above half an SM's 227 KiB no two blocks of consecutive
+// kernels fit an SM either. The question for a product whose bytes in flight sit in a
+// shared-memory ring (TMA) instead of registers: up to which footprint does the chain keep
+// its overlap (stop 32's plan for F16).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -62,10 +70,13 @@ struct Kernel {
     int count;  // per step
 };
 
+size_t g_smem = 0;  // dynamic shared memory per block (smem_kib)
+
 void launch(int mode, const int4* p, long long n, float* out, int blocks, cudaStream_t st) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(static_cast<unsigned>(blocks));
     cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = g_smem;
     cfg.stream = st;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -90,6 +101,15 @@ void launch(int mode, const int4* p, long long n, float* out, int blocks, cudaSt
 int main(int argc, char** argv) {
     const char* model = argc > 1 ? argv[1] : "q4_0";
     const int replays = argc > 2 ? std::atoi(argv[2]) : 200;
+    g_smem = static_cast<size_t>(argc > 3 ? std::atoi(argv[3]) : 0) << 10;
+    if (g_smem > 48u << 10) {
+        for (const void* f : {reinterpret_cast<const void*>(k_stream<0>),
+                              reinterpret_cast<const void*>(k_stream<1>),
+                              reinterpret_cast<const void*>(k_stream<2>)}) {
+            CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(g_smem)));
+        }
+    }
     // One layer's decode kernels (ncu's DRAM bytes, bench/results/cuda.md), 16 layers, then the
     // output product and the embedding row.
     std::vector<Kernel> layer, tail;
@@ -133,11 +153,13 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&out, 1 << 20));
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    std::printf("model %s: %zu kernels per step, %.1f MB per step, %d SMs, %d replays\n", model,
-                step.size(), total_mb, n_sm, replays);
+    std::printf(
+        "model %s: %zu kernels per step, %.1f MB per step, %d SMs, %d replays, %zu KiB of shared "
+        "memory a block\n",
+        model, step.size(), total_mb, n_sm, replays, g_smem >> 10);
     std::printf("%-28s %10s %10s %10s\n", "mode", "us/step", "TB/s", "steps/s");
     const char* names[] = {"no PDL", "PDL, wait then load", "PDL, load then wait"};
-    for (int per_sm : {2, 4, 8}) {
+    for (int per_sm : {1, 2, 4, 8}) {
         for (int mode = 0; mode < 3; mode++) {
             cudaGraph_t graph;
             cudaGraphExec_t exec;
