@@ -373,27 +373,21 @@ LlamaSession::~LlamaSession() {
             for (float x : v) sum += x;
             return sum / n;
         };
-        auto median = [](std::vector<float>& v) {
-            std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2),
-                             v.end());
-            return static_cast<double>(v[v.size() / 2]);
-        };
-        auto nth = [](std::vector<float>& v, double q) {  // (after median: any order)
+        // The q-quantile of v (0.5: the median; v is reordered).
+        auto nth = [](std::vector<float>& v, double q) {
             const size_t k = std::min(v.size() - 1, static_cast<size_t>(q * v.size()));
             std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
             return static_cast<double>(v[k]);
         };
-        const double cm = mean(p.compute_each), rm = mean(p.read_each);
-        const double cmed = median(p.compute_each), rmed = median(p.read_each);
         std::fprintf(stderr,
                      "session profile: %lld one-token steps (%lld graph builds), per step us: "
                      "build %.1f, inputs %.1f, compute call %.1f, logits read (waits for the "
                      "device) %.1f, caller between steps %.1f; medians: compute call %.1f, "
                      "logits read %.1f; logits read p90 %.1f, max %.1f\n",
                      static_cast<long long>(p.steps), static_cast<long long>(p.builds),
-                     p.build_us / n, p.inputs_us / n, cm, rm,
-                     p.steps > 1 ? p.between_us / (n - 1) : 0.0, cmed, rmed, nth(p.read_each, 0.9),
-                     nth(p.read_each, 1.0));
+                     p.build_us / n, p.inputs_us / n, mean(p.compute_each), mean(p.read_each),
+                     p.steps > 1 ? p.between_us / (n - 1) : 0.0, nth(p.compute_each, 0.5),
+                     nth(p.read_each, 0.5), nth(p.read_each, 0.9), nth(p.read_each, 1.0));
     }
 }
 

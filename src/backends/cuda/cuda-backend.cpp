@@ -682,7 +682,9 @@ class CudaBackend : public Backend {
     Status compute(Graph& g) override;
     PieceRead read_in_pieces(const Tensor* t, size_t offset, size_t size) override;
     // The pinned copy of a progressive product (a server charges it to the session).
-    size_t scratch_bytes() const override { return mirror_size_ + (hm_flags_ ? hm_bytes_ : 0); }
+    size_t scratch_bytes() const override {
+        return mirror_size_ + (hm_flags_ ? mirror_bytes(hm_stride_) : 0);
+    }
 
     Status synchronize() override {
         FERRY_TRY(dev_->activate());
@@ -831,7 +833,10 @@ class CudaBackend : public Backend {
     bool piece_mirror_ = false;     // the plan's progressive product is mirrored
     uint32_t* hm_flags_ = nullptr;  // host-mapped: kMirrorSteps flags, then the rows
     uint32_t* hm_dev_ = nullptr;    // its device address
-    size_t hm_bytes_ = 0;
+    // Host memory of a mirror of `stride` words of rows: the flags, then the rows.
+    static size_t mirror_bytes(int64_t stride) {
+        return (kMirrorSteps + static_cast<size_t>(stride)) * sizeof(uint32_t);
+    }
     int64_t hm_stride_ = 0;         // words of rows
     uint32_t* hm_count_ = nullptr;  // device memory: kMirrorSteps step counters
     bool hm_reset_ = false;         // a run may have stopped short: zero the counters
@@ -1371,7 +1376,6 @@ Status CudaBackend::ensure_mirror(int64_t rows) {
     if (hm_flags_) cudaFreeHost(hm_flags_);
     hm_flags_ = hm_dev_ = nullptr;
     hm_stride_ = 0;
-    hm_bytes_ = 0;
     if (!hm_count_) {
         void* p = nullptr;
         CUDA_TRY(cudaMalloc(&p, kMirrorSteps * sizeof(uint32_t)), "%s: mirror counters", name());
@@ -1379,7 +1383,7 @@ Status CudaBackend::ensure_mirror(int64_t rows) {
         CUDA_TRY(cudaMemset(hm_count_, 0, kMirrorSteps * sizeof(uint32_t)), "%s: mirror counters",
                  name());
     }
-    const size_t bytes = (kMirrorSteps + static_cast<size_t>(stride)) * sizeof(uint32_t);
+    const size_t bytes = mirror_bytes(stride);
     void* p = nullptr;
     CUDA_TRY(cudaHostAlloc(&p, bytes, cudaHostAllocMapped), "%s: mirror memory of %zu bytes",
              name(), bytes);
@@ -1388,7 +1392,6 @@ Status CudaBackend::ensure_mirror(int64_t rows) {
     CUDA_TRY(cudaHostGetDevicePointer(&p, hm_flags_, 0), "%s: mirror memory", name());
     hm_dev_ = static_cast<uint32_t*>(p);
     hm_stride_ = stride;
-    hm_bytes_ = bytes;
     return Status::ok();
 }
 

@@ -2121,17 +2121,18 @@ __global__ void __launch_bounds__(32 * kW, kW == kMvWarps ? kStreamMinBlocks : 1
 #endif
 }
 
-// A streaming launch of `warps` warps keeps the host mirror it was offered (HostMirror,
-// offer_mirror) when the rows fit and come in at most kMirrorSteps steps, and says so
-// (OpContext::mirror_taken, mirror_step_rows).
+// A plain streaming launch of `warps` warps (one column of one matrix: stream_ok) takes the
+// backend's host mirror (OpContext::mirror, set only for a progressive product's launch) when
+// the rows fit and come in at most kMirrorSteps steps, and says so (OpContext::mirror_taken,
+// mirror_step_rows).
 void keep_mirror(const OpContext& ctx, MvArgs& g, int64_t warps) {
-    if (!g.mirror.buf) return;
     const int64_t step = warps * kMirrorGroup;
-    if ((g.M + kMirrorGroup - 1) / kMirrorGroup * kMirrorGroup > g.mirror.stride ||
+    if (!ctx.mirror.buf ||
+        (g.M + kMirrorGroup - 1) / kMirrorGroup * kMirrorGroup > ctx.mirror.stride ||
         (g.M + step - 1) / step > kMirrorSteps) {
-        g.mirror = HostMirror{};
         return;
     }
+    g.mirror = ctx.mirror;
     ctx.mirror_taken = true;
     ctx.mirror_step_rows = step;
 }
@@ -2183,9 +2184,8 @@ void allow_stream_smem() {
 }
 
 template <Type T>
-void launch_stream_t(const OpContext& ctx, const MvArgs& g0, bool glu) {
+void launch_stream_t(const OpContext& ctx, MvArgs g, bool glu) {
     allow_stream_smem<T>();
-    MvArgs g = g0;
     const bool pair = g.n_seg > 0;
     const int64_t items = pair ? g.M / 2 : g.M;
     const size_t smem = SPiece<T>::smem_bytes(g.K);
@@ -2405,12 +2405,6 @@ Status dispatch_q8(OpContext& ctx, const MvArgs& g, Type t) {
                                : "MUL_MAT (vec q8)");
 }
 
-// Hands the backend's host mirror (OpContext::mirror) to a launch of the streaming form: one
-// column of one matrix.
-void offer_mirror(const OpContext& ctx, MvArgs& g) {
-    if (ctx.mirror.buf && g.N == 1 && g.ne2 == 1 && g.ne3 == 1) g.mirror = ctx.mirror;
-}
-
 Status launch_mat_vec(OpContext& ctx, const Tensor* dst, MvArgs g) {
     const Type t = dst->src[0]->type;
     const dim3 grid(n_blocks(g.M, kRowsPerBlock), static_cast<unsigned>(g.ne2 * g.ne3), 1);
@@ -2419,9 +2413,7 @@ Status launch_mat_vec(OpContext& ctx, const Tensor* dst, MvArgs g) {
                             32 * kRowsPerBlock, 0, ctx.stream>>>(g, t);
         return launch_status("MUL_MAT (generic)");
     }
-    const bool stream = ctx.mv_stream && stream_ok(g, t, false);
-    if (stream) offer_mirror(ctx, g);
-    if (stream) return launch_stream(ctx, g, t, false);
+    if (ctx.mv_stream && stream_ok(g, t, false)) return launch_stream(ctx, g, t, false);
     if (q8_vec_ok(g, t)) return dispatch_q8<false>(ctx, g, t);
     return dispatch_vec<false>(ctx, g, t, grid, choose_split(g.M, g.K, ctx.n_sm));
 }
@@ -2779,16 +2771,14 @@ bool mirror_product_ok(const OpContext& ctx, const Tensor* mm, bool folded_norm)
     if (!folded_norm && (!fast_vec_ok(g, t) || !aligned16(g.b, {g.b_nb1, g.b_nb2, g.b_nb3}))) {
         return false;  // launch_mat_vec's generic kernel
     }
-    return ctx.mv_stream && stream_ok(g, t, false) && g.N == 1 && g.ne2 == 1 && g.ne3 == 1;
+    return ctx.mv_stream && stream_ok(g, t, false);  // (one column of one matrix)
 }
 
 Status op_mul_mat_norm(OpContext& ctx, const Tensor* mm, const NormPrologue& p) {
     MvArgs g = make_args(mm, nullptr);
     set_norm(g, &p);
     const Type t = mm->src[0]->type;
-    const bool stream = ctx.mv_stream && stream_ok(g, t, false);
-    if (stream) offer_mirror(ctx, g);
-    if (stream) return launch_stream(ctx, g, t, false);
+    if (ctx.mv_stream && stream_ok(g, t, false)) return launch_stream(ctx, g, t, false);
     if (q8_vec_ok(g, t)) return dispatch_q8<false>(ctx, g, t);
     if (vec_fused_ok(g, t)) return dispatch_vec_fused<false>(ctx, g, t, g.M);
     return Status::error("CUDA: folded RMS_NORM without the int8 or the fused float kernel");
