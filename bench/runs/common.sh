@@ -7,6 +7,8 @@
 # T (tiny-llama Q8_0) and defines tg MODEL N [ARGS or FERRY_*=V ...]: the tg t/s column, and
 # bt MODEL [ARGS]: the tg128 t/s alone (3 repetitions; ARGS pick the device or --remote ADDR).
 # Served runs side by side: serve_unix, serve_tcp, servers_up, side_by_side, logits_reads (below).
+# tests FILTER [SECONDS]: test_cuda with that filter into $OUT/test_cuda.txt, its summary lines
+# and the context of any failure. profiles ADDR...: session profiles (below).
 set -u
 if [ -f "$BIN/ferry.xz" ]; then
   xz -dc "$BIN/ferry.xz" > /tmp/ferry && chmod +x /tmp/ferry
@@ -85,4 +87,22 @@ logits_reads() {
   for a in "$@"; do
     echo "$a: $(FERRY_SESSION_PROFILE=1 $F bench -m $Q -p 0 -n 128 -r 1 --remote $a 2>&1 | grep -o "$pat" | head -1)"
   done
+}
+
+# profiles ADDR...: the session profile line of a 1B Q4_0 tg128 client (FERRY_SESSION_PROFILE=1)
+# per address ("local" runs on CUDA0); FERRY_*=V words before an address go to its client.
+profiles() {
+  local a envs=()
+  for a in "$@"; do
+    if [[ $a == FERRY_* ]]; then envs+=("$a"); continue; fi
+    local where=(--remote $a)
+    [ $a = local ] && where=(--device CUDA0)
+    echo "$a ${envs[*]}: $(env "${envs[@]}" FERRY_SESSION_PROFILE=1 $F bench -m $Q -p 0 -n 128 -r 1 "${where[@]}" 2>&1 | grep -o 'per step us.*')"
+    envs=()
+  done
+}
+tests() { # FILTER [SECONDS]
+  FERRY_TEST_BIN=$F timeout ${2:-300} $TC --gtest_filter="$1" > $OUT/test_cuda.txt 2>&1
+  grep -E "FAILED|PASSED|tests ran|SKIPPED|op cases" $OUT/test_cuda.txt | head -30
+  grep -B2 -A12 "Failure" $OUT/test_cuda.txt | head -40
 }
