@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/spin.h"
+
 namespace ferry::remote::ivshmem {
 
 namespace {
@@ -279,9 +281,7 @@ void Backoff::wait() {
     }
     spins_++;
     if ((spins_ & 63) != 0 && sleep_us_ == 0) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
+        cpu_pause();
         return;
     }
     const int64_t us = std::chrono::duration_cast<std::chrono::microseconds>(

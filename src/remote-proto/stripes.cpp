@@ -3,9 +3,11 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
+#include "core/spin.h"
 #include "remote-proto/protocol.h"
 
 namespace ferry::remote {
@@ -27,8 +29,23 @@ Status send_stripe(Socket& sock, const uint8_t* data, uint64_t len, int n, int i
     return st;
 }
 
+namespace {
+
+int64_t idle_spin_ns(int64_t spin_ns) {
+    const char* v = std::getenv("FERRY_LANE_IDLE_SPIN_US");
+    if (!v) return spin_ns;
+    const long us = std::strtol(v, nullptr, 10);
+    return us > 0 ? int64_t{std::min(us, 1000000L)} * 1000 : int64_t{0};
+}
+
+}  // namespace
+
 StripeLanes::StripeLanes(Dir dir, int64_t spin_ns, int64_t expect_ns, int frame_ms)
-    : dir_(dir), spin_ns_(spin_ns), expect_ns_(expect_ns), frame_ms_(frame_ms) {
+    : dir_(dir),
+      spin_ns_(spin_ns),
+      idle_ns_(idle_spin_ns(spin_ns)),
+      expect_ns_(expect_ns),
+      frame_ms_(frame_ms) {
     lanes_.reserve(kMaxStripes);
 }
 
@@ -71,6 +88,7 @@ bool StripeLanes::wait_for(Pred pred, int64_t spin_ns) {
         do {
             if (stop_.load(std::memory_order_relaxed)) return false;
             if (pred()) return true;
+            cpu_pause();
         } while (now_ns() < until);
     }
     std::unique_lock<std::mutex> lock(mu_);
@@ -82,7 +100,7 @@ bool StripeLanes::wait_for(Pred pred, int64_t spin_ns) {
 
 void StripeLanes::run(Lane& me, int index) {
     uint64_t seen = 0;
-    int64_t spin = spin_ns_;
+    int64_t spin = idle_ns_;
     for (;;) {
         const uint64_t woken = wake_.load();
         // Poll for the next transfer (after wake(), for up to expect_ns_), then sleep.
@@ -93,7 +111,7 @@ void StripeLanes::run(Lane& me, int index) {
             spin = expect_ns_;
             continue;
         }
-        spin = spin_ns_;
+        spin = idle_ns_;
         seen++;
         uint8_t* data;
         uint64_t len;

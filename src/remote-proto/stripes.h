@@ -30,7 +30,9 @@ class StripeLanes {
     // spin_ns: how long an idle lane polls for the next transfer after one, before it sleeps
     // (and finish() for the lanes); expect_ns: how long after wake() (a transfer is coming:
     // on the server, a read that waits for the device's compute first); frame_ms: each
-    // stripe's deadline (0: none).
+    // stripe's deadline (0: none). FERRY_LANE_IDLE_SPIN_US, when set, replaces spin_ns for
+    // the idle lanes (an experiment: 0 makes them sleep between transfers until wake(), so
+    // that they do not poll beside the host's work of the next step).
     StripeLanes(Dir dir, int64_t spin_ns, int64_t expect_ns, int frame_ms);
     ~StripeLanes();  // stops the lanes (their sockets are shut down) and joins the threads
     StripeLanes(const StripeLanes&) = delete;
@@ -73,6 +75,7 @@ class StripeLanes {
 
     const Dir dir_;
     const int64_t spin_ns_;
+    const int64_t idle_ns_;  // spin_ns_, or FERRY_LANE_IDLE_SPIN_US
     const int64_t expect_ns_;
     const int frame_ms_;
     std::vector<std::unique_ptr<Lane>> lanes_;

@@ -3,19 +3,14 @@
 #include <algorithm>
 #include <chrono>
 
+#include "core/spin.h"
+
 #if defined(__linux__)
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <climits>
-#endif
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define FERRY_PAUSE() _mm_pause()
-#else
-#define FERRY_PAUSE() ((void)0)
 #endif
 
 namespace ferry::cpu {
@@ -55,7 +50,7 @@ uint32_t wait_while(ThreadPool::Signal& s, uint32_t old, Duration spin_time) {
         for (int k = 0; k < 16; k++) {
             const uint32_t w = s.word.load(std::memory_order_acquire);
             if (w != old) return w;
-            FERRY_PAUSE();
+            cpu_pause();
         }
         const auto now = std::chrono::steady_clock::now();
         if (i == 0) {

@@ -14,6 +14,7 @@
 #include "backends/cuda/cublas-api.h"
 #include "backends/cuda/ops/ops.h"
 #include "core/env.h"
+#include "core/spin.h"
 
 namespace ferry::cuda {
 
@@ -28,12 +29,6 @@ constexpr size_t kCublasWorkspace = 32u << 20;
 // Reads at least this large (a row of logits) go through pinned memory: a pageable copy
 // runs at a fraction of the bus speed.
 constexpr size_t kPinnedRead = 64u << 10;
-
-#if defined(__x86_64__) || defined(__i386__)
-#define FERRY_CUDA_PAUSE() __builtin_ia32_pause()
-#else
-#define FERRY_CUDA_PAUSE() ((void)0)
-#endif
 
 #define CUDA_TRY(expr, ...)                                                                   \
     do {                                                                                      \
@@ -1497,7 +1492,7 @@ template <class Set>
 static Status spin_for_flag(Set set, cudaStream_t stream, const char* dev, const char* what,
                             int c) {
     for (uint32_t spins = 1; !set(); spins++) {
-        FERRY_CUDA_PAUSE();
+        cpu_pause();
         if (spins % 4096 != 0) continue;
         const cudaError_t q = cudaStreamQuery(stream);
         if (q == cudaErrorNotReady) continue;
