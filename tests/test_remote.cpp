@@ -2,6 +2,7 @@
 // port of 127.0.0.1, clients in this process (and in forked children), real sockets.
 #include <gtest/gtest.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <atomic>
 #include <cstdio>
@@ -968,6 +969,58 @@ TEST(RemoteSocket, ASpinningSendThroughAFullBufferDeliversEverything) {
             ASSERT_TRUE(rst.is_ok()) << rst.message();
             EXPECT_EQ(std::memcmp(got.data(), data.data(), data.size() * 4), 0);
         }
+    }
+}
+
+TEST(RemoteSocket, ScatteredReadsTakeTheBufferThenReceiveInPlace) {
+    // BufferedReader::read_parts (a striped reply's chunks on the client's own connection):
+    // a read that buffered part of what follows hands that part over first, and the rest
+    // arrives straight into the pieces, whole and in order, whether it is there at once or
+    // trickles in (many receives) and with empty pieces among them; Socket::recv_exact_parts
+    // (the lanes' chunks) the same; a peer that closes midway is an error, not a hang.
+    const std::vector<uint8_t> data = random_bytes(300000, 91);
+    for (const int trickle : {0, 1}) {
+        SCOPED_TRACE(trickle ? "in 4 KiB sends, 1 ms apart" : "all at once");
+        int fds[2];
+        ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+        remote::Socket a(fds[0]), b(fds[1]);
+        std::thread writer([&] {
+            const size_t step = trickle ? 4096 : data.size();
+            for (size_t at = 0; at < data.size(); at += step) {
+                const size_t n = std::min(step, data.size() - at);
+                ASSERT_TRUE(b.send_all(data.data() + at, n, nullptr, 0).is_ok());
+                if (trickle) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            }
+        });
+        remote::BufferedReader in(a);
+        uint8_t head[100];
+        ASSERT_TRUE(in.read(head, sizeof(head), false, nullptr, nullptr).is_ok());
+        // Pieces out of order in the destination, one empty, sizes around the buffer's.
+        std::vector<uint8_t> got(data.size() - sizeof(head) - 50000);
+        const size_t cut[] = {70000, 70000, 0, 30000, got.size() - 170000};
+        const size_t where[] = {100000, 0, 5, 70000, 170000};
+        iovec parts[5];
+        for (int i = 0; i < 5; i++) parts[i] = iovec{got.data() + where[i], cut[i]};
+        ASSERT_TRUE(in.read_parts(parts, 5).is_ok());
+        EXPECT_EQ(std::memcmp(head, data.data(), sizeof(head)), 0);
+        size_t at = sizeof(head);
+        for (int i = 0; i < 5; i++) {
+            EXPECT_EQ(std::memcmp(got.data() + where[i], data.data() + at, cut[i]), 0) << i;
+            at += cut[i];
+        }
+        // The last 50,000 bytes in two pieces through the socket itself.
+        std::vector<uint8_t> tail(50000);
+        const iovec two[2] = {{tail.data() + 20000, 30000}, {tail.data(), 20000}};
+        ASSERT_FALSE(in.buffered());
+        ASSERT_TRUE(a.recv_exact_parts(two, 2).is_ok());
+        writer.join();
+        EXPECT_EQ(std::memcmp(tail.data() + 20000, data.data() + at, 30000), 0);
+        EXPECT_EQ(std::memcmp(tail.data(), data.data() + at + 30000, 20000), 0);
+        // A peer that closes before the pieces are full.
+        ASSERT_TRUE(b.send_all(data.data(), 10, nullptr, 0).is_ok());
+        b.close();
+        const iovec more[1] = {{tail.data(), 20}};
+        EXPECT_FALSE(in.read_parts(more, 1).is_ok());
     }
 }
 

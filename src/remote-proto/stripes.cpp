@@ -127,9 +127,17 @@ void StripeLanes::run(Lane& me, int index) {
         const uint64_t first = stripe_next(len, n, index, 0);
         Status st;
         if (ok && first < len && dir_ == Dir::Receive) {
+            // The stripe's chunks straight into place, as few receives as their arrival allows.
+            iovec parts[Socket::kMaxParts];
+            int k = 0;
             stripe_parts(len, n, index, 0, len, [&](uint64_t off, uint64_t size) {
-                if (st) st = me.sock.recv_exact(data + off, size, nullptr);
+                if (st && k == Socket::kMaxParts) {
+                    st = me.sock.recv_exact_parts(parts, k);
+                    k = 0;
+                }
+                parts[k++] = iovec{data + off, static_cast<size_t>(size)};
             });
+            if (st && k > 0) st = me.sock.recv_exact_parts(parts, k);
             me.sock.end_frame();
         } else if (ok && first < len) {
             // What of the stripe is in place, as it comes (all of it at once, but for a

@@ -220,16 +220,21 @@ int64_t socket_spin_ns(bool client, bool cpu_device) {
 }
 
 Status Socket::recv_some(void* p, size_t cap, size_t* got, bool idle_ok, std::vector<int>* fds) {
+    iovec iov{p, cap};
+    return recv_some_parts(&iov, 1, got, idle_ok, fds);
+}
+
+Status Socket::recv_some_parts(const iovec* parts, int n, size_t* got, bool idle_ok,
+                               std::vector<int>* fds) {
     *got = 0;
     const bool timed = frame_ms_ > 0 && !idle_ok;
     if (timed && !deadline_ns_) deadline_ns_ = now_ns() + int64_t{frame_ms_} * 1000000;
     const int64_t spin = spin_ns_;
     int64_t spin_until = 0;
     for (;;) {
-        iovec iov{p, cap};
         msghdr msg{};
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
+        msg.msg_iov = const_cast<iovec*>(parts);
+        msg.msg_iovlen = static_cast<size_t>(n);
         alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * 4)];
         msg.msg_control = ctrl;
         msg.msg_controllen = sizeof(ctrl);
@@ -276,6 +281,52 @@ Status Socket::recv_exact(void* p, size_t n, std::vector<int>* fds, bool* eof_at
         if (received) *received = got;
     }
     return Status::ok();
+}
+
+Status Socket::recv_exact_parts(const iovec* parts, int n_parts) {
+    if (n_parts < 0 || n_parts > kMaxParts) return Status::errorf("receive: %d pieces", n_parts);
+    iovec left[kMaxParts];
+    int first = 0, n = 0;
+    for (int i = 0; i < n_parts; i++) {
+        if (parts[i].iov_len) left[n++] = parts[i];
+    }
+    while (first < n) {
+        size_t got = 0;
+        FERRY_TRY(recv_some_parts(left + first, n - first, &got, false, nullptr));
+        if (got == 0) return Status::error("connection closed");
+        while (first < n && got > 0) {
+            const size_t take = std::min(got, left[first].iov_len);
+            left[first].iov_base = static_cast<uint8_t*>(left[first].iov_base) + take;
+            left[first].iov_len -= take;
+            got -= take;
+            if (left[first].iov_len == 0) first++;
+        }
+    }
+    return Status::ok();
+}
+
+Status BufferedReader::read_parts(const iovec* parts, int n_parts) {
+    if (n_parts < 0 || n_parts > Socket::kMaxParts) {
+        return Status::errorf("receive: %d pieces", n_parts);
+    }
+    // What the buffer holds goes first; the rest comes straight into place.
+    iovec left[Socket::kMaxParts];
+    int n = 0;
+    for (int i = 0; i < n_parts; i++) {
+        iovec p = parts[i];
+        const size_t take = std::min(p.iov_len, w_ - r_);
+        if (take) {
+            std::memcpy(p.iov_base, buf_.get() + r_, take);
+            r_ += take;
+            p.iov_base = static_cast<uint8_t*>(p.iov_base) + take;
+            p.iov_len -= take;
+        }
+        if (p.iov_len) left[n++] = p;
+    }
+    if (n == 0) return Status::ok();
+    r_ = w_ = 0;
+    receives_++;
+    return sock_.recv_exact_parts(left, n);
 }
 
 Status BufferedReader::read(void* dst, size_t n, bool idle_ok, size_t* received,

@@ -68,6 +68,11 @@ class Socket {
     // did arrive.
     Status recv_exact(void* p, size_t n, std::vector<int>* fds, bool* eof_at_start = nullptr,
                       bool idle_ok = false, size_t* received = nullptr);
+    // recv_some into n pieces (in order; one system call), and recv_exact of n <= kMaxParts
+    // pieces (as few calls as the bytes' arrival allows; descriptors are not expected).
+    Status recv_some_parts(const iovec* parts, int n, size_t* got, bool idle_ok,
+                           std::vector<int>* fds = nullptr);
+    Status recv_exact_parts(const iovec* parts, int n);
     // Makes every blocking receive and send give up after ms milliseconds without progress
     // (0: wait forever).
     Status set_io_timeout(int ms);
@@ -125,6 +130,9 @@ class BufferedReader {
     // before_block runs whenever the reader is about to wait for the socket.
     Status read(void* dst, size_t n, bool idle_ok, size_t* received, std::vector<int>* fds,
                 const std::function<Status()>& before_block = nullptr);
+    // Reads exactly the n <= Socket::kMaxParts pieces in order: what is buffered is copied,
+    // the rest is received straight into place (no copy through the buffer).
+    Status read_parts(const iovec* parts, int n);
     bool buffered() const { return r_ < w_; }  // bytes already here, not yet read
     bool closed() const { return closed_; }    // a read found the end of the stream
     void reset() { r_ = w_ = 0; }
