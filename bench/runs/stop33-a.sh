@@ -23,9 +23,9 @@ BIN=${BIN:-.devA}
 source bench/runs/common.sh
 gen_models &
 echo "=== $(date -u +%T) test_cuda: bulk, progressive, served, streaming"
-tests "${FILTER:-*Bulk*:*Progressive*:*Served*:*Stream*}" 300
+tests "${FILTER:-*Bulk*:*Progressive*:*Served*:*Stream*}" 400
 echo "=== $(date -u +%T) floor, f16, shared memory per block 0 / 96 / 120 / 200 KiB"
-for k in 0 96 120 200; do timeout 60 $BIN/bench_cuda_floor f16 100 $k 2>&1 | sed "s/^/[$k KiB] /"; done
+for k in 0 96 120 200; do timeout 30 $BIN/bench_cuda_floor f16 100 $k 2>&1 | sed "s/^/[$k KiB] /"; done
 wait
 echo "=== $(date -u +%T) 1B F16 tg128: register | bulk S=4 | S=3 | S=2 | S=2 x2 blocks | S=1 x2"
 bt $H --device CUDA0 > /dev/null
