@@ -8,9 +8,10 @@
 #  2. The floor with a shared-memory footprint per block (bench_cuda_floor f16 100 KIB): up
 #     to which footprint a chain of streaming kernels keeps its PDL overlap.
 #  3. 1B F16 tg128 side by side, three rounds: the register form against the bulk form with
-#     S = 4 slots a warp (128 KiB in flight a block: no room for the next kernel's block, the
-#     control), 3 (96 KiB: two consecutive kernels' blocks fit an SM), 2 (64 KiB), and S = 2 /
-#     1 with two blocks per SM.
+#     S = 4 slots a warp and FIT=0 (128 KiB in flight a block: no room for the next kernel's
+#     block, the control), 3 (96 KiB: two consecutive kernels' blocks fit an SM; down 2),
+#     3 with down's b read from global memory (XGLOBAL: down keeps 3, ~28 KiB of L1 for its
+#     32 KiB of b), 2 (64 KiB), and S = 2 / 1 with two blocks per SM.
 #  4. 1B Q4_0 tg128 side by side, three rounds: the register form (Q4_0 wo/down in 16-warp
 #     blocks) against BULK_Q = 8 (one 8-warp block an SM, 72 KiB in flight, as the register
 #     form's SM), 12, and 4 with two blocks per SM.
@@ -27,11 +28,14 @@ tests "${FILTER:-*Bulk*:*Progressive*:*Served*:*Stream*}" 400
 echo "=== $(date -u +%T) floor, f16, shared memory per block 0 / 96 / 120 / 200 KiB"
 for k in 0 96 120 200; do timeout 30 $BIN/bench_cuda_floor f16 100 $k 2>&1 | sed "s/^/[$k KiB] /"; done
 wait
-echo "=== $(date -u +%T) 1B F16 tg128: register | bulk S=4 | S=3 | S=2 | S=2 x2 blocks | S=1 x2"
+echo "=== $(date -u +%T) 1B F16 tg128: register | bulk S=4 unfit | S=3 | S=3 b global | S=2 |" \
+  "S=2 x2 blocks | S=1 x2"
 bt $H --device CUDA0 > /dev/null
 for r in 1 2 3; do
-  echo "$(bt $H --device CUDA0) $(FERRY_CUDA_MV_BULK=4 bt $H --device CUDA0)" \
-    "$(FERRY_CUDA_MV_BULK=3 bt $H --device CUDA0) $(FERRY_CUDA_MV_BULK=2 bt $H --device CUDA0)" \
+  echo "$(bt $H --device CUDA0) $(FERRY_CUDA_MV_BULK=4 FERRY_CUDA_MV_BULK_FIT=0 bt $H --device CUDA0)" \
+    "$(FERRY_CUDA_MV_BULK=3 bt $H --device CUDA0)" \
+    "$(FERRY_CUDA_MV_BULK=3 FERRY_CUDA_MV_BULK_XGLOBAL=1 bt $H --device CUDA0)" \
+    "$(FERRY_CUDA_MV_BULK=2 bt $H --device CUDA0)" \
     "$(FERRY_CUDA_MV_BULK=2 FERRY_CUDA_MV_BULK_BLOCKS=2 bt $H --device CUDA0)" \
     "$(FERRY_CUDA_MV_BULK=1 FERRY_CUDA_MV_BULK_BLOCKS=2 bt $H --device CUDA0)"
 done
