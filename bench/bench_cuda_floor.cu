@@ -102,12 +102,18 @@ int main(int argc, char** argv) {
     const char* model = argc > 1 ? argv[1] : "q4_0";
     const int replays = argc > 2 ? std::atoi(argv[2]) : 200;
     g_smem = static_cast<size_t>(argc > 3 ? std::atoi(argv[3]) : 0) << 10;
-    if (g_smem > 48u << 10) {
+    if (g_smem > 0) {
         for (const void* f : {reinterpret_cast<const void*>(k_stream<0>),
                               reinterpret_cast<const void*>(k_stream<1>),
                               reinterpret_cast<const void*>(k_stream<2>)}) {
-            CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(g_smem)));
+            if (g_smem > 48u << 10) {
+                CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(g_smem)));
+            }
+            // The largest carveout (as ferry's bulk kernels ask): a lone block's smaller one
+            // would keep the next kernel's block out until the SM drained.
+            CK(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    cudaSharedmemCarveoutMaxShared));
         }
     }
     // One layer's decode kernels (ncu's DRAM bytes, bench/results/cuda.md), 16 layers, then the
