@@ -7,8 +7,8 @@
 # T (tiny-llama Q8_0) and defines tg MODEL N [ARGS or FERRY_*=V ...]: the tg t/s column, and
 # bt MODEL [ARGS]: the tg128 t/s alone (3 repetitions; ARGS pick the device or --remote ADDR).
 # Served runs side by side: serve_unix, serve_tcp, servers_up, side_by_side, logits_reads (below).
-# tests FILTER [SECONDS]: test_cuda with that filter into $OUT/test_cuda.txt, its summary lines
-# and the context of any failure. profiles ADDR...: session profiles (below).
+# tests FILTER [SECONDS]: test_cuda with that filter into $OUT/test_cuda.N.txt (N: the call),
+# its exit status (124: timed out), summary lines and the context of any failure. profiles ADDR...: session profiles (below).
 set -u
 if [ -f "$BIN/ferry.xz" ]; then
   xz -dc "$BIN/ferry.xz" > /tmp/ferry && chmod +x /tmp/ferry
@@ -39,9 +39,10 @@ tg() {
   env "${envs[@]}" $F bench -m $m --device CUDA0 -p 0 -n $n -r ${R:-5} "${args[@]}" 2>&1 |
     grep "tg$n" | awk -F'|' '{print $8}'
 }
-bt() { # MODEL [ARGS]: the tg128 t/s
-  local m=$1; shift
-  $F bench -m $m -p 0 -n 128 -r 3 "$@" 2>&1 | awk -F'|' '$7 ~ /tg128/ { split($8, v, " "); print v[1] }'
+bt() { # MODEL [ARGS]: the tg128 t/s ("-" when it fails or takes over BT_TIMEOUT seconds, 120)
+  local m=$1 v; shift
+  v=$(timeout ${BT_TIMEOUT:-120} $F bench -m $m -p 0 -n 128 -r 3 "$@" 2>&1 | awk -F'|' '$7 ~ /tg128/ { split($8, v, " "); print v[1] }')
+  echo "${v:--}"
 }
 # Servers side by side (in a temp folder SD, stopped on exit): serve_unix starts `ferry serve`
 # on unix:$SD/u, serve_tcp OFF [FERRY_*=V ...] one on tcp:127.0.0.1:$((P + OFF)) with those
@@ -101,8 +102,11 @@ profiles() {
     envs=()
   done
 }
+TESTS_N=0
 tests() { # FILTER [SECONDS]
-  FERRY_TEST_BIN=$F timeout ${2:-300} $TC --gtest_filter="$1" > $OUT/test_cuda.txt 2>&1
-  grep -E "FAILED|PASSED|tests ran|SKIPPED|op cases" $OUT/test_cuda.txt | head -30
-  grep -B2 -A12 "Failure" $OUT/test_cuda.txt | head -40
+  local f=$OUT/test_cuda.$((++TESTS_N)).txt
+  FERRY_TEST_BIN=$F timeout ${2:-300} $TC --gtest_filter="$1" > $f 2>&1
+  echo "(rc $?, $f)"
+  grep -E "FAILED|PASSED|tests ran|SKIPPED|op cases" $f | head -30
+  grep -B2 -A12 "Failure" $f | head -40
 }
