@@ -26,7 +26,7 @@ gen_models &
 echo "=== $(date -u +%T) test_cuda: bulk (alone first: a hang costs 150 s, not the run)"
 tests "*BulkStream*" 150
 echo "=== $(date -u +%T) test_cuda: progressive, served, streaming"
-tests "${FILTER:-*Progressive*:*Served*:*Stream*}" 300
+tests "${FILTER:-*Progressive*:*Served*:*Stream*-*BulkStream*}" 300
 echo "=== $(date -u +%T) floor, f16, shared memory per block 0 / 96 / 120 / 200 KiB"
 for k in 0 96 120 200; do timeout 30 $BIN/bench_cuda_floor f16 100 $k 2>&1 | sed "s/^/[$k KiB] /"; done
 wait
