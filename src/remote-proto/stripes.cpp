@@ -159,10 +159,7 @@ void StripeLanes::run(Lane& me, int index) {
                 failed_ = Status::errorf("stripe connection %d: %s", index, st.message().c_str());
         }
         done_.fetch_add(1);
-        if (sleepers_.load() > 0) {
-            std::lock_guard<std::mutex> lock(mu_);
-            cv_.notify_all();
-        }
+        notify_sleepers();
     }
 }
 
@@ -180,10 +177,7 @@ void StripeLanes::start(uint8_t* data, uint64_t len, uint64_t ready) {
 
 void StripeLanes::advance(uint64_t ready) {
     ready_.store(ready);  // sequentially consistent, before sleepers_ is read (wait_for)
-    if (sleepers_.load() > 0) {
-        std::lock_guard<std::mutex> lock(mu_);
-        cv_.notify_all();
-    }
+    notify_sleepers();
 }
 
 Status StripeLanes::finish() {
@@ -195,12 +189,18 @@ Status StripeLanes::finish() {
     return failed_;
 }
 
+void StripeLanes::notify_sleepers() {
+    if (sleepers_.load() == 0) return;
+    // A sleeper counted itself and checked its condition under mu_: once mu_ has been ours,
+    // it either saw the change or waits on cv_. The notification then comes after the unlock,
+    // so that the woken thread does not run into the lock at once and sleep on it again.
+    { std::lock_guard<std::mutex> lock(mu_); }
+    cv_.notify_all();
+}
+
 void StripeLanes::wake() {
     wake_.fetch_add(1);
-    if (sleepers_.load() > 0) {
-        std::lock_guard<std::mutex> lock(mu_);
-        cv_.notify_all();
-    }
+    notify_sleepers();
 }
 
 }  // namespace ferry::remote

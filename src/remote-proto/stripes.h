@@ -72,6 +72,9 @@ class StripeLanes {
     // checks pred under mu_, a mover changes the counter before it looks at sleepers_.)
     template <class Pred>
     bool wait_for(Pred pred, int64_t spin_ns);
+    // Wakes the threads in cv_.wait after a counter they wait on moved (sequentially
+    // consistent, before this reads sleepers_).
+    void notify_sleepers();
 
     const Dir dir_;
     const int64_t spin_ns_;
