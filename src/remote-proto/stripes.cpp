@@ -3,7 +3,6 @@
 #include <sys/uio.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -14,36 +13,15 @@ namespace ferry::remote {
 
 Status send_stripe(Socket& sock, const uint8_t* data, uint64_t len, int n, int i, uint64_t from,
                    uint64_t to, const iovec* before, int n_before) {
-    iovec parts[Socket::kMaxParts];
-    int k = 0;
-    for (; k < n_before; k++) parts[k] = before[k];
-    Status st;
-    stripe_parts(len, n, i, from, to, [&](uint64_t off, uint64_t size) {
-        if (k == Socket::kMaxParts) {  // (more chunks than one send takes: send what is there)
-            if (st) st = sock.send_parts(parts, k);
-            k = 0;
-        }
-        parts[k++] = {const_cast<uint8_t*>(data + off), static_cast<size_t>(size)};
-    });
-    if (st && k > 0) st = sock.send_parts(parts, k);
-    return st;
+    return stripe_io(
+        const_cast<uint8_t*>(data), len, n, i, from, to,
+        [&](const iovec* parts, int k) { return sock.send_parts(parts, k); }, before, n_before);
 }
-
-namespace {
-
-int64_t idle_spin_ns(int64_t spin_ns) {
-    const char* v = std::getenv("FERRY_LANE_IDLE_SPIN_US");
-    if (!v) return spin_ns;
-    const long us = std::strtol(v, nullptr, 10);
-    return us > 0 ? int64_t{std::min(us, 1000000L)} * 1000 : int64_t{0};
-}
-
-}  // namespace
 
 StripeLanes::StripeLanes(Dir dir, int64_t spin_ns, int64_t expect_ns, int frame_ms)
     : dir_(dir),
       spin_ns_(spin_ns),
-      idle_ns_(idle_spin_ns(spin_ns)),
+      idle_ns_(env_spin_ns("FERRY_LANE_IDLE_SPIN_US", spin_ns)),
       expect_ns_(expect_ns),
       frame_ms_(frame_ms) {
     lanes_.reserve(kMaxStripes);
@@ -128,16 +106,9 @@ void StripeLanes::run(Lane& me, int index) {
         Status st;
         if (ok && first < len && dir_ == Dir::Receive) {
             // The stripe's chunks straight into place, as few receives as their arrival allows.
-            iovec parts[Socket::kMaxParts];
-            int k = 0;
-            stripe_parts(len, n, index, 0, len, [&](uint64_t off, uint64_t size) {
-                if (st && k == Socket::kMaxParts) {
-                    st = me.sock.recv_exact_parts(parts, k);
-                    k = 0;
-                }
-                parts[k++] = iovec{data + off, static_cast<size_t>(size)};
+            st = stripe_io(data, len, n, index, 0, len, [&](const iovec* parts, int k) {
+                return me.sock.recv_exact_parts(parts, k);
             });
-            if (st && k > 0) st = me.sock.recv_exact_parts(parts, k);
             me.sock.end_frame();
         } else if (ok && first < len) {
             // What of the stripe is in place, as it comes (all of it at once, but for a

@@ -5,6 +5,8 @@
 // replies").
 #pragma once
 
+#include <sys/uio.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -14,13 +16,34 @@
 #include <vector>
 
 #include "ferry/status.h"
+#include "remote-proto/protocol.h"
 #include "remote-proto/transport.h"
 
 namespace ferry::remote {
 
-// Sends the parts of stripe i (of n) of a len-byte payload at data that lie in [from, to)
-// (stripe_parts), after the n_before pieces `before` (a reply's held frames and header), in as
-// few system calls as Socket::send_parts allows.
+// Hands the parts of stripe i (of n) of a len-byte payload at data that lie in [from, to)
+// (stripe_parts) to io(parts, k), after the n_before pieces `before`, in batches of at most
+// Socket::kMaxParts pieces; stops at the first error io returns.
+template <class Io>
+Status stripe_io(uint8_t* data, uint64_t len, int n, int i, uint64_t from, uint64_t to, Io&& io,
+                 const iovec* before = nullptr, int n_before = 0) {
+    iovec parts[Socket::kMaxParts];
+    int k = 0;
+    for (; k < n_before; k++) parts[k] = before[k];
+    Status st;
+    stripe_parts(len, n, i, from, to, [&](uint64_t off, uint64_t size) {
+        if (st && k == Socket::kMaxParts) {
+            st = io(parts, k);
+            k = 0;
+        }
+        if (st) parts[k++] = iovec{data + off, static_cast<size_t>(size)};
+    });
+    if (st && k > 0) st = io(parts, k);
+    return st;
+}
+
+// Sends the parts of stripe i in [from, to) after `before` (a reply's held frames and header),
+// in as few system calls as Socket::send_parts allows (stripe_io).
 Status send_stripe(Socket& sock, const uint8_t* data, uint64_t len, int n, int i, uint64_t from,
                    uint64_t to, const iovec* before = nullptr, int n_before = 0);
 

@@ -132,13 +132,35 @@ Status Socket::send_all(const void* a, size_t na, const void* b, size_t nb, int 
     return send_parts(parts, 2, pass_fd);
 }
 
+namespace {
+
+// The non-empty ones of n pieces, into left (kMaxParts of room); returns how many.
+int nonempty_parts(const iovec* parts, int n, iovec* left) {
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (parts[i].iov_len) left[k++] = parts[i];
+    }
+    return k;
+}
+
+// Drops the first `done` bytes of pieces left[first, n) (first moves past the emptied ones).
+void consume_parts(iovec* left, int n, int& first, size_t done) {
+    while (first < n && done > 0) {
+        const size_t take = std::min(done, left[first].iov_len);
+        left[first].iov_base = static_cast<uint8_t*>(left[first].iov_base) + take;
+        left[first].iov_len -= take;
+        done -= take;
+        if (left[first].iov_len == 0) first++;
+    }
+}
+
+}  // namespace
+
 Status Socket::send_parts(const iovec* parts, int n_parts, int pass_fd) {
     if (n_parts < 0 || n_parts > kMaxParts) return Status::errorf("send: %d pieces", n_parts);
     iovec left[kMaxParts];
-    int first = 0, n = 0;
-    for (int i = 0; i < n_parts; i++) {
-        if (parts[i].iov_len) left[n++] = parts[i];
-    }
+    int first = 0;
+    const int n = nonempty_parts(parts, n_parts, left);
     bool fd_pending = pass_fd >= 0;
     int64_t send_deadline = 0, spin_until = 0;
     while (first < n) {
@@ -179,14 +201,7 @@ Status Socket::send_parts(const iovec* parts, int n_parts, int pass_fd) {
             return Status::errorf("send: %s", std::strerror(errno));
         }
         fd_pending = false;
-        size_t s = static_cast<size_t>(sent);
-        while (first < n && s > 0) {
-            const size_t take = std::min(s, left[first].iov_len);
-            left[first].iov_base = static_cast<uint8_t*>(left[first].iov_base) + take;
-            left[first].iov_len -= take;
-            s -= take;
-            if (left[first].iov_len == 0) first++;
-        }
+        consume_parts(left, n, first, static_cast<size_t>(sent));
     }
     return Status::ok();
 }
@@ -203,12 +218,15 @@ bool Socket::wait_until_deadline(short events, int64_t deadline_ns) {
     }
 }
 
+int64_t env_spin_ns(const char* name, int64_t otherwise) {
+    const char* v = std::getenv(name);
+    if (!v) return otherwise;
+    const long us = std::strtol(v, nullptr, 10);
+    return us > 0 ? int64_t{std::min(us, 1000000L)} * 1000 : int64_t{0};
+}
+
 int64_t socket_spin_ns(bool client, bool cpu_device) {
-    const char* v = std::getenv("FERRY_SOCKET_SPIN_US");
-    if (v) {
-        const long us = std::strtol(v, nullptr, 10);
-        return us > 0 ? int64_t{std::min(us, 1000000L)} * 1000 : int64_t{0};
-    }
+    if (std::getenv("FERRY_SOCKET_SPIN_US")) return env_spin_ns("FERRY_SOCKET_SPIN_US", 0);
     // A client on a host with cores to spare spins through a GPU step's wait, as the CUDA
     // runtime's own synchronization does when cores outnumber contexts; on small machines the
     // core may be the server's (a CPU device next door), so it sleeps at once. A server on such
@@ -286,21 +304,13 @@ Status Socket::recv_exact(void* p, size_t n, std::vector<int>* fds, bool* eof_at
 Status Socket::recv_exact_parts(const iovec* parts, int n_parts) {
     if (n_parts < 0 || n_parts > kMaxParts) return Status::errorf("receive: %d pieces", n_parts);
     iovec left[kMaxParts];
-    int first = 0, n = 0;
-    for (int i = 0; i < n_parts; i++) {
-        if (parts[i].iov_len) left[n++] = parts[i];
-    }
+    int first = 0;
+    const int n = nonempty_parts(parts, n_parts, left);
     while (first < n) {
         size_t got = 0;
         FERRY_TRY(recv_some_parts(left + first, n - first, &got, false, nullptr));
         if (got == 0) return Status::error("connection closed");
-        while (first < n && got > 0) {
-            const size_t take = std::min(got, left[first].iov_len);
-            left[first].iov_base = static_cast<uint8_t*>(left[first].iov_base) + take;
-            left[first].iov_len -= take;
-            got -= take;
-            if (left[first].iov_len == 0) first++;
-        }
+        consume_parts(left, n, first, got);
     }
     return Status::ok();
 }

@@ -119,6 +119,9 @@ int64_t now_ns();
 constexpr int64_t kClientSpinNs = 2'000'000;
 constexpr int64_t kServerSpinNs = 300'000;
 int64_t socket_spin_ns(bool client, bool cpu_device = false);
+// A spin time in microseconds from environment variable `name` (0 or less: none; at most
+// one second), in nanoseconds; `otherwise` when it is not set.
+int64_t env_spin_ns(const char* name, int64_t otherwise);
 
 // Reads a socket through a buffer: one receive takes in every frame that has arrived (a
 // pipeline's requests or replies come together); large reads bypass the buffer.

@@ -447,19 +447,11 @@ Status Connection::read_reply(Result* sync_result, Status* sync_status) {
         uint8_t* dst = static_cast<uint8_t*>(p.dst);
         lanes_->start(dst, h.len);
         // Stripe 0's chunks straight into place, as few receives as their arrival allows.
-        iovec parts[Socket::kMaxParts];
-        int n = 0;
-        stripe_parts(h.len, lanes_->stripes(), 0, 0, h.len, [&](uint64_t off, uint64_t size) {
-            if (st && n == Socket::kMaxParts) {
-                st = ring_ ? Status::error("striped reply on a shared-memory ring")
-                           : in_.read_parts(parts, n);
-                n = 0;
-            }
-            parts[n++] = iovec{dst + off, static_cast<size_t>(size)};
-        });
-        if (st && n > 0) {
-            st = ring_ ? Status::error("striped reply on a shared-memory ring")
-                       : in_.read_parts(parts, n);
+        if (ring_) {
+            st = Status::error("striped reply on a shared-memory ring");
+        } else {
+            st = stripe_io(dst, h.len, lanes_->stripes(), 0, 0, h.len,
+                           [&](const iovec* parts, int k) { return in_.read_parts(parts, k); });
         }
         const Status lanes = lanes_->finish();
         if (!st) return fail(st.message());
