@@ -260,6 +260,145 @@ TEST(Sampler, RepetitionPenaltyChangesTheChoice) {
     }
 }
 
+// The documented steps done the plain way (every logit paired with its id, one full sort):
+// what the sampler's single pass over the logits must reproduce token for token.
+class PlainSampler {
+  public:
+    explicit PlainSampler(const SamplerParams& p) : p_(p), rng_(p.seed) {}
+    void accept(int32_t t) { recent_.push_back(t); }
+    int32_t sample(const std::vector<float>& logits) {
+        const size_t n = logits.size();
+        std::vector<std::pair<float, int32_t>> c(n);
+        for (size_t i = 0; i < n; i++) {
+            const float l = logits[i];
+            c[i] = {std::isnan(l) ? -std::numeric_limits<float>::infinity() : l, int32_t(i)};
+        }
+        if (p_.repeat_penalty != 1.0f) {
+            std::set<int32_t> seen(
+                recent_.end() - std::min<ptrdiff_t>(p_.repeat_last_n, ptrdiff_t(recent_.size())),
+                recent_.end());
+            for (int32_t t : seen) {
+                if (t < 0 || size_t(t) >= n) continue;
+                float& l = c[size_t(t)].first;
+                l = l > 0.0f ? l / p_.repeat_penalty : l * p_.repeat_penalty;
+            }
+        }
+        std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) {
+            return a.first > b.first || (a.first == b.first && a.second < b.second);
+        });
+        if (p_.temp <= 0.0f) return c[0].second;
+        if (p_.top_k > 0 && size_t(p_.top_k) < n) c.resize(size_t(p_.top_k));
+        const float mx = c[0].first;
+        if (mx == -std::numeric_limits<float>::infinity()) return c[0].second;
+        if (p_.top_p < 1.0f) {
+            double total = 0.0, cum = 0.0;
+            for (const auto& x : c) total += std::exp(double(x.first - mx));
+            size_t i = 0;
+            while (i < c.size()) {
+                cum += std::exp(double(c[i].first - mx)) / total;
+                i++;
+                if (cum >= double(p_.top_p)) break;
+            }
+            c.resize(i);
+        }
+        if (p_.min_p > 0.0f) {
+            const double floor = double(mx) + std::log(double(p_.min_p));
+            size_t i = 1;
+            while (i < c.size() && double(c[i].first) >= floor) i++;
+            c.resize(i);
+        }
+        std::vector<double> w(c.size());
+        double total = 0.0;
+        for (size_t i = 0; i < c.size(); i++) {
+            w[i] = std::exp((double(c[i].first) - mx) / double(p_.temp));
+            total += w[i];
+        }
+        const double u = double(rng_() >> 11) * 0x1.0p-53 * total;
+        double cum = 0.0;
+        for (size_t i = 0; i < c.size(); i++) {
+            cum += w[i];
+            if (u < cum) return c[i].second;
+        }
+        for (size_t i = c.size(); i-- > 0;) {
+            if (w[i] > 0.0) return c[i].second;
+        }
+        return c[0].second;
+    }
+
+  private:
+    SamplerParams p_;
+    std::mt19937_64 rng_;
+    std::vector<int32_t> recent_;
+};
+
+// Logits that stress the single pass: ties (values on a coarse grid), NaN, infinities, rising
+// and falling runs (every logit beats the last: the candidates overflow again and again).
+std::vector<float> hard_logits(std::mt19937& rng, size_t n, int kind) {
+    const float inf = std::numeric_limits<float>::infinity();
+    std::vector<float> l(n);
+    std::normal_distribution<float> d(0.0f, 3.0f);
+    std::uniform_int_distribution<int> pick(0, 99);
+    for (size_t i = 0; i < n; i++) {
+        switch (kind) {
+            case 0:
+                l[i] = d(rng);
+                break;
+            case 1:
+                l[i] = std::round(d(rng));
+                break;  // many ties
+            case 2:
+                l[i] = float(i) * 0.01f;
+                break;  // rising
+            case 3:
+                l[i] = -float(i) * 0.01f;
+                break;  // falling
+            default:
+                l[i] = float(pick(rng) % 3);
+                break;
+        }
+        const int r = pick(rng);
+        if (kind != 2 && kind != 3) {
+            if (r == 0) l[i] = std::numeric_limits<float>::quiet_NaN();
+            if (r == 1) l[i] = -inf;
+        }
+    }
+    if (kind == 4 && n > 3) l[n / 2] = inf;
+    return l;
+}
+
+TEST(Sampler, OnePassSelectionMatchesSortingEverything) {
+    std::mt19937 rng(5);
+    int cases = 0;
+    for (size_t n : {1u, 2u, 15u, 16u, 17u, 33u, 300u, 4000u}) {
+        for (int32_t k : {0, 1, 2, 5, 40, int32_t(n / 8), int32_t(n / 8) + 1, int32_t(n) - 1,
+                          int32_t(n), int32_t(n) + 3}) {
+            for (int kind = 0; kind < 5; kind++) {
+                SamplerParams p;
+                p.top_k = k;
+                p.temp = (cases % 3 == 0) ? 0.0f : 0.9f;
+                p.top_p = (cases % 2 == 0) ? 0.95f : 1.0f;
+                p.min_p = (cases % 4 == 1) ? 0.0f : 0.05f;
+                p.repeat_penalty = (cases % 5 == 2) ? 1.3f : (cases % 5 == 4) ? 0.7f : 1.0f;
+                p.seed = uint64_t(cases);
+                Sampler fast(p);
+                PlainSampler plain_s(p);
+                for (int step = 0; step < 6; step++) {
+                    const std::vector<float> l = hard_logits(rng, n, kind);
+                    const int32_t a = fast.sample(l.data(), int32_t(n));
+                    const int32_t b = plain_s.sample(l);
+                    ASSERT_EQ(a, b)
+                        << "n " << n << " top_k " << k << " kind " << kind << " temp " << p.temp
+                        << " penalty " << p.repeat_penalty << " step " << step;
+                    fast.accept(a);
+                    plain_s.accept(a);
+                }
+                cases++;
+            }
+        }
+    }
+    EXPECT_EQ(cases, 8 * 10 * 5);
+}
+
 TEST(Sampler, DegenerateLogits) {
     const float inf = std::numeric_limits<float>::infinity();
     const std::vector<float> masked = {-inf, -inf, 0.5f, -inf};

@@ -4,6 +4,10 @@
 #include <cmath>
 #include <limits>
 
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
 namespace ferry {
 
 namespace {
@@ -11,8 +15,22 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Higher logit first; equal logits: lower id first, so every step is deterministic.
-bool before(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+bool before(const Sampler::Cand& a, const Sampler::Cand& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
+}
+
+// Whether one of 16 logits is above bar (NaN is not).
+bool any_above(const float* p, float bar) {
+#if defined(__AVX__)
+    const __m256 b = _mm256_set1_ps(bar);
+    const __m256 m = _mm256_or_ps(_mm256_cmp_ps(_mm256_loadu_ps(p), b, _CMP_GT_OQ),
+                                  _mm256_cmp_ps(_mm256_loadu_ps(p + 8), b, _CMP_GT_OQ));
+    return _mm256_testz_ps(m, m) == 0;
+#else
+    bool any = false;
+    for (int j = 0; j < 16; j++) any |= p[j] > bar;
+    return any;
+#endif
 }
 
 }  // namespace
@@ -32,42 +50,89 @@ void Sampler::accept(int32_t token) {
     }
 }
 
+// The k best of n logits (1 <= k <= n) into out, in `before` order, NaN counting as -inf: one
+// pass that skips, 16 at a time, the logits that cannot enter (at most the k-th best kept so far:
+// it came first, so on a tie it stays ahead), instead of pairing every logit with its id and
+// sorting them. The candidates that pass collect in out; when k + max(k, 256) have gathered,
+// the best k stay and the bar rises to the k-th.
+void Sampler::top(const float* logits, size_t n, size_t k, std::vector<Cand>& out) {
+    out.clear();
+    const size_t cap = k + std::max<size_t>(k, 256);
+    out.reserve(cap);
+    size_t i = 0;
+    for (; i < k; i++) {
+        const float l = logits[i];
+        out.emplace_back(std::isnan(l) ? kNegInf : l, static_cast<int32_t>(i));
+    }
+    float bar = std::max_element(out.begin(), out.end(), before)->first;  // the k-th best
+    auto keep_best = [&] {
+        std::nth_element(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(k - 1), out.end(),
+                         before);
+        out.resize(k);
+        bar = out[k - 1].first;
+    };
+    constexpr size_t kChunk = 16;
+    while (i < n) {
+        const size_t end = std::min(n, i + kChunk);
+        // NaN compares false: after the first k it never enters (it counts as -inf).
+        if (end - i == kChunk && !any_above(logits + i, bar)) {
+            i = end;
+            continue;
+        }
+        for (; i < end; i++) {
+            if (!(logits[i] > bar)) continue;
+            out.emplace_back(logits[i], static_cast<int32_t>(i));
+            if (out.size() == cap) keep_best();
+        }
+    }
+    if (out.size() > k) keep_best();
+    std::sort(out.begin(), out.end(), before);
+}
+
 int32_t Sampler::sample(const float* logits, int32_t n_vocab) {
     if (n_vocab <= 0) return -1;
     const auto n = static_cast<size_t>(n_vocab);
-    cand_.resize(n);
-    for (size_t i = 0; i < n; i++) {
-        const float l = logits[i];
-        cand_[i] = {std::isnan(l) ? kNegInf : l, static_cast<int32_t>(i)};
-    }
 
-    // 1. Repetition penalty, once per distinct recent token.
+    // 1. Repetition penalty, once per distinct recent token, on a copy of the logits.
+    const float* l = logits;
     if (p_.repeat_penalty != 1.0f && p_.repeat_penalty > 0.0f && !recent_.empty()) {
+        penalized_.assign(logits, logits + n);
         std::vector<int32_t> seen(recent_.begin(), recent_.end());
         std::sort(seen.begin(), seen.end());
         seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
         for (int32_t t : seen) {
             if (t < 0 || t >= n_vocab) continue;
-            float& l = cand_[static_cast<size_t>(t)].first;
-            l = l > 0.0f ? l / p_.repeat_penalty : l * p_.repeat_penalty;
+            float& x = penalized_[static_cast<size_t>(t)];
+            x = x > 0.0f ? x / p_.repeat_penalty : x * p_.repeat_penalty;
         }
+        l = penalized_.data();
     }
 
     // 2. Greedy.
     if (p_.temp <= 0.0f) {
-        return std::min_element(cand_.begin(), cand_.end(), before)->second;
+        top(l, n, 1, cand_);
+        return cand_[0].second;
     }
 
-    // 3. Top-k (sorting only as much as needed; the later steps need the order).
+    // 3. Top-k (the later steps need the order). Past an eighth of the vocabulary, sorting
+    // everything costs no more than the pass.
     size_t keep = n;
     if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) keep = static_cast<size_t>(p_.top_k);
-    if (keep < n) {
-        std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(keep),
-                          cand_.end(), before);
+    if (keep <= n / 8) {
+        top(l, n, keep, cand_);
     } else {
-        std::sort(cand_.begin(), cand_.end(), before);
+        cand_.resize(n);
+        for (size_t i = 0; i < n; i++) {
+            cand_[i] = {std::isnan(l[i]) ? kNegInf : l[i], static_cast<int32_t>(i)};
+        }
+        if (keep < n) {
+            std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(keep),
+                              cand_.end(), before);
+        } else {
+            std::sort(cand_.begin(), cand_.end(), before);
+        }
+        cand_.resize(keep);
     }
-    cand_.resize(keep);
 
     const float max_logit = cand_[0].first;
     if (max_logit == kNegInf) return cand_[0].second;  // nothing has any probability
