@@ -10,13 +10,7 @@
 #   strace: apt-get install -y strace)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-model=/tmp/ferry-v128k.gguf
-if [ ! -f $model ]; then
-  tok=$(mktemp -d)
-  cp ../shared/fixtures/tokenizers/llama3/* "$tok"/ && gunzip -f "$tok"/tokenizer.json.gz
-  "$1" gen-model --preset tiny --type q8_0 --vocab "$tok" -o $model > /dev/null 2>&1
-  rm -rf "$tok"
-fi
+model=$(bench/tools/v128k-model.sh "$1")
 count() { # FERRY N -> "futex F recvmsg R sendmsg S"
   local port=$((30000 + RANDOM % 20000)) out
   out=$(mktemp)

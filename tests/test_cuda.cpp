@@ -16,6 +16,7 @@
 
 #include "backends/cpu/cpu-backend.h"
 #include "core/json.h"
+#include "core/top-k.h"
 #include "device-checks.h"
 #include "ferry/backend.h"
 #include "ferry/gen-model.h"
@@ -152,6 +153,11 @@ void gpu_forms_and_cpu(Backend* cpu_be, const ProductCase& c, bool glu, bool wit
     }
     outs[2] = decode_product(cpu_be, cpu::host_buffer_type(), c, glu, with_add);
 }
+
+// TOP_K's kernel is offered to the scheduler only with FERRY_CUDA_TOPK=1 until it has run on a
+// GPU (cuda-backend.cpp): this binary sets it before any device is asked, so that the op suite
+// and the tests below run it.
+const int kTopKOn = setenv("FERRY_CUDA_TOPK", "1", 0);
 
 #define REQUIRE_GPU()                                                 \
     do {                                                              \
@@ -431,6 +437,61 @@ TEST(Cuda, DeclinedOpFallsBackToTheCpu) {
 
 // A row index out of range is reported as an error naming the op and the index; nothing is
 // written, and the device keeps working.
+// TOP_K on rows the op suite cannot fill: a Llama 3 vocabulary of values on a coarse grid (long
+// runs of ties), NaN, -0 and +0, -inf, rows shorter than k's parts; k from 1 to the kernel's
+// largest. The CPU's selection (core/top-k.h, the same one the sampler uses) is the reference:
+// every value and index must match.
+TEST(Cuda, TopKMatchesTheCpuOnHardRows) {
+    REQUIRE_GPU();
+    ASSERT_EQ(kTopKOn, 0);
+    Expected<std::unique_ptr<Backend>> be = gpu()->make_backend();
+    ASSERT_TRUE(be) << be.message();
+    Lcg rnd{17};
+    const float nan = std::nanf(""), inf = INFINITY;
+    for (int64_t n : {int64_t{100}, int64_t{4097}, int64_t{128256}}) {
+        for (int32_t k : {1, 40, 256, 1024}) {
+            if (k > n) continue;
+            SCOPED_TRACE(::testing::Message() << "n " << n << " k " << k);
+            const int64_t rows = 3;
+            std::vector<float> av(static_cast<size_t>(n * rows));
+            for (size_t i = 0; i < av.size(); i++) {
+                const float u = rnd();
+                av[i] = std::round(u * 8.0f) / 4.0f;  // 33 distinct values: ties everywhere
+                if (u > 0.995f) av[i] = nan;
+                if (u < -0.995f) av[i] = -inf;
+                if (av[i] == 0.0f && (i % 2)) av[i] = -0.0f;
+            }
+            Context in, gc;
+            Tensor* a = in.new_tensor(Type::F32, {n, rows});
+            Expected<std::unique_ptr<Buffer>> buf =
+                allocate_context_tensors(in, gpu()->buffer_type());
+            ASSERT_TRUE(buf) << buf.message();
+            ASSERT_TRUE(tensor_set(a, av.data(), av.size() * 4));
+            Tensor* t = gc.top_k(a, k);
+            t->flags |= kTensorOutput;
+            ASSERT_TRUE(gpu()->supports_op(t));
+            Graph g;
+            g.build_forward(t);
+            GraphAllocator alloc(gpu()->buffer_type());
+            ASSERT_TRUE(alloc.allocate(g));
+            ASSERT_TRUE((*be)->compute(g));
+            ASSERT_TRUE((*be)->synchronize());
+            std::vector<float> out(static_cast<size_t>(2 * k * rows));
+            ASSERT_TRUE(tensor_get(t, out.data(), out.size() * 4));
+            std::vector<std::pair<float, int32_t>> want;
+            for (int64_t r = 0; r < rows; r++) {
+                top_k_of(av.data() + r * n, static_cast<size_t>(n), static_cast<size_t>(k), want);
+                const float* o = out.data() + r * 2 * k;
+                for (int32_t j = 0; j < k; j++) {
+                    ASSERT_EQ(o[j], want[static_cast<size_t>(j)].first) << "row " << r << " " << j;
+                    ASSERT_EQ(o[k + j], static_cast<float>(want[static_cast<size_t>(j)].second))
+                        << "row " << r << " " << j;
+                }
+            }
+        }
+    }
+}
+
 TEST(Cuda, OutOfRangeIndexIsAnError) {
     REQUIRE_GPU();
     Expected<std::unique_ptr<Backend>> be = gpu()->make_backend();

@@ -10,13 +10,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "backends/cpu/cpu-backend.h"
 #include "core/json.h"
+#include "core/top-k.h"
 #include "ferry/gguf.h"
 #include "ferry/llama.h"
+#include "ferry/sampler.h"
 
 namespace ferry {
 namespace {
@@ -294,6 +297,71 @@ TEST(Llama, ChunkedAndIncrementalDecodeAgree) {
     ASSERT_EQ(last->n_logit_rows(), 1);
     const float* want = full->logits(static_cast<int32_t>(c.tokens.size() - 1));
     for (int j = 0; j < kVocab; j++) ASSERT_NEAR(last->logits(0)[j], want[j], 2e-3);
+}
+
+// A session that reads back only a row's best logits (set_top_k, the TOP_K op) samples exactly
+// the tokens that one reading whole rows samples, greedy and at temperatures, and its
+// candidates are the whole row's best, bit for bit.
+TEST(Llama, CandidatesSampleWhatWholeRowsSample) {
+    std::unique_ptr<LlamaModel> m = load(model_path("q8_0"));
+    ASSERT_TRUE(m);
+    const Case& c = cases()[1];
+    const std::pair<float, int32_t> configs[] = {{0.0f, 40}, {0.8f, 40}, {1.5f, 5}, {1.0f, 128}};
+    for (const auto& [temp, top_k] : configs) {
+        SCOPED_TRACE(testing::Message() << "temp " << temp << " top_k " << top_k);
+        SamplerParams sp;
+        sp.temp = temp;
+        sp.top_k = top_k;
+        sp.seed = 99;
+        Sampler a(sp), b(sp);
+        const int32_t k = b.candidates_needed(kVocab);
+        ASSERT_EQ(k, temp <= 0.0f ? 1 : top_k);
+        std::unique_ptr<LlamaSession> whole = session(*m, Type::F16);
+        std::unique_ptr<LlamaSession> cand = session(*m, Type::F16);
+        ASSERT_TRUE(whole && cand);
+        cand->set_top_k(k);
+        EXPECT_EQ(cand->top_k(), k);
+        std::vector<int32_t> next = c.tokens;
+        std::vector<std::pair<float, int32_t>> best;
+        std::set<int32_t> drawn;
+        for (int step = 0; step < 40; step++) {
+            ASSERT_TRUE(whole->decode(next, false));
+            ASSERT_TRUE(cand->decode(next, false));
+            ASSERT_EQ(cand->logits(0), nullptr);
+            ASSERT_EQ(cand->n_top(), k);
+            top_k_of(whole->logits(0), kVocab, static_cast<size_t>(k), best);
+            for (int32_t j = 0; j < k; j++) {
+                ASSERT_EQ(cand->top_logits()[j], best[static_cast<size_t>(j)].first) << j;
+                ASSERT_EQ(cand->top_ids()[j], best[static_cast<size_t>(j)].second) << j;
+            }
+            const int32_t ta = a.sample(whole->logits(0), kVocab);
+            const int32_t tb = b.sample_top(cand->top_logits(), cand->top_ids(), cand->n_top());
+            ASSERT_EQ(ta, tb) << "step " << step;
+            drawn.insert(ta);
+            a.accept(ta);
+            b.accept(tb);
+            next = {ta};
+        }
+        EXPECT_GT(drawn.size(), 3u);  // a real continuation, not one token over and over
+    }
+    // Whole rows still come back when asked for (all_logits), and with k = 0.
+    std::unique_ptr<LlamaSession> s = session(*m, Type::F16);
+    s->set_top_k(40);
+    ASSERT_TRUE(s->decode(c.tokens, true));
+    EXPECT_EQ(s->n_top(), 0);
+    EXPECT_NE(s->logits(0), nullptr);
+    s->set_top_k(0);
+    const int32_t one[1] = {5};
+    ASSERT_TRUE(s->decode(one, false));
+    EXPECT_EQ(s->n_top(), 0);
+    EXPECT_NE(s->logits(0), nullptr);
+    // A repetition penalty or a wide top-k needs the whole row.
+    SamplerParams pen;
+    pen.repeat_penalty = 1.1f;
+    EXPECT_EQ(Sampler(pen).candidates_needed(kVocab), 0);
+    SamplerParams wide;
+    wide.top_k = kVocab / 8 + 1;
+    EXPECT_EQ(Sampler(wide).candidates_needed(kVocab), 0);
 }
 
 // Q4_0 / Q4_K / Q6_K / Q8_0 weights repacked at load (CpuDevice::prepare_weights) against the GGUF

@@ -40,6 +40,32 @@ bool have_fixtures() {
     return std::ifstream(kTiny + "/tiny-llama-q4_0.gguf").good();
 }
 
+// A connection to addr, the model at path on its first device, a session on it and one on the
+// local model: what the decode-step tests compare. Returns an error message, or "".
+struct ServedPair {
+    std::unique_ptr<Registry> reg;
+    std::unique_ptr<LlamaModel> model;
+    std::unique_ptr<LlamaSession> local, served;
+};
+std::string open_pair(const std::string& addr, const std::string& path, LlamaModel& local,
+                      const SessionOptions& so, ServedPair* p) {
+    Expected<std::unique_ptr<Registry>> reg = remote_open(addr);
+    if (!reg) return reg.message();
+    ModelOptions mo;
+    mo.devices = {(*reg)->devices()[0]};
+    Expected<std::unique_ptr<LlamaModel>> m = LlamaModel::load(path, mo);
+    if (!m) return m.message();
+    Expected<std::unique_ptr<LlamaSession>> ls = LlamaSession::create(local, so);
+    if (!ls) return ls.message();
+    Expected<std::unique_ptr<LlamaSession>> rs = LlamaSession::create(**m, so);
+    if (!rs) return rs.message();
+    p->reg = std::move(*reg);
+    p->model = std::move(*m);
+    p->local = std::move(*ls);
+    p->served = std::move(*rs);
+    return "";
+}
+
 class RemoteE2E : public ::testing::Test {
   protected:
     static void SetUpTestSuite() {
@@ -182,32 +208,87 @@ TEST_F(RemoteE2E, DecodeStepsAcrossGraphRebuildsGiveTheLocalLogits) {
     so.n_threads = 2;
     for (const std::string& addr : {unix_->addr(), tcp_->addr()}) {
         SCOPED_TRACE(addr);
-        Expected<std::unique_ptr<Registry>> reg = remote_open(addr);
-        ASSERT_TRUE(reg) << reg.message();
-        ModelOptions mo;
-        mo.devices = {(*reg)->devices()[0]};
-        Expected<std::unique_ptr<LlamaModel>> served = LlamaModel::load(path, mo);
-        ASSERT_TRUE(served) << served.message();
-        Expected<std::unique_ptr<LlamaSession>> ls = LlamaSession::create(**local, so);
-        Expected<std::unique_ptr<LlamaSession>> rs = LlamaSession::create(**served, so);
-        ASSERT_TRUE(ls && rs);
+        ServedPair p;
+        const std::string err = open_pair(addr, path, **local, so, &p);
+        ASSERT_EQ(err, "");
         const size_t n_vocab = static_cast<size_t>((*local)->hparams().n_vocab);
         std::vector<int32_t> tokens = {1, 45, 99};
         for (int step = 0; step < 110; step++) {
-            ASSERT_TRUE((*ls)->decode(tokens, false).is_ok());
-            ASSERT_TRUE((*rs)->decode(tokens, false).is_ok());
-            const float* a = (*ls)->logits(0);
-            const float* b = (*rs)->logits(0);
+            ASSERT_TRUE(p.local->decode(tokens, false).is_ok());
+            ASSERT_TRUE(p.served->decode(tokens, false).is_ok());
+            const float* a = p.local->logits(0);
+            const float* b = p.served->logits(0);
             ASSERT_EQ(std::memcmp(a, b, n_vocab * sizeof(float)), 0) << "step " << step;
             // The next token: the local argmax, shifted so that the text does not settle
             // into a loop.
             const int32_t best = static_cast<int32_t>(std::max_element(a, a + n_vocab) - a);
             tokens = {static_cast<int32_t>((best + step) % static_cast<int32_t>(n_vocab))};
         }
-        EXPECT_EQ((*rs)->n_past(), 112);
-        Expected<RemoteStats> st = remote_stats(reg->get());
+        EXPECT_EQ(p.served->n_past(), 112);
+        Expected<RemoteStats> st = remote_stats(p.reg.get());
         ASSERT_TRUE(st) << st.message();
         EXPECT_EQ(st->errors, 0u);
+    }
+}
+
+// A served session that reads back only the sampler's candidates (set_top_k: TOP_K runs on the
+// server's device) gets exactly the local row's best logits and ids, and over tcp its replies
+// shrink from a whole row of logits a step to 8 bytes a candidate.
+TEST_F(RemoteE2E, CandidatesComputedOnTheServerAreTheLocalRowsBest) {
+    ASSERT_TRUE(have_fixtures());
+    const std::string path = kTiny + "/tiny-llama-q8_0.gguf";
+    Expected<std::unique_ptr<LlamaModel>> local = LlamaModel::load(path, {});
+    ASSERT_TRUE(local) << local.message();
+    SessionOptions so;
+    so.n_ctx = 128;
+    so.n_threads = 2;
+    const int32_t n_vocab = (*local)->hparams().n_vocab;
+    const int32_t k = 40;
+    for (const std::string& addr : {unix_->addr(), tcp_->addr()}) {
+        SCOPED_TRACE(addr);
+        uint64_t bytes_in[2] = {};
+        for (int with_top : {0, 1}) {
+            ServedPair p;
+            const std::string err = open_pair(addr, path, **local, so, &p);
+            ASSERT_EQ(err, "");
+            p.served->set_top_k(with_top ? k : 0);
+            std::vector<int32_t> tokens = {1, 45, 99};
+            ASSERT_TRUE(p.local->decode(tokens, false).is_ok());
+            ASSERT_TRUE(p.served->decode(tokens, false).is_ok());
+            Expected<RemoteStats> before = remote_stats(p.reg.get());
+            ASSERT_TRUE(before) << before.message();
+            for (int step = 0; step < 40; step++) {
+                const float* a = p.local->logits(0);
+                std::vector<std::pair<float, int32_t>> row;
+                for (int32_t i = 0; i < n_vocab; i++) row.emplace_back(a[i], i);
+                std::stable_sort(row.begin(), row.end(),
+                                 [](const auto& x, const auto& y) { return x.first > y.first; });
+                if (with_top) {
+                    ASSERT_EQ(p.served->n_top(), k);
+                    for (int32_t j = 0; j < k; j++) {
+                        ASSERT_EQ(p.served->top_logits()[j], row[size_t(j)].first) << step;
+                        ASSERT_EQ(p.served->top_ids()[j], row[size_t(j)].second) << step;
+                    }
+                } else {
+                    ASSERT_EQ(std::memcmp(a, p.served->logits(0), size_t(n_vocab) * sizeof(float)),
+                              0);
+                }
+                tokens = {(row[0].second + step) % n_vocab};
+                ASSERT_TRUE(p.local->decode(tokens, false).is_ok());
+                ASSERT_TRUE(p.served->decode(tokens, false).is_ok());
+            }
+            Expected<RemoteStats> after = remote_stats(p.reg.get());
+            ASSERT_TRUE(after) << after.message();
+            EXPECT_EQ(after->errors, 0u);
+            bytes_in[with_top] = after->client_bytes_in - before->client_bytes_in;
+        }
+        // Over unix the server writes the logits into shared memory: no reply carries them.
+        if (addr == unix_->addr()) continue;
+        // 40 steps: a row is 4 KiB here (128256 tokens: 501 KiB); 40 candidates are 320 bytes.
+        const uint64_t row_bytes = 40ull * uint64_t(n_vocab) * sizeof(float);
+        EXPECT_GE(bytes_in[0], row_bytes);
+        EXPECT_LE(bytes_in[1] + row_bytes * 9 / 10, bytes_in[0])
+            << "whole rows " << bytes_in[0] << " B, candidates " << bytes_in[1] << " B";
     }
 }
 

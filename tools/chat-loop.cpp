@@ -33,7 +33,17 @@ Expected<ChatLoop> ChatLoop::create(const LlamaModel& model, LlamaSession& sessi
     Expected<ChatTemplate> t =
         ChatTemplate::recognise(*text, v.bos() >= 0 ? v.token_text(v.bos()) : std::string());
     if (!t) return Status::error(f.path() + ": tokenizer.chat_template: " + t.message());
+    read_only_candidates(session, Sampler(sp), model.hparams().n_vocab);
     return ChatLoop(model, session, sp, std::move(*t));
+}
+
+void read_only_candidates(LlamaSession& s, const Sampler& sampler, int32_t n_vocab) {
+    s.set_top_k(sampler.candidates_needed(n_vocab));
+}
+
+int32_t sample_next(Sampler& sampler, const LlamaSession& s, int32_t n_vocab) {
+    if (s.n_top() > 0) return sampler.sample_top(s.top_logits(), s.top_ids(), s.n_top());
+    return sampler.sample(s.logits(0), n_vocab);
 }
 
 Status ChatLoop::turn(const std::string& user, long long max_tokens, FILE* out,
@@ -74,7 +84,7 @@ Status ChatLoop::turn(const std::string& user, long long max_tokens, FILE* out,
     const auto t_gen = std::chrono::steady_clock::now();
     std::string reply;
     while (max_tokens < 0 || st.n_generated < max_tokens) {
-        const int32_t next = sampler_.sample(s.logits(0), n_vocab);
+        const int32_t next = sample_next(sampler_, s, n_vocab);
         if (next < 0) break;
         if (vocab.is_eog(next)) {
             st.stopped_at_eog = true;

@@ -54,6 +54,12 @@ class ChatLoop {
     std::vector<int32_t> prompt_;
 };
 
+// Has the session read back only the candidates the sampler needs (set_top_k) instead of whole
+// rows of logits, where that picks the same tokens (Sampler::candidates_needed).
+void read_only_candidates(LlamaSession& s, const Sampler& sampler, int32_t n_vocab);
+// The next token from the session's last decode, from its candidates when it read only those.
+int32_t sample_next(Sampler& sampler, const LlamaSession& s, int32_t n_vocab);
+
 // Prints ids comma-separated (for --verbose-prompt).
 std::string join_ids(const std::vector<int32_t>& ids);
 

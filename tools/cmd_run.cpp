@@ -162,6 +162,7 @@ int cmd_run(int argc, char** argv) {
     for (int32_t t : tokens) sampler.accept(t);
 
     LlamaSession& s = **session;
+    read_only_candidates(s, sampler, n_vocab);
     const auto t_prompt = std::chrono::steady_clock::now();
     if (Status st = s.decode(tokens, false); !st) return fail("run", st.message());
     const double prompt_s = seconds_since(t_prompt);
@@ -169,7 +170,7 @@ int cmd_run(int argc, char** argv) {
     const auto t_gen = std::chrono::steady_clock::now();
     long long n_done = 0;
     while (n_gen < 0 || n_done < n_gen) {
-        const int32_t next = sampler.sample(s.logits(0), n_vocab);
+        const int32_t next = sample_next(sampler, s, n_vocab);
         if (next < 0 || vocab.is_eog(next)) break;
         sampler.accept(next);
         const std::string piece = vocab.token_to_piece(next);

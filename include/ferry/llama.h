@@ -114,8 +114,20 @@ class LlamaSession {
     // cache as it was) when a token id is outside the vocabulary or the context would overflow.
     Status decode(std::span<const int32_t> tokens, bool all_logits);
     // Logits of row i of the last decode ([n_vocab] floats); with all_logits=false, row 0 is
-    // the last token.
+    // the last token. nullptr after a decode that read only the best k (set_top_k).
     const float* logits(int32_t i) const;
+    // With k > 0, a decode without all_logits reads back only the k best logits of the last
+    // row and their ids (the TOP_K op on the output's device, scheduled like any op), which is
+    // what a greedy or top-k sampler needs (Sampler::candidates_needed): 8k bytes instead of
+    // 4 n_vocab, which counts when the device is remote. 0 (the default): the whole row.
+    // Clamped to n_vocab; FERRY_DEVICE_TOPK=0 keeps whole rows.
+    void set_top_k(int32_t k);
+    int32_t top_k() const;
+    // The k of the last decode's candidates (0 when it read logits), their logits (best first;
+    // ties: lower id first; NaN as -inf) and their ids.
+    int32_t n_top() const;
+    const float* top_logits() const;
+    const int32_t* top_ids() const;
     int32_t n_logit_rows() const;
     int32_t n_past() const;
     int32_t n_ctx() const;

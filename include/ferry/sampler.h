@@ -41,6 +41,14 @@ class Sampler {
     explicit Sampler(const SamplerParams& p);
     // Picks a token from n_vocab logits (not modified). Returns -1 when n_vocab <= 0.
     int32_t sample(const float* logits, int32_t n_vocab);
+    // How many of a row's best logits sample_top needs to pick what sample() would pick from
+    // the whole row: 1 for greedy, top_k for a top-k up to an eighth of the vocabulary, and 0
+    // (the whole row is needed) with a repetition penalty or a wider or no top-k.
+    int32_t candidates_needed(int32_t n_vocab) const;
+    // Picks from the k best logits of a row (k >= candidates_needed(n_vocab) > 0), best first
+    // with ties by lower id and NaN as -inf (the TOP_K op's values and ids): the token sample()
+    // picks from the whole row, drawing the same numbers from the generator.
+    int32_t sample_top(const float* values, const int32_t* ids, int32_t k);
     // Records a token (prompt or generated) for the repetition penalty.
     void accept(int32_t token);
     // Forgets accepted tokens and restarts the generator from the seed.
@@ -50,7 +58,8 @@ class Sampler {
     using Cand = std::pair<float, int32_t>;  // (logit, id)
 
   private:
-    static void top(const float* logits, size_t n, size_t k, std::vector<Cand>& out);
+    bool penalizes() const;
+    int32_t draw();
 
     SamplerParams p_;
     std::mt19937_64 rng_;

@@ -192,6 +192,7 @@ class Context {
     Tensor* geglu(Tensor* a, Tensor* b);
     Tensor* argmax(Tensor* a);
     Tensor* sum_rows(Tensor* a);
+    Tensor* top_k(Tensor* a, int32_t k);
 
   private:
     Tensor* new_node(Op op, Type type, std::initializer_list<int64_t> ne,
@@ -203,5 +204,7 @@ class Context {
 
 constexpr int kRopeNormal = 0;
 constexpr int kRopeNeox = 2;
+// TOP_K's longest row: its indices come out as floats, exact up to 2^24.
+constexpr int64_t kTopKMaxRow = int64_t{1} << 24;
 
 }  // namespace ferry

@@ -1,8 +1,11 @@
 #include "core/reference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
+#include <vector>
 
 namespace ferry {
 
@@ -529,6 +532,27 @@ Status RefEval::eval(const Tensor* t) {
                     if (x[i] > x[best]) best = i;
                 }
                 out[static_cast<size_t>(r)] = static_cast<double>(best);
+            }
+            break;
+        }
+        case Op::TOP_K: {
+            // Sorts every row in double: independent of the single pass the devices use.
+            FERRY_TRY(get(0, &a));
+            const int64_t n0 = a.ne[0], k = t->op_params[0];
+            std::vector<std::pair<double, int64_t>> row(static_cast<size_t>(n0));
+            for (int64_t r = 0; r < a.ne[1] * a.ne[2] * a.ne[3]; r++) {
+                for (int64_t i = 0; i < n0; i++) {
+                    const double x = a.v[static_cast<size_t>(r * n0 + i)];
+                    row[static_cast<size_t>(i)] = {
+                        std::isnan(x) ? -std::numeric_limits<double>::infinity() : x, i};
+                }
+                std::stable_sort(row.begin(), row.end(),
+                                 [](const auto& p, const auto& q) { return p.first > q.first; });
+                for (int64_t j = 0; j < k; j++) {
+                    out[static_cast<size_t>(r * 2 * k + j)] = row[static_cast<size_t>(j)].first;
+                    out[static_cast<size_t>(r * 2 * k + k + j)] =
+                        static_cast<double>(row[static_cast<size_t>(j)].second);
+                }
             }
             break;
         }

@@ -490,6 +490,22 @@ Status validate_op(const Tensor* t) {
             FERRY_TRY(need_type(s[0], "operand", {Type::F32}));
             if (!row_elems_contiguous(s[0])) return Status::error("operand needs contiguous rows");
             return check_result(t, Type::F32, {1, s[0]->ne[1], s[0]->ne[2], s[0]->ne[3]});
+        case Op::TOP_K: {
+            FERRY_TRY(need_type(s[0], "operand", {Type::F32}));
+            if (!row_elems_contiguous(s[0])) return Status::error("operand needs contiguous rows");
+            const int32_t k = t->op_params[0];
+            if (s[0]->ne[0] > kTopKMaxRow) {
+                return Status::errorf("TOP_K rows of %lld exceed %lld (indices would not be exact)",
+                                      static_cast<long long>(s[0]->ne[0]),
+                                      static_cast<long long>(kTopKMaxRow));
+            }
+            if (k < 1 || k > s[0]->ne[0]) {
+                return Status::errorf("TOP_K k %d invalid for rows of %lld", k,
+                                      static_cast<long long>(s[0]->ne[0]));
+            }
+            return check_result(t, Type::F32,
+                                {int64_t{2} * k, s[0]->ne[1], s[0]->ne[2], s[0]->ne[3]});
+        }
         case Op::COUNT:
             break;
     }
@@ -682,6 +698,7 @@ void propagate_dynamic_dims(Tensor* t) {
             for (int d = 0; d + 1 < kMaxDims; d++) inherit_dim(t, d, a, d + 1);
             return;
         case Op::SUM_ROWS:
+        case Op::TOP_K:
             for (int d = 1; d < kMaxDims; d++) inherit_dim(t, d, a, d);
             return;
         default:
@@ -907,6 +924,12 @@ Tensor* Context::argmax(Tensor* a) {
 
 Tensor* Context::sum_rows(Tensor* a) {
     return finish(new_node(Op::SUM_ROWS, Type::F32, {1, a->ne[1], a->ne[2], a->ne[3]}, {a}));
+}
+
+Tensor* Context::top_k(Tensor* a, int32_t k) {
+    Tensor* t = new_node(Op::TOP_K, Type::F32, {int64_t{2} * k, a->ne[1], a->ne[2], a->ne[3]}, {a});
+    t->op_params[0] = k;
+    return finish(t);
 }
 
 }  // namespace ferry

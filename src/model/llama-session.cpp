@@ -47,6 +47,11 @@ struct LlamaSession::Impl {
     std::vector<float> logits_vec;
     bool host_logits_refused = false;
     int32_t n_rows = 0;
+    // set_top_k: the k best of the last row come back instead of the row (0: the row). n_top
+    // is the k of the last decode (0 when it read logits); top_ids their ids.
+    int32_t top_k = 0;
+    int32_t n_top = 0;
+    std::vector<int32_t> top_ids;
 
     // The last graph built; reused while its shape parameters stay the same.
     struct Built {
@@ -57,8 +62,8 @@ struct LlamaSession::Impl {
         Tensor* mask = nullptr;      // [n_kv, n_tokens] f16
         Tensor* out_ids = nullptr;   // [n_out] i32 rows feeding the logits, or nullptr (all)
         Tensor* mask_out = nullptr;  // [n_kv, n_out] f16: their mask rows (with out_ids)
-        Tensor* out = nullptr;       // [n_vocab, n_out]
-        int32_t n_tokens = -1, n_kv = -1, n_out = -1;
+        Tensor* out = nullptr;       // [n_vocab, n_out], or TOP_K's [2 top_k, n_out]
+        int32_t n_tokens = -1, n_kv = -1, n_out = -1, top_k = -1;
         bool valid = false;
     } g;
     std::vector<fp16_t> mask_host;
@@ -78,9 +83,10 @@ struct LlamaSession::Impl {
         std::chrono::steady_clock::time_point last_end{};
     } prof;
 
-    Status build(int32_t n_tokens, int32_t n_kv, int32_t n_out);
+    Status build(int32_t n_tokens, int32_t n_kv, int32_t n_out, int32_t top_k);
     void reserve_logits(size_t n_floats);
-    Status run_chunk(const int32_t* tokens, int32_t n_tokens, bool all_logits, float* out_rows);
+    Status run_chunk(const int32_t* tokens, int32_t n_tokens, bool all_logits, int32_t top_k,
+                     float* out_rows);
 };
 
 // Room for n_floats logits. Up to kDeviceLogitsMax bytes they go to the output device's host
@@ -114,8 +120,9 @@ void LlamaSession::Impl::reserve_logits(size_t n_floats) {
 }
 
 // Builds the forward graph for n_tokens new tokens attending to n_kv cached positions
-// (including the new ones, padded), producing logits for the last n_out tokens.
-Status LlamaSession::Impl::build(int32_t n_tokens, int32_t n_kv, int32_t n_out) {
+// (including the new ones, padded), producing logits for the last n_out tokens (with top_k > 0,
+// only the top_k best of each row and their ids).
+Status LlamaSession::Impl::build(int32_t n_tokens, int32_t n_kv, int32_t n_out, int32_t top_k) {
     const LlamaHParams& hp = m->hp;
     const int64_t nt = n_tokens;
 
@@ -178,18 +185,25 @@ Status LlamaSession::Impl::build(int32_t n_tokens, int32_t n_kv, int32_t n_out) 
     x = c.mul(c.rms_norm(x, hp.norm_eps), m->output_norm);  // [n_embd, n_out]
     g.out = c.mul_mat(m->output, x);                        // [n_vocab, n_out]
     g.out->set_name("logits");
+    if (top_k > 0) {
+        // Read back 8 bytes a candidate instead of 4 a vocabulary entry: 320 bytes instead of
+        // Llama 3's 513 KB for the default sampler, a long way for a remote device.
+        g.out = c.top_k(g.out, top_k);  // [2 top_k, n_out]
+        g.out->set_name("logits_top");
+    }
     g.out->flags |= kTensorOutput;
     g.graph.build_forward(g.out);
     g.n_tokens = n_tokens;
     g.n_kv = n_kv;
     g.n_out = n_out;
+    g.top_k = top_k;
     FERRY_TRY(sched->alloc(g.graph));
     g.valid = true;
     return Status::ok();
 }
 
 Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bool all_logits,
-                                     float* out_rows) {
+                                     int32_t top_k, float* out_rows) {
     const int32_t n_end = n_past + n_tokens;
     const int32_t n_kv = std::min(n_ctx, (n_end + kv_pad - 1) / kv_pad * kv_pad);
     const int32_t n_out = all_logits ? n_tokens : 1;
@@ -199,8 +213,9 @@ Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bo
     };
     const clock::time_point t0 = prof.on ? clock::now() : clock::time_point{};
     // A graph is reused only when its inputs keep their storage (alloc was its last plan).
-    if (!g.valid || g.n_tokens != n_tokens || g.n_kv != n_kv || g.n_out != n_out) {
-        FERRY_TRY(build(n_tokens, n_kv, n_out));
+    if (!g.valid || g.n_tokens != n_tokens || g.n_kv != n_kv || g.n_out != n_out ||
+        g.top_k != top_k) {
+        FERRY_TRY(build(n_tokens, n_kv, n_out, top_k));
         if (prof.on) prof.builds++;
     }
     const clock::time_point t1 = prof.on ? clock::now() : clock::time_point{};
@@ -238,9 +253,10 @@ Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bo
         return st;
     }
     const clock::time_point t3 = prof.on ? clock::now() : clock::time_point{};
-    const size_t n_vocab = static_cast<size_t>(m->hp.n_vocab);
+    const size_t row =
+        top_k > 0 ? 2 * static_cast<size_t>(top_k) : static_cast<size_t>(m->hp.n_vocab);
     // Read through the backend that wrote the logits: it waits for that device's work.
-    st = sched->get_tensor(g.out, out_rows, sizeof(float) * n_vocab * static_cast<size_t>(n_out));
+    st = sched->get_tensor(g.out, out_rows, sizeof(float) * row * static_cast<size_t>(n_out));
     if (prof.on && n_tokens == 1) {  // decode steps only
         const clock::time_point t4 = clock::now();
         if (prof.steps > 0) prof.between_us += us(prof.last_end, t0);
@@ -411,7 +427,10 @@ Status LlamaSession::decode(std::span<const int32_t> tokens, bool all_logits) {
     }
     const int32_t n = static_cast<int32_t>(tokens.size());
     d.n_rows = all_logits ? n : 1;
-    d.reserve_logits(static_cast<size_t>(d.n_rows) * static_cast<size_t>(n_vocab));
+    const int32_t top_k = all_logits ? 0 : d.top_k;
+    d.n_top = 0;
+    d.reserve_logits(static_cast<size_t>(d.n_rows) *
+                     (top_k > 0 ? 2 * static_cast<size_t>(top_k) : static_cast<size_t>(n_vocab)));
     const int32_t n_past0 = d.n_past;
     for (int32_t i = 0; i < n; i += d.n_batch) {
         const int32_t nt = std::min(d.n_batch, n - i);
@@ -419,7 +438,7 @@ Status LlamaSession::decode(std::span<const int32_t> tokens, bool all_logits) {
         // their single row to row 0 and are overwritten.
         float* dst =
             d.logits + (all_logits ? static_cast<size_t>(i) * static_cast<size_t>(n_vocab) : 0);
-        Status st = d.run_chunk(tokens.data() + i, nt, all_logits, dst);
+        Status st = d.run_chunk(tokens.data() + i, nt, all_logits, top_k, dst);
         if (!st) {
             d.n_past = n_past0;
             d.n_rows = 0;
@@ -427,12 +446,38 @@ Status LlamaSession::decode(std::span<const int32_t> tokens, bool all_logits) {
         }
         d.n_past += nt;
     }
+    if (top_k > 0) {
+        // TOP_K gives the ids as exact floats after the values.
+        d.top_ids.resize(static_cast<size_t>(top_k));
+        for (int32_t j = 0; j < top_k; j++) {
+            d.top_ids[static_cast<size_t>(j)] = static_cast<int32_t>(d.logits[top_k + j]);
+        }
+        d.n_top = top_k;
+    }
     return Status::ok();
+}
+
+void LlamaSession::set_top_k(int32_t k) {
+    // FERRY_DEVICE_TOPK=0: whole rows always (for before/after measurements).
+    static const bool on = !env_off("FERRY_DEVICE_TOPK");
+    impl_->top_k = on ? std::clamp(k, 0, impl_->m->hp.n_vocab) : 0;
+}
+int32_t LlamaSession::top_k() const {
+    return impl_->top_k;
+}
+int32_t LlamaSession::n_top() const {
+    return impl_->n_top;
+}
+const float* LlamaSession::top_logits() const {
+    return impl_->n_top > 0 ? impl_->logits : nullptr;
+}
+const int32_t* LlamaSession::top_ids() const {
+    return impl_->n_top > 0 ? impl_->top_ids.data() : nullptr;
 }
 
 const float* LlamaSession::logits(int32_t i) const {
     const Impl& d = *impl_;
-    if (i < 0 || i >= d.n_rows) return nullptr;
+    if (i < 0 || i >= d.n_rows || d.n_top > 0) return nullptr;
     return d.logits + static_cast<size_t>(i) * static_cast<size_t>(d.m->hp.n_vocab);
 }
 
@@ -451,6 +496,7 @@ int32_t LlamaSession::kv_pad() const {
 void LlamaSession::reset() {
     impl_->n_past = 0;
     impl_->n_rows = 0;
+    impl_->n_top = 0;
 }
 void LlamaSession::truncate(int32_t n_past) {
     // Later decodes overwrite the cache from n_past on and attend only to positions before
@@ -458,6 +504,7 @@ void LlamaSession::truncate(int32_t n_past) {
     if (n_past >= 0 && n_past < impl_->n_past) {
         impl_->n_past = n_past;
         impl_->n_rows = 0;
+        impl_->n_top = 0;
     }
 }
 

@@ -4,34 +4,13 @@
 #include <cmath>
 #include <limits>
 
-#if defined(__AVX__)
-#include <immintrin.h>
-#endif
+#include "core/top-k.h"
 
 namespace ferry {
 
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// Higher logit first; equal logits: lower id first, so every step is deterministic.
-bool before(const Sampler::Cand& a, const Sampler::Cand& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-}
-
-// Whether one of 16 logits is above bar (NaN is not).
-bool any_above(const float* p, float bar) {
-#if defined(__AVX__)
-    const __m256 b = _mm256_set1_ps(bar);
-    const __m256 m = _mm256_or_ps(_mm256_cmp_ps(_mm256_loadu_ps(p), b, _CMP_GT_OQ),
-                                  _mm256_cmp_ps(_mm256_loadu_ps(p + 8), b, _CMP_GT_OQ));
-    return _mm256_testz_ps(m, m) == 0;
-#else
-    bool any = false;
-    for (int j = 0; j < 16; j++) any |= p[j] > bar;
-    return any;
-#endif
-}
 
 }  // namespace
 
@@ -48,45 +27,6 @@ void Sampler::accept(int32_t token) {
     if (p_.repeat_last_n > 0) {
         while (recent_.size() > static_cast<size_t>(p_.repeat_last_n)) recent_.pop_front();
     }
-}
-
-// The k best of n logits (1 <= k <= n) into out, in `before` order, NaN counting as -inf: one
-// pass that skips, 16 at a time, the logits that cannot enter (at most the k-th best kept so far:
-// it came first, so on a tie it stays ahead), instead of pairing every logit with its id and
-// sorting them. The candidates that pass collect in out; when k + max(k, 256) have gathered,
-// the best k stay and the bar rises to the k-th.
-void Sampler::top(const float* logits, size_t n, size_t k, std::vector<Cand>& out) {
-    out.clear();
-    const size_t cap = k + std::max<size_t>(k, 256);
-    out.reserve(cap);
-    size_t i = 0;
-    for (; i < k; i++) {
-        const float l = logits[i];
-        out.emplace_back(std::isnan(l) ? kNegInf : l, static_cast<int32_t>(i));
-    }
-    float bar = std::max_element(out.begin(), out.end(), before)->first;  // the k-th best
-    auto keep_best = [&] {
-        std::nth_element(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(k - 1), out.end(),
-                         before);
-        out.resize(k);
-        bar = out[k - 1].first;
-    };
-    constexpr size_t kChunk = 16;
-    while (i < n) {
-        const size_t end = std::min(n, i + kChunk);
-        // NaN compares false: after the first k it never enters (it counts as -inf).
-        if (end - i == kChunk && !any_above(logits + i, bar)) {
-            i = end;
-            continue;
-        }
-        for (; i < end; i++) {
-            if (!(logits[i] > bar)) continue;
-            out.emplace_back(logits[i], static_cast<int32_t>(i));
-            if (out.size() == cap) keep_best();
-        }
-    }
-    if (out.size() > k) keep_best();
-    std::sort(out.begin(), out.end(), before);
 }
 
 int32_t Sampler::sample(const float* logits, int32_t n_vocab) {
@@ -110,7 +50,7 @@ int32_t Sampler::sample(const float* logits, int32_t n_vocab) {
 
     // 2. Greedy.
     if (p_.temp <= 0.0f) {
-        top(l, n, 1, cand_);
+        top_k_of(l, n, 1, cand_);
         return cand_[0].second;
     }
 
@@ -119,7 +59,7 @@ int32_t Sampler::sample(const float* logits, int32_t n_vocab) {
     size_t keep = n;
     if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) keep = static_cast<size_t>(p_.top_k);
     if (keep <= n / 8) {
-        top(l, n, keep, cand_);
+        top_k_of(l, n, keep, cand_);
     } else {
         cand_.resize(n);
         for (size_t i = 0; i < n; i++) {
@@ -127,13 +67,39 @@ int32_t Sampler::sample(const float* logits, int32_t n_vocab) {
         }
         if (keep < n) {
             std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(keep),
-                              cand_.end(), before);
+                              cand_.end(), ranks_before);
         } else {
-            std::sort(cand_.begin(), cand_.end(), before);
+            std::sort(cand_.begin(), cand_.end(), ranks_before);
         }
         cand_.resize(keep);
     }
+    return draw();
+}
 
+bool Sampler::penalizes() const {
+    return p_.repeat_penalty != 1.0f && p_.repeat_penalty > 0.0f && p_.repeat_last_n != 0;
+}
+
+int32_t Sampler::candidates_needed(int32_t n_vocab) const {
+    if (n_vocab <= 0 || penalizes()) return 0;
+    if (p_.temp <= 0.0f) return 1;
+    if (p_.top_k > 0 && p_.top_k <= n_vocab / 8) return p_.top_k;
+    return 0;
+}
+
+int32_t Sampler::sample_top(const float* values, const int32_t* ids, int32_t k) {
+    if (k <= 0) return -1;
+    // Step 1 is off (candidates_needed); steps 2 and 3 are done: the first candidate is the
+    // greedy pick, and the first top_k are the top-k.
+    if (p_.temp <= 0.0f) return ids[0];
+    const int32_t keep = p_.top_k > 0 ? std::min(k, p_.top_k) : k;
+    cand_.resize(static_cast<size_t>(keep));
+    for (int32_t i = 0; i < keep; i++) cand_[static_cast<size_t>(i)] = {values[i], ids[i]};
+    return draw();
+}
+
+// Steps 4 to 7 on cand_ (in ranks_before order, at least one).
+int32_t Sampler::draw() {
     const float max_logit = cand_[0].first;
     if (max_logit == kNegInf) return cand_[0].second;  // nothing has any probability
 

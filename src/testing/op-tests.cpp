@@ -610,6 +610,23 @@ void add_reduction_cases(Table& T) {
     T.add(Op::ARGMAX, "permuted", kExact, kNoteInteger, [](CaseBuilder& b) {
         return b.g().argmax(b.g().permute(b.in(kF32, {33, 4, 3}, Fill::distinct()), 0, 2, 1, 3));
     });
+    // Values are copies and indices exact: the whole result must match.
+    T.add(Op::TOP_K, "k1", kExact, kNoteExact, [](CaseBuilder& b) {
+        return b.g().top_k(b.in(kF32, {300, 3}, Fill::distinct()), 1);
+    });
+    T.add(Op::TOP_K, "k40_vocab", kExact, kNoteExact, [](CaseBuilder& b) {
+        return b.g().top_k(b.in(kF32, {32000, 2}, Fill::distinct()), 40);
+    });
+    T.add(Op::TOP_K, "k_whole_row", kExact, kNoteExact, [](CaseBuilder& b) {
+        return b.g().top_k(b.in(kF32, {17, 2, 2}, Fill::distinct()), 17);
+    });
+    T.add(Op::TOP_K, "permuted", kExact, kNoteExact, [](CaseBuilder& b) {
+        return b.g().top_k(b.g().permute(b.in(kF32, {33, 4, 3}, Fill::distinct()), 0, 2, 1, 3), 5);
+    });
+    // Most of each row -inf: the last places are ties, taken in index order.
+    T.add(Op::TOP_K, "ties_at_neg_inf", kExact, kNoteExact, [](CaseBuilder& b) {
+        return b.g().top_k(b.in(kF32, {200, 3}, Fill::mask(0.9)), 64);
+    });
 }
 
 void add_mul_mat_cases(Table& T) {

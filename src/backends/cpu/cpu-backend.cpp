@@ -341,6 +341,8 @@ KernelFn kernel_for(Op op) {
             return op_argmax;
         case Op::SUM_ROWS:
             return op_sum_rows;
+        case Op::TOP_K:
+            return op_top_k;
     }
     return nullptr;
 }

@@ -994,6 +994,8 @@ Status run_node(OpContext& ctx, const Tensor* n) {
         case Op::PERMUTE:
         case Op::TRANSPOSE:
             return Status::ok();
+        case Op::TOP_K:
+            return op_top_k(ctx, n);
         case Op::COUNT:
             break;
     }
@@ -1267,6 +1269,7 @@ Status CudaBackend::plan(Graph& g) {
         steps_.push_back({n, nullptr, 0, nullptr});
         scratch = std::max(scratch, n->op == Op::MUL_MAT          ? mul_mat_scratch_size(n)
                                     : n->op == Op::FLASH_ATTN_EXT ? attn_scratch_size(ctx_, n)
+                                    : n->op == Op::TOP_K          ? top_k_scratch_size(n)
                                                                   : size_t{0});
         cublas |= needs_cublas(n);
     }
@@ -2030,6 +2033,12 @@ bool supports(const Tensor* n) {
         }
         case Op::FLASH_ATTN_EXT:
             return std::max(n->src[0]->ne[0], n->src[2]->ne[0]) <= 256;
+        case Op::TOP_K: {
+            // Off until the kernel has run on a GPU against the reference (written on a
+            // machine without one): FERRY_CUDA_TOPK=1 offers it to the scheduler.
+            static const bool on = env_on("FERRY_CUDA_TOPK");
+            return on && n->op_params[0] <= kTopKMaxK && n->src[0]->nrows() <= kTopKMaxRows;
+        }
         case Op::COUNT:
             return false;
         default:

@@ -803,6 +803,21 @@ Status tr_argmax(Tr& tr, const Tensor* t) {
     return Status::ok();
 }
 
+// NaN made -inf first (TopK's order for NaN is its own), a stable TopK (equal values keep the
+// order of their indices), then the values and the indices as f32 side by side along the row.
+Status tr_top_k(Tr& tr, const Tensor* t) {
+    Val x = tr.vf(t->src[0]);
+    x = std::make_shared<op::v1::Select>(std::make_shared<op::v10::IsNaN>(x),
+                                         f32s(-std::numeric_limits<float>::infinity()), x);
+    auto topk =
+        std::make_shared<op::v11::TopK>(x, i64s(t->op_params[0]), 3, op::TopKMode::MAX,
+                                        op::TopKSortType::SORT_VALUES, ov::element::i32, true);
+    Val ids = std::make_shared<op::v0::Convert>(topk->output(1), ov::element::f32);
+    tr.val[t] = reshape(std::make_shared<op::v0::Concat>(ov::OutputVector{topk->output(0), ids}, 3),
+                        tr.shape4(t));
+    return Status::ok();
+}
+
 Status tr_sum_rows(Tr& tr, const Tensor* t) {
     tr.val[t] = std::make_shared<op::v1::ReduceSum>(tr.vf(t->src[0]), i64c({3}), true);
     return Status::ok();
@@ -840,6 +855,7 @@ struct Translator {
 #define OV_GEGLU sup_float, tr_glu
 #define OV_ARGMAX sup_argmax, tr_argmax
 #define OV_SUM_ROWS sup_float, tr_sum_rows
+#define OV_TOP_K sup_float, tr_top_k
 
 constexpr Translator kTranslators[] = {
 #define X(name, nmin, nmax, flags) {Op::name, OV_##name},

@@ -86,7 +86,8 @@ inline void split_rows(int64_t n, int ith, int nth, int64_t* first, int64_t* las
     X(swiglu)                \
     X(geglu)                 \
     X(argmax)                \
-    X(sum_rows)
+    X(sum_rows)              \
+    X(top_k)
 
 #define X(name) void op_##name(const ComputeParams& p, Tensor* dst);
 FERRY_CPU_KERNELS(X)

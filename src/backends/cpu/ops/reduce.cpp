@@ -1,8 +1,12 @@
-// Row reductions: ARGMAX (first index of the maximum) and SUM_ROWS (sum in double).
+// Row reductions: ARGMAX (first index of the maximum), SUM_ROWS (sum in double) and TOP_K
+// (the k largest with their indices).
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "backends/cpu/ops/kernel-util.h"
 #include "backends/cpu/ops/ops.h"
+#include "core/top-k.h"
 
 namespace ferry::cpu {
 
@@ -53,6 +57,27 @@ void op_sum_rows(const ComputeParams& p, Tensor* dst) {
         for (int j = 0; j < 8; j++) s += acc[j];
         for (; i < ne0; i++) s += static_cast<double>(x[i]);
         out[r] = static_cast<float>(s);
+    }
+}
+
+// One pass per row (core/top-k.h); rows split over the threads.
+void op_top_k(const ComputeParams& p, Tensor* dst) {
+    const Tensor* a = dst->src[0];
+    const int64_t ne0 = a->ne[0], ne1 = a->ne[1], ne2 = a->ne[2];
+    const auto k = static_cast<size_t>(dst->op_params[0]);
+    float* out = static_cast<float*>(dst->data);
+    thread_local std::vector<std::pair<float, int32_t>> best;
+    int64_t r0, r1;
+    split_rows(a->nrows(), p.ith, p.nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t i1 = r % ne1, i2 = r / ne1 % ne2, i3 = r / ne1 / ne2;
+        top_k_of(reinterpret_cast<const float*>(row(a, i1, i2, i3)), static_cast<size_t>(ne0), k,
+                 best);
+        float* o = out + static_cast<size_t>(r) * 2 * k;
+        for (size_t j = 0; j < k; j++) {
+            o[j] = best[j].first;
+            o[k + j] = static_cast<float>(best[j].second);
+        }
     }
 }
 

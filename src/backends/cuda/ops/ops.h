@@ -27,7 +27,8 @@ namespace ferry::cuda {
     X(swiglu)                 \
     X(geglu)                  \
     X(argmax)                 \
-    X(sum_rows)
+    X(sum_rows)               \
+    X(top_k)
 
 #define X(name) Status op_##name(OpContext& ctx, const Tensor* dst);
 FERRY_CUDA_KERNELS(X)
@@ -40,6 +41,10 @@ bool supports(const Tensor* node);
 size_t scratch_size(const Tensor* node, int n_sm);
 size_t mul_mat_scratch_size(const Tensor* node);
 size_t attn_scratch_size(const OpContext& ctx, const Tensor* node);
+size_t top_k_scratch_size(const Tensor* node);
+// TOP_K's largest k (its sort in shared memory) and rows (one grid dimension).
+constexpr int kTopKMaxK = 1024;
+constexpr int64_t kTopKMaxRows = 65535;
 // A step's small host-to-device writes in one launch (CudaBackend::set_tensors_async). The
 // staging area (host-mapped pinned memory, 16-byte aligned, `bytes` of at most
 // kInputAreaBytes) holds a header (u32 count, u32 sequence number, 8 unused bytes), `count`
