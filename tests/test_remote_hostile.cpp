@@ -1575,6 +1575,15 @@ TEST_P(Hardening, KernelScratchIsLimitedAndCharged) {
     out.src[0] = 0;
     out.src[1] = 1;
     expect_error(c, Cmd::GRAPH_COMPUTE, graph({a, b, out}), "scratch", "mul_mat scratch");
+    // TOP_K's candidates live in the scratch too: k = 32Ki of a 32Ki row asks 512 KiB a thread.
+    const uint64_t row_h = alloc(c, 128 << 10), top_h = alloc(c, 256 << 10);
+    ASSERT_TRUE(row_h && top_h);
+    Entry row = leaf(Type::F32, {1 << 15, 1}, row_h, 0);
+    Entry top = leaf(Type::F32, {2 << 15, 1}, top_h, 0);
+    top.op = static_cast<uint32_t>(Op::TOP_K);
+    top.op_params[0] = 1 << 15;
+    top.src[0] = 0;
+    expect_error(c, Cmd::GRAPH_COMPUTE, graph({row, top}), "scratch", "top_k scratch");
     // Attention rows are bounded by real bytes; a small one runs, and its scratch is charged.
     std::vector<Entry> es;
     attention_graph(&es, w_h, 64);

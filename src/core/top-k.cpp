@@ -30,45 +30,47 @@ bool any_above(const float* p, float bar) {
 
 }  // namespace
 
-// The k best of n logits (1 <= k <= n) into out, in `ranks_before` order, NaN counting as -inf: one
-// pass that skips, 16 at a time, the logits that cannot enter (at most the k-th best kept so far:
-// it came first, so on a tie it stays ahead), instead of pairing every logit with its id and
-// sorting them. The candidates that pass collect in out; when k + max(k, 256) have gathered,
-// the best k stay and the bar rises to the k-th.
-void top_k_of(const float* logits, size_t n, size_t k,
-              std::vector<std::pair<float, int32_t>>& out) {
-    out.clear();
-    const size_t cap = k + std::max<size_t>(k, 256);
-    out.reserve(cap);
-    size_t i = 0;
-    for (; i < k; i++) {
-        const float l = logits[i];
-        out.emplace_back(std::isnan(l) ? -std::numeric_limits<float>::infinity() : l,
-                         static_cast<int32_t>(i));
+// One pass that skips, 16 at a time, the values that cannot enter (at most the k-th best kept
+// so far: it came first, so on a tie it stays ahead), instead of pairing every value with its
+// index and sorting them. The candidates that pass collect in out; when top_k_room(k) have
+// gathered, the best k stay and the bar rises to the k-th.
+void top_k_of(const float* x, size_t n, size_t k, std::pair<float, int32_t>* out) {
+    const size_t room = top_k_room(k);
+    size_t used = 0;
+    for (; used < k; used++) {
+        const float v = x[used];
+        out[used] = {std::isnan(v) ? -std::numeric_limits<float>::infinity() : v,
+                     static_cast<int32_t>(used)};
     }
-    float bar = std::max_element(out.begin(), out.end(), ranks_before)->first;  // the k-th best
+    float bar = std::max_element(out, out + k, ranks_before)->first;  // the k-th best
     auto keep_best = [&] {
-        std::nth_element(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(k - 1), out.end(),
-                         ranks_before);
-        out.resize(k);
+        std::nth_element(out, out + (k - 1), out + used, ranks_before);
+        used = k;
         bar = out[k - 1].first;
     };
     constexpr size_t kChunk = 16;
+    size_t i = k;
     while (i < n) {
         const size_t end = std::min(n, i + kChunk);
         // NaN compares false: after the first k it never enters (it counts as -inf).
-        if (end - i == kChunk && !any_above(logits + i, bar)) {
+        if (end - i == kChunk && !any_above(x + i, bar)) {
             i = end;
             continue;
         }
         for (; i < end; i++) {
-            if (!(logits[i] > bar)) continue;
-            out.emplace_back(logits[i], static_cast<int32_t>(i));
-            if (out.size() == cap) keep_best();
+            if (!(x[i] > bar)) continue;
+            out[used++] = {x[i], static_cast<int32_t>(i)};
+            if (used == room) keep_best();
         }
     }
-    if (out.size() > k) keep_best();
-    std::sort(out.begin(), out.end(), ranks_before);
+    if (used > k) keep_best();
+    std::sort(out, out + k, ranks_before);
+}
+
+void top_k_of(const float* x, size_t n, size_t k, std::vector<std::pair<float, int32_t>>& out) {
+    out.resize(top_k_room(k));
+    top_k_of(x, n, k, out.data());
+    out.resize(k);
 }
 
 }  // namespace ferry

@@ -2,7 +2,6 @@
 // (the k largest with their indices).
 #include <limits>
 #include <utility>
-#include <vector>
 
 #include "backends/cpu/ops/kernel-util.h"
 #include "backends/cpu/ops/ops.h"
@@ -60,13 +59,20 @@ void op_sum_rows(const ComputeParams& p, Tensor* dst) {
     }
 }
 
-// One pass per row (core/top-k.h); rows split over the threads.
+// One pass per row (core/top-k.h); rows split over the threads, each selecting in its own
+// slice of the scratch (top_k_work_size: charged like every kernel's scratch when served).
+size_t top_k_work_size(const Tensor* node, int n_threads) {
+    return static_cast<size_t>(n_threads) * top_k_room(static_cast<size_t>(node->op_params[0])) *
+           sizeof(std::pair<float, int32_t>);
+}
+
 void op_top_k(const ComputeParams& p, Tensor* dst) {
     const Tensor* a = dst->src[0];
     const int64_t ne0 = a->ne[0], ne1 = a->ne[1], ne2 = a->ne[2];
     const auto k = static_cast<size_t>(dst->op_params[0]);
     float* out = static_cast<float*>(dst->data);
-    thread_local std::vector<std::pair<float, int32_t>> best;
+    auto* best = static_cast<std::pair<float, int32_t>*>(p.wdata) +
+                 static_cast<size_t>(p.ith) * top_k_room(k);
     int64_t r0, r1;
     split_rows(a->nrows(), p.ith, p.nth, &r0, &r1);
     for (int64_t r = r0; r < r1; r++) {

@@ -8,6 +8,7 @@ namespace ferry::cpu {
 size_t copy_work_size(const Tensor* node, int n_threads);
 size_t rope_work_size(const Tensor* node, int n_threads);
 size_t flash_attn_work_size(const Tensor* node, int n_threads);
+size_t top_k_work_size(const Tensor* node, int n_threads);
 
 size_t work_size(const Tensor* node, int n_threads) {
     if (n_threads < 1) n_threads = 1;
@@ -27,6 +28,8 @@ size_t work_size(const Tensor* node, int n_threads) {
             return flash_attn_work_size(node, n_threads);
         case Op::MUL_MAT:
             return mul_mat_work_size(node, n_threads);
+        case Op::TOP_K:
+            return top_k_work_size(node, n_threads);
         default:
             return 0;
     }
