@@ -306,16 +306,25 @@ TEST(Llama, CandidatesSampleWhatWholeRowsSample) {
     std::unique_ptr<LlamaModel> m = load(model_path("q8_0"));
     ASSERT_TRUE(m);
     const Case& c = cases()[1];
-    const std::pair<float, int32_t> configs[] = {{0.0f, 40}, {0.8f, 40}, {1.5f, 5}, {1.0f, 128}};
-    for (const auto& [temp, top_k] : configs) {
-        SCOPED_TRACE(testing::Message() << "temp " << temp << " top_k " << top_k);
+    struct Config {
+        float temp;
+        int32_t top_k;
+        float penalty;
+    };
+    const Config configs[] = {{0.0f, 40, 1.0f},  {0.8f, 40, 1.0f}, {1.5f, 5, 1.0f},
+                              {1.0f, 128, 1.0f}, {0.0f, 40, 1.3f}, {0.8f, 40, 1.1f}};
+    for (const auto& [temp, top_k, penalty] : configs) {
+        SCOPED_TRACE(testing::Message()
+                     << "temp " << temp << " top_k " << top_k << " penalty " << penalty);
         SamplerParams sp;
         sp.temp = temp;
         sp.top_k = top_k;
+        sp.repeat_penalty = penalty;
+        sp.repeat_last_n = 16;
         sp.seed = 99;
         Sampler a(sp), b(sp);
         const int32_t k = b.candidates_needed(kVocab);
-        ASSERT_EQ(k, temp <= 0.0f ? 1 : top_k);
+        ASSERT_EQ(k, (temp <= 0.0f ? 1 : top_k) + (penalty != 1.0f ? 16 : 0));
         std::unique_ptr<LlamaSession> whole = session(*m, Type::F16);
         std::unique_ptr<LlamaSession> cand = session(*m, Type::F16);
         ASSERT_TRUE(whole && cand);
@@ -355,9 +364,9 @@ TEST(Llama, CandidatesSampleWhatWholeRowsSample) {
     ASSERT_TRUE(s->decode(one, false));
     EXPECT_EQ(s->n_top(), 0);
     EXPECT_NE(s->logits(0), nullptr);
-    // A repetition penalty or a wide top-k needs the whole row.
+    // A penalty below 1 or a wide top-k needs the whole row.
     SamplerParams pen;
-    pen.repeat_penalty = 1.1f;
+    pen.repeat_penalty = 0.9f;
     EXPECT_EQ(Sampler(pen).candidates_needed(kVocab), 0);
     SamplerParams wide;
     wide.top_k = kVocab / 8 + 1;

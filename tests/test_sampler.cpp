@@ -9,6 +9,7 @@
 #include <set>
 #include <vector>
 
+#include "core/top-k.h"
 #include "ferry/sampler.h"
 
 namespace ferry {
@@ -397,6 +398,71 @@ TEST(Sampler, OnePassSelectionMatchesSortingEverything) {
         }
     }
     EXPECT_EQ(cases, 8 * 10 * 5);
+}
+
+// What sample_top picks from a row's best candidates_needed() logits (the TOP_K op's result) is
+// what sample() picks from the whole row, with and without a repetition penalty (recent tokens
+// are pushed towards the top of the row so that the penalty changes the order).
+TEST(Sampler, CandidatesGiveTheSameTokensAsTheRow) {
+    std::mt19937 rng(9);
+    const size_t n = 4000;
+    int checked = 0;
+    for (float temp : {0.0f, 0.9f}) {
+        for (int32_t top_k : {1, 5, 40}) {
+            for (float penalty : {1.0f, 1.05f, 1.3f}) {
+                for (int32_t last_n : {8, 64}) {
+                    for (int kind = 0; kind < 5; kind++) {
+                        SamplerParams p;
+                        p.temp = temp;
+                        p.top_k = top_k;
+                        p.repeat_penalty = penalty;
+                        p.repeat_last_n = last_n;
+                        p.seed = uint64_t(checked);
+                        Sampler row_s(p), cand_s(p);
+                        const int32_t k = cand_s.candidates_needed(int32_t(n));
+                        ASSERT_EQ(k, (temp <= 0.0f ? 1 : top_k) + (penalty != 1.0f ? last_n : 0));
+                        std::vector<std::pair<float, int32_t>> best;
+                        std::vector<float> vals(size_t(k), 0.0f);
+                        std::vector<int32_t> ids(size_t(k), 0);
+                        for (int step = 0; step < 8; step++) {
+                            const std::vector<float> l = hard_logits(rng, n, kind);
+                            top_k_of(l.data(), n, size_t(k), best);
+                            for (int32_t j = 0; j < k; j++) {
+                                vals[size_t(j)] = best[size_t(j)].first;
+                                ids[size_t(j)] = best[size_t(j)].second;
+                            }
+                            const int32_t a = row_s.sample(l.data(), int32_t(n));
+                            const int32_t b = cand_s.sample_top(vals.data(), ids.data(), k);
+                            ASSERT_EQ(a, b)
+                                << "temp " << temp << " top_k " << top_k << " penalty " << penalty
+                                << " last_n " << last_n << " kind " << kind << " step " << step;
+                            // Recent tokens from near the top, where the penalty reorders.
+                            const int32_t near = best[size_t(step) % best.size()].second;
+                            for (int32_t t : {a, near}) {
+                                row_s.accept(t);
+                                cand_s.accept(t);
+                            }
+                            checked++;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    EXPECT_EQ(checked, 2 * 3 * 3 * 2 * 5 * 8);
+    // A penalty below 1 can lift any token, and one over every accepted token has no bound:
+    // the whole row is needed; so it is without a top-k or past an eighth of the vocabulary.
+    SamplerParams p;
+    p.repeat_penalty = 0.9f;
+    EXPECT_EQ(Sampler(p).candidates_needed(int32_t(n)), 0);
+    p.repeat_penalty = 1.1f;
+    p.repeat_last_n = -1;
+    EXPECT_EQ(Sampler(p).candidates_needed(int32_t(n)), 0);
+    p.repeat_last_n = 64;
+    EXPECT_EQ(Sampler(p).candidates_needed(int32_t(n)), 40 + 64);
+    EXPECT_EQ(Sampler(p).candidates_needed(800), 0);  // 104 > 800 / 8
+    p.top_k = 0;
+    EXPECT_EQ(Sampler(p).candidates_needed(int32_t(n)), 0);
 }
 
 TEST(Sampler, DegenerateLogits) {

@@ -42,8 +42,9 @@ class Sampler {
     // Picks a token from n_vocab logits (not modified). Returns -1 when n_vocab <= 0.
     int32_t sample(const float* logits, int32_t n_vocab);
     // How many of a row's best logits sample_top needs to pick what sample() would pick from
-    // the whole row: 1 for greedy, top_k for a top-k up to an eighth of the vocabulary, and 0
-    // (the whole row is needed) with a repetition penalty or a wider or no top-k.
+    // the whole row: 1 for greedy or top_k, plus repeat_last_n with a repetition penalty above
+    // 1, when that is at most an eighth of the vocabulary; 0 (the whole row is needed) with
+    // no top-k, a penalty below 1 or over every accepted token, or more candidates.
     int32_t candidates_needed(int32_t n_vocab) const;
     // Picks from the k best logits of a row (k >= candidates_needed(n_vocab) > 0), best first
     // with ties by lower id and NaN as -inf (the TOP_K op's values and ids): the token sample()
@@ -59,6 +60,8 @@ class Sampler {
 
   private:
     bool penalizes() const;
+    std::vector<int32_t> distinct_recent() const;  // sorted
+    float penalized(float logit) const;
     int32_t draw();
 
     SamplerParams p_;

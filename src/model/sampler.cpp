@@ -37,13 +37,10 @@ int32_t Sampler::sample(const float* logits, int32_t n_vocab) {
     const float* l = logits;
     if (p_.repeat_penalty != 1.0f && p_.repeat_penalty > 0.0f && !recent_.empty()) {
         penalized_.assign(logits, logits + n);
-        std::vector<int32_t> seen(recent_.begin(), recent_.end());
-        std::sort(seen.begin(), seen.end());
-        seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
-        for (int32_t t : seen) {
+        for (int32_t t : distinct_recent()) {
             if (t < 0 || t >= n_vocab) continue;
             float& x = penalized_[static_cast<size_t>(t)];
-            x = x > 0.0f ? x / p_.repeat_penalty : x * p_.repeat_penalty;
+            x = penalized(x);
         }
         l = penalized_.data();
     }
@@ -81,21 +78,54 @@ bool Sampler::penalizes() const {
 }
 
 int32_t Sampler::candidates_needed(int32_t n_vocab) const {
-    if (n_vocab <= 0 || penalizes()) return 0;
-    if (p_.temp <= 0.0f) return 1;
-    if (p_.top_k > 0 && p_.top_k <= n_vocab / 8) return p_.top_k;
-    return 0;
+    if (n_vocab <= 0) return 0;
+    int64_t k = 0;
+    if (p_.temp <= 0.0f) {
+        k = 1;
+    } else if (p_.top_k > 0) {
+        k = p_.top_k;
+    } else {
+        return 0;
+    }
+    if (penalizes()) {
+        // A penalty of at least 1 only moves a recent token down, so a token among the k best
+        // after it has at most k - 1 tokens ahead of it that were not moved, and at most
+        // repeat_last_n that were: it is among the k + repeat_last_n best before. A penalty
+        // below 1 can lift any token, and "every accepted token" has no bound.
+        if (p_.repeat_penalty < 1.0f || p_.repeat_last_n < 0) return 0;
+        k += p_.repeat_last_n;
+    }
+    return k <= n_vocab / 8 ? static_cast<int32_t>(k) : 0;
 }
 
 int32_t Sampler::sample_top(const float* values, const int32_t* ids, int32_t k) {
     if (k <= 0) return -1;
-    // Step 1 is off (candidates_needed); steps 2 and 3 are done: the first candidate is the
-    // greedy pick, and the first top_k are the top-k.
-    if (p_.temp <= 0.0f) return ids[0];
-    const int32_t keep = p_.top_k > 0 ? std::min(k, p_.top_k) : k;
-    cand_.resize(static_cast<size_t>(keep));
-    for (int32_t i = 0; i < keep; i++) cand_[static_cast<size_t>(i)] = {values[i], ids[i]};
+    cand_.resize(static_cast<size_t>(k));
+    for (int32_t i = 0; i < k; i++) cand_[static_cast<size_t>(i)] = {values[i], ids[i]};
+    // 1. The penalty on the candidates that are recent tokens, then their order again.
+    if (p_.repeat_penalty != 1.0f && p_.repeat_penalty > 0.0f && !recent_.empty()) {
+        const std::vector<int32_t> seen = distinct_recent();
+        for (Cand& c : cand_) {
+            if (std::binary_search(seen.begin(), seen.end(), c.second))
+                c.first = penalized(c.first);
+        }
+        std::sort(cand_.begin(), cand_.end(), ranks_before);
+    }
+    // 2 and 3: the first candidate is the greedy pick, the first top_k are the top-k.
+    if (p_.temp <= 0.0f) return cand_[0].second;
+    if (p_.top_k > 0 && p_.top_k < k) cand_.resize(static_cast<size_t>(p_.top_k));
     return draw();
+}
+
+std::vector<int32_t> Sampler::distinct_recent() const {
+    std::vector<int32_t> seen(recent_.begin(), recent_.end());
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    return seen;
+}
+
+float Sampler::penalized(float l) const {
+    return l > 0.0f ? l / p_.repeat_penalty : l * p_.repeat_penalty;
 }
 
 // Steps 4 to 7 on cand_ (in ranks_before order, at least one).
