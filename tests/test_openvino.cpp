@@ -381,6 +381,29 @@ TEST(OpenVino, CacheSharedWithTheCpuInASplitGraph) {
 
 // An op OpenVINO declines runs on the CPU: the scheduler splits every layer between the two
 // devices, and the logits stay as close to the oracle.
+// A session reads candidates (set_top_k) only where the logits' device runs TOP_K: declined,
+// the scheduler would bring the whole row to the CPU for it, so the session reads the row.
+TEST(OpenVino, SessionReadsCandidatesOnlyWhereTheDeviceRunsTopK) {
+    REQUIRE_OV();
+    Expected<std::unique_ptr<LlamaModel>> m = load("q8_0", ov_cpu());
+    ASSERT_TRUE(m) << m.message();
+    SessionOptions so;
+    so.n_threads = 2;
+    const std::vector<int32_t> prompt = {1, 45, 99, 300};
+    for (bool declined : {false, true}) {
+        SCOPED_TRACE(declined ? "declined" : "offered");
+        openvino::set_declined_ops(declined ? std::vector<Op>{Op::TOP_K} : std::vector<Op>{});
+        Expected<std::unique_ptr<LlamaSession>> s = LlamaSession::create(**m, so);
+        ASSERT_TRUE(s) << s.message();
+        (*s)->set_top_k(40);
+        openvino::set_declined_ops({});
+        EXPECT_EQ((*s)->top_k(), declined ? 0 : 40);
+        ASSERT_TRUE((*s)->decode(prompt, false));
+        EXPECT_EQ((*s)->n_top(), declined ? 0 : 40);
+        EXPECT_EQ((*s)->logits(0) != nullptr, declined);
+    }
+}
+
 TEST(OpenVino, DeclinedOpRunsOnTheCpu) {
     REQUIRE_OV();
     expect_declined_rms_norm_runs_on_the_cpu(ov_cpu(), openvino::set_declined_ops, "openvino");

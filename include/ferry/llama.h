@@ -120,7 +120,8 @@ class LlamaSession {
     // row and their ids (the TOP_K op on the output's device, scheduled like any op), which is
     // what a greedy or top-k sampler needs (Sampler::candidates_needed): 8k bytes instead of
     // 4 n_vocab, which counts when the device is remote. 0 (the default): the whole row.
-    // Clamped to n_vocab; FERRY_DEVICE_TOPK=0 keeps whole rows.
+    // Clamped to n_vocab; 0 where the logits' device does not run TOP_K (top_k() tells) or
+    // with FERRY_DEVICE_TOPK=0.
     void set_top_k(int32_t k);
     int32_t top_k() const;
     // The k of the last decode's candidates (0 when it read logits), their logits (best first;

@@ -460,7 +460,18 @@ Status LlamaSession::decode(std::span<const int32_t> tokens, bool all_logits) {
 void LlamaSession::set_top_k(int32_t k) {
     // FERRY_DEVICE_TOPK=0: whole rows always (for before/after measurements).
     static const bool on = !env_off("FERRY_DEVICE_TOPK");
-    impl_->top_k = on ? std::clamp(k, 0, impl_->m->hp.n_vocab) : 0;
+    Impl& d = *impl_;
+    const int32_t n_vocab = d.m->hp.n_vocab;
+    k = on ? std::clamp(k, 0, n_vocab) : 0;
+    if (k > 0) {
+        // Only where the device that computes the logits runs TOP_K itself: elsewhere the
+        // scheduler would bring the row to the CPU for it, past the session's own read of the
+        // logits (into the device's pinned or shared host memory), for nothing.
+        Context probe;
+        Tensor* row = probe.new_tensor(Type::F32, {n_vocab, 1});
+        if (!d.m->device->supports_op(probe.top_k(row, k))) k = 0;
+    }
+    d.top_k = k;
 }
 int32_t LlamaSession::top_k() const {
     return impl_->top_k;
