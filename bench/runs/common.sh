@@ -44,13 +44,14 @@ bt() { # MODEL [ARGS]: the tg128 t/s ("-" when it fails or takes over BT_TIMEOUT
   v=$(timeout ${BT_TIMEOUT:-120} $F bench -m $m -p 0 -n 128 -r 3 "$@" 2>&1 | awk -F'|' '$7 ~ /tg128/ { split($8, v, " "); print v[1] }')
   echo "${v:--}"
 }
-# Servers side by side (in a temp folder SD, stopped on exit): serve_unix starts `ferry serve`
-# on unix:$SD/u, serve_tcp OFF [FERRY_*=V ...] one on tcp:127.0.0.1:$((P + OFF)) with those
-# variables; servers_up waits for them and prints how many listen. DEV: the served device.
+# Servers side by side (in a temp folder SD, stopped on exit): serve_unix [FERRY_*=V ...] starts
+# `ferry serve` on unix:$SD/u with those variables, serve_tcp OFF [FERRY_*=V ...] one on
+# tcp:127.0.0.1:$((P + OFF)) with those; servers_up waits for them and prints how many listen.
+# DEV: the served device.
 SD=$(mktemp -d) P=$((21000 + RANDOM % 20000)) SERVER_PIDS=()
 trap 'kill ${SERVER_PIDS[*]} 2>/dev/null; rm -rf $SD' EXIT
-serve_unix() {
-  $F serve --listen unix:$SD/u --device ${DEV:-CUDA0} > $SD/u.log 2>&1 &
+serve_unix() { # [FERRY_*=V ...]
+  env "$@" $F serve --listen unix:$SD/u --device ${DEV:-CUDA0} > $SD/u.log 2>&1 &
   SERVER_PIDS+=($!)
 }
 serve_tcp() { # OFF [FERRY_*=V ...]
