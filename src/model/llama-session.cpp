@@ -462,7 +462,8 @@ void LlamaSession::set_top_k(int32_t k) {
     static const bool on = !env_off("FERRY_DEVICE_TOPK");
     Impl& d = *impl_;
     const int32_t n_vocab = d.m->hp.n_vocab;
-    k = on ? std::clamp(k, 0, n_vocab) : 0;
+    // TOP_K's indices are exact floats up to kTopKMaxRow entries a row.
+    k = on && n_vocab <= kTopKMaxRow ? std::clamp(k, 0, n_vocab) : 0;
     if (k > 0) {
         // Only where the device that computes the logits runs TOP_K itself: elsewhere the
         // scheduler would bring the row to the CPU for it, past the session's own read of the
