@@ -1,7 +1,7 @@
 // Host sampling cost per token: Sampler::sample against the way it picked candidates before
-// (every logit paired with its id, then std::partial_sort for top-k or std::min_element for
-// greedy), on the same logits, alternating, in one run. Medians of each; the ratio is of the
-// medians.
+// (every logit paired with its id, then std::partial_sort for top-k, std::min_element for
+// greedy, std::sort of the row without a top-k), on the same logits, alternating, in one run.
+// Medians of each; the ratio is of the medians.
 //
 //   bench_sampler [reps=400]
 //
@@ -30,13 +30,17 @@ bool before(const Cand& a, const Cand& b) {
 // The candidate selection of the sampler before the single pass (steps 2-3 only: the steps
 // after top-k cost the same in both).
 int32_t pairs_then_sort(const float* l, size_t n, int32_t top_k, bool greedy,
-                        std::vector<Cand>& c) {
+                        std::vector<Cand>& c) {  // top_k 0: the whole row sorted
     c.resize(n);
     for (size_t i = 0; i < n; i++) {
         c[i] = {std::isnan(l[i]) ? -std::numeric_limits<float>::infinity() : l[i],
                 static_cast<int32_t>(i)};
     }
     if (greedy) return std::min_element(c.begin(), c.end(), before)->second;
+    if (top_k <= 0) {
+        std::sort(c.begin(), c.end(), before);
+        return c[0].second;
+    }
     const auto keep = static_cast<std::ptrdiff_t>(top_k);
     std::partial_sort(c.begin(), c.begin() + keep, c.end(), before);
     return c[0].second;
@@ -62,9 +66,11 @@ int main(int argc, char** argv) {
         std::normal_distribution<float> d(0.0f, 3.0f);
         std::vector<float> l(n);
         for (float& x : l) x = d(rng);
-        for (bool greedy : {false, true}) {
+        for (int mode = 0; mode < 3; mode++) {
+            const bool greedy = mode == 1;
             ferry::SamplerParams p;  // llama.cpp's defaults: top-k 40, top-p, min-p, temp 0.8
             if (greedy) p.temp = 0.0f;
+            if (mode == 2) p.top_k = 0;
             ferry::Sampler s(p);
             std::vector<Cand> scratch;
             std::vector<double> old_us, new_us;
@@ -81,8 +87,8 @@ int main(int argc, char** argv) {
             }
             (void)sink;
             const double a = median(old_us), b = median(new_us);
-            std::printf("| %zu | %s | %.1f | %.1f | %.1fx |\n", n,
-                        greedy ? "greedy" : "defaults (top-k 40)", a, b, a / b);
+            const char* names[] = {"defaults (top-k 40)", "greedy", "no top-k (top-p, min-p)"};
+            std::printf("| %zu | %s | %.1f | %.1f | %.1fx |\n", n, names[mode], a, b, a / b);
         }
     }
     return 0;

@@ -288,12 +288,20 @@ class PlainSampler {
             return a.first > b.first || (a.first == b.first && a.second < b.second);
         });
         if (p_.temp <= 0.0f) return c[0].second;
-        if (p_.top_k > 0 && size_t(p_.top_k) < n) c.resize(size_t(p_.top_k));
+        const bool cut = p_.top_k > 0 && size_t(p_.top_k) < n;
+        if (cut) c.resize(size_t(p_.top_k));
         const float mx = c[0].first;
         if (mx == -std::numeric_limits<float>::infinity()) return c[0].second;
         if (p_.top_p < 1.0f) {
             double total = 0.0, cum = 0.0;
-            for (const auto& x : c) total += std::exp(double(x.first - mx));
+            if (cut) {
+                for (const auto& x : c) total += std::exp(double(x.first - mx));
+            } else {  // the whole row, in id order (the penalty applied)
+                std::vector<std::pair<float, int32_t>> by_id = c;
+                std::sort(by_id.begin(), by_id.end(),
+                          [](const auto& a, const auto& b) { return a.second < b.second; });
+                for (const auto& x : by_id) total += std::exp(double(x.first - mx));
+            }
             size_t i = 0;
             while (i < c.size()) {
                 cum += std::exp(double(c[i].first - mx)) / total;
@@ -370,7 +378,8 @@ std::vector<float> hard_logits(std::mt19937& rng, size_t n, int kind) {
 TEST(Sampler, OnePassSelectionMatchesSortingEverything) {
     std::mt19937 rng(5);
     int cases = 0;
-    for (size_t n : {1u, 2u, 15u, 16u, 17u, 33u, 300u, 4000u}) {
+    // 20000: without a top-k, the 512 and 2048 best are tried before sorting the row.
+    for (size_t n : {1u, 2u, 15u, 16u, 17u, 33u, 300u, 4000u, 20000u}) {
         for (int32_t k : {0, 1, 2, 5, 40, int32_t(n / 8), int32_t(n / 8) + 1, int32_t(n) - 1,
                           int32_t(n), int32_t(n) + 3}) {
             for (int kind = 0; kind < 5; kind++) {
@@ -397,7 +406,43 @@ TEST(Sampler, OnePassSelectionMatchesSortingEverything) {
             }
         }
     }
-    EXPECT_EQ(cases, 8 * 10 * 5);
+    EXPECT_EQ(cases, 9 * 10 * 5);
+}
+
+// Without a top-k the sampler looks for the top-p nucleus and the min-p floor among the 512,
+// then 2048, ... best before it sorts the whole row: the same tokens as sorting everything, for
+// nuclei inside and past those, with and without min-p.
+TEST(Sampler, WithoutTopKTheSameTokensAsSortingTheRow) {
+    std::mt19937 rng(21);
+    const size_t n = 20000;
+    int checked = 0;
+    for (float top_p : {0.3f, 0.9f, 0.999f, 1.0f}) {
+        for (float min_p : {0.0f, 0.05f}) {
+            for (float temp : {0.7f, 1.5f}) {
+                for (int kind = 0; kind < 5; kind++) {
+                    SamplerParams p;
+                    p.top_k = 0;
+                    p.top_p = top_p;
+                    p.min_p = min_p;
+                    p.temp = temp;
+                    p.seed = uint64_t(checked);
+                    Sampler fast(p);
+                    PlainSampler plain_s(p);
+                    for (int step = 0; step < 4; step++) {
+                        // Scaled so that the nucleus spans from a few tokens to most of the row.
+                        std::vector<float> l = hard_logits(rng, n, kind);
+                        const float scale = 0.05f * float(1 + step * step * 4);
+                        for (float& x : l) x *= scale;
+                        ASSERT_EQ(fast.sample(l.data(), int32_t(n)), plain_s.sample(l))
+                            << "top_p " << top_p << " min_p " << min_p << " temp " << temp
+                            << " kind " << kind << " step " << step;
+                        checked++;
+                    }
+                }
+            }
+        }
+    }
+    EXPECT_EQ(checked, 4 * 2 * 2 * 5 * 4);
 }
 
 // What sample_top picks from a row's best candidates_needed() logits (the TOP_K op's result) is

@@ -8,7 +8,8 @@
 //   2. greedy (temp <= 0): the highest penalized logit wins (ties: the lowest id); stop here;
 //   3. top-k: keep the k highest logits;
 //   4. top-p: keep the smallest set of the most likely tokens whose probability (softmax of the
-//      logits at temperature 1) sums to at least top_p;
+//      logits at temperature 1) sums to at least top_p (the softmax's total summed in id order
+//      when no top-k cut the row, in rank order over the top-k otherwise);
 //   5. min-p: keep the tokens whose probability is at least min_p times the top one's;
 //   6. temperature: divide the remaining logits by temp;
 //   7. draw from their softmax with the sampler's own generator.
@@ -62,7 +63,9 @@ class Sampler {
     bool penalizes() const;
     std::vector<int32_t> distinct_recent() const;  // sorted
     float penalized(float logit) const;
-    int32_t draw();
+    int32_t draw(const double* row_total);
+    int32_t sample_untruncated(const float* logits, size_t n);
+    void sort_all(const float* logits, size_t n);  // cand_: every logit, unsorted
 
     SamplerParams p_;
     std::mt19937_64 rng_;
