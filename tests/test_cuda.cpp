@@ -154,11 +154,6 @@ void gpu_forms_and_cpu(Backend* cpu_be, const ProductCase& c, bool glu, bool wit
     outs[2] = decode_product(cpu_be, cpu::host_buffer_type(), c, glu, with_add);
 }
 
-// TOP_K's kernel is offered to the scheduler only with FERRY_CUDA_TOPK=1 until it has run on a
-// GPU (cuda-backend.cpp): this binary sets it before any device is asked, so that the op suite
-// and the tests below run it.
-const int kTopKOn = setenv("FERRY_CUDA_TOPK", "1", 0);
-
 #define REQUIRE_GPU()                                                 \
     do {                                                              \
         if (!gpu()) GTEST_SKIP() << "no CUDA device (CUDA0) present"; \
@@ -443,7 +438,6 @@ TEST(Cuda, DeclinedOpFallsBackToTheCpu) {
 // every value and index must match.
 TEST(Cuda, TopKMatchesTheCpuOnHardRows) {
     REQUIRE_GPU();
-    ASSERT_EQ(kTopKOn, 0);
     Expected<std::unique_ptr<Backend>> be = gpu()->make_backend();
     ASSERT_TRUE(be) << be.message();
     Lcg rnd{17};

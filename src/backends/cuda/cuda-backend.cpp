@@ -2034,9 +2034,8 @@ bool supports(const Tensor* n) {
         case Op::FLASH_ATTN_EXT:
             return std::max(n->src[0]->ne[0], n->src[2]->ne[0]) <= 256;
         case Op::TOP_K: {
-            // Off until the kernel has run on a GPU against the reference (written on a
-            // machine without one): FERRY_CUDA_TOPK=1 offers it to the scheduler.
-            static const bool on = env_on("FERRY_CUDA_TOPK");
+            // FERRY_CUDA_TOPK=0: declined (sessions then read whole rows of logits).
+            static const bool on = !env_off("FERRY_CUDA_TOPK");
             return on && n->op_params[0] <= kTopKMaxK && n->src[0]->nrows() <= kTopKMaxRows;
         }
         case Op::COUNT:
