@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Run A of stop 34 (prepared in a session without device time; not yet run): the TOP_K kernel
-# (src/backends/cuda/ops/top-k.cu, offered only with FERRY_CUDA_TOPK=1 until this run passes).
+# Run A of stop 34 (ran 2026-12-05 01:46 UTC; results in bench/results/cuda.md, "stop 34"): the
+# TOP_K kernel (src/backends/cuda/ops/top-k.cu), then offered only with FERRY_CUDA_TOPK=1; it
+# passed and is on by default since 8e68d96.
 #  1. test_cuda: TopKMatchesTheCpuOnHardRows (ties, NaN, -0, 128,256-wide rows, k 1-1024)
 #     and the op suite (its five TOP_K cases; test_cuda sets FERRY_CUDA_TOPK=1 itself).
 #  2. `ferry test-ops --backend CUDA0` with FERRY_CUDA_TOPK=1: the TOP_K lines and the summary.
