@@ -17,15 +17,13 @@
 #include <utility>
 #include <vector>
 
+#include "core/top-k.h"
 #include "ferry/sampler.h"
 
 namespace {
 
 using Cand = std::pair<float, int32_t>;
-
-bool before(const Cand& a, const Cand& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-}
+using ferry::ranks_before;
 
 // The candidate selection of the sampler before the single pass (steps 2-3 only: the steps
 // after top-k cost the same in both).
@@ -36,13 +34,13 @@ int32_t pairs_then_sort(const float* l, size_t n, int32_t top_k, bool greedy,
         c[i] = {std::isnan(l[i]) ? -std::numeric_limits<float>::infinity() : l[i],
                 static_cast<int32_t>(i)};
     }
-    if (greedy) return std::min_element(c.begin(), c.end(), before)->second;
+    if (greedy) return std::min_element(c.begin(), c.end(), ranks_before)->second;
     if (top_k <= 0) {
-        std::sort(c.begin(), c.end(), before);
+        std::sort(c.begin(), c.end(), ranks_before);
         return c[0].second;
     }
     const auto keep = static_cast<std::ptrdiff_t>(top_k);
-    std::partial_sort(c.begin(), c.begin() + keep, c.end(), before);
+    std::partial_sort(c.begin(), c.begin() + keep, c.end(), ranks_before);
     return c[0].second;
 }
 

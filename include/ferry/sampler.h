@@ -63,6 +63,8 @@ class Sampler {
     bool penalizes() const;
     std::vector<int32_t> distinct_recent() const;  // sorted
     float penalized(float logit) const;
+    size_t nucleus(double total, float max_logit) const;
+    double min_p_floor(float max_logit) const;
     int32_t draw(const double* row_total);
     int32_t sample_untruncated(const float* logits, size_t n);
     void sort_all(const float* logits, size_t n);  // cand_: every logit, unsorted

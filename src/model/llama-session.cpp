@@ -85,6 +85,10 @@ struct LlamaSession::Impl {
 
     Status build(int32_t n_tokens, int32_t n_kv, int32_t n_out, int32_t top_k);
     void reserve_logits(size_t n_floats);
+    // Floats a row of the output: the logits, or TOP_K's top_k values and ids.
+    size_t out_row(int32_t top_k) const {
+        return top_k > 0 ? 2 * static_cast<size_t>(top_k) : static_cast<size_t>(m->hp.n_vocab);
+    }
     Status run_chunk(const int32_t* tokens, int32_t n_tokens, bool all_logits, int32_t top_k,
                      float* out_rows);
 };
@@ -253,10 +257,9 @@ Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bo
         return st;
     }
     const clock::time_point t3 = prof.on ? clock::now() : clock::time_point{};
-    const size_t row =
-        top_k > 0 ? 2 * static_cast<size_t>(top_k) : static_cast<size_t>(m->hp.n_vocab);
     // Read through the backend that wrote the logits: it waits for that device's work.
-    st = sched->get_tensor(g.out, out_rows, sizeof(float) * row * static_cast<size_t>(n_out));
+    st = sched->get_tensor(g.out, out_rows,
+                           sizeof(float) * out_row(top_k) * static_cast<size_t>(n_out));
     if (prof.on && n_tokens == 1) {  // decode steps only
         const clock::time_point t4 = clock::now();
         if (prof.steps > 0) prof.between_us += us(prof.last_end, t0);
@@ -429,8 +432,7 @@ Status LlamaSession::decode(std::span<const int32_t> tokens, bool all_logits) {
     d.n_rows = all_logits ? n : 1;
     const int32_t top_k = all_logits ? 0 : d.top_k;
     d.n_top = 0;
-    d.reserve_logits(static_cast<size_t>(d.n_rows) *
-                     (top_k > 0 ? 2 * static_cast<size_t>(top_k) : static_cast<size_t>(n_vocab)));
+    d.reserve_logits(static_cast<size_t>(d.n_rows) * d.out_row(top_k));
     const int32_t n_past0 = d.n_past;
     for (int32_t i = 0; i < n; i += d.n_batch) {
         const int32_t nt = std::min(d.n_batch, n - i);

@@ -49,7 +49,7 @@ int32_t Sampler::sample(const float* logits, int32_t n_vocab) {
 
     // 1. Repetition penalty, once per distinct recent token, on a copy of the logits.
     const float* l = logits;
-    if (p_.repeat_penalty != 1.0f && p_.repeat_penalty > 0.0f && !recent_.empty()) {
+    if (penalizes() && !recent_.empty()) {
         penalized_.assign(logits, logits + n);
         for (int32_t t : distinct_recent()) {
             if (t < 0 || t >= n_vocab) continue;
@@ -103,21 +103,14 @@ int32_t Sampler::sample_untruncated(const float* l, size_t n) {
             if (!std::isnan(l[i])) total += std::exp(static_cast<double>(l[i] - max_logit));
         }
     }
-    const double floor = static_cast<double>(max_logit) +
-                         (p_.min_p > 0.0f ? std::log(static_cast<double>(p_.min_p)) : 0.0);
     if (top_p || p_.min_p > 0.0f) {
         for (size_t m = 512; m <= n / 8; m *= 4) {
             top_k_of(l, n, m, cand_);
-            if (p_.min_p > 0.0f && static_cast<double>(cand_.back().first) < floor) {
+            if (p_.min_p > 0.0f &&
+                static_cast<double>(cand_.back().first) < min_p_floor(max_logit)) {
                 return draw(&total);
             }
-            if (top_p) {
-                double cum = 0.0;
-                for (const Cand& c : cand_) {
-                    cum += std::exp(static_cast<double>(c.first - max_logit)) / total;
-                    if (cum >= static_cast<double>(p_.top_p)) return draw(&total);
-                }
-            }
+            if (top_p && nucleus(total, max_logit) > 0) return draw(&total);
         }
     }
     sort_all(l, n);
@@ -155,7 +148,7 @@ int32_t Sampler::sample_top(const float* values, const int32_t* ids, int32_t k) 
     cand_.resize(static_cast<size_t>(k));
     for (int32_t i = 0; i < k; i++) cand_[static_cast<size_t>(i)] = {values[i], ids[i]};
     // 1. The penalty on the candidates that are recent tokens, then their order again.
-    if (p_.repeat_penalty != 1.0f && p_.repeat_penalty > 0.0f && !recent_.empty()) {
+    if (penalizes() && !recent_.empty()) {
         const std::vector<int32_t> seen = distinct_recent();
         for (Cand& c : cand_) {
             if (std::binary_search(seen.begin(), seen.end(), c.second))
@@ -180,6 +173,22 @@ float Sampler::penalized(float l) const {
     return l > 0.0f ? l / p_.repeat_penalty : l * p_.repeat_penalty;
 }
 
+// Step 4's walk down cand_: how many candidates it keeps, or 0 when their probability (of
+// `total`, at temperature 1) never reaches top_p.
+size_t Sampler::nucleus(double total, float max_logit) const {
+    double cum = 0.0;
+    for (size_t i = 0; i < cand_.size(); i++) {
+        cum += std::exp(static_cast<double>(cand_[i].first - max_logit)) / total;
+        if (cum >= static_cast<double>(p_.top_p)) return i + 1;
+    }
+    return 0;
+}
+
+// Step 5: p_i >= min_p * p_max  <=>  logit_i >= max_logit + log(min_p).
+double Sampler::min_p_floor(float max_logit) const {
+    return static_cast<double>(max_logit) + std::log(static_cast<double>(p_.min_p));
+}
+
 // Steps 4 to 7 on cand_ (in ranks_before order, at least one). row_total: top-p's total when
 // no top-k cut the row (summed over the row in id order); nullptr: summed over cand_.
 int32_t Sampler::draw(const double* row_total) {
@@ -195,20 +204,13 @@ int32_t Sampler::draw(const double* row_total) {
         } else {
             for (const auto& c : cand_) total += std::exp(static_cast<double>(c.first - max_logit));
         }
-        double cum = 0.0;
-        size_t i = 0;
-        while (i < cand_.size()) {
-            cum += std::exp(static_cast<double>(cand_[i].first - max_logit)) / total;
-            i++;
-            if (cum >= static_cast<double>(p_.top_p)) break;
-        }
-        cand_.resize(i);
+        const size_t kept = nucleus(total, max_logit);
+        if (kept > 0) cand_.resize(kept);
     }
 
-    // 5. Min-p: p_i >= min_p * p_max  <=>  logit_i >= max_logit + log(min_p).
+    // 5. Min-p.
     if (p_.min_p > 0.0f) {
-        const double floor =
-            static_cast<double>(max_logit) + std::log(static_cast<double>(p_.min_p));
+        const double floor = min_p_floor(max_logit);
         size_t i = 1;  // the top token always stays
         while (i < cand_.size() && static_cast<double>(cand_[i].first) >= floor) i++;
         cand_.resize(i);
