@@ -19,6 +19,9 @@ if [ -f "$BIN/ferry.xz" ]; then
 else
   F=$BIN/ferry TC=$BIN/test_cuda
 fi
+# (test_cuda reads the fixtures at its source folder's ../shared, /work/main/../shared for a
+# build made in /work/main: that folder must exist for the path to resolve.)
+mkdir -p /work/main 2>/dev/null
 for d in /work/shared/fixtures/tiny-llama ../shared/fixtures/tiny-llama; do
   mkdir -p $d && cp "$BIN"/fx/* $d/ 2>/dev/null
   [ -f "$BIN/fx.tar.xz" ] && tar -C $d -xJf "$BIN/fx.tar.xz"
