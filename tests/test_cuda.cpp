@@ -1390,8 +1390,10 @@ TEST(Cuda, WideStreamBlocksEqualTheDefault) {
         ASSERT_TRUE(random_product(t, K, M, rnd, pc));
         for (const bool with_add : {false, true}) {
             std::vector<float> outs[3];
-            gpu_forms_and_cpu(cbe.get(), pc, false, with_add, {"FERRY_CUDA_MV_STREAM_WIDE=2"},
-                              {"FERRY_CUDA_MV_STREAM_WIDE=0"}, outs);
+            // (F16/BF16 in the register form: the bulk form has no wide blocks.)
+            gpu_forms_and_cpu(cbe.get(), pc, false, with_add,
+                              {"FERRY_CUDA_MV_STREAM_WIDE=2", "FERRY_CUDA_MV_BULK=0"},
+                              {"FERRY_CUDA_MV_STREAM_WIDE=0", "FERRY_CUDA_MV_BULK=0"}, outs);
             const std::string what = std::string(type_name(t)) + " K=" + std::to_string(K) +
                                      " M=" + std::to_string(M) + (with_add ? " add" : "");
             ASSERT_EQ(outs[0].size(), static_cast<size_t>(M)) << what;
@@ -1401,15 +1403,82 @@ TEST(Cuda, WideStreamBlocksEqualTheDefault) {
     }
     for (const char* enc : {"f16", "q4_0"}) {
         const std::vector<std::vector<float>> base =
-            step_logits(enc, {"FERRY_CUDA_MV_STREAM_WIDE=0"});
+            step_logits(enc, {"FERRY_CUDA_MV_STREAM_WIDE=0", "FERRY_CUDA_MV_BULK=0"});
         const std::vector<std::vector<float>> got =
-            step_logits(enc, {"FERRY_CUDA_MV_STREAM_WIDE=2"});
+            step_logits(enc, {"FERRY_CUDA_MV_STREAM_WIDE=2", "FERRY_CUDA_MV_BULK=0"});
         ASSERT_EQ(got.size(), cases().size()) << enc;
         ASSERT_EQ(base.size(), got.size()) << enc;
         for (size_t k = 0; k < got.size(); k++) {
             ASSERT_EQ(got[k].size(), base[k].size()) << enc;
             EXPECT_EQ(std::memcmp(got[k].data(), base[k].data(), got[k].size() * 4), 0)
                 << enc << " prompt " << k;
+        }
+    }
+}
+
+// The streaming form's bulk form (FERRY_CUDA_MV_BULK=S for F16/BF16, FERRY_CUDA_MV_BULK_Q=S
+// for Q4_0/Q6_K: pieces in shared-memory slots filled by bulk copies) gives the register
+// form's bits: products with a short last piece (F16 K = 264, Q4_0 K = 2304), several pieces
+// a row (K = 8192, 12288), F16's b in shared memory and from global memory, the GLU pair and
+// the residual add, with one slot a warp and with several, one and two blocks per SM; then
+// token-by-token f16 and q4_0 decode (q/k/v with the folded norm, rope and KV store; gate/up;
+// down; the output product).
+TEST(Cuda, BulkStreamEqualsTheRegisterForm) {
+    REQUIRE_GPU();
+    std::unique_ptr<Backend> cbe = cpu::make_cpu_backend(2);
+    Lcg rnd{47u};
+    for (auto [t, K, M] : {std::tuple<Type, int64_t, int64_t>{Type::F16, 264, 5},
+                           {Type::F16, 2048, 3000},
+                           {Type::F16, 8192, 2048},
+                           {Type::BF16, 2048, 24000},
+                           {Type::F16, 12288, 600},
+                           {Type::Q4_0, 2304, 1000},
+                           {Type::Q4_0, 8192, 2048},
+                           {Type::Q6_K, 2048, 24000}}) {
+        ProductCase pc;
+        ASSERT_TRUE(random_product(t, K, M, rnd, pc));
+        const bool plain = t == Type::F16 || t == Type::BF16;
+        const std::string var = plain ? "FERRY_CUDA_MV_BULK=" : "FERRY_CUDA_MV_BULK_Q=";
+        // (XGLOBAL=1: F16/BF16 b from global memory for every K, not only K <= 4096.)
+        for (const int form : {0, 1, 2}) {
+            const std::string slots = var + (form == 0 ? "1" : plain ? "3" : "8");
+            const char* xg =
+                form == 2 ? "FERRY_CUDA_MV_BULK_XGLOBAL=1" : "FERRY_CUDA_MV_BULK_XGLOBAL=0";
+            for (const char* blocks :
+                 {"FERRY_CUDA_MV_BULK_BLOCKS=1", "FERRY_CUDA_MV_BULK_BLOCKS=2"}) {
+                for (const bool glu : {false, true}) {
+                    for (const bool with_add : {false, true}) {
+                        if (glu && with_add) continue;
+                        std::vector<float> outs[3];
+                        gpu_forms_and_cpu(cbe.get(), pc, glu, with_add, {slots.c_str(), blocks, xg},
+                                          {"FERRY_CUDA_MV_BULK=0"}, outs);
+                        const std::string what =
+                            std::string(type_name(t)) + " K=" + std::to_string(K) +
+                            " M=" + std::to_string(M) + " " + slots + " " + blocks + " " + xg +
+                            (glu ? " glu" : "") + (with_add ? " add" : "");
+                        ASSERT_EQ(outs[0].size(), static_cast<size_t>(M)) << what;
+                        ASSERT_EQ(outs[1].size(), static_cast<size_t>(M)) << what;
+                        EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * 4),
+                                  0)
+                            << what;
+                    }
+                }
+            }
+        }
+    }
+    for (const char* enc : {"f16", "q4_0"}) {
+        const std::vector<std::vector<float>> base =
+            step_logits(enc, {"FERRY_CUDA_MV_BULK=0", "FERRY_CUDA_MV_BULK_Q=0"});
+        for (const char* slots : {"FERRY_CUDA_MV_BULK=2", "FERRY_CUDA_MV_BULK=3",
+                                  "FERRY_CUDA_MV_BULK_Q=4", "FERRY_CUDA_MV_BULK_Q=8"}) {
+            const std::vector<std::vector<float>> got = step_logits(enc, {slots});
+            ASSERT_EQ(got.size(), cases().size()) << enc << " " << slots;
+            ASSERT_EQ(base.size(), got.size()) << enc << " " << slots;
+            for (size_t k = 0; k < got.size(); k++) {
+                ASSERT_EQ(got[k].size(), base[k].size()) << enc << " " << slots;
+                EXPECT_EQ(std::memcmp(got[k].data(), base[k].data(), got[k].size() * 4), 0)
+                    << enc << " " << slots << " prompt " << k;
+            }
         }
     }
 }
@@ -1447,8 +1516,11 @@ TEST(Cuda, ProgressiveResultsGiveTheUsualBytes) {
     Lcg rnd{21u};
     const int64_t K = 2048, M = 40000, M32 = 20000, K32 = 256;
     const size_t bytes = static_cast<size_t>(M) * 4;
-    // The host mirror (the default) and the cut form (FERRY_CUDA_PIECE_CUT=1).
-    for (const bool cut : {false, true}) {
+    // The host mirror (the default: F16 in the streaming form's bulk form, Q6_K in its
+    // register form), the cut form (FERRY_CUDA_PIECE_CUT=1), and the mirror of each type's
+    // other form (FERRY_CUDA_MV_BULK=0, FERRY_CUDA_MV_BULK_Q=8).
+    for (const int mode : {0, 1, 2}) {
+        const bool cut = mode == 1, other = mode == 2;
         // The streaming form (F16, Q6_K) and the int8 kernel (Q8_0), with the RMS norm folded
         // in; and a plain Q6_K product (the streaming form's one-block-per-SM launch).
         const struct {
@@ -1458,8 +1530,9 @@ TEST(Cuda, ProgressiveResultsGiveTheUsualBytes) {
             {Type::F16, true}, {Type::Q6_K, true}, {Type::Q8_0, true}, {Type::Q6_K, false}};
         for (const auto& cs : cases) {
             const Type t = cs.t;
+            if (other && t == Type::Q8_0) continue;
             SCOPED_TRACE(std::string(type_name(t)) + (cut ? ", cut" : ", mirror") +
-                         (cs.norm ? "" : ", no norm"));
+                         (other ? " (the other form)" : "") + (cs.norm ? "" : ", no norm"));
             // The streaming kernel's products are mirrored unless the cut form is asked for;
             // the int8 kernel's (Q8_0) are cut either way.
             const bool mirrored = !cut && t != Type::Q8_0;
@@ -1470,8 +1543,14 @@ TEST(Cuda, ProgressiveResultsGiveTheUsualBytes) {
             BackendOptions po;
             po.progressive_results = true;
             if (cut) setenv("FERRY_CUDA_PIECE_CUT", "1", 1);
+            if (other) {
+                setenv("FERRY_CUDA_MV_BULK", "0", 1);
+                setenv("FERRY_CUDA_MV_BULK_Q", "8", 1);
+            }
             Expected<std::unique_ptr<Backend>> pbe = gpu()->make_backend(po);
             unsetenv("FERRY_CUDA_PIECE_CUT");
+            unsetenv("FERRY_CUDA_MV_BULK");
+            unsetenv("FERRY_CUDA_MV_BULK_Q");
             Expected<std::unique_ptr<Backend>> ube = gpu()->make_backend();
             ASSERT_TRUE(pbe && ube);
             BufferType* bt = gpu()->buffer_type();

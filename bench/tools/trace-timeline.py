@@ -71,6 +71,7 @@ def main():
         else:
             name = ("glu" if kind & 1 else "") + ("epi" if kind & 2 else "") + \
                    ("+norm" if kind & 4 else "") + (" stream" if kind & 16 else ("" if kind & 8 else " noring")) + \
+                   (" bulk" if kind & 128 else "") + \
                    f" t{kind >> 8}"
         s0 = min(r[0] for r in rs) - t_base
         sN = max(r[0] for r in rs) - t_base

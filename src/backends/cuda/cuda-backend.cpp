@@ -529,6 +529,17 @@ class CudaBackend : public Backend {
         if (const char* w = std::getenv("FERRY_CUDA_MV_STREAM_WIDE")) {
             ctx_.mv_stream_wide = w[0] == '0' ? 0 : (w[0] == '2' ? 2 : 1);
         }
+        if (const char* b = std::getenv("FERRY_CUDA_MV_BULK")) {
+            ctx_.mv_bulk = std::clamp(std::atoi(b), 0, 8);
+        }
+        ctx_.mv_bulk_xglobal = env_on("FERRY_CUDA_MV_BULK_XGLOBAL");
+        ctx_.mv_bulk_fit = !env_off("FERRY_CUDA_MV_BULK_FIT");
+        if (const char* b = std::getenv("FERRY_CUDA_MV_BULK_Q")) {
+            ctx_.mv_bulk_q = std::clamp(std::atoi(b), 0, 16);
+        }
+        if (const char* b = std::getenv("FERRY_CUDA_MV_BULK_BLOCKS")) {
+            ctx_.mv_bulk_blocks = std::clamp(std::atoi(b), 1, 2);
+        }
         use_stage_ = !env_off("FERRY_CUDA_STAGE");
         use_compact_key_ = !env_off("FERRY_CUDA_COMPACT_KEY");
         // The norm folded into the float kernel too (F16/BF16/F32 weights): off by default,

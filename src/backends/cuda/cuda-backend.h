@@ -118,6 +118,19 @@ struct OpContext {
     // of two of 8: 1 for Q4_0/Q6_K weights (the default), 2 for F16/BF16 too, 0 never
     // (FERRY_CUDA_MV_STREAM_WIDE).
     int mv_stream_wide = 1;
+    // Products of the streaming form in its bulk form (k_mv_bulk: the pieces in flight in
+    // shared memory): mv_bulk slots a warp for F16/BF16 (4 KiB each), mv_bulk_q for Q4_0/Q6_K
+    // (one span each), at most mv_bulk_blocks blocks per SM (FERRY_CUDA_MV_BULK=S,
+    // FERRY_CUDA_MV_BULK_Q=S, FERRY_CUDA_MV_BULK_BLOCKS=N; S = 0: the register form).
+    // Measured on the H200 (bench/results/cuda.md, stop 34): 1B F16 tg128 with S = 2 and two
+    // blocks per SM 1,163 t/s (median of 8 rounds) against the register form's 1,110, every
+    // other shape slower; 1B Q4_0 slower with every shape (1,462-1,526 at best against
+    // 1,701-1,777). So F16/BF16 take S = 2 in two blocks per SM, Q4_0/Q6_K the register form.
+    int mv_bulk = 2;
+    int mv_bulk_q = 0;
+    bool mv_bulk_xglobal = false;  // FERRY_CUDA_MV_BULK_XGLOBAL=1 (bulk_x_global)
+    bool mv_bulk_fit = true;       // FERRY_CUDA_MV_BULK_FIT=0 (launch_bulk_t)
+    int mv_bulk_blocks = 2;
     // Set by the backend for one FLASH_ATTN_EXT launch of a captured graph whose K and V rows
     // are written in that graph only by the SET_ROWS listed: k_attn_row then loads the rows
     // before griddepcontrol.wait and reloads the listed ones after it (nullptr: after it, all).

@@ -109,6 +109,13 @@ __device__ __forceinline__ void bulk_to_smem(void* dst, const void* src, uint32_
         : "memory");
 #endif
 }
+// Orders this thread's earlier shared-memory accesses before its later bulk copies (a slot
+// read by the warp, then refilled by one of its lanes after a __syncwarp).
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
 // Waits until the barrier's phase of parity `parity` has completed.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -1459,10 +1459,14 @@ struct BDec<Type::Q4_0> {
     struct Raw {
         uint32_t v[9];
     };
-    __device__ static void load_raw(const char* row, int64_t sp, int lane, Raw& r) {
-        const uint32_t* w = reinterpret_cast<const uint32_t*>(row + sp * kSpanBytes + lane * 36);
+    // (load_span: the same words from a copy of the span, e.g. in shared memory.)
+    __device__ static void load_span(const char* span, int lane, Raw& r) {
+        const uint32_t* w = reinterpret_cast<const uint32_t*>(span + lane * 36);
 #pragma unroll
         for (int i = 0; i < 9; i++) r.v[i] = w[i];
+    }
+    __device__ static void load_raw(const char* row, int64_t sp, int lane, Raw& r) {
+        load_span(row + sp * kSpanBytes, lane, r);
     }
     __device__ static float dot(const char* row, int64_t sp, int lane, const BlkX& x, float acc) {
         Raw r;
@@ -1536,9 +1540,17 @@ struct BDec<Type::Q6_K> {
 #pragma unroll
         for (int i = 0; i < 5; i++) w[i] = p[i];
     }
+    // The words at byte `base` of row (load_raw: base_of(sp, lane) from the row's start;
+    // load_span: base_of(0, lane) from a copy of the span, e.g. in shared memory; a span is a
+    // multiple of 4 bytes, so the words' alignment within it is their alignment in the row).
     __device__ static void load_raw(const char* row, int64_t sp, int lane, Raw& r) {
+        load_at(row, base_of(sp, lane), lane, r);
+    }
+    __device__ static void load_span(const char* span, int lane, Raw& r) {
+        load_at(span, base_of(0, lane), lane, r);
+    }
+    __device__ static void load_at(const char* row, uint32_t base, int lane, Raw& r) {
         const uint32_t h = (lane / 2) % 2, e = lane % 2;
-        const uint32_t base = base_of(sp, lane);
         const uint32_t sh = (base & 2u) * 8u;
         words5(row, base + 64u * h + 16u * e, r.a);
         words5(row, base + 64u * h + 32u + 16u * e, r.b);
@@ -1982,6 +1994,84 @@ struct SPiece<Type::Q4_0> : SBlkPiece<Type::Q4_0> {};
 template <>
 struct SPiece<Type::Q6_K> : SBlkPiece<Type::Q6_K> {};
 
+// A warp's walk through its work items (the streaming and the bulk form): item it's row r
+// (two rows an item for glu and pair), piece p of ppr; item i goes to warp i % W, or, in a
+// mirrored launch (HostMirror), warp gw takes runs of kMirrorGroup rows, its k-th run rows
+// (k W + gw) G ..., so that each of its line writes holds whole rows in order.
+template <bool glu, bool pair>
+struct StreamWalk {
+    static constexpr int kRows = (glu || pair) ? 2 : 1;  // rows loaded per item
+    const MvArgs& g;
+    int64_t W, items;
+    int ppr;
+    bool mirrored;
+    __device__ StreamWalk(const MvArgs& ga, int64_t w)
+        : g(ga),
+          W(w),
+          items(pair ? ga.M / 2 : ga.M),
+          ppr(static_cast<int>((ga.K + 2047) / 2048)),
+          mirrored(!glu && !pair && ga.mirror.buf) {}
+    __device__ const char* row(int64_t it, int r) const {
+        if constexpr (glu) return (r == 0 ? g.a : g.a2) + it * g.a_nb1;
+        if constexpr (pair) {
+            int64_t ms;
+            const int sg = seg_of(g, 2 * it + r, &ms);
+            return g.seg[sg].a + ms * g.a_nb1;
+        }
+        return g.a + it * g.a_nb1;
+    }
+    __device__ int64_t first(int64_t gw) const { return mirrored ? gw * kMirrorGroup : gw; }
+    __device__ int64_t next_item(int64_t it) const {
+        if (!mirrored) return it + W;
+        return (it + 1) % kMirrorGroup != 0 ? it + 1 : it + 1 + (W - 1) * kMirrorGroup;
+    }
+    __device__ void advance(int64_t& it, int& r, int& p) const {
+        if (++p == ppr) {
+            p = 0;
+            if (++r == kRows) {
+                r = 0;
+                it = next_item(it);
+            }
+        }
+    }
+    // Item it is summed (v0, v1: its rows' warp sums, in every lane): its epilogue.
+    __device__ void done(int64_t it, float v0, float v1, int lane, uint32_t& stash) const {
+        if constexpr (pair) {
+            int64_t ms;
+            const MvSeg& sg = g.seg[seg_of(g, 2 * it, &ms)];
+            const float2 y = sg.rope ? rope_pair(g, ms, v0, v1) : make_float2(v0, v1);
+            if (lane < 2) epilogue_store(g, sg, ms + lane, lane == 0 ? y.x : y.y);
+        } else {
+            float v = v0;
+            if constexpr (glu) v = v / (1.0f + expf(-v)) * v1;
+            if (g.res) v += reinterpret_cast<const float*>(g.res)[it];
+            if (lane == 0) g.out[it] = v;
+            if (mirrored) mirror_row(g, it, v, next_item(it) >= items, W, stash);
+        }
+    }
+};
+
+// b into shared memory by P::put: the folded [ADD ->] RMS_NORM -> MUL (g.nx; blocks of
+// kMvWarps warps) or g.b's K floats. (The caller's __syncthreads follows.)
+template <typename P, bool norm_ok>
+__device__ __forceinline__ void stream_put_b(const MvArgs& g, void* smem, float* nred) {
+    auto put = [&](int64_t i, float4 v) { P::put(smem, i, v, g.K); };
+    if (norm_ok && g.nx) {
+        if constexpr (norm_ok) {
+            if (g.nfast && norm_fast_ok(g)) {
+                NormW nw;
+                norm_w_load(g, nw);
+                norm_prologue_fast(g, nw, nred, put);
+            } else {
+                norm_prologue(g, nred, put);
+            }
+        }
+    } else {
+        // Up to 8 float4s a thread in one round trip (32 KiB for K = 8192).
+        put_b<8>(reinterpret_cast<const float4*>(g.b), g.K / 4, put);
+    }
+}
+
 // kW warps a block: kMvWarps (two blocks per SM), or 2 * kMvWarps (one block per SM, the same
 // warps, so b is loaded and quantized once per SM instead of twice) for Q4_0/Q6_K launches
 // without a folded norm (wo, down; the folded norm's bit-exact prologue is built for 256
@@ -1995,42 +2085,15 @@ __global__ void __launch_bounds__(32 * kW, kW == kMvWarps ? kStreamMinBlocks : 1
     k_mv_stream(MvArgs g) {
     using P = SPiece<T>;
     constexpr int D = P::kD;
-    constexpr int kRows = (glu || pair) ? 2 : 1;  // rows loaded per item
+    constexpr int kRows = StreamWalk<glu, pair>::kRows;
     extern __shared__ __align__(16) float4 sm_b[];
     __shared__ float nred[32];
     void* smem = sm_b;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int64_t W = static_cast<int64_t>(gridDim.x) * kW;
+    const StreamWalk<glu, pair> w(g, static_cast<int64_t>(gridDim.x) * kW);
     const int64_t gw = static_cast<int64_t>(blockIdx.x) * kW + warp;
-    const int64_t items = pair ? g.M / 2 : g.M;
+    const int64_t items = w.items;
     const int64_t K = g.K;
-    const int ppr = static_cast<int>((K + 2047) / 2048);  // pieces per row
-    // Row r of item it.
-    auto row_ptr = [&](int64_t it, int r) -> const char* {
-        if constexpr (glu) return (r == 0 ? g.a : g.a2) + it * g.a_nb1;
-        if constexpr (pair) {
-            int64_t ms;
-            const int sg = seg_of(g, 2 * it + r, &ms);
-            return g.seg[sg].a + ms * g.a_nb1;
-        }
-        return g.a + it * g.a_nb1;
-    };
-    // A mirrored launch (HostMirror): warp gw takes runs of kMirrorGroup rows, its k-th run
-    // rows (k W + gw) G ..., so that each of its line writes holds whole rows in order.
-    const bool mirrored = !glu && !pair && g.mirror.buf;
-    auto next_item = [&](int64_t it) -> int64_t {
-        if (!mirrored) return it + W;
-        return (it + 1) % kMirrorGroup != 0 ? it + 1 : it + 1 + (W - 1) * kMirrorGroup;
-    };
-    auto advance = [&](int64_t& it, int& r, int& p) {
-        if (++p == ppr) {
-            p = 0;
-            if (++r == kRows) {
-                r = 0;
-                it = next_item(it);
-            }
-        }
-    };
 #ifdef FERRY_CUDA_TRACE
     const uint64_t tr0 = gtime();
     uint64_t tr1 = 0, tr2 = 0;
@@ -2038,34 +2101,21 @@ __global__ void __launch_bounds__(32 * kW, kW == kMvWarps ? kStreamMinBlocks : 1
     pdl_trigger();
     typename P::Raw buf[D];
     // Load cursor: item lit, row lr, piece lp.
-    const int64_t first = mirrored ? gw * kMirrorGroup : gw;
+    const int64_t first = w.first(gw);
     int64_t lit = first;
     int lr = 0, lp = 0;
 #pragma unroll
     for (int s = 0; s < D; s++) {
-        if (lit < items) P::load(row_ptr(lit, lr), lp, lane, K, buf[s]);
-        advance(lit, lr, lp);
+        if (lit < items) P::load(w.row(lit, lr), lp, lane, K, buf[s]);
+        w.advance(lit, lr, lp);
     }
     pdl_wait();
     uint32_t stash = 0;
 #ifdef FERRY_CUDA_TRACE
     tr1 = gtime();
 #endif
-    auto put = [&](int64_t i, float4 v) { P::put(smem, i, v, K); };
-    if (kW == kMvWarps && g.nx) {
-        if constexpr (kW == kMvWarps) {  // (wide blocks are launched without a folded norm)
-            if (g.nfast && norm_fast_ok(g)) {
-                NormW nw;
-                norm_w_load(g, nw);
-                norm_prologue_fast(g, nw, nred, put);
-            } else {
-                norm_prologue(g, nred, put);
-            }
-        }
-    } else {
-        // Up to 8 float4s a thread in one round trip (32 KiB for K = 8192).
-        put_b<8>(reinterpret_cast<const float4*>(g.b), K / 4, put);
-    }
+    // (wide blocks are launched without a folded norm)
+    stream_put_b<P, kW == kMvWarps>(g, smem, nred);
     __syncthreads();
 #ifdef FERRY_CUDA_TRACE
     tr2 = gtime();
@@ -2089,33 +2139,211 @@ __global__ void __launch_bounds__(32 * kW, kW == kMvWarps ? kStreamMinBlocks : 1
                 acc[0] = P::dot(buf[s], cp, lane, K, smem, acc[0]);
             }
             // The slot's next piece goes out before this item's epilogue.
-            if (lit < items) P::load(row_ptr(lit, lr), lp, lane, K, buf[s]);
-            advance(lit, lr, lp);
+            if (lit < items) P::load(w.row(lit, lr), lp, lane, K, buf[s]);
+            w.advance(lit, lr, lp);
             const int64_t it = cit;
-            const bool last = cp + 1 == ppr && cr + 1 == kRows;
-            advance(cit, cr, cp);
+            const bool last = cp + 1 == w.ppr && cr + 1 == kRows;
+            w.advance(cit, cr, cp);
             if (!last) continue;
             const float v0 = warp_sum(acc[0]);
             const float v1 = kRows == 2 ? warp_sum(acc[kRows - 1]) : 0.0f;
 #pragma unroll
             for (int r = 0; r < kRows; r++) acc[r] = 0.0f;
-            if constexpr (pair) {
-                int64_t ms;
-                const MvSeg& sg = g.seg[seg_of(g, 2 * it, &ms)];
-                const float2 y = sg.rope ? rope_pair(g, ms, v0, v1) : make_float2(v0, v1);
-                if (lane < 2) epilogue_store(g, sg, ms + lane, lane == 0 ? y.x : y.y);
-            } else {
-                float v = v0;
-                if constexpr (glu) v = v / (1.0f + expf(-v)) * v1;
-                if (g.res) v += reinterpret_cast<const float*>(g.res)[it];
-                if (lane == 0) g.out[it] = v;
-                if (mirrored) mirror_row(g, it, v, next_item(it) >= items, W, stash);
-            }
+            w.done(it, v0, v1, lane, stash);
         }
     }
 #ifdef FERRY_CUDA_TRACE
     trace_block(g.trace_id, g.M,
                 (glu ? 1u : 0u) | (pair ? 2u : 0u) | (g.nx ? 4u : 0u) | 16u |
+                    (static_cast<uint32_t>(T) << 8),
+                tr0, tr1, tr2, 0, 0);
+#endif
+}
+
+// The bulk form of the streaming kernel (FERRY_CUDA_MV_BULK=S for F16/BF16 weights, S = 2 in
+// two blocks per SM by default; FERRY_CUDA_MV_BULK_Q=S for Q4_0/Q6_K, off by default: see
+// OpContext::mv_bulk for the measurements): the pieces in flight sit in shared
+// memory instead of registers. Each warp owns S slots of one piece (F16/BF16: 2048 weights,
+// 4 KiB; Q4_0/Q6_K: one span of 2048, 1,152 / 1,680 bytes) with an mbarrier each; its lane 0
+// fills a slot with one bulk copy (cp.async.bulk, completion counted in bytes) and refills it
+// once the warp has read it, so the warps need no buffer registers and no block-wide
+// synchronization. The plan behind it (bench/results/cuda.md, stops 22, 26, 27, 29): a block
+// holds its bytes in flight with few registers, so that with PDL the next kernels' blocks fit
+// on the SM beside it and start their own copies while this one drains and while the
+// attention runs (the register form fills the register file with two blocks, and one block
+// per SM halved its bytes in flight). b: as in the register form (the folded norm's result,
+// or Q4_0/Q6_K's int8 quants, in shared memory), except F16/BF16 without a folded norm, whose
+// b is read from global memory through L1 (down's 32 KiB stay out of the block's shared
+// memory). Same pieces, same decoders, same order of additions: the register form's bits.
+constexpr int kBulkMaxSlots = 16;
+constexpr int kBulkMinBlocks = 2;  // (a register cap of 128: two such blocks share an SM)
+
+template <Type T>
+struct BulkSlot {  // F16, BF16
+    static constexpr int64_t kBytes = 4096;
+    static constexpr bool kBGlobal = true;  // b may stay in global memory (bulk_x_global)
+    __host__ __device__ static int64_t row_bytes(int64_t K) { return K * 2; }
+    // b's elements c * 256 + 8 lane .. + 7: float4s 2 lane, 2 lane + 1 of chunk c in global
+    // memory, lane and 32 + lane in SPiece::put's shared layout.
+    __device__ static float dot(const char* slot, int64_t p, int lane, int64_t K, const void* xb,
+                                bool x_global, float a) {
+        const float4* xs = static_cast<const float4*>(xb);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int64_t c = p * 8 + j;
+            if (c * 256 + 8 * lane >= K) continue;
+            const uint4 raw = *reinterpret_cast<const uint4*>(slot + j * 512 + 16 * lane);
+            Lane8 w;
+            Dec<T>::from_raw(Raw8{raw, make_uint4(0u, 0u, 0u, 0u)}, 0, w);
+            const float4 x0 = x_global ? xs[c * 64 + 2 * lane] : xs[c * 64 + lane];
+            const float4 x1 = x_global ? xs[c * 64 + 2 * lane + 1] : xs[c * 64 + 32 + lane];
+            a = fmaf(1.0f, dot8(w.q, x0, x1), a);
+        }
+        return a;
+    }
+};
+template <Type T>
+struct BulkBlkSlot {  // Q4_0, Q6_K: a span, read as the register form reads it from memory
+    static constexpr int64_t kBytes = BDec<T>::kSpanBytes;
+    static constexpr bool kBGlobal = false;
+    __host__ __device__ static int64_t row_bytes(int64_t K) {
+        return T == Type::Q4_0 ? K / 32 * 18 : K / 256 * 210;
+    }
+    __device__ static float dot(const char* slot, int64_t p, int lane, int64_t K, const void* xb,
+                                bool, float a) {
+        if (!BDec<T>::active(K, p, lane)) return a;
+        typename BDec<T>::Raw r;
+        BDec<T>::load_span(slot, lane, r);
+        return SPiece<T>::dot(r, p, lane, K, xb, a);
+    }
+};
+template <>
+struct BulkSlot<Type::Q4_0> : BulkBlkSlot<Type::Q4_0> {};
+template <>
+struct BulkSlot<Type::Q6_K> : BulkBlkSlot<Type::Q6_K> {};
+
+// Dynamic shared memory of a bulk launch: the warps' slots, b (when it is in shared memory),
+// the slots' barriers.
+template <Type T>
+size_t bulk_b_offset(int S) {
+    return static_cast<size_t>(kMvWarps) * S * BulkSlot<T>::kBytes;
+}
+template <Type T>
+size_t bulk_bar_offset(int S, int64_t K, bool x_global) {
+    const size_t b = x_global ? 0 : SPiece<T>::smem_bytes(K);
+    return (bulk_b_offset<T>(S) + b + 15) / 16 * 16;
+}
+template <Type T>
+size_t bulk_smem_bytes(int S, int64_t K, bool x_global) {
+    return bulk_bar_offset<T>(S, K, x_global) + static_cast<size_t>(kMvWarps) * S * 8;
+}
+
+// F16/BF16 b read from global memory (x_global) instead of shared: only without a folded norm
+// (whose b the block computes), and by default only for K <= kBulkXGlobalK: a block's shared
+// memory then leaves the SM ~28 KiB of L1 (two bulk blocks take the largest carveout), which
+// holds wo's 8 KiB of b but not down's 32 KiB, which every row reads whole
+// (FERRY_CUDA_MV_BULK_XGLOBAL=1: any K, to measure).
+constexpr int64_t kBulkXGlobalK = 4096;
+template <Type T>
+bool bulk_x_global(const OpContext& ctx, const MvArgs& g) {
+    return BulkSlot<T>::kBGlobal && g.nx == nullptr &&
+           (g.K <= kBulkXGlobalK || ctx.mv_bulk_xglobal);
+}
+
+// k_mv_bulk's offsets (b_off, bar_off: bulk_b_offset, bulk_bar_offset) and x_global
+// (bulk_x_global) come from the launch.
+template <Type T, bool glu, bool pair>
+__global__ void __launch_bounds__(32 * kMvWarps, kBulkMinBlocks)
+    k_mv_bulk(MvArgs g, int S, uint32_t b_off, uint32_t bar_off, bool x_global) {
+    using P = SPiece<T>;
+    using B = BulkSlot<T>;
+    constexpr int kRows = StreamWalk<glu, pair>::kRows;
+    extern __shared__ __align__(16) char bulk_sm[];
+    __shared__ float nred[32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const StreamWalk<glu, pair> w(g, static_cast<int64_t>(gridDim.x) * kMvWarps);
+    const int64_t gw = static_cast<int64_t>(blockIdx.x) * kMvWarps + warp;
+    const int64_t items = w.items, K = g.K, row_bytes = B::row_bytes(K);
+    char* slots = bulk_sm + static_cast<size_t>(warp) * S * B::kBytes;
+    void* smem_b = bulk_sm + b_off;
+    uint64_t* bars = reinterpret_cast<uint64_t*>(bulk_sm + bar_off) + warp * S;
+#ifdef FERRY_CUDA_TRACE
+    const uint64_t tr0 = gtime();
+    uint64_t tr1 = 0, tr2 = 0;
+#endif
+    pdl_trigger();
+    if (lane == 0) {
+        for (int s = 0; s < S; s++) mbar_init(&bars[s], 1);
+        mbar_init_fence();
+    }
+    __syncwarp();
+    // Lane 0 starts the copy of (item it, row r, piece p) into slot s.
+    auto issue = [&](int s, int64_t it, int r, int p) {
+        const int64_t o = static_cast<int64_t>(p) * B::kBytes;
+        const uint32_t bytes = static_cast<uint32_t>(min(B::kBytes, row_bytes - o));
+        mbar_expect(&bars[s], bytes);
+        bulk_to_smem(slots + static_cast<size_t>(s) * B::kBytes, w.row(it, r) + o, bytes, &bars[s]);
+    };
+    // Load cursor: item lit, row lr, piece lp (S pieces ahead of the sums).
+    const int64_t first = w.first(gw);
+    int64_t lit = first;
+    int lr = 0, lp = 0;
+    for (int s = 0; s < S; s++) {
+        if (lit < items && lane == 0) issue(s, lit, lr, lp);
+        w.advance(lit, lr, lp);
+    }
+    pdl_wait();
+#ifdef FERRY_CUDA_TRACE
+    tr1 = gtime();
+#endif
+    if (!x_global) {
+        stream_put_b<P, true>(g, smem_b, nred);
+        __syncthreads();
+    }
+    const void* xb = x_global ? static_cast<const void*>(g.b) : smem_b;
+#ifdef FERRY_CUDA_TRACE
+    tr2 = gtime();
+#endif
+    uint32_t stash = 0, phase = 0;  // phase bit s: the parity slot s completes next
+    int64_t cit = first;
+    int cr = 0, cp = 0, s = 0;
+    float acc[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; r++) acc[r] = 0.0f;
+    while (cit < items) {
+        mbar_wait(&bars[s], (phase >> s) & 1u);
+        phase ^= 1u << s;
+        const char* slot = slots + static_cast<size_t>(s) * B::kBytes;
+        if constexpr (kRows == 2) {
+            if (cr == 0) {
+                acc[0] = B::dot(slot, cp, lane, K, xb, x_global, acc[0]);
+            } else {
+                acc[1] = B::dot(slot, cp, lane, K, xb, x_global, acc[1]);
+            }
+        } else {
+            acc[0] = B::dot(slot, cp, lane, K, xb, x_global, acc[0]);
+        }
+        // Every lane has read the slot: its next piece goes out before this item's epilogue.
+        __syncwarp();
+        if (lit < items && lane == 0) {
+            fence_proxy_async();
+            issue(s, lit, lr, lp);
+        }
+        w.advance(lit, lr, lp);
+        if (++s == S) s = 0;
+        const int64_t it = cit;
+        const bool last = cp + 1 == w.ppr && cr + 1 == kRows;
+        w.advance(cit, cr, cp);
+        if (!last) continue;
+        const float v0 = warp_sum(acc[0]);
+        const float v1 = kRows == 2 ? warp_sum(acc[kRows - 1]) : 0.0f;
+#pragma unroll
+        for (int r = 0; r < kRows; r++) acc[r] = 0.0f;
+        w.done(it, v0, v1, lane, stash);
+    }
+#ifdef FERRY_CUDA_TRACE
+    trace_block(g.trace_id, g.M,
+                (glu ? 1u : 0u) | (pair ? 2u : 0u) | (g.nx ? 4u : 0u) | 16u | 128u |
                     (static_cast<uint32_t>(T) << 8),
                 tr0, tr1, tr2, 0, 0);
 #endif
@@ -2160,9 +2388,11 @@ bool stream_ok(const MvArgs& g, Type t, bool glu) {
 constexpr size_t kStreamSmem = kStreamMaxK * 4 + 1024;
 
 // Lets kernels ks take `bytes` of dynamic shared memory on the current device (once per device;
-// `done` is the caller's, one per set of kernels).
+// `done` is the caller's, one per set of kernels); max_carveout: they also ask for the SM's
+// largest shared-memory carveout.
 template <typename Kernel>
-void allow_dyn_smem(std::initializer_list<Kernel> ks, size_t bytes, std::atomic<uint64_t>& done) {
+void allow_dyn_smem(std::initializer_list<Kernel> ks, size_t bytes, std::atomic<uint64_t>& done,
+                    bool max_carveout = false) {
     int dev = 0;
     cudaGetDevice(&dev);
     const uint64_t bit = uint64_t{1} << (dev % 64);
@@ -2170,6 +2400,10 @@ void allow_dyn_smem(std::initializer_list<Kernel> ks, size_t bytes, std::atomic<
     for (Kernel k : ks) {
         cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(bytes));
+        if (max_carveout) {
+            cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared);
+        }
     }
     done.fetch_or(bit, std::memory_order_acq_rel);
 }
@@ -2183,8 +2417,59 @@ void allow_stream_smem() {
         kStreamSmem, done);
 }
 
+// The bulk form's launch (S slots a warp, at most ctx.mv_bulk_blocks blocks per SM); false
+// when it does not take the product (then the register form): its shared memory would not fit
+// a block, or its copies would not be 16-byte aligned (every row and piece must be).
+template <Type T>
+bool launch_bulk_t(const OpContext& ctx, MvArgs& g, bool glu, int S) {
+    constexpr size_t kMaxSmem = 227 * 1024 - 256;  // (the H200's block limit; nred beside)
+    using B = BulkSlot<T>;
+    S = std::min(S, kBulkMaxSlots);
+    const bool pair = g.n_seg > 0, x_global = bulk_x_global<T>(ctx, g);
+    // One block per SM: fewer slots where b would leave no room for the next kernel's block
+    // beside it (each block also takes 1 KiB of the SM's 228; FERRY_CUDA_MV_BULK_FIT=0 keeps
+    // S): with S = 3, F16 down (b's 32 KiB) takes 2.
+    constexpr size_t kHalfSm = 113 * 1024 - 256;
+    while (ctx.mv_bulk_fit && ctx.mv_bulk_blocks <= 1 && S > 1 &&
+           bulk_smem_bytes<T>(S, g.K, x_global) > kHalfSm) {
+        S--;
+    }
+    const size_t smem = bulk_smem_bytes<T>(S, g.K, x_global);
+    if (smem > kMaxSmem || B::row_bytes(g.K) % 16 != 0 || !rows_aligned(g, glu, pair, 16)) {
+        return false;
+    }
+    // The SM's largest shared-memory carveout (228 KiB, ~28 KiB of L1) whenever a bulk block
+    // runs: with a smaller one picked for a single block (e.g. 132 KiB), the next kernel's
+    // block could not join it until the SM drained and was configured anew.
+    static std::atomic<uint64_t> done{0};
+    allow_dyn_smem<void (*)(MvArgs, int, uint32_t, uint32_t, bool)>(
+        {k_mv_bulk<T, true, false>, k_mv_bulk<T, false, true>, k_mv_bulk<T, false, false>},
+        kMaxSmem, done, /*max_carveout=*/true);
+    const int64_t items = pair ? g.M / 2 : g.M;
+    const unsigned blocks =
+        std::min(n_blocks(items, kMvWarps),
+                 static_cast<unsigned>(ctx.n_sm * std::max(1, ctx.mv_bulk_blocks)));
+    const dim3 grid(blocks), block(32 * kMvWarps);
+    const auto b_off = static_cast<uint32_t>(bulk_b_offset<T>(S));
+    const auto bar_off = static_cast<uint32_t>(bulk_bar_offset<T>(S, g.K, x_global));
+    if (glu) {
+        launch_pdl(k_mv_bulk<T, true, false>, grid, block, smem, ctx.stream, g, S, b_off, bar_off,
+                   x_global);
+    } else if (pair) {
+        launch_pdl(k_mv_bulk<T, false, true>, grid, block, smem, ctx.stream, g, S, b_off, bar_off,
+                   x_global);
+    } else {
+        keep_mirror(ctx, g, static_cast<int64_t>(blocks) * kMvWarps);
+        launch_pdl(k_mv_bulk<T, false, false>, grid, block, smem, ctx.stream, g, S, b_off, bar_off,
+                   x_global);
+    }
+    return true;
+}
+
 template <Type T>
 void launch_stream_t(const OpContext& ctx, MvArgs g, bool glu) {
+    const int bulk = T == Type::F16 || T == Type::BF16 ? ctx.mv_bulk : ctx.mv_bulk_q;
+    if (bulk > 0 && launch_bulk_t<T>(ctx, g, glu, bulk)) return;
     allow_stream_smem<T>();
     const bool pair = g.n_seg > 0;
     const int64_t items = pair ? g.M / 2 : g.M;
