@@ -653,6 +653,14 @@ void add_mul_mat_cases(Table& T) {
                   return b.g().mul_mat(b.in(t, {256, 65}), b.in(kF32, {256, 33}));
               });
     }
+    // Wider than a device's matrix-vector kernels take (CUDA: 64 columns; then cuBLAS, or,
+    // for the formats without a prefill path, the vector kernel's column groups).
+    for (Type t :
+         {kF16, Type::Q4_0, Type::Q6_K, Type::Q5_0, Type::Q3_K, Type::IQ4_XS, Type::MXFP4}) {
+        T.add(Op::MUL_MAT, tn(t) + "_wide", mul_mat_bound(t), mul_mat_note(t), [t](CaseBuilder& b) {
+            return b.g().mul_mat(b.in(t, {256, 40}), b.in(kF32, {256, 72}));
+        });
+    }
     for (Type t : {kF32, kF16}) {
         T.add(Op::MUL_MAT, tn(t) + "_k65", mul_mat_bound(t), mul_mat_note(t), [t](CaseBuilder& b) {
             return b.g().mul_mat(b.in(t, {65, 17}), b.in(kF32, {65, 9}));

@@ -2021,7 +2021,7 @@ bool supports(const Tensor* n) {
     switch (n->op) {
         case Op::MUL_MAT:
         case Op::GET_ROWS:
-            return decodable(n->src[0]->type);
+            return decodable(n->src[0]->type) || elem_type(n->src[0]->type);
         case Op::ROPE:
             return !n->src[2] || n->src[2]->type == Type::F32;
         case Op::CPY:

@@ -259,6 +259,33 @@ __device__ __forceinline__ void k_scale_min(const uint8_t* s, int j, int* sc, in
     }
 }
 
+// The 16 values of a 4-bit code table (IQ4_NL's, MXFP4's) as two words of bytes, so that
+// device code looks a code up without a table in memory.
+constexpr uint64_t pack_codes(const int8_t* v, int from) {
+    uint64_t w = 0;
+    for (int k = 7; k >= 0; k--) w = (w << 8) | static_cast<uint8_t>(v[from + k]);
+    return w;
+}
+constexpr uint64_t kIq4Lo = pack_codes(kIQ4NLValues, 0), kIq4Hi = pack_codes(kIQ4NLValues, 8);
+constexpr uint64_t kFp4Lo = pack_codes(kMXFP4Values, 0), kFp4Hi = pack_codes(kMXFP4Values, 8);
+__device__ __forceinline__ float code_value(uint64_t lo, uint64_t hi, int c) {
+    const uint64_t w = c < 8 ? lo : hi;
+    return static_cast<float>(static_cast<int8_t>((w >> (8 * (c % 8))) & 0xff));
+}
+// Element j's nibble of a 32-element block laid out as Q4_0 (low nibbles, then high ones).
+__device__ __forceinline__ int block_nibble(const char* qs, int j) {
+    const uint8_t q = static_cast<uint8_t>(qs[j % 16]);
+    return j < 16 ? (q & 0x0f) : (q >> 4);
+}
+// 2^(e - 128) (types.h: e8m0_to_fp32_half).
+__device__ __forceinline__ float e8m0_half(uint8_t e) {
+    return __uint_as_float(e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23);
+}
+// Bit j of a block's 4 bytes of high bits (Q5_0/Q5_1's qh, little-endian).
+__device__ __forceinline__ int qh_bit(const char* qh, int j) {
+    return (static_cast<uint8_t>(qh[j / 8]) >> (j % 8)) & 1;
+}
+
 __device__ __forceinline__ float load_elem(Type t, const char* row, int64_t i) {
     switch (t) {
         case Type::F32:
@@ -317,6 +344,66 @@ __device__ __forceinline__ float load_elem(Type t, const char* row, int64_t i) {
             const int8_t sc = static_cast<int8_t>(b[192 + e / 16]);
             const float d = h2f(static_cast<uint16_t>(b[208] | (b[209] << 8)));
             return d * static_cast<float>(sc) * static_cast<float>(q);
+        }
+        // The element-read formats (ops.h elem_type): GET_ROWS and the generic product
+        // kernel, with the CPU dequantizers' formulas and order of operations
+        // (src/core/quants.cpp).
+        case Type::Q5_0: {
+            const char* b = row + (i / 32) * 22;
+            const int j = static_cast<int>(i % 32);
+            const int q = block_nibble(b + 6, j) | (qh_bit(b + 2, j) << 4);
+            return static_cast<float>(q - 16) * h2f(ld16(b));
+        }
+        case Type::Q5_1: {
+            const char* b = row + (i / 32) * 24;
+            const int j = static_cast<int>(i % 32);
+            const int q = block_nibble(b + 8, j) | (qh_bit(b + 4, j) << 4);
+            return static_cast<float>(q) * h2f(ld16(b)) + h2f(ld16(b + 2));
+        }
+        case Type::Q2_K: {
+            const uint8_t* b = reinterpret_cast<const uint8_t*>(row + (i / 256) * 84);
+            const int e = static_cast<int>(i % 256);
+            const int h = e / 128, sh = (e % 128) / 32, l = e % 32, g = e / 16;
+            const int q = (b[16 + 32 * h + l] >> (2 * sh)) & 3;
+            const float d = h2f(static_cast<uint16_t>(b[80] | (b[81] << 8)));
+            const float dmin = h2f(static_cast<uint16_t>(b[82] | (b[83] << 8)));
+            const float dl = d * static_cast<float>(b[g] & 0x0f);
+            const float ml = dmin * static_cast<float>(b[g] >> 4);
+            return dl * static_cast<float>(q) - ml;
+        }
+        case Type::Q3_K: {
+            const uint8_t* b = reinterpret_cast<const uint8_t*>(row + (i / 256) * 110);
+            const int e = static_cast<int>(i % 256);
+            const int h = e / 128, sh = (e % 128) / 32, l = e % 32, g = e / 16;
+            const int low = (b[32 + 32 * h + l] >> (2 * sh)) & 3;
+            const int high = (b[l] >> (4 * h + sh)) & 1;
+            const int q = (low | (high << 2)) - 4;
+            const uint8_t* sc = b + 96;
+            const int lo = g < 8 ? sc[g] & 0x0f : sc[g - 8] >> 4;
+            const int hi = (sc[8 + g % 4] >> (2 * (g / 4))) & 3;
+            const float d = h2f(static_cast<uint16_t>(b[108] | (b[109] << 8)));
+            return d * static_cast<float>((lo | (hi << 4)) - 32) * static_cast<float>(q);
+        }
+        case Type::IQ4_NL: {
+            const char* b = row + (i / 32) * 18;
+            return h2f(ld16(b)) * code_value(kIq4Lo, kIq4Hi, block_nibble(b + 2, i % 32));
+        }
+        case Type::IQ4_XS: {
+            const uint8_t* b = reinterpret_cast<const uint8_t*>(row + (i / 256) * 136);
+            const int e = static_cast<int>(i % 256);
+            const int j = e / 32;
+            const int scales_h = b[2] | (b[3] << 8);
+            const int ls =
+                ((b[4 + j / 2] >> (4 * (j % 2))) & 0x0f) | (((scales_h >> (2 * j)) & 3) << 4);
+            const float dl =
+                h2f(static_cast<uint16_t>(b[0] | (b[1] << 8))) * static_cast<float>(ls - 32);
+            const char* qs = reinterpret_cast<const char*>(b + 8 + 16 * j);
+            return dl * code_value(kIq4Lo, kIq4Hi, block_nibble(qs, e % 32));
+        }
+        case Type::MXFP4: {
+            const char* b = row + (i / 32) * 17;
+            return e8m0_half(static_cast<uint8_t>(b[0])) *
+                   code_value(kFp4Lo, kFp4Hi, block_nibble(b + 1, i % 32));
         }
         default:
             return 0.0f;

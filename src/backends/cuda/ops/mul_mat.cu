@@ -203,6 +203,151 @@ struct Dec<Type::Q6_K> {
     }
 };
 
+// The element-read formats (ops.h elem_type) in the float kernel (decode and prefill), the CPU
+// dequantizers' values (src/core/quants.cpp). 32-element blocks laid out as Q4_0 (Q5_0, Q5_1,
+// IQ4_NL, MXFP4): as Q4_0, lane -> block lane / 4, bytes 4p .. 4p + 3 of its nibbles.
+// Four bytes at any address (MXFP4's 17-byte blocks keep no alignment).
+__device__ __forceinline__ uint32_t ld32_a1(const char* p) {
+    const uint8_t* b = reinterpret_cast<const uint8_t*>(p);
+    return b[0] | (b[1] << 8) | (b[2] << 16) | (static_cast<uint32_t>(b[3]) << 24);
+}
+template <Type T>
+struct Dec5 {  // Q5_0 (22 bytes: d, qh, qs), Q5_1 (24: d, m, qh, qs)
+    static constexpr bool kMin = T == Type::Q5_1;
+    static constexpr int kBytes = kMin ? 24 : 22, kQh = kMin ? 4 : 2;
+    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+        const int64_t blk = c * 8 + lane / 4;
+        if (blk * 32 >= K) return false;
+        const char* bp = row + blk * kBytes;
+        const int p = lane % 4;
+        const uint32_t v = ld32_a2(bp + kQh + 4 + 4 * p);
+        const uint32_t qh = ld32_a2(bp + kQh);
+        w.d = h2f(ld16(bp));
+        w.m = kMin ? h2f(ld16(bp + 2)) : 0.0f;
+        const float off = kMin ? 0.0f : 16.0f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t h0 = ((qh >> (4 * p + k)) & 1) << 4;
+            const uint32_t h1 = ((qh >> (16 + 4 * p + k)) & 1) << 4;
+            w.q[k] = small_u2f(((v >> (8 * k)) & 0x0f) | h0) - off;
+            w.q[4 + k] = small_u2f(((v >> (8 * k + 4)) & 0x0f) | h1) - off;
+        }
+        w.o0 = static_cast<int32_t>(blk * 32 + 4 * p);
+        w.o1 = w.o0 + 16;
+        return true;
+    }
+};
+template <>
+struct Dec<Type::Q5_0> : Dec5<Type::Q5_0> {};
+template <>
+struct Dec<Type::Q5_1> : Dec5<Type::Q5_1> {};
+
+template <Type T>
+struct DecCode {  // IQ4_NL (18 bytes: d, qs), MXFP4 (17: e, qs): a scale times a table value
+    static constexpr bool kMin = false;
+    static constexpr bool kFp4 = T == Type::MXFP4;
+    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+        const int64_t blk = c * 8 + lane / 4;
+        if (blk * 32 >= K) return false;
+        const char* bp = row + blk * (kFp4 ? 17 : 18);
+        const int p = lane % 4;
+        const uint32_t v = kFp4 ? ld32_a1(bp + 1 + 4 * p) : ld32_a2(bp + 2 + 4 * p);
+        w.d = kFp4 ? e8m0_half(static_cast<uint8_t>(bp[0])) : h2f(ld16(bp));
+        w.m = 0.0f;
+        const uint64_t lo = kFp4 ? kFp4Lo : kIq4Lo, hi = kFp4 ? kFp4Hi : kIq4Hi;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            w.q[k] = code_value(lo, hi, (v >> (8 * k)) & 0x0f);
+            w.q[4 + k] = code_value(lo, hi, (v >> (8 * k + 4)) & 0x0f);
+        }
+        w.o0 = static_cast<int32_t>(blk * 32 + 4 * p);
+        w.o1 = w.o0 + 16;
+        return true;
+    }
+};
+template <>
+struct Dec<Type::IQ4_NL> : DecCode<Type::IQ4_NL> {};
+template <>
+struct Dec<Type::MXFP4> : DecCode<Type::MXFP4> {};
+
+// IQ4_XS (136 bytes: d, scales_h, scales_l[4], qs[128]): chunk c is super-block c; lane ->
+// sub-block j = lane / 4 (32 elements laid out as IQ4_NL), bytes 4p .. 4p + 3 of its nibbles.
+template <>
+struct Dec<Type::IQ4_XS> {
+    static constexpr bool kMin = false;
+    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+        if (c * 256 >= K) return false;
+        const char* bp = row + c * 136;
+        const int j = lane / 4, p = lane % 4;
+        const int sh = ld16(bp + 2);
+        const int ls = ((static_cast<uint8_t>(bp[4 + j / 2]) >> (4 * (j % 2))) & 0x0f) |
+                       (((sh >> (2 * j)) & 3) << 4);
+        w.d = h2f(ld16(bp)) * static_cast<float>(ls - 32);
+        w.m = 0.0f;
+        const uint32_t v = ld32_a2(bp + 8 + 16 * j + 4 * p);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            w.q[k] = code_value(kIq4Lo, kIq4Hi, (v >> (8 * k)) & 0x0f);
+            w.q[4 + k] = code_value(kIq4Lo, kIq4Hi, (v >> (8 * k + 4)) & 0x0f);
+        }
+        w.o0 = static_cast<int32_t>(c * 256 + 32 * j + 4 * p);
+        w.o1 = w.o0 + 16;
+        return true;
+    }
+};
+
+// Q2_K (84 bytes: scales[16], qs[64], d, dmin) and Q3_K (110: hmask[32], qs[64], scales[12],
+// d): groups of 16 share a scale, so lane -> group lane / 2, its 8 elements
+// e = 16 (lane / 2) + 8 (lane % 2) .. + 7, all with h = e / 128, s = e % 128 / 32 and
+// l = e % 32 .. + 7: bits 2s of qs[32h + l ..] (and, Q3_K, bit 4h + s of hmask[l ..]).
+template <Type T>
+struct DecK23 {
+    static constexpr bool kQ2 = T == Type::Q2_K;
+    static constexpr bool kMin = kQ2;
+    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+        if (c * 256 >= K) return false;
+        const char* bp = row + c * (kQ2 ? 84 : 110);
+        const uint8_t* ub = reinterpret_cast<const uint8_t*>(bp);
+        const int g = lane / 2, e = 16 * g + 8 * (lane % 2);
+        const int h = e / 128, s = (e % 128) / 32, l = e % 32;
+        const char* qs = bp + (kQ2 ? 16 : 32) + 32 * h + l;
+        const uint32_t v0 = ld32_a2(qs), v1 = ld32_a2(qs + 4);
+        if constexpr (kQ2) {
+            w.d = h2f(ld16(bp + 80)) * static_cast<float>(ub[g] & 0x0f);
+            w.m = -h2f(ld16(bp + 82)) * static_cast<float>(ub[g] >> 4);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                w.q[k] = small_u2f((v0 >> (8 * k + 2 * s)) & 3);
+                w.q[4 + k] = small_u2f((v1 >> (8 * k + 2 * s)) & 3);
+            }
+        } else {
+            const uint8_t* sc = ub + 96;
+            const int lo = g < 8 ? sc[g] & 0x0f : sc[g - 8] >> 4;
+            const int hi = (sc[8 + g % 4] >> (2 * (g / 4))) & 3;
+            w.d = h2f(ld16(bp + 108)) * static_cast<float>((lo | (hi << 4)) - 32);
+            w.m = 0.0f;
+            const uint32_t m0 = ld32_a2(bp + l), m1 = ld32_a2(bp + l + 4);
+            const int hb = 4 * h + s;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const uint32_t q0 =
+                    ((v0 >> (8 * k + 2 * s)) & 3) | (((m0 >> (8 * k + hb)) & 1) << 2);
+                const uint32_t q1 =
+                    ((v1 >> (8 * k + 2 * s)) & 3) | (((m1 >> (8 * k + hb)) & 1) << 2);
+                w.q[k] = small_u2f(q0) - 4.0f;
+                w.q[4 + k] = small_u2f(q1) - 4.0f;
+            }
+        }
+        w.o0 = static_cast<int32_t>(c * 256 + e);
+        w.o1 = w.o0 + 4;
+        return true;
+    }
+};
+template <>
+struct Dec<Type::Q2_K> : DecK23<Type::Q2_K> {};
+template <>
+struct Dec<Type::Q3_K> : DecK23<Type::Q3_K> {};
+
 // Plain types: lane takes 8 consecutive elements (one 16-byte load for F16/BF16, two for F32);
 // the row must be 16-byte aligned and K a multiple of 8 (checked by the launcher).
 // The raw bytes of a lane's 8 weights of a plain-type row in chunk c (one 16-byte load for
@@ -1040,9 +1185,10 @@ bool is_block_type(Type t) {
            t == Type::Q5_K || t == Type::Q6_K;
 }
 
-// The fast matrix-vector kernel applies: plain weights need 16-byte rows and K % 8 == 0.
+// The fast matrix-vector kernel applies: plain weights need 16-byte rows and K % 8 == 0;
+// block formats (and the element-read ones, through the float kernel's decoders) any row.
 bool fast_vec_ok(const MvArgs& g, Type t) {
-    if (is_block_type(t)) return true;
+    if (is_block_type(t) || elem_type(t)) return true;
     return g.K % 8 == 0 && aligned16(g.a, {g.a_nb1, g.a_nb2, g.a_nb3});
 }
 
@@ -1166,6 +1312,27 @@ Status dispatch_vec(OpContext& ctx, const MvArgs& g, Type t, dim3 grid, int spli
             break;
         case Type::Q6_K:
             launch_vec<Type::Q6_K, glu>(g, grid, split, ctx.stream, ctx.mv_raw);
+            break;
+        case Type::Q5_0:
+            launch_vec<Type::Q5_0, glu>(g, grid, split, ctx.stream, ctx.mv_raw);
+            break;
+        case Type::Q5_1:
+            launch_vec<Type::Q5_1, glu>(g, grid, split, ctx.stream, ctx.mv_raw);
+            break;
+        case Type::Q2_K:
+            launch_vec<Type::Q2_K, glu>(g, grid, split, ctx.stream, ctx.mv_raw);
+            break;
+        case Type::Q3_K:
+            launch_vec<Type::Q3_K, glu>(g, grid, split, ctx.stream, ctx.mv_raw);
+            break;
+        case Type::IQ4_NL:
+            launch_vec<Type::IQ4_NL, glu>(g, grid, split, ctx.stream, ctx.mv_raw);
+            break;
+        case Type::IQ4_XS:
+            launch_vec<Type::IQ4_XS, glu>(g, grid, split, ctx.stream, ctx.mv_raw);
+            break;
+        case Type::MXFP4:
+            launch_vec<Type::MXFP4, glu>(g, grid, split, ctx.stream, ctx.mv_raw);
             break;
         default:
             return Status::errorf("CUDA: MUL_MAT weight type %s", type_name(t));
@@ -2874,6 +3041,10 @@ bool use_gemm(const Tensor* dst) {
     if (a->ne[0] % 8 != 0) return false;
     if (a->ne[0] > INT32_MAX || a->ne[1] > INT32_MAX || b->ne[1] > INT32_MAX) return false;
     if (b->nb[1] % 4 != 0) return false;
+    // The element-read formats take the float kernel's column groups at any width (a
+    // dequantization to F16 for cuBLAS measured pp512 47-51k t/s on the H200 with 1B models,
+    // stop 35, but no test has checked it on a GPU yet).
+    if (elem_type(a->type)) return false;
     if (!is_block_type(a->type) && a->nb[1] % type_size(a->type) != 0) return false;
     return true;
 }

@@ -37,6 +37,15 @@ FERRY_CUDA_KERNELS(X)
 // Whether the kernels handle this node (types, layout, sizes). View ops are always fine.
 bool supports(const Tensor* node);
 
+// Weight formats without the int8 or streaming kernels, read with the CPU dequantizers'
+// formulas: GET_ROWS element by element, products (decode and prefill) through the float
+// kernel's decoders (Dec<T>) in column groups of 8. Correct, slower than the other formats'
+// kernels (bench/results/cuda.md, stop 35).
+inline bool elem_type(Type t) {
+    return t == Type::Q5_0 || t == Type::Q5_1 || t == Type::Q2_K || t == Type::Q3_K ||
+           t == Type::IQ4_NL || t == Type::IQ4_XS || t == Type::MXFP4;
+}
+
 // Scratch bytes a node needs (0 for most ops).
 size_t scratch_size(const Tensor* node, int n_sm);
 size_t mul_mat_scratch_size(const Tensor* node);
