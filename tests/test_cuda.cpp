@@ -947,7 +947,8 @@ TEST(Cuda, EarlyAttentionLoadsGiveTheSameBits) {
 #endif
 
 // Products in the shapes of a model's layers (every path: vector kernel with split-K and
-// column groups, fused residual add, cuBLAS) agree with the CPU backend on the same inputs.
+// column groups, fused residual add, cuBLAS; the element-read formats' decoders, whose wide
+// products stay in column groups) agree with the CPU backend on the same inputs.
 TEST(Cuda, ModelShapedProductsMatchTheCpu) {
     REQUIRE_GPU();
     Expected<std::unique_ptr<Backend>> gbe = gpu()->make_backend();
@@ -955,7 +956,8 @@ TEST(Cuda, ModelShapedProductsMatchTheCpu) {
     std::unique_ptr<Backend> cbe = cpu::make_cpu_backend(2);
     const int64_t shapes[][2] = {{256, 768}, {768, 256}, {256, 1024}, {2048, 512}, {8192, 64}};
     Lcg rnd{1u};
-    for (Type t : {Type::F32, Type::F16, Type::Q8_0, Type::Q4_0, Type::Q6_K}) {
+    for (Type t : {Type::F32, Type::F16, Type::Q8_0, Type::Q4_0, Type::Q6_K, Type::Q5_0, Type::Q3_K,
+                   Type::IQ4_XS, Type::MXFP4}) {
         for (const auto& sh : shapes) {
             for (int64_t n : {1, 5, 13, 40, 100}) {
                 for (bool with_add : {false, true}) {
