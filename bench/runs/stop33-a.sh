@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (stop33-bulk.patch landed in stop 35, commit e1936d9: the bulk form is main's, on by default for
+# F16/BF16. The patch itself: `git show ed37fd5:bench/runs/stop33-bulk.patch`.)
 # Run A (stop 33, prepared in a session without device time; not yet run): the binaries of
 # main + bench/runs/stop33-bulk.patch + bench/runs/stop32-unix-pieces.patch (each off unless
 # asked for: FERRY_CUDA_MV_BULK=S, FERRY_CUDA_MV_BULK_Q=S, FERRY_SERVE_UNIX_PIECES=1).

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (stop33-bulk.patch landed in stop 35, commit e1936d9: the bulk form is main's, on by default for
+# F16/BF16. The patch itself: `git show ed37fd5:bench/runs/stop33-bulk.patch`.)
 # Run D (stop 33, prepared; not yet run): the per-kernel timeline of 1B F16 (and Q4_0) decode,
 # register form against the bulk form, from a FERRY_CUDA_TRACE build of main + the bulk patch:
 #   git apply bench/runs/stop33-bulk.patch (on a scratch branch), then

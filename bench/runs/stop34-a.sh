@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (stop33-bulk.patch landed in stop 35, commit e1936d9: the bulk form is main's, on by default for
+# F16/BF16. The patch itself: `git show ed37fd5:bench/runs/stop33-bulk.patch`.)
 # Run A of stop 34 (ran 2026-12-05 01:46 UTC; results in bench/results/cuda.md, "stop 34"): the
 # TOP_K kernel (src/backends/cuda/ops/top-k.cu), then offered only with FERRY_CUDA_TOPK=1; it
 # passed and is on by default since 8e68d96.

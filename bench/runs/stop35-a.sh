@@ -11,7 +11,8 @@
 # bytes: F16 +5-10% at 16 MiB (1,110 -> 1,170-1,220 t/s), Q4_0 +3-6% (1,775 -> 1,830-1,880);
 # 32 MiB no better than 16 (the attention window holds ~20 MB at 4 TB/s); evict_last no
 # better than normal; the bulk form about the same as lines.
-# .devB holds ferry, test_cuda and fx.tar.xz; carry [".devB"].
+# .devB held ferry and test_cuda built with bench/runs/stop35-l2next.patch applied, and
+# fx.tar.xz; carry [".devB"].
 BIN=${BIN:-.devB}
 source bench/runs/common.sh
 gen_models &

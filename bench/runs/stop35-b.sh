@@ -11,6 +11,7 @@
 #     AT=3 16.
 # Prediction: off = HEAD within noise; AT=2 16 MiB +3-6% on F16 (gate/up's first 16 MB from L2:
 # ~4 us a layer of 60 us), less on Q4_0 (gate/up is 19 MB, ~4 us of its 9); AT=1 less.
+# (.devB/ferry0.xz: HEAD 6364a92 built the same way.)
 BIN=${BIN:-.devB}
 source bench/runs/common.sh
 xz -dc $BIN/ferry0.xz > /tmp/ferry0 && chmod +x /tmp/ferry0
