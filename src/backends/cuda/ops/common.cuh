@@ -281,6 +281,20 @@ __device__ __forceinline__ int block_nibble(const char* qs, int j) {
 __device__ __forceinline__ float e8m0_half(uint8_t e) {
     return __uint_as_float(e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23);
 }
+// Q3_K group g's signed scale (sc - 32): low 4 bits from scales[g] or scales[g - 8] >> 4, high
+// 2 bits from scales[8 + g % 4] (sc: the block's 12 scale bytes).
+__device__ __forceinline__ int q3k_scale(const uint8_t* sc, int g) {
+    const int lo = g < 8 ? sc[g] & 0x0f : sc[g - 8] >> 4;
+    const int hi = (sc[8 + g % 4] >> (2 * (g / 4))) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+// IQ4_XS sub-block j's signed scale (ls - 32): low 4 bits in scales_l[j / 2], high 2 bits at
+// bit 2j of scales_h (b: the block).
+__device__ __forceinline__ int iq4xs_scale(const uint8_t* b, int j) {
+    const int scales_h = b[2] | (b[3] << 8);
+    const int lo = (b[4 + j / 2] >> (4 * (j % 2))) & 0x0f;
+    return (lo | (((scales_h >> (2 * j)) & 3) << 4)) - 32;
+}
 // Bit j of a block's 4 bytes of high bits (Q5_0/Q5_1's qh, little-endian).
 __device__ __forceinline__ int qh_bit(const char* qh, int j) {
     return (static_cast<uint8_t>(qh[j / 8]) >> (j % 8)) & 1;
@@ -298,17 +312,12 @@ __device__ __forceinline__ float load_elem(Type t, const char* row, int64_t i) {
             return static_cast<float>(reinterpret_cast<const int32_t*>(row)[i]);
         case Type::Q4_0: {
             const char* b = row + (i / 32) * 18;
-            const int j = i % 32;
-            const uint8_t q = static_cast<uint8_t>(b[2 + (j % 16)]);
-            const int v = j < 16 ? (q & 0x0f) : (q >> 4);
-            return static_cast<float>(v - 8) * h2f(ld16(b));
+            return static_cast<float>(block_nibble(b + 2, i % 32) - 8) * h2f(ld16(b));
         }
         case Type::Q4_1: {
             const char* b = row + (i / 32) * 20;
-            const int j = i % 32;
-            const uint8_t q = static_cast<uint8_t>(b[4 + (j % 16)]);
-            const int v = j < 16 ? (q & 0x0f) : (q >> 4);
-            return static_cast<float>(v) * h2f(ld16(b)) + h2f(ld16(b + 2));
+            return static_cast<float>(block_nibble(b + 4, i % 32)) * h2f(ld16(b)) +
+                   h2f(ld16(b + 2));
         }
         case Type::Q8_0: {
             const char* b = row + (i / 32) * 34;
@@ -378,11 +387,8 @@ __device__ __forceinline__ float load_elem(Type t, const char* row, int64_t i) {
             const int low = (b[32 + 32 * h + l] >> (2 * sh)) & 3;
             const int high = (b[l] >> (4 * h + sh)) & 1;
             const int q = (low | (high << 2)) - 4;
-            const uint8_t* sc = b + 96;
-            const int lo = g < 8 ? sc[g] & 0x0f : sc[g - 8] >> 4;
-            const int hi = (sc[8 + g % 4] >> (2 * (g / 4))) & 3;
             const float d = h2f(static_cast<uint16_t>(b[108] | (b[109] << 8)));
-            return d * static_cast<float>((lo | (hi << 4)) - 32) * static_cast<float>(q);
+            return d * static_cast<float>(q3k_scale(b + 96, g)) * static_cast<float>(q);
         }
         case Type::IQ4_NL: {
             const char* b = row + (i / 32) * 18;
@@ -392,11 +398,8 @@ __device__ __forceinline__ float load_elem(Type t, const char* row, int64_t i) {
             const uint8_t* b = reinterpret_cast<const uint8_t*>(row + (i / 256) * 136);
             const int e = static_cast<int>(i % 256);
             const int j = e / 32;
-            const int scales_h = b[2] | (b[3] << 8);
-            const int ls =
-                ((b[4 + j / 2] >> (4 * (j % 2))) & 0x0f) | (((scales_h >> (2 * j)) & 3) << 4);
-            const float dl =
-                h2f(static_cast<uint16_t>(b[0] | (b[1] << 8))) * static_cast<float>(ls - 32);
+            const float dl = h2f(static_cast<uint16_t>(b[0] | (b[1] << 8))) *
+                             static_cast<float>(iq4xs_scale(b, j));
             const char* qs = reinterpret_cast<const char*>(b + 8 + 16 * j);
             return dl * code_value(kIq4Lo, kIq4Hi, block_nibble(qs, e % 32));
         }

@@ -279,10 +279,8 @@ struct Dec<Type::IQ4_XS> {
         if (c * 256 >= K) return false;
         const char* bp = row + c * 136;
         const int j = lane / 4, p = lane % 4;
-        const int sh = ld16(bp + 2);
-        const int ls = ((static_cast<uint8_t>(bp[4 + j / 2]) >> (4 * (j % 2))) & 0x0f) |
-                       (((sh >> (2 * j)) & 3) << 4);
-        w.d = h2f(ld16(bp)) * static_cast<float>(ls - 32);
+        w.d = h2f(ld16(bp)) *
+              static_cast<float>(iq4xs_scale(reinterpret_cast<const uint8_t*>(bp), j));
         w.m = 0.0f;
         const uint32_t v = ld32_a2(bp + 8 + 16 * j + 4 * p);
 #pragma unroll
@@ -321,10 +319,7 @@ struct DecK23 {
                 w.q[4 + k] = small_u2f((v1 >> (8 * k + 2 * s)) & 3);
             }
         } else {
-            const uint8_t* sc = ub + 96;
-            const int lo = g < 8 ? sc[g] & 0x0f : sc[g - 8] >> 4;
-            const int hi = (sc[8 + g % 4] >> (2 * (g / 4))) & 3;
-            w.d = h2f(ld16(bp + 108)) * static_cast<float>((lo | (hi << 4)) - 32);
+            w.d = h2f(ld16(bp + 108)) * static_cast<float>(q3k_scale(ub + 96, g));
             w.m = 0.0f;
             const uint32_t m0 = ld32_a2(bp + l), m1 = ld32_a2(bp + l + 4);
             const int hb = 4 * h + s;
@@ -3042,8 +3037,8 @@ bool use_gemm(const Tensor* dst) {
     if (a->ne[0] > INT32_MAX || a->ne[1] > INT32_MAX || b->ne[1] > INT32_MAX) return false;
     if (b->nb[1] % 4 != 0) return false;
     // The element-read formats take the float kernel's column groups at any width (a
-    // dequantization to F16 for cuBLAS measured pp512 47-51k t/s on the H200 with 1B models,
-    // stop 35, but no test has checked it on a GPU yet).
+    // dequantization to F16 for cuBLAS measured pp512 43.7-50.7k t/s on the H200 with 1B
+    // models, stop 35, but no test has checked it on a GPU yet).
     if (elem_type(a->type)) return false;
     if (!is_block_type(a->type) && a->nb[1] % type_size(a->type) != 0) return false;
     return true;
