@@ -379,8 +379,6 @@ TEST(OpenVino, CacheSharedWithTheCpuInASplitGraph) {
     }
 }
 
-// An op OpenVINO declines runs on the CPU: the scheduler splits every layer between the two
-// devices, and the logits stay as close to the oracle.
 // A session reads candidates (set_top_k) only where the logits' device runs TOP_K: declined,
 // the scheduler would bring the whole row to the CPU for it, so the session reads the row.
 TEST(OpenVino, SessionReadsCandidatesOnlyWhereTheDeviceRunsTopK) {
@@ -404,6 +402,8 @@ TEST(OpenVino, SessionReadsCandidatesOnlyWhereTheDeviceRunsTopK) {
     }
 }
 
+// An op OpenVINO declines runs on the CPU: the scheduler splits every layer between the two
+// devices, and the logits stay as close to the oracle.
 TEST(OpenVino, DeclinedOpRunsOnTheCpu) {
     REQUIRE_OV();
     expect_declined_rms_norm_runs_on_the_cpu(ov_cpu(), openvino::set_declined_ops, "openvino");
