@@ -3,9 +3,6 @@
 # test that run C did not run, with every tiny-llama fixture (fx.tar.xz and fx2.tar.xz).
 BIN=${BIN:-.devB}
 source bench/runs/common.sh
-for d in /work/shared/fixtures/tiny-llama ../shared/fixtures/tiny-llama; do
-  tar -C $d -xJf $BIN/fx2.tar.xz
-done
 echo "=== $(date -u +%T) test_cuda: all but run C's"
 tests "${FILTER:-*-*Progressive*:*StreamProducts*:*WideStream*:*BulkStream*:*Served*}" 420
 echo "=== $(date -u +%T) done"

@@ -11,14 +11,8 @@
 # .devB holds ferry.xz, test_cuda.xz, fx.tar.xz and fx2.tar.xz; carry [".devB"].
 BIN=${BIN:-.devB}
 source bench/runs/common.sh
-for d in /work/shared/fixtures/tiny-llama ../shared/fixtures/tiny-llama; do
-  [ -f $BIN/fx2.tar.xz ] && tar -C $d -xJf $BIN/fx2.tar.xz
-done
 MODELS=${MODELS:-q5_0 q3_K}
-( for t in $MODELS; do
-    $F gen-model --preset llama-3.2-1b --type $t -o /tmp/$t.gguf > /dev/null 2>&1 &
-  done
-  wait ) &
+gen_types $MODELS &
 echo "=== $(date -u +%T) ferry test-ops --backend CUDA0"
 $F test-ops --backend CUDA0 > $OUT/test-ops.txt 2>&1
 echo "(rc $?)"

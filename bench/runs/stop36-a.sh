@@ -13,10 +13,7 @@
 BIN=${BIN:-.devB}
 source bench/runs/common.sh
 MODELS=${MODELS:-q5_0 q3_K iq4_xs mxfp4}
-( for t in $MODELS q4_0; do
-    $F gen-model --preset llama-3.2-1b --type $t -o /tmp/$t.gguf > /dev/null 2>&1 &
-  done
-  wait ) &
+gen_types $MODELS q4_0 &
 echo "=== $(date -u +%T) ferry test-ops --backend CUDA0"
 $F test-ops --backend CUDA0 > $OUT/test-ops.txt 2>&1
 echo "(rc $?)"
