@@ -2,12 +2,13 @@
 # Run A for the next session with a GPU (prepared in stop 35, not yet run): what stop 35 landed
 # without a GPU check.
 #  1. ferry test-ops --backend CUDA0: the new MUL_MAT_<type>_wide cases (72 columns: cuBLAS for
-#     F16/Q4_0/Q6_K, the float kernel's column groups for Q5_0/Q3_K/IQ4_XS/MXFP4).
+#     F16/Q4_0/Q6_K, the float kernel's column groups for Q5_0/Q3_K/IQ4_XS/MXFP4), then again
+#     with FERRY_CUDA_ELEM_GEMM=1 (those four dequantized to F16 for cuBLAS: stop 36, no GPU yet).
 #  2. test_cuda: ModelShapedProductsMatchTheCpu (now with Q5_0, Q3_K, IQ4_XS and MXFP4, up to
 #     100 columns), the op suite, SameLogits.
-#  3. 1B Q5_0 / Q3_K / IQ4_XS / MXFP4 pp512 and tg128 in the landed path (prefill in column
-#     groups; stop 35 measured 43.7-50.7k t/s pp512 with a dequantization to F16 for cuBLAS,
-#     not landed), and 1B Q4_0 for scale.
+#  3. 1B Q5_0 / Q3_K / IQ4_XS / MXFP4 pp512 and tg128, prefill dequantized to F16 for cuBLAS
+#     (FERRY_CUDA_ELEM_GEMM=1) against the float kernel's column groups (the default, =0),
+#     and 1B Q4_0 for scale.
 # Build: bash bench/build-for-device.sh .devB (then xz ferry and test_cuda; fx.tar.xz with the
 # f16, q4_0 and q8_0 tiny-llama fixtures); carry [".devB"].
 BIN=${BIN:-.devB}
@@ -15,14 +16,19 @@ source bench/runs/common.sh
 MODELS=${MODELS:-q5_0 q3_K iq4_xs mxfp4}
 gen_types $MODELS q4_0 &
 echo "=== $(date -u +%T) ferry test-ops --backend CUDA0"
-$F test-ops --backend CUDA0 > $OUT/test-ops.txt 2>&1
-echo "(rc $?)"
-grep -E "_wide|passed" $OUT/test-ops.txt | tail -12
+for g in 0 1; do
+  FERRY_CUDA_ELEM_GEMM=$g $F test-ops --backend CUDA0 > $OUT/test-ops.$g.txt 2>&1
+  echo "(FERRY_CUDA_ELEM_GEMM=$g: rc $?)"
+  grep -E "_wide|passed" $OUT/test-ops.$g.txt | tail -12
+done
 echo "=== $(date -u +%T) test_cuda"
-tests "${FILTER:-*ModelShaped*:*EveryOp*:*SameLogits*}" 300
+tests "${FILTER:-*ModelShaped*:*EveryOp*:*SameLogits*:*Q5KM*:*KQuant*}" 300
+FERRY_CUDA_ELEM_GEMM=1 tests "*ModelShaped*" 120
 wait
 for t in $MODELS q4_0; do
-  echo "=== $(date -u +%T) $t"
-  timeout 120 $F bench -m /tmp/$t.gguf --device CUDA0 -p 512 -n 128 -r 3 2>&1 | grep -E "pp512|tg128"
+  for g in 1 0; do
+    echo "=== $(date -u +%T) $t FERRY_CUDA_ELEM_GEMM=$g"
+    FERRY_CUDA_ELEM_GEMM=$g timeout 120 $F bench -m /tmp/$t.gguf --device CUDA0 -p 512 -n 128 -r 3 2>&1 | grep -E "pp512|tg128"
+  done
 done
 echo "=== $(date -u +%T) done"

@@ -2921,6 +2921,33 @@ __global__ void k_dequant_f16(const char* a, int64_t nb1, int64_t K, int64_t M, 
     }
 }
 
+// a's rows as F16 (row stride K) for cuBLAS: every quantized type the float kernel decodes.
+Status dequant_f16(Type t, unsigned blocks, cudaStream_t st, const char* am, int64_t nb1, int64_t K,
+                   int64_t M, uint16_t* ah) {
+    switch (t) {
+#define FERRY_DEQ(T)                                                       \
+    case Type::T:                                                          \
+        k_dequant_f16<Type::T><<<blocks, 256, 0, st>>>(am, nb1, K, M, ah); \
+        return Status::ok();
+        FERRY_DEQ(Q4_0)
+        FERRY_DEQ(Q4_1)
+        FERRY_DEQ(Q8_0)
+        FERRY_DEQ(Q4_K)
+        FERRY_DEQ(Q5_K)
+        FERRY_DEQ(Q6_K)
+        FERRY_DEQ(Q5_0)
+        FERRY_DEQ(Q5_1)
+        FERRY_DEQ(Q2_K)
+        FERRY_DEQ(Q3_K)
+        FERRY_DEQ(IQ4_NL)
+        FERRY_DEQ(IQ4_XS)
+        FERRY_DEQ(MXFP4)
+#undef FERRY_DEQ
+        default:
+            return Status::errorf("CUDA: MUL_MAT weight type %s", type_name(t));
+    }
+}
+
 Status cublas_status(const CublasApi* api, cublasStatus_t s, const char* what) {
     if (s == CUBLAS_STATUS_SUCCESS) return Status::ok();
     return Status::errorf("CUDA: MUL_MAT: %s failed: %s", what, api->status_string(s));
@@ -2974,40 +3001,13 @@ Status launch_gemm(OpContext& ctx, const Tensor* dst) {
             FERRY_TRY(launch_status("MUL_MAT (convert b)"));
             const void* aw = am;
             int64_t lda = static_cast<int64_t>(a->nb[1] / 2);
-            if (is_block_type(t)) {
+            if (is_block_type(t) || elem_type(t)) {
                 uint16_t* ah = bh + round_up(static_cast<size_t>(K * N) * 2) / 2;
                 const unsigned blocks = n_blocks(M * ((K + 255) / 256) * 32, 256) > 16384
                                             ? 16384
                                             : n_blocks(M * ((K + 255) / 256) * 32, 256);
                 const int64_t nb1 = static_cast<int64_t>(a->nb[1]);
-                switch (t) {
-                    case Type::Q4_0:
-                        k_dequant_f16<Type::Q4_0>
-                            <<<blocks, 256, 0, ctx.stream>>>(am, nb1, K, M, ah);
-                        break;
-                    case Type::Q4_1:
-                        k_dequant_f16<Type::Q4_1>
-                            <<<blocks, 256, 0, ctx.stream>>>(am, nb1, K, M, ah);
-                        break;
-                    case Type::Q8_0:
-                        k_dequant_f16<Type::Q8_0>
-                            <<<blocks, 256, 0, ctx.stream>>>(am, nb1, K, M, ah);
-                        break;
-                    case Type::Q4_K:
-                        k_dequant_f16<Type::Q4_K>
-                            <<<blocks, 256, 0, ctx.stream>>>(am, nb1, K, M, ah);
-                        break;
-                    case Type::Q5_K:
-                        k_dequant_f16<Type::Q5_K>
-                            <<<blocks, 256, 0, ctx.stream>>>(am, nb1, K, M, ah);
-                        break;
-                    case Type::Q6_K:
-                        k_dequant_f16<Type::Q6_K>
-                            <<<blocks, 256, 0, ctx.stream>>>(am, nb1, K, M, ah);
-                        break;
-                    default:
-                        return Status::errorf("CUDA: MUL_MAT weight type %s", type_name(t));
-                }
+                FERRY_TRY(dequant_f16(t, blocks, ctx.stream, am, nb1, K, M, ah));
                 FERRY_TRY(launch_status("MUL_MAT (dequantize)"));
                 aw = ah;
                 lda = K;
@@ -3025,6 +3025,18 @@ Status launch_gemm(OpContext& ctx, const Tensor* dst) {
     return Status::ok();
 }
 
+// Whether the element-read formats (ops.h elem_type) take cuBLAS past kMaxVecCols columns,
+// dequantized to F16 by the float kernel's decoders (k_dequant_f16): FERRY_CUDA_ELEM_GEMM=1.
+// Off by default until a GPU has run it: written in stop 36 without one; stop 35 measured
+// pp512 43.7-50.7k t/s on 1B models with an earlier form (bench/results/cuda.md).
+bool elem_gemm() {
+    static const bool on = [] {
+        const char* v = std::getenv("FERRY_CUDA_ELEM_GEMM");
+        return v && v[0] == '1';
+    }();
+    return on;
+}
+
 // cuBLAS takes over when b has more columns than the vector kernel handles and the layout
 // suits it (element strides of whole elements; int-sized dimensions).
 bool use_gemm(const Tensor* dst) {
@@ -3036,10 +3048,9 @@ bool use_gemm(const Tensor* dst) {
     if (a->ne[0] % 8 != 0) return false;
     if (a->ne[0] > INT32_MAX || a->ne[1] > INT32_MAX || b->ne[1] > INT32_MAX) return false;
     if (b->nb[1] % 4 != 0) return false;
-    // The element-read formats take the float kernel's column groups at any width (a
-    // dequantization to F16 for cuBLAS measured pp512 43.7-50.7k t/s on the H200 with 1B
-    // models, stop 35, but no test has checked it on a GPU yet).
-    if (elem_type(a->type)) return false;
+    // The element-read formats: the float kernel's column groups at any width, unless
+    // elem_gemm() asks for cuBLAS.
+    if (elem_type(a->type)) return elem_gemm();
     if (!is_block_type(a->type) && a->nb[1] % type_size(a->type) != 0) return false;
     return true;
 }
@@ -3064,7 +3075,8 @@ size_t mul_mat_scratch_size(const Tensor* node) {
     const Tensor* b = node->src[1];
     if (a->type == Type::F32) return 0;
     size_t s = round_up(static_cast<size_t>(b->ne[0] * b->ne[1]) * 2);
-    if (is_block_type(a->type)) s += round_up(static_cast<size_t>(a->ne[0] * a->ne[1]) * 2);
+    if (is_block_type(a->type) || elem_type(a->type))
+        s += round_up(static_cast<size_t>(a->ne[0] * a->ne[1]) * 2);
     return s;
 }
 
