@@ -9,8 +9,10 @@
 #  3. 1B Q5_0 / Q3_K / IQ4_XS / MXFP4 pp512 and tg128, prefill dequantized to F16 for cuBLAS
 #     (FERRY_CUDA_ELEM_GEMM=1) against the float kernel's column groups (the default, =0),
 #     and 1B Q4_0 for scale.
+#  4. The q5_k_m pin (Q5KMBeatsThePeersKLButIsOneTop1PositionShort, stop 36) and its
+#     exact-arithmetic test.
 # Build: bash bench/build-for-device.sh .devB (then xz ferry and test_cuda; fx.tar.xz with the
-# f16, q4_0 and q8_0 tiny-llama fixtures); carry [".devB"].
+# f16, q4_0, q8_0 and q5_k_m tiny-llama fixtures); carry [".devB"].
 BIN=${BIN:-.devB}
 source bench/runs/common.sh
 MODELS=${MODELS:-q5_0 q3_K iq4_xs mxfp4}
