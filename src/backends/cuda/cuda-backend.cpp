@@ -534,12 +534,15 @@ class CudaBackend : public Backend {
         }
         ctx_.mv_bulk_xglobal = env_on("FERRY_CUDA_MV_BULK_XGLOBAL");
         ctx_.mv_bulk_fit = !env_off("FERRY_CUDA_MV_BULK_FIT");
+        ctx_.mv_bulk_fn = env_on("FERRY_CUDA_MV_BULK_FN");
         if (const char* b = std::getenv("FERRY_CUDA_MV_BULK_Q")) {
             ctx_.mv_bulk_q = std::clamp(std::atoi(b), 0, 16);
         }
         if (const char* b = std::getenv("FERRY_CUDA_MV_BULK_BLOCKS")) {
             ctx_.mv_bulk_blocks = std::clamp(std::atoi(b), 1, 2);
         }
+        use_chain_ = env_on("FERRY_CUDA_CHAIN");
+        ctx_.chain_coop = !env_off("FERRY_CUDA_CHAIN_COOP");
         use_stage_ = !env_off("FERRY_CUDA_STAGE");
         use_compact_key_ = !env_off("FERRY_CUDA_COMPACT_KEY");
         // The norm folded into the float kernel too (F16/BF16/F32 weights): off by default,
@@ -802,6 +805,13 @@ class CudaBackend : public Backend {
     Status run_steps();
     Status run_profiled();
     Status run_step(const Step& s);
+    // Chained products (ops.h MvChain; FERRY_CUDA_CHAIN=1): a step the chain may take (a
+    // decode product of graph-constant weights with its fusions), and steps [i, j) run as
+    // chain launch number k when the kernels take them (*taken; otherwise nothing ran).
+    bool chain_step(const Step& s) const;
+    Status run_chain(size_t i, size_t j, int k, bool* taken);
+    std::unique_ptr<MvChain, MvChainDeleter> chain_;
+    bool use_chain_ = false;
     // Progressive results (BackendOptions::progressive_results, read_in_pieces): when a
     // graph's last step is a one-column product of many rows (a decode step's logits), its
     // rows reach host memory while the GPU still computes the rest, so that a server sends the
@@ -1653,9 +1663,62 @@ Status CudaBackend::run_step(const Step& s) {
     }
 }
 
+bool CudaBackend::chain_step(const Step& s) const {
+    auto constant = [](const Tensor* w) { return w && w->storage()->op == Op::NONE; };
+    switch (s.kind) {
+        case 0:
+            return s.node->op == Op::MUL_MAT && s.pro.norm && constant(s.node->src[0]);
+        case 2:
+            return constant(s.node->src[0]);
+        case 3:
+            return constant(s.node->src[0]) && constant(s.second->src[0]);
+        case 5:
+            for (int u = 0; u < s.n_units; u++) {
+                if (!constant(s.units[static_cast<size_t>(u)].mm->src[0])) return false;
+            }
+            return s.n_units > 0;
+        default:
+            return false;
+    }
+}
+
+Status CudaBackend::run_chain(size_t i, size_t j, int k, bool* taken) {
+    *taken = false;
+    if (!chain_) chain_ = make_mv_chain();
+    mv_chain_reset(chain_.get());
+    ctx_.chain = chain_.get();
+    Status st = Status::ok();
+    for (size_t n = i; n < j && st; n++) st = run_step(steps_[n]);
+    ctx_.chain = nullptr;
+    FERRY_TRY(st);
+    OpContext c = ctx_;
+    c.chain_ctr = ctx_.chain_ctr + static_cast<ptrdiff_t>(k) * kChainCtrWords;
+    return launch_mv_chain(c, *chain_, static_cast<int>(j - i), taken);
+}
+
 Status CudaBackend::run_steps() {
     run_layout_ = PieceLayout{};
+    int chains = 0;
     for (size_t i = 0; i < steps_.size(); i++) {
+        if (use_chain_ && chains < kMaxChainLaunches) {
+            // The longest run of steps a chain may take from here (up to kMaxChain).
+            size_t j = i;
+            while (j < steps_.size() && j - i < static_cast<size_t>(kMaxChain) &&
+                   static_cast<int>(j) != piece_step_ && chain_step(steps_[j])) {
+                j++;
+            }
+            bool taken = false;
+            if (j - i >= 2) {
+                FERRY_TRY(run_chain(i, j, chains, &taken)
+                              .context(strfmt("%s: chain from %s", name(),
+                                              describe(steps_[i].node).c_str())));
+            }
+            if (taken) {
+                chains++;
+                i = j - 1;
+                continue;
+            }
+        }
         const Step& s = steps_[i];
         Status st = static_cast<int>(i) == piece_step_ ? run_pieces(s) : run_step(s);
         if (!st) return st.context(strfmt("%s: %s", name(), describe(s.node).c_str()));
@@ -1742,11 +1805,14 @@ bool CudaBackend::sources_listed(const Graph& g) {
 Status CudaBackend::compute(Graph& g) {
     FERRY_TRY(dev_->activate());
     if (!ctx_.counters) {
-        constexpr size_t kCounterBytes = sizeof(int32_t) << 16;
+        // The attention splits' counters, then the chain launches'.
+        constexpr size_t kCounterBytes =
+            (sizeof(int32_t) << 16) + sizeof(uint32_t) * kChainCtrWords * kMaxChainLaunches;
         void* p = nullptr;
         CUDA_TRY(cudaMalloc(&p, kCounterBytes), "%s: counters", name());
         CUDA_TRY(cudaMemset(p, 0, kCounterBytes), "%s: counters", name());
         ctx_.counters = static_cast<int32_t*>(p);
+        ctx_.chain_ctr = reinterpret_cast<uint32_t*>(ctx_.counters + (1 << 16));
     }
     Expected<DeviceError*> err = dev_->error_word();
     if (!err) return err.status();

@@ -2412,6 +2412,98 @@ bool bulk_x_global(const OpContext& ctx, const MvArgs& g) {
            (g.K <= kBulkXGlobalK || ctx.mv_bulk_xglobal);
 }
 
+// The bulk form's steps as functions, for the chained products (k_mv_chain, below). They are
+// k_mv_bulk's own steps, which keeps its inline copy for now: written without a GPU (stop 36),
+// k_mv_bulk on these functions compiled to other sm_90 code for its GLU and row-pair forms,
+// which no run has measured yet (k_mv_bulk_fn below; bench/runs/stop36-b.sh measures it). One
+// warp's slots: S slots of B::kBytes with an mbarrier each, and the parity each completes next (bit
+// s), carried from product to product in a chain.
+struct BulkWarp {
+    char* slots;
+    uint64_t* bars;
+    int S;
+    uint32_t phase;
+    int64_t row_bytes;  // of the product at hand (BulkSlot<T>::row_bytes)
+};
+
+// Lane 0 starts the copy of (item it, row r, piece p) of walk w into slot s.
+template <Type T, bool glu, bool pair>
+__device__ __forceinline__ void bulk_issue(const StreamWalk<glu, pair>& w, const BulkWarp& bw,
+                                           int s, int64_t it, int r, int p) {
+    using B = BulkSlot<T>;
+    const int64_t o = static_cast<int64_t>(p) * B::kBytes;
+    const uint32_t bytes = static_cast<uint32_t>(min(B::kBytes, bw.row_bytes - o));
+    mbar_expect(&bw.bars[s], bytes);
+    bulk_to_smem(bw.slots + static_cast<size_t>(s) * B::kBytes, w.row(it, r) + o, bytes,
+                 &bw.bars[s]);
+}
+
+// The load cursor of a warp's items (item lit, row lr, piece lp): bulk_first issues the
+// first S pieces from item `first` into slots 0 .. S - 1 and leaves the cursor past them.
+struct BulkCursor {
+    int64_t lit;
+    int lr, lp;
+};
+template <Type T, bool glu, bool pair>
+__device__ __forceinline__ BulkCursor bulk_first(const StreamWalk<glu, pair>& w, const BulkWarp& bw,
+                                                 int64_t first, int lane) {
+    BulkCursor c{first, 0, 0};
+    for (int s = 0; s < bw.S; s++) {
+        if (c.lit < w.items && lane == 0) bulk_issue<T>(w, bw, s, c.lit, c.lr, c.lp);
+        w.advance(c.lit, c.lr, c.lp);
+    }
+    return c;
+}
+
+// Sums the warp's items of walk w from `first` (bulk_first has issued their first S pieces;
+// b at xb, in global memory when x_global) and runs their epilogues, each slot refilled once
+// the warp has read it. Every copy issued is waited for: the slots are idle at the end.
+template <Type T, bool glu, bool pair>
+__device__ __forceinline__ void bulk_rows(const StreamWalk<glu, pair>& w, BulkWarp& bw,
+                                          BulkCursor c, int64_t first, int64_t K, const void* xb,
+                                          bool x_global, int lane) {
+    using B = BulkSlot<T>;
+    constexpr int kRows = StreamWalk<glu, pair>::kRows;
+    const int64_t items = w.items;
+    uint32_t stash = 0;
+    int64_t cit = first;
+    int cr = 0, cp = 0, s = 0;
+    float acc[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; r++) acc[r] = 0.0f;
+    while (cit < items) {
+        mbar_wait(&bw.bars[s], (bw.phase >> s) & 1u);
+        bw.phase ^= 1u << s;
+        const char* slot = bw.slots + static_cast<size_t>(s) * B::kBytes;
+        if constexpr (kRows == 2) {
+            if (cr == 0) {
+                acc[0] = B::dot(slot, cp, lane, K, xb, x_global, acc[0]);
+            } else {
+                acc[1] = B::dot(slot, cp, lane, K, xb, x_global, acc[1]);
+            }
+        } else {
+            acc[0] = B::dot(slot, cp, lane, K, xb, x_global, acc[0]);
+        }
+        // Every lane has read the slot: its next piece goes out before this item's epilogue.
+        __syncwarp();
+        if (c.lit < items && lane == 0) {
+            fence_proxy_async();
+            bulk_issue<T>(w, bw, s, c.lit, c.lr, c.lp);
+        }
+        w.advance(c.lit, c.lr, c.lp);
+        if (++s == bw.S) s = 0;
+        const int64_t it = cit;
+        const bool last = cp + 1 == w.ppr && cr + 1 == kRows;
+        w.advance(cit, cr, cp);
+        if (!last) continue;
+        const float v0 = warp_sum(acc[0]);
+        const float v1 = kRows == 2 ? warp_sum(acc[kRows - 1]) : 0.0f;
+#pragma unroll
+        for (int r = 0; r < kRows; r++) acc[r] = 0.0f;
+        w.done(it, v0, v1, lane, stash);
+    }
+}
+
 // k_mv_bulk's offsets (b_off, bar_off: bulk_b_offset, bulk_bar_offset) and x_global
 // (bulk_x_global) come from the launch.
 template <Type T, bool glu, bool pair>
@@ -2511,6 +2603,167 @@ __global__ void __launch_bounds__(32 * kMvWarps, kBulkMinBlocks)
 #endif
 }
 
+// k_mv_bulk on the functions above (FERRY_CUDA_MV_BULK_FN=1, to measure against the inline
+// copy; the same steps in the same order, so the same bits).
+template <Type T, bool glu, bool pair>
+__global__ void __launch_bounds__(32 * kMvWarps, kBulkMinBlocks)
+    k_mv_bulk_fn(MvArgs g, int S, uint32_t b_off, uint32_t bar_off, bool x_global) {
+    using P = SPiece<T>;
+    using B = BulkSlot<T>;
+    extern __shared__ __align__(16) char bulk_sm[];
+    __shared__ float nred[32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const StreamWalk<glu, pair> w(g, static_cast<int64_t>(gridDim.x) * kMvWarps);
+    const int64_t K = g.K;
+    BulkWarp bw{bulk_sm + static_cast<size_t>(warp) * S * B::kBytes,
+                reinterpret_cast<uint64_t*>(bulk_sm + bar_off) + warp * S, S, 0u, B::row_bytes(K)};
+    void* smem_b = bulk_sm + b_off;
+    pdl_trigger();
+    if (lane == 0) {
+        for (int s = 0; s < S; s++) mbar_init(&bw.bars[s], 1);
+        mbar_init_fence();
+    }
+    __syncwarp();
+    const int64_t first = w.first(static_cast<int64_t>(blockIdx.x) * kMvWarps + warp);
+    const BulkCursor c = bulk_first<T>(w, bw, first, lane);
+    pdl_wait();
+    if (!x_global) {
+        stream_put_b<P, true>(g, smem_b, nred);
+        __syncthreads();
+    }
+    bulk_rows<T>(w, bw, c, first, K, x_global ? static_cast<const void*>(g.b) : smem_b, x_global,
+                 lane);
+}
+
+// Chained products (k_mv_chain; FERRY_CUDA_CHAIN=1 when the backend is made, off by default:
+// written in stop 36 without a GPU). A decode layer's F16/BF16 products run one after another
+// (wo, gate/up, down, the next layer's q/k/v), each a launch of k_mv_bulk, and each boundary
+// costs the tail of one kernel (its last pieces arriving while fewer and fewer warps load),
+// the start of the next and its prologue (bench/results/cuda.md, stop 27's timeline: about
+// 4-5 us a product beyond its bytes at the H200's bandwidth). In a chain the same warps, in
+// one launch of every block that fits the GPU at once (two per SM), run the products as
+// stages: a warp that has issued the last copy of its rows of stage i issues its first S
+// pieces of stage i + 1 (weights: constants of the graph) and waits at a grid barrier for
+// every block to finish stage i; then b (stage i's result, or the folded norm of it) and
+// the rows of stage i + 1. The copies of the next product stream while the last rows of this
+// one are summed and while the barrier waits. Same walks, pieces and additions as k_mv_bulk:
+// the bits of the unchained launches.
+
+// The forms a chain takes at each position (bit f: form f, ChainArgs::form): a decode layer's
+// products from wo on, wo (+ residual), gate/up (folded norm, SwiGLU), down (+ residual), then
+// the next layer's q/k/v (folded norm, rope, KV store) or the output product (folded norm).
+constexpr int kChainForms[4] = {1, 2, 1, 1 | 4};
+static_assert(kMaxChain == 4, "kChainForms has a mask for each position");
+
+struct ChainArgs {
+    MvArgs g[kMaxChain];
+    int form[kMaxChain];  // 0 plain, 1 gate/up (glu), 2 row pairs with epilogue segments
+    int n, S;
+    uint32_t b_off, bar_off;
+    bool x_global0;  // stage 0's b read from global memory (bulk_x_global)
+    uint32_t* ctr;   // kChainCtrWords words (arrivals at 0, exits at 32), zero between launches
+};
+static_assert(sizeof(ChainArgs) <= 4096, "a kernel's parameters take at most 4 KiB");
+
+// Every block of the grid has arrived here `k` times (this block's k-th arrival included):
+// the block's writes before it are visible to every block after it (release and acquire at
+// GPU scope by thread 0, bar.sync on each side for the other threads).
+__device__ __forceinline__ void chain_barrier(uint32_t* arrivals, uint32_t k) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(arrivals) : "memory");
+        const uint32_t target = k * gridDim.x;
+        uint32_t seen;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
+                         : "=r"(seen)
+                         : "l"(arrivals)
+                         : "memory");
+        } while (seen < target);
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// Stage I of the chain (a constant index: its arguments are read where the kernel's
+// parameters are, as k_mv_bulk reads its own).
+template <Type T, bool glu, bool pair, int i>
+__device__ __forceinline__ void chain_stage(const ChainArgs& c, BulkWarp& bw, void* smem_b,
+                                            float* nred, int lane) {
+    using P = SPiece<T>;
+    const MvArgs& g = c.g[i];
+    const StreamWalk<glu, pair> w(g, static_cast<int64_t>(gridDim.x) * kMvWarps);
+    const int64_t first = w.first(static_cast<int64_t>(blockIdx.x) * kMvWarps + threadIdx.x / 32);
+    bw.row_bytes = BulkSlot<T>::row_bytes(g.K);
+    if constexpr (i > 0) {
+        // The slots' last reads (generic proxy) before the bulk copies (async proxy) into them.
+        __syncwarp();
+        if (lane == 0) fence_proxy_async();
+    }
+    const BulkCursor cur = bulk_first<T>(w, bw, first, lane);
+    if constexpr (i == 0) {
+        pdl_wait();
+    } else {
+        chain_barrier(c.ctr, static_cast<uint32_t>(i));
+        // Every block is on an SM now: the next kernel may take the room they leave.
+        if constexpr (i == 1) pdl_trigger();
+    }
+    const bool xg = i == 0 && c.x_global0;
+    if (!xg) {
+        stream_put_b<P, true>(g, smem_b, nred);
+        __syncthreads();
+    }
+    bulk_rows<T>(w, bw, cur, first, g.K, xg ? static_cast<const void*>(g.b) : smem_b, xg, lane);
+}
+
+// Stages i .. c.n - 1, each in its form: only the forms kChainForms allows at each position
+// are compiled (every form at every position took 128 registers and spilled 144 bytes).
+template <Type T, int i>
+__device__ __forceinline__ void chain_stages(const ChainArgs& c, BulkWarp& bw, void* smem_b,
+                                             float* nred, int lane) {
+    if constexpr (i < kMaxChain) {
+        if (i >= c.n) return;
+        constexpr int allowed = kChainForms[i];
+        if (c.form[i] == 1) {
+            if constexpr ((allowed & 2) != 0)
+                chain_stage<T, true, false, i>(c, bw, smem_b, nred, lane);
+        } else if (c.form[i] == 2) {
+            if constexpr ((allowed & 4) != 0)
+                chain_stage<T, false, true, i>(c, bw, smem_b, nred, lane);
+        } else {
+            if constexpr ((allowed & 1) != 0)
+                chain_stage<T, false, false, i>(c, bw, smem_b, nred, lane);
+        }
+        chain_stages<T, i + 1>(c, bw, smem_b, nred, lane);
+    }
+}
+
+template <Type T>
+__global__ void __launch_bounds__(32 * kMvWarps, kBulkMinBlocks)
+    k_mv_chain(const __grid_constant__ ChainArgs c) {
+    using B = BulkSlot<T>;
+    extern __shared__ __align__(16) char bulk_sm[];
+    __shared__ float nred[32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    BulkWarp bw{bulk_sm + static_cast<size_t>(warp) * c.S * B::kBytes,
+                reinterpret_cast<uint64_t*>(bulk_sm + c.bar_off) + warp * c.S, c.S, 0u, 0};
+    void* smem_b = bulk_sm + c.b_off;
+    if (lane == 0) {
+        for (int s = 0; s < c.S; s++) mbar_init(&bw.bars[s], 1);
+        mbar_init_fence();
+    }
+    __syncwarp();
+    chain_stages<T, 0>(c, bw, smem_b, nred, lane);
+    // The last block out (every block past every barrier) zeroes the counters for the next
+    // launch.
+    __syncthreads();
+    if (threadIdx.x == 0 && atomicAdd(c.ctr + 32, 1u) == gridDim.x - 1) {
+        c.ctr[0] = 0u;
+        c.ctr[32] = 0u;
+    }
+}
+
 // A plain streaming launch of `warps` warps (one column of one matrix: stream_ok) takes the
 // backend's host mirror (OpContext::mirror, set only for a progressive product's launch) when
 // the rows fit and come in at most kMirrorSteps steps, and says so (OpContext::mirror_taken,
@@ -2605,8 +2858,10 @@ bool launch_bulk_t(const OpContext& ctx, MvArgs& g, bool glu, int S) {
     // block could not join it until the SM drained and was configured anew.
     static std::atomic<uint64_t> done{0};
     allow_dyn_smem<void (*)(MvArgs, int, uint32_t, uint32_t, bool)>(
-        {k_mv_bulk<T, true, false>, k_mv_bulk<T, false, true>, k_mv_bulk<T, false, false>},
+        {k_mv_bulk<T, true, false>, k_mv_bulk<T, false, true>, k_mv_bulk<T, false, false>,
+         k_mv_bulk_fn<T, true, false>, k_mv_bulk_fn<T, false, true>, k_mv_bulk_fn<T, false, false>},
         kMaxSmem, done, /*max_carveout=*/true);
+    const bool fn = ctx.mv_bulk_fn;
     const int64_t items = pair ? g.M / 2 : g.M;
     const unsigned blocks =
         std::min(n_blocks(items, kMvWarps),
@@ -2615,15 +2870,15 @@ bool launch_bulk_t(const OpContext& ctx, MvArgs& g, bool glu, int S) {
     const auto b_off = static_cast<uint32_t>(bulk_b_offset<T>(S));
     const auto bar_off = static_cast<uint32_t>(bulk_bar_offset<T>(S, g.K, x_global));
     if (glu) {
-        launch_pdl(k_mv_bulk<T, true, false>, grid, block, smem, ctx.stream, g, S, b_off, bar_off,
-                   x_global);
+        launch_pdl(fn ? k_mv_bulk_fn<T, true, false> : k_mv_bulk<T, true, false>, grid, block, smem,
+                   ctx.stream, g, S, b_off, bar_off, x_global);
     } else if (pair) {
-        launch_pdl(k_mv_bulk<T, false, true>, grid, block, smem, ctx.stream, g, S, b_off, bar_off,
-                   x_global);
+        launch_pdl(fn ? k_mv_bulk_fn<T, false, true> : k_mv_bulk<T, false, true>, grid, block, smem,
+                   ctx.stream, g, S, b_off, bar_off, x_global);
     } else {
         keep_mirror(ctx, g, static_cast<int64_t>(blocks) * kMvWarps);
-        launch_pdl(k_mv_bulk<T, false, false>, grid, block, smem, ctx.stream, g, S, b_off, bar_off,
-                   x_global);
+        launch_pdl(fn ? k_mv_bulk_fn<T, false, false> : k_mv_bulk<T, false, false>, grid, block,
+                   smem, ctx.stream, g, S, b_off, bar_off, x_global);
     }
     return true;
 }
@@ -2658,6 +2913,139 @@ void launch_stream_t(const OpContext& ctx, MvArgs g, bool glu) {
     }
 }
 
+}  // namespace
+
+// The products a chain collects (OpContext::chain): launch_stream appends each instead of
+// launching it.
+struct MvChain {
+    MvArgs g[kMaxChain];
+    bool glu[kMaxChain];
+    Type t[kMaxChain];
+    int n = 0;
+    bool refused = false;  // a product took (or would take) another kernel
+};
+
+void MvChainDeleter::operator()(MvChain* c) const {
+    delete c;
+}
+std::unique_ptr<MvChain, MvChainDeleter> make_mv_chain() {
+    return std::unique_ptr<MvChain, MvChainDeleter>(new MvChain());
+}
+void mv_chain_reset(MvChain* c) {
+    c->n = 0;
+    c->refused = false;
+}
+
+namespace {
+
+// A product that a chain collects instead of launching (false: it is refused, nothing runs).
+bool chain_collect(const OpContext& ctx, const MvArgs& g, Type t, bool glu) {
+    MvChain* c = ctx.chain;
+    const bool bulk_type = t == Type::F16 || t == Type::BF16;
+    if (!bulk_type || ctx.mv_bulk <= 0 || c->n == kMaxChain || g.mirror.buf ||
+        (c->n > 0 && c->t[0] != t)) {
+        c->refused = true;
+        return false;
+    }
+    c->g[c->n] = g;
+    c->glu[c->n] = glu;
+    c->t[c->n] = t;
+    c->n++;
+    return true;
+}
+
+// Refuses the chain for a product that takes any kernel but the streaming form's.
+Status chain_refuse(const OpContext& ctx) {
+    ctx.chain->refused = true;
+    return Status::ok();
+}
+
+template <Type T>
+bool launch_chain_t(const OpContext& ctx, const MvChain& mc) {
+    constexpr size_t kMaxSmem = 227 * 1024 - 256;
+    using B = BulkSlot<T>;
+    ChainArgs c{};
+    c.n = mc.n;
+    c.S = std::min(ctx.mv_bulk, kBulkMaxSlots);
+    c.x_global0 = bulk_x_global<T>(ctx, mc.g[0]);
+    size_t b_bytes = 0;
+    for (int i = 0; i < mc.n; i++) {
+        const MvArgs& g = mc.g[i];
+        const bool pair = g.n_seg > 0;
+        if (B::row_bytes(g.K) % 16 != 0 || !rows_aligned(g, mc.glu[i], pair, 16)) return false;
+        c.g[i] = g;
+        c.form[i] = mc.glu[i] ? 1 : (pair ? 2 : 0);
+        if ((kChainForms[i] & (1 << c.form[i])) == 0) return false;
+        if (i > 0 || !c.x_global0) b_bytes = std::max(b_bytes, SPiece<T>::smem_bytes(g.K));
+    }
+    c.b_off = static_cast<uint32_t>(bulk_b_offset<T>(c.S));
+    c.bar_off = static_cast<uint32_t>((c.b_off + b_bytes + 15) / 16 * 16);
+    const size_t smem = c.bar_off + static_cast<size_t>(kMvWarps) * c.S * 8;
+    if (smem > kMaxSmem) return false;
+    static std::atomic<uint64_t> done{0};
+    allow_dyn_smem<void (*)(ChainArgs)>({k_mv_chain<T>}, kMaxSmem, done, /*max_carveout=*/true);
+    // Every block on an SM at once, or the barrier would wait for blocks that cannot start.
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_mv_chain<T>, 32 * kMvWarps,
+                                                      smem) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    per_sm = std::min(per_sm, kBulkMinBlocks);
+    if (per_sm < 1) return false;
+    c.ctr = ctx.chain_ctr;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(ctx.n_sm * per_sm));
+    cfg.blockDim = dim3(32 * kMvWarps);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = ctx.stream;
+    // Cooperative: the driver places every block at once (FERRY_CUDA_CHAIN_COOP=0: a plain
+    // launch of the blocks that fit, to compare).
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+    attr[1].id = cudaLaunchAttributeCooperative;
+    attr[1].val.cooperative = ctx.chain_coop ? 1 : 0;
+    cfg.attrs = attr;
+    cfg.numAttrs = 2;
+    cudaLaunchKernelEx(&cfg, k_mv_chain<T>, c);  // (an error: launch_mv_chain's launch_status)
+    return true;
+}
+
+}  // namespace
+
+namespace {
+std::atomic<uint64_t> g_chain_launches{0}, g_chained_products{0};
+}  // namespace
+
+uint64_t chain_launches() {
+    return g_chain_launches.load(std::memory_order_relaxed);
+}
+uint64_t chained_products() {
+    return g_chained_products.load(std::memory_order_relaxed);
+}
+
+Status launch_mv_chain(OpContext& ctx, const MvChain& c, int expected, bool* taken) {
+    *taken = false;
+    if (c.refused || c.n < 2 || c.n != expected || !ctx.chain_ctr) return Status::ok();
+    switch (c.t[0]) {
+        case Type::F16:
+            *taken = launch_chain_t<Type::F16>(ctx, c);
+            break;
+        case Type::BF16:
+            *taken = launch_chain_t<Type::BF16>(ctx, c);
+            break;
+        default:
+            return Status::ok();
+    }
+    if (!*taken) return Status::ok();
+    g_chain_launches.fetch_add(1, std::memory_order_relaxed);
+    g_chained_products.fetch_add(static_cast<uint64_t>(c.n), std::memory_order_relaxed);
+    return launch_status("MUL_MAT chain (stream)");
+}
+
+namespace {
+
 Status launch_stream(const OpContext& ctx, const MvArgs& g0, Type t, bool glu) {
     MvArgs g = g0;
     g.err = ctx.err;
@@ -2665,6 +3053,10 @@ Status launch_stream(const OpContext& ctx, const MvArgs& g0, Type t, bool glu) {
 #ifdef FERRY_CUDA_TRACE
     g.trace_id = trace_next_id();
 #endif
+    if (ctx.chain) {
+        chain_collect(ctx, g, t, glu);
+        return Status::ok();
+    }
     switch (t) {
         case Type::F16:
             launch_stream_t<Type::F16>(ctx, g, glu);
@@ -2855,12 +3247,14 @@ Status dispatch_q8(OpContext& ctx, const MvArgs& g, Type t) {
 Status launch_mat_vec(OpContext& ctx, const Tensor* dst, MvArgs g) {
     const Type t = dst->src[0]->type;
     const dim3 grid(n_blocks(g.M, kRowsPerBlock), static_cast<unsigned>(g.ne2 * g.ne3), 1);
-    if (!fast_vec_ok(g, t) || !aligned16(g.b, {g.b_nb1, g.b_nb2, g.b_nb3})) {
+    const bool fast = fast_vec_ok(g, t) && aligned16(g.b, {g.b_nb1, g.b_nb2, g.b_nb3});
+    if (fast && ctx.mv_stream && stream_ok(g, t, false)) return launch_stream(ctx, g, t, false);
+    if (ctx.chain) return chain_refuse(ctx);
+    if (!fast) {
         k_mul_mat_generic<<<dim3(grid.x, grid.y, static_cast<unsigned>(g.N < 32 ? g.N : 32)),
                             32 * kRowsPerBlock, 0, ctx.stream>>>(g, t);
         return launch_status("MUL_MAT (generic)");
     }
-    if (ctx.mv_stream && stream_ok(g, t, false)) return launch_stream(ctx, g, t, false);
     if (q8_vec_ok(g, t)) return dispatch_q8<false>(ctx, g, t);
     return dispatch_vec<false>(ctx, g, t, grid, choose_split(g.M, g.K, ctx.n_sm));
 }
@@ -3242,6 +3636,7 @@ Status op_mul_mat_norm(OpContext& ctx, const Tensor* mm, const NormPrologue& p) 
     set_norm(g, &p);
     const Type t = mm->src[0]->type;
     if (ctx.mv_stream && stream_ok(g, t, false)) return launch_stream(ctx, g, t, false);
+    if (ctx.chain) return chain_refuse(ctx);
     if (q8_vec_ok(g, t)) return dispatch_q8<false>(ctx, g, t);
     if (vec_fused_ok(g, t)) return dispatch_vec_fused<false>(ctx, g, t, g.M);
     return Status::error("CUDA: folded RMS_NORM without the int8 or the fused float kernel");
@@ -3290,6 +3685,7 @@ Status op_mul_mat_epilogue(OpContext& ctx, const EpilogueUnit* units, int n_unit
     // The streaming form takes every unit in one launch (a row is summed alike whatever the
     // matrix's size).
     if (ctx.mv_stream && stream_ok(g, t, false)) return launch_stream(ctx, g, t, false);
+    if (ctx.chain) return chain_refuse(ctx);
     if (q8_vec_ok(g, t)) return dispatch_q8<false, true>(ctx, g, t);
     // The float kernel: one launch for the units whose products split their rows alike (each
     // adds its parts as its unfused launch would), one after another otherwise.
@@ -3313,6 +3709,7 @@ Status op_mul_mat_swiglu(OpContext& ctx, const Tensor* gate, const Tensor* up, c
         set_norm(g, pro);
         return launch_stream(ctx, g, gate->src[0]->type, true);
     }
+    if (ctx.chain) return chain_refuse(ctx);
     if (q8_vec_ok(g, gate->src[0]->type)) {
         set_norm(g, pro);
         return dispatch_q8<true>(ctx, g, gate->src[0]->type);

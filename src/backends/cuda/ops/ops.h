@@ -3,6 +3,8 @@
 // handle; supports() is the honest answer the device gives the scheduler before that.
 #pragma once
 
+#include <memory>
+
 #include "backends/cuda/cuda-backend.h"
 #include "ferry/tensor.h"
 
@@ -46,6 +48,26 @@ inline bool elem_type(Type t) {
     return t == Type::Q5_0 || t == Type::Q5_1 || t == Type::Q2_K || t == Type::Q3_K ||
            t == Type::IQ4_NL || t == Type::IQ4_XS || t == Type::MXFP4;
 }
+
+// Chained products (k_mv_chain in mul_mat.cu; FERRY_CUDA_CHAIN=1): while OpContext::chain
+// is set, the product ops launch nothing; each product the streaming form's bulk form would
+// take is collected into it, and any other refuses the chain. launch_mv_chain then runs the
+// collected products (`expected` of them, two to kMaxChain, one weight type) as one launch
+// with a grid barrier between them, and says whether it took them (when not, nothing ran: the
+// caller runs the products one by one as usual). Their weights must be constants of the graph (the
+// next product's are loaded before the barrier).
+struct MvChain;
+struct MvChainDeleter {
+    void operator()(MvChain* c) const;
+};
+std::unique_ptr<MvChain, MvChainDeleter> make_mv_chain();
+constexpr int kMaxChain = 4;  // products a chain launch takes
+// Device words per chain launch (its two counters in lines of their own), and the chain
+// launches one graph may hold (OpContext::chain_ctr: kChainCtrWords of each).
+constexpr int kChainCtrWords = 64;
+constexpr int kMaxChainLaunches = 64;
+void mv_chain_reset(MvChain* c);
+Status launch_mv_chain(OpContext& ctx, const MvChain& c, int expected, bool* taken);
 
 // Scratch bytes a node needs (0 for most ops).
 size_t scratch_size(const Tensor* node, int n_sm);

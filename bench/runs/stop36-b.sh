@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Run B for the next session with a GPU (prepared in stop 36, not yet run): the chained
+# products (k_mv_chain, FERRY_CUDA_CHAIN=1, off by default) and k_mv_bulk on the functions the
+# chain shares with it (FERRY_CUDA_MV_BULK_FN=1).
+#  1. test_cuda: ChainedProductsEqualSeparateLaunches (chain on, cooperative or not, and
+#     BULK_FN, against the default: memcmp of token-by-token f16 logits; the chains must have
+#     run), BulkStreamEqualsTheRegisterForm, SameLogitsEveryRun.
+#  2. 1B F16 greedy text (64 tokens) with the chain off and on: the same tokens.
+#  3. 1B F16 tg128 side by side, four rounds: default, CHAIN=1, CHAIN=1 COOP=0, BULK_FN=1;
+#     1B Q4_0 once (no F16 product: the chain never runs).
+# Prediction (written in stop 36, before any run): stop 27's timeline puts 4-5 us of each F16
+# product outside its bytes (a kernel's tail, the next one's start and prologue); a chain
+# keeps three of a layer's five boundaries (wo -> gate/up -> down -> next q/k/v) inside one
+# launch, each for a grid barrier (~1-1.5 us) while the next product's first pieces stream.
+# So ~5-6 us a layer, 1B F16 tg128 +8-12% (1,164 -> 1,260-1,300 t/s); it loses if the
+# barrier or the cooperative launch costs more than the tails it saves. BULK_FN within +-1%.
+# Build: bash bench/build-for-device.sh .devB (then xz ferry and test_cuda; fx.tar.xz with the
+# f16, q4_0, q8_0 and q5_k_m tiny-llama fixtures); carry [".devB"].
+BIN=${BIN:-.devB}
+source bench/runs/common.sh
+gen_models &
+echo "=== $(date -u +%T) test_cuda"
+tests "${FILTER:-*ChainedProducts*:*BulkStream*:*SameLogits*}" 300
+wait
+echo "=== $(date -u +%T) greedy text, chain off and on"
+for c in 0 1; do
+  FERRY_CUDA_CHAIN=$c timeout 120 $F run -m $H --device CUDA0 -p "The chain" -n 64 --temp 0 \
+    > $OUT/text.$c.txt 2> $OUT/text.$c.err
+  echo "chain=$c rc $? $(tail -1 $OUT/text.$c.err)"
+done
+cmp $OUT/text.0.txt $OUT/text.1.txt && echo "same text"
+echo "=== $(date -u +%T) 1B F16 tg128: default | CHAIN=1 | CHAIN=1 COOP=0 | BULK_FN=1"
+for r in 1 2 3 4; do
+  a=$(bt $H --device CUDA0)
+  b=$(FERRY_CUDA_CHAIN=1 bt $H --device CUDA0)
+  c=$(FERRY_CUDA_CHAIN=1 FERRY_CUDA_CHAIN_COOP=0 bt $H --device CUDA0)
+  d=$(FERRY_CUDA_MV_BULK_FN=1 bt $H --device CUDA0)
+  echo "round $r: $a | $b | $c | $d"
+done
+echo "=== $(date -u +%T) 1B Q4_0 tg128: default | CHAIN=1"
+echo "$(bt $Q --device CUDA0) | $(FERRY_CUDA_CHAIN=1 bt $Q --device CUDA0)"
+echo "=== $(date -u +%T) done"
