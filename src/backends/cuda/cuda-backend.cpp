@@ -807,9 +807,10 @@ class CudaBackend : public Backend {
     Status run_step(const Step& s);
     // Chained products (ops.h MvChain; FERRY_CUDA_CHAIN=1): a step the chain may take (a
     // decode product of graph-constant weights with its fusions), and steps [i, j) run as
-    // chain launch number k when the kernels take them (*taken; otherwise nothing ran).
+    // chain launch number k when the kernels take two or more of them (*taken: how many, from
+    // i; 0: nothing ran).
     bool chain_step(const Step& s) const;
-    Status run_chain(size_t i, size_t j, int k, bool* taken);
+    Status run_chain(size_t i, size_t j, int k, int* taken);
     std::unique_ptr<MvChain, MvChainDeleter> chain_;
     bool use_chain_ = false;
     // Progressive results (BackendOptions::progressive_results, read_in_pieces): when a
@@ -1682,18 +1683,24 @@ bool CudaBackend::chain_step(const Step& s) const {
     }
 }
 
-Status CudaBackend::run_chain(size_t i, size_t j, int k, bool* taken) {
-    *taken = false;
+Status CudaBackend::run_chain(size_t i, size_t j, int k, int* taken) {
+    *taken = 0;
     if (!chain_) chain_ = make_mv_chain();
     mv_chain_reset(chain_.get());
     ctx_.chain = chain_.get();
+    // Each step in turn adds its product, up to the first that does not.
     Status st = Status::ok();
-    for (size_t n = i; n < j && st; n++) st = run_step(steps_[n]);
+    int collected = 0;
+    for (size_t n = i; n < j; n++) {
+        st = run_step(steps_[n]);
+        if (!st || mv_chain_stages(chain_.get()) != collected + 1) break;
+        collected++;
+    }
     ctx_.chain = nullptr;
     FERRY_TRY(st);
     OpContext c = ctx_;
     c.chain_ctr = ctx_.chain_ctr + static_cast<ptrdiff_t>(k) * kChainCtrWords;
-    return launch_mv_chain(c, *chain_, static_cast<int>(j - i), taken);
+    return launch_mv_chain(c, *chain_, collected, taken);
 }
 
 Status CudaBackend::run_steps() {
@@ -1707,15 +1714,15 @@ Status CudaBackend::run_steps() {
                    static_cast<int>(j) != piece_step_ && chain_step(steps_[j])) {
                 j++;
             }
-            bool taken = false;
+            int taken = 0;
             if (j - i >= 2) {
                 FERRY_TRY(run_chain(i, j, chains, &taken)
                               .context(strfmt("%s: chain from %s", name(),
                                               describe(steps_[i].node).c_str())));
             }
-            if (taken) {
+            if (taken > 0) {
                 chains++;
-                i = j - 1;
+                i += static_cast<size_t>(taken) - 1;
                 continue;
             }
         }

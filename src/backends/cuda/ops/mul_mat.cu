@@ -2636,18 +2636,21 @@ __global__ void __launch_bounds__(32 * kMvWarps, kBulkMinBlocks)
 }
 
 // Chained products (k_mv_chain; FERRY_CUDA_CHAIN=1 when the backend is made, off by default:
-// written in stop 36 without a GPU). A decode layer's F16/BF16 products run one after another
-// (wo, gate/up, down, the next layer's q/k/v), each a launch of k_mv_bulk, and each boundary
+// written in stop 36 without a GPU). A decode layer's products run one after another (wo,
+// gate/up, down, the next layer's q/k/v), each a launch of k_mv_bulk (F16/BF16) or k_mv_stream
+// (Q4_0/Q6_K, the register form), and each boundary
 // costs the tail of one kernel (its last pieces arriving while fewer and fewer warps load),
 // the start of the next and its prologue (bench/results/cuda.md, stop 27's timeline: about
 // 4-5 us a product beyond its bytes at the H200's bandwidth). In a chain the same warps, in
 // one launch of every block that fits the GPU at once (two per SM), run the products as
 // stages: a warp that has issued the last copy of its rows of stage i issues its first S
-// pieces of stage i + 1 (weights: constants of the graph) and waits at a grid barrier for
+// pieces of stage i + 1 (the register form: loads its first D pieces into registers;
+// weights: constants of the graph) and waits at a grid barrier for
 // every block to finish stage i; then b (stage i's result, or the folded norm of it) and
 // the rows of stage i + 1. The copies of the next product stream while the last rows of this
-// one are summed and while the barrier waits. Same walks, pieces and additions as k_mv_bulk:
-// the bits of the unchained launches.
+// one are summed and while the barrier waits. Same walks, pieces and additions as k_mv_bulk
+// and k_mv_stream: the bits of the unchained launches (Q4_0/Q6_K's wo and down included,
+// which unchained run one 16-warp block an SM: a row's sum does not depend on its warp).
 
 // The forms a chain takes at each position (bit f: form f, ChainArgs::form): a decode layer's
 // products from wo on, wo (+ residual), gate/up (folded norm, SwiGLU), down (+ residual), then
@@ -2658,7 +2661,7 @@ static_assert(kMaxChain == 4, "kChainForms has a mask for each position");
 struct ChainArgs {
     MvArgs g[kMaxChain];
     int form[kMaxChain];  // 0 plain, 1 gate/up (glu), 2 row pairs with epilogue segments
-    int n, S;
+    int n, S;             // S: the bulk form's slots a warp (0: the register form)
     uint32_t b_off, bar_off;
     bool x_global0;  // stage 0's b read from global memory (bulk_x_global)
     uint32_t* ctr;   // kChainCtrWords words (arrivals at 0, exits at 32), zero between launches
@@ -2717,44 +2720,128 @@ __device__ __forceinline__ void chain_stage(const ChainArgs& c, BulkWarp& bw, vo
     bulk_rows<T>(w, bw, cur, first, g.K, xg ? static_cast<const void*>(g.b) : smem_b, xg, lane);
 }
 
+// Stage i in the register form (k_mv_stream's steps, the pieces in flight in registers: the
+// chain of Q4_0/Q6_K products, and of F16/BF16 with FERRY_CUDA_MV_BULK=0). The first D pieces
+// of the stage go out before the barrier, as k_mv_stream's go out before its wait. A call,
+// not inlined: inlined, the stages of one kernel spilled 1.1-1.8 KB under the 128-register
+// cap; as calls, each stage's own spills are 16-44 bytes for Q4_0 and 124-204 for F16/BF16
+// and Q6_K (ptxas, sm_90; k_mv_stream's F16 uses all 128 registers without). Its loop is
+// k_mv_stream's, a copy kept apart (as bulk_rows is k_mv_bulk's) until a GPU run shows that
+// sharing one function leaves k_mv_stream's speed alone.
+template <Type T, bool glu, bool pair, int i>
+__device__ __noinline__ void chain_stage_reg(const ChainArgs& c, void* smem, float* nred,
+                                             int lane) {
+    using P = SPiece<T>;
+    constexpr int D = P::kD;
+    constexpr int kRows = StreamWalk<glu, pair>::kRows;
+    const MvArgs& g = c.g[i];
+    const StreamWalk<glu, pair> w(g, static_cast<int64_t>(gridDim.x) * kMvWarps);
+    const int64_t first = w.first(static_cast<int64_t>(blockIdx.x) * kMvWarps + threadIdx.x / 32);
+    const int64_t items = w.items, K = g.K;
+    typename P::Raw buf[D];
+    int64_t lit = first;
+    int lr = 0, lp = 0;
+#pragma unroll
+    for (int s = 0; s < D; s++) {
+        if (lit < items) P::load(w.row(lit, lr), lp, lane, K, buf[s]);
+        w.advance(lit, lr, lp);
+    }
+    if constexpr (i == 0) {
+        pdl_wait();
+    } else {
+        chain_barrier(c.ctr, static_cast<uint32_t>(i));
+        if constexpr (i == 1) pdl_trigger();
+    }
+    stream_put_b<P, true>(g, smem, nred);
+    __syncthreads();
+    uint32_t stash = 0;
+    int64_t cit = first;
+    int cr = 0, cp = 0;
+    float acc[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; r++) acc[r] = 0.0f;
+    while (cit < items) {
+#pragma unroll
+        for (int s = 0; s < D; s++) {
+            if (cit >= items) break;
+            if constexpr (kRows == 2) {
+                if (cr == 0) {
+                    acc[0] = P::dot(buf[s], cp, lane, K, smem, acc[0]);
+                } else {
+                    acc[1] = P::dot(buf[s], cp, lane, K, smem, acc[1]);
+                }
+            } else {
+                acc[0] = P::dot(buf[s], cp, lane, K, smem, acc[0]);
+            }
+            if (lit < items) P::load(w.row(lit, lr), lp, lane, K, buf[s]);
+            w.advance(lit, lr, lp);
+            const int64_t it = cit;
+            const bool last = cp + 1 == w.ppr && cr + 1 == kRows;
+            w.advance(cit, cr, cp);
+            if (!last) continue;
+            const float v0 = warp_sum(acc[0]);
+            const float v1 = kRows == 2 ? warp_sum(acc[kRows - 1]) : 0.0f;
+#pragma unroll
+            for (int r = 0; r < kRows; r++) acc[r] = 0.0f;
+            w.done(it, v0, v1, lane, stash);
+        }
+    }
+}
+
+// Stage i in form f (ChainArgs::form), bulk or register.
+template <Type T, bool reg, bool glu, bool pair, int i>
+__device__ __forceinline__ void chain_run_stage(const ChainArgs& c, BulkWarp& bw, void* smem_b,
+                                                float* nred, int lane) {
+    if constexpr (reg) {
+        chain_stage_reg<T, glu, pair, i>(c, smem_b, nred, lane);
+    } else {
+        chain_stage<T, glu, pair, i>(c, bw, smem_b, nred, lane);
+    }
+}
+
 // Stages i .. c.n - 1, each in its form: only the forms kChainForms allows at each position
 // are compiled (every form at every position took 128 registers and spilled 144 bytes).
-template <Type T, int i>
+template <Type T, bool reg, int i>
 __device__ __forceinline__ void chain_stages(const ChainArgs& c, BulkWarp& bw, void* smem_b,
                                              float* nred, int lane) {
     if constexpr (i < kMaxChain) {
         if (i >= c.n) return;
         constexpr int allowed = kChainForms[i];
         if (c.form[i] == 1) {
-            if constexpr ((allowed & 2) != 0)
-                chain_stage<T, true, false, i>(c, bw, smem_b, nred, lane);
+            if constexpr ((allowed & 2) != 0) {
+                chain_run_stage<T, reg, true, false, i>(c, bw, smem_b, nred, lane);
+            }
         } else if (c.form[i] == 2) {
-            if constexpr ((allowed & 4) != 0)
-                chain_stage<T, false, true, i>(c, bw, smem_b, nred, lane);
+            if constexpr ((allowed & 4) != 0) {
+                chain_run_stage<T, reg, false, true, i>(c, bw, smem_b, nred, lane);
+            }
         } else {
-            if constexpr ((allowed & 1) != 0)
-                chain_stage<T, false, false, i>(c, bw, smem_b, nred, lane);
+            if constexpr ((allowed & 1) != 0) {
+                chain_run_stage<T, reg, false, false, i>(c, bw, smem_b, nred, lane);
+            }
         }
-        chain_stages<T, i + 1>(c, bw, smem_b, nred, lane);
+        chain_stages<T, reg, i + 1>(c, bw, smem_b, nred, lane);
     }
 }
 
-template <Type T>
+// reg: the register form (no slots: c.S, c.bar_off unused, b at c.b_off = 0).
+template <Type T, bool reg>
 __global__ void __launch_bounds__(32 * kMvWarps, kBulkMinBlocks)
     k_mv_chain(const __grid_constant__ ChainArgs c) {
     using B = BulkSlot<T>;
+    static_assert(kBulkMinBlocks == kStreamMinBlocks, "both forms: two blocks an SM");
     extern __shared__ __align__(16) char bulk_sm[];
     __shared__ float nred[32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     BulkWarp bw{bulk_sm + static_cast<size_t>(warp) * c.S * B::kBytes,
                 reinterpret_cast<uint64_t*>(bulk_sm + c.bar_off) + warp * c.S, c.S, 0u, 0};
     void* smem_b = bulk_sm + c.b_off;
-    if (lane == 0) {
+    if (!reg && lane == 0) {
         for (int s = 0; s < c.S; s++) mbar_init(&bw.bars[s], 1);
         mbar_init_fence();
     }
     __syncwarp();
-    chain_stages<T, 0>(c, bw, smem_b, nred, lane);
+    chain_stages<T, reg, 0>(c, bw, smem_b, nred, lane);
     // The last block out (every block past every barrier) zeroes the counters for the next
     // launch.
     __syncthreads();
@@ -2922,7 +3009,7 @@ struct MvChain {
     bool glu[kMaxChain];
     Type t[kMaxChain];
     int n = 0;
-    bool refused = false;  // a product took (or would take) another kernel
+    bool refused = false;  // a product took (or would take) another kernel: nothing more joins
 };
 
 void MvChainDeleter::operator()(MvChain* c) const {
@@ -2935,14 +3022,25 @@ void mv_chain_reset(MvChain* c) {
     c->n = 0;
     c->refused = false;
 }
+int mv_chain_stages(const MvChain* c) {
+    return c->n;
+}
 
 namespace {
+
+// Whether a chain of type-t products runs in the register form (else the bulk form); -1:
+// no chain for t. F16/BF16 follow mv_bulk; Q4_0/Q6_K take the register form (their bulk
+// form, slower on the H200, has no chain).
+int chain_reg(const OpContext& ctx, Type t) {
+    if (t == Type::F16 || t == Type::BF16) return ctx.mv_bulk > 0 ? 0 : 1;
+    if (t == Type::Q4_0 || t == Type::Q6_K) return ctx.mv_bulk_q > 0 ? -1 : 1;
+    return -1;
+}
 
 // A product that a chain collects instead of launching (false: it is refused, nothing runs).
 bool chain_collect(const OpContext& ctx, const MvArgs& g, Type t, bool glu) {
     MvChain* c = ctx.chain;
-    const bool bulk_type = t == Type::F16 || t == Type::BF16;
-    if (!bulk_type || ctx.mv_bulk <= 0 || c->n == kMaxChain || g.mirror.buf ||
+    if (c->refused || c->n == kMaxChain || chain_reg(ctx, t) < 0 || g.mirror.buf ||
         (c->n > 0 && c->t[0] != t)) {
         c->refused = true;
         return false;
@@ -2960,39 +3058,46 @@ Status chain_refuse(const OpContext& ctx) {
     return Status::ok();
 }
 
-template <Type T>
-bool launch_chain_t(const OpContext& ctx, const MvChain& mc) {
+// Launches the longest prefix (at most `most` products) that the chain takes, if of two or
+// more products; returns its length (0: nothing ran).
+template <Type T, bool reg>
+int launch_chain_t(const OpContext& ctx, const MvChain& mc, int most) {
     constexpr size_t kMaxSmem = 227 * 1024 - 256;
     using B = BulkSlot<T>;
     ChainArgs c{};
-    c.n = mc.n;
-    c.S = std::min(ctx.mv_bulk, kBulkMaxSlots);
-    c.x_global0 = bulk_x_global<T>(ctx, mc.g[0]);
+    c.S = reg ? 0 : std::min(ctx.mv_bulk, kBulkMaxSlots);
+    c.x_global0 = !reg && bulk_x_global<T>(ctx, mc.g[0]);
     size_t b_bytes = 0;
-    for (int i = 0; i < mc.n; i++) {
-        const MvArgs& g = mc.g[i];
+    int n = 0;
+    for (; n < most; n++) {
+        const MvArgs& g = mc.g[n];
         const bool pair = g.n_seg > 0;
-        if (B::row_bytes(g.K) % 16 != 0 || !rows_aligned(g, mc.glu[i], pair, 16)) return false;
-        c.g[i] = g;
-        c.form[i] = mc.glu[i] ? 1 : (pair ? 2 : 0);
-        if ((kChainForms[i] & (1 << c.form[i])) == 0) return false;
-        if (i > 0 || !c.x_global0) b_bytes = std::max(b_bytes, SPiece<T>::smem_bytes(g.K));
+        const int form = mc.glu[n] ? 1 : (pair ? 2 : 0);
+        if ((kChainForms[n] & (1 << form)) == 0) break;
+        if (!reg && (B::row_bytes(g.K) % 16 != 0 || !rows_aligned(g, mc.glu[n], pair, 16))) break;
+        const size_t nb = n > 0 || !c.x_global0 ? SPiece<T>::smem_bytes(g.K) : 0;
+        c.g[n] = g;
+        c.form[n] = form;
+        b_bytes = std::max(b_bytes, nb);
     }
-    c.b_off = static_cast<uint32_t>(bulk_b_offset<T>(c.S));
+    if (n < 2) return 0;
+    c.n = n;
+    c.b_off = reg ? 0u : static_cast<uint32_t>(bulk_b_offset<T>(c.S));
     c.bar_off = static_cast<uint32_t>((c.b_off + b_bytes + 15) / 16 * 16);
     const size_t smem = c.bar_off + static_cast<size_t>(kMvWarps) * c.S * 8;
-    if (smem > kMaxSmem) return false;
+    if (smem > kMaxSmem) return 0;
     static std::atomic<uint64_t> done{0};
-    allow_dyn_smem<void (*)(ChainArgs)>({k_mv_chain<T>}, kMaxSmem, done, /*max_carveout=*/true);
+    allow_dyn_smem<void (*)(ChainArgs)>({k_mv_chain<T, reg>}, kMaxSmem, done,
+                                        /*max_carveout=*/!reg);
     // Every block on an SM at once, or the barrier would wait for blocks that cannot start.
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_mv_chain<T>, 32 * kMvWarps,
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_mv_chain<T, reg>, 32 * kMvWarps,
                                                       smem) != cudaSuccess) {
         cudaGetLastError();
-        return false;
+        return 0;
     }
     per_sm = std::min(per_sm, kBulkMinBlocks);
-    if (per_sm < 1) return false;
+    if (per_sm < 1) return 0;
     c.ctr = ctx.chain_ctr;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(static_cast<unsigned>(ctx.n_sm * per_sm));
@@ -3008,14 +3113,18 @@ bool launch_chain_t(const OpContext& ctx, const MvChain& mc) {
     attr[1].val.cooperative = ctx.chain_coop ? 1 : 0;
     cfg.attrs = attr;
     cfg.numAttrs = 2;
-    cudaLaunchKernelEx(&cfg, k_mv_chain<T>, c);  // (an error: launch_mv_chain's launch_status)
-    return true;
+    cudaLaunchKernelEx(&cfg, k_mv_chain<T, reg>, c);  // (an error: launch_mv_chain reports it)
+    return n;
 }
 
-}  // namespace
+template <Type T>
+int launch_chain_form(const OpContext& ctx, const MvChain& mc, int most) {
+    return chain_reg(ctx, T) == 1 ? launch_chain_t<T, true>(ctx, mc, most)
+                                  : launch_chain_t<T, false>(ctx, mc, most);
+}
 
-namespace {
 std::atomic<uint64_t> g_chain_launches{0}, g_chained_products{0};
+
 }  // namespace
 
 uint64_t chain_launches() {
@@ -3025,22 +3134,29 @@ uint64_t chained_products() {
     return g_chained_products.load(std::memory_order_relaxed);
 }
 
-Status launch_mv_chain(OpContext& ctx, const MvChain& c, int expected, bool* taken) {
-    *taken = false;
-    if (c.refused || c.n < 2 || c.n != expected || !ctx.chain_ctr) return Status::ok();
+Status launch_mv_chain(OpContext& ctx, const MvChain& c, int most, int* taken) {
+    *taken = 0;
+    most = std::min(most, c.n);
+    if (most < 2 || !ctx.chain_ctr) return Status::ok();
     switch (c.t[0]) {
         case Type::F16:
-            *taken = launch_chain_t<Type::F16>(ctx, c);
+            *taken = launch_chain_form<Type::F16>(ctx, c, most);
             break;
         case Type::BF16:
-            *taken = launch_chain_t<Type::BF16>(ctx, c);
+            *taken = launch_chain_form<Type::BF16>(ctx, c, most);
+            break;
+        case Type::Q4_0:
+            *taken = launch_chain_t<Type::Q4_0, true>(ctx, c, most);
+            break;
+        case Type::Q6_K:
+            *taken = launch_chain_t<Type::Q6_K, true>(ctx, c, most);
             break;
         default:
             return Status::ok();
     }
-    if (!*taken) return Status::ok();
+    if (*taken == 0) return Status::ok();
     g_chain_launches.fetch_add(1, std::memory_order_relaxed);
-    g_chained_products.fetch_add(static_cast<uint64_t>(c.n), std::memory_order_relaxed);
+    g_chained_products.fetch_add(static_cast<uint64_t>(*taken), std::memory_order_relaxed);
     return launch_status("MUL_MAT chain (stream)");
 }
 

@@ -50,12 +50,14 @@ inline bool elem_type(Type t) {
 }
 
 // Chained products (k_mv_chain in mul_mat.cu; FERRY_CUDA_CHAIN=1): while OpContext::chain
-// is set, the product ops launch nothing; each product the streaming form's bulk form would
-// take is collected into it, and any other refuses the chain. launch_mv_chain then runs the
-// collected products (`expected` of them, two to kMaxChain, one weight type) as one launch
-// with a grid barrier between them, and says whether it took them (when not, nothing ran: the
-// caller runs the products one by one as usual). Their weights must be constants of the graph (the
-// next product's are loaded before the barrier).
+// is set, the product ops launch nothing; each product the streaming form would take
+// (F16/BF16 in the bulk or the register form, Q4_0/Q6_K in the register form) is collected
+// into it (mv_chain_stages: how many), and any other refuses the chain from there on.
+// launch_mv_chain then runs the longest prefix of at most `most` collected products that it
+// takes (one weight type, a decode layer's forms: kChainForms) as one launch with a grid
+// barrier between them, and says how many it took (*taken; 0: nothing ran, the caller runs the
+// products one by one as usual). Their weights must be constants of the graph (a product's
+// first pieces are loaded before the barrier).
 struct MvChain;
 struct MvChainDeleter {
     void operator()(MvChain* c) const;
@@ -67,7 +69,8 @@ constexpr int kMaxChain = 4;  // products a chain launch takes
 constexpr int kChainCtrWords = 64;
 constexpr int kMaxChainLaunches = 64;
 void mv_chain_reset(MvChain* c);
-Status launch_mv_chain(OpContext& ctx, const MvChain& c, int expected, bool* taken);
+int mv_chain_stages(const MvChain* c);
+Status launch_mv_chain(OpContext& ctx, const MvChain& c, int most, int* taken);
 
 // Scratch bytes a node needs (0 for most ops).
 size_t scratch_size(const Tensor* node, int n_sm);
