@@ -2415,9 +2415,9 @@ bool bulk_x_global(const OpContext& ctx, const MvArgs& g) {
 // The bulk form's steps as functions, for the chained products (k_mv_chain, below). They are
 // k_mv_bulk's own steps, which keeps its inline copy for now: written without a GPU (stop 36),
 // k_mv_bulk on these functions compiled to other sm_90 code for its GLU and row-pair forms,
-// which no run has measured yet (k_mv_bulk_fn below; bench/runs/stop36-b.sh measures it). One
-// warp's slots: S slots of B::kBytes with an mbarrier each, and the parity each completes next (bit
-// s), carried from product to product in a chain.
+// which no run has measured yet (k_mv_bulk_fn below; bench/runs/stop36-b.sh measures it).
+// One warp's slots: S slots of B::kBytes with an mbarrier each, and the parity each
+// completes next (bit s), carried from product to product in a chain.
 struct BulkWarp {
     char* slots;
     uint64_t* bars;
