@@ -71,8 +71,8 @@ def main():
         else:
             name = ("glu" if kind & 1 else "") + ("epi" if kind & 2 else "") + \
                    ("+norm" if kind & 4 else "") + (" stream" if kind & 16 else ("" if kind & 8 else " noring")) + \
-                   (" bulk" if kind & 128 else "") + \
-                   f" t{kind >> 8}"
+                   (" bulk" if kind & 128 else "") + (" chain" if kind & (1 << 24) else "") + \
+                   f" t{(kind >> 8) & 0xffff}"
         s0 = min(r[0] for r in rs) - t_base
         sN = max(r[0] for r in rs) - t_base
         w0 = min(r[1] for r in rs) - t_base

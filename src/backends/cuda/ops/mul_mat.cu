@@ -2658,6 +2658,16 @@ __global__ void __launch_bounds__(32 * kMvWarps, kBulkMinBlocks)
 constexpr int kChainForms[4] = {1, 2, 1, 1 | 4};
 static_assert(kMaxChain == 4, "kChainForms has a mask for each position");
 
+#ifdef FERRY_CUDA_TRACE
+// A chain stage's trace record kind: the plain launch's bits, with bit 24 for the chain.
+template <Type T>
+__device__ __forceinline__ uint32_t chain_trace_kind(bool glu, bool pair, const MvArgs& g,
+                                                     uint32_t form) {
+    return (glu ? 1u : 0u) | (pair ? 2u : 0u) | (g.nx ? 4u : 0u) | 16u | form |
+           (static_cast<uint32_t>(T) << 8) | (1u << 24);
+}
+#endif
+
 struct ChainArgs {
     MvArgs g[kMaxChain];
     int form[kMaxChain];  // 0 plain, 1 gate/up (glu), 2 row pairs with epilogue segments
@@ -2698,6 +2708,9 @@ __device__ __forceinline__ void chain_stage(const ChainArgs& c, BulkWarp& bw, vo
     const MvArgs& g = c.g[i];
     const StreamWalk<glu, pair> w(g, static_cast<int64_t>(gridDim.x) * kMvWarps);
     const int64_t first = w.first(static_cast<int64_t>(blockIdx.x) * kMvWarps + threadIdx.x / 32);
+#ifdef FERRY_CUDA_TRACE
+    const uint64_t tr0 = gtime();
+#endif
     bw.row_bytes = BulkSlot<T>::row_bytes(g.K);
     if constexpr (i > 0) {
         // The slots' last reads (generic proxy) before the bulk copies (async proxy) into them.
@@ -2712,12 +2725,21 @@ __device__ __forceinline__ void chain_stage(const ChainArgs& c, BulkWarp& bw, vo
         // Every block is on an SM now: the next kernel may take the room they leave.
         if constexpr (i == 1) pdl_trigger();
     }
+#ifdef FERRY_CUDA_TRACE
+    const uint64_t tr1 = gtime();
+#endif
     const bool xg = i == 0 && c.x_global0;
     if (!xg) {
         stream_put_b<P, true>(g, smem_b, nred);
         __syncthreads();
     }
+#ifdef FERRY_CUDA_TRACE
+    const uint64_t tr2 = gtime();
+#endif
     bulk_rows<T>(w, bw, cur, first, g.K, xg ? static_cast<const void*>(g.b) : smem_b, xg, lane);
+#ifdef FERRY_CUDA_TRACE
+    trace_block(g.trace_id, g.M, chain_trace_kind<T>(glu, pair, g, 128u), tr0, tr1, tr2, 0, 0);
+#endif
 }
 
 // Stage i in the register form (k_mv_stream's steps, the pieces in flight in registers: the
@@ -2738,6 +2760,9 @@ __device__ __noinline__ void chain_stage_reg(const ChainArgs& c, void* smem, flo
     const StreamWalk<glu, pair> w(g, static_cast<int64_t>(gridDim.x) * kMvWarps);
     const int64_t first = w.first(static_cast<int64_t>(blockIdx.x) * kMvWarps + threadIdx.x / 32);
     const int64_t items = w.items, K = g.K;
+#ifdef FERRY_CUDA_TRACE
+    const uint64_t tr0 = gtime();
+#endif
     typename P::Raw buf[D];
     int64_t lit = first;
     int lr = 0, lp = 0;
@@ -2752,8 +2777,14 @@ __device__ __noinline__ void chain_stage_reg(const ChainArgs& c, void* smem, flo
         chain_barrier(c.ctr, static_cast<uint32_t>(i));
         if constexpr (i == 1) pdl_trigger();
     }
+#ifdef FERRY_CUDA_TRACE
+    const uint64_t tr1 = gtime();
+#endif
     stream_put_b<P, true>(g, smem, nred);
     __syncthreads();
+#ifdef FERRY_CUDA_TRACE
+    const uint64_t tr2 = gtime();
+#endif
     uint32_t stash = 0;
     int64_t cit = first;
     int cr = 0, cp = 0;
@@ -2786,6 +2817,9 @@ __device__ __noinline__ void chain_stage_reg(const ChainArgs& c, void* smem, flo
             w.done(it, v0, v1, lane, stash);
         }
     }
+#ifdef FERRY_CUDA_TRACE
+    trace_block(g.trace_id, g.M, chain_trace_kind<T>(glu, pair, g, 0u), tr0, tr1, tr2, 0, 0);
+#endif
 }
 
 // Stage i in form f (ChainArgs::form), bulk or register.
