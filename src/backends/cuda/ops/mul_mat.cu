@@ -2699,7 +2699,7 @@ __device__ __forceinline__ void chain_barrier(uint32_t* arrivals, uint32_t k) {
     __syncthreads();
 }
 
-// Stage I of the chain (a constant index: its arguments are read where the kernel's
+// Stage i of the chain (a constant index: its arguments are read where the kernel's
 // parameters are, as k_mv_bulk reads its own).
 template <Type T, bool glu, bool pair, int i>
 __device__ __forceinline__ void chain_stage(const ChainArgs& c, BulkWarp& bw, void* smem_b,
