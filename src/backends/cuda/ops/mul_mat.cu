@@ -3138,13 +3138,18 @@ int launch_chain_t(const OpContext& ctx, const MvChain& mc, int most) {
     cfg.blockDim = dim3(32 * kMvWarps);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = ctx.stream;
-    // Cooperative: the driver places every block at once (FERRY_CUDA_CHAIN_COOP=0: a plain
-    // launch of the blocks that fit, to compare).
+    // Cooperative: the driver places every block at once (FERRY_CUDA_CHAIN_COOP=0, or a
+    // device without cooperative launches: a plain launch of the blocks that fit).
+    int coop = 0;
+    if (cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, ctx.device) != cudaSuccess) {
+        cudaGetLastError();
+        coop = 0;
+    }
     cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
     attr[1].id = cudaLaunchAttributeCooperative;
-    attr[1].val.cooperative = ctx.chain_coop ? 1 : 0;
+    attr[1].val.cooperative = ctx.chain_coop && coop ? 1 : 0;
     cfg.attrs = attr;
     cfg.numAttrs = 2;
     cudaLaunchKernelEx(&cfg, k_mv_chain<T, reg>, c);  // (an error: launch_mv_chain reports it)
