@@ -898,6 +898,9 @@ class CudaBackend : public Backend {
     std::vector<Step> steps_;
     std::unordered_map<const Tensor*, int> consumers_;
     std::unordered_map<const Tensor*, int> kconsumers_;  // readers that are not views, by storage
+    // Storage that the graph's kernels write (every node's; an in-place node's is its
+    // destination's, e.g. a KV cache's): never a constant for chain_step.
+    std::unordered_set<const Tensor*> written_;
     char* scratch_ = nullptr;
     size_t scratch_size_ = 0;
     void* cublas_ = nullptr;
@@ -1233,6 +1236,8 @@ Status CudaBackend::plan(Graph& g) {
         }
         kn.push_back(n);
     }
+    written_.clear();
+    for (const Tensor* n : kn) written_.insert(n->storage());
     size_t scratch = 0;
     bool cublas = false;
     for (size_t i = 0; i < kn.size(); i++) {
@@ -1665,7 +1670,10 @@ Status CudaBackend::run_step(const Step& s) {
 }
 
 bool CudaBackend::chain_step(const Step& s) const {
-    auto constant = [](const Tensor* w) { return w && w->storage()->op == Op::NONE; };
+    // A leaf no kernel of the graph writes (a weight; not a KV cache).
+    auto constant = [this](const Tensor* w) {
+        return w && w->storage()->op == Op::NONE && written_.count(w->storage()) == 0;
+    };
     switch (s.kind) {
         case 0:
             return s.node->op == Op::MUL_MAT && s.pro.norm && constant(s.node->src[0]);
