@@ -1237,7 +1237,9 @@ Status CudaBackend::plan(Graph& g) {
         kn.push_back(n);
     }
     written_.clear();
-    for (const Tensor* n : kn) written_.insert(n->storage());
+    if (use_chain_) {
+        for (const Tensor* n : kn) written_.insert(n->storage());
+    }
     size_t scratch = 0;
     bool cublas = false;
     for (size_t i = 0; i < kn.size(); i++) {

@@ -2749,7 +2749,8 @@ __device__ __forceinline__ void chain_stage(const ChainArgs& c, BulkWarp& bw, vo
 // cap; as calls, each stage's own spills are 16-44 bytes for Q4_0 and 124-204 for F16/BF16
 // and Q6_K (ptxas, sm_90; k_mv_stream's F16 uses all 128 registers without). Its loop is
 // k_mv_stream's, a copy kept apart (as bulk_rows is k_mv_bulk's) until a GPU run shows that
-// sharing one function leaves k_mv_stream's speed alone.
+// sharing one function leaves k_mv_stream's speed alone: k_mv_stream on a shared loop
+// compiled to other sm_90 code in all 12 of its forms (3 of them 128 bytes longer).
 template <Type T, bool glu, bool pair, int i>
 __device__ __noinline__ void chain_stage_reg(const ChainArgs& c, void* smem, float* nred,
                                              int lane) {
@@ -3071,19 +3072,18 @@ int chain_reg(const OpContext& ctx, Type t) {
     return -1;
 }
 
-// A product that a chain collects instead of launching (false: it is refused, nothing runs).
-bool chain_collect(const OpContext& ctx, const MvArgs& g, Type t, bool glu) {
+// A product that a chain collects instead of launching, or refuses (nothing runs either way).
+void chain_collect(const OpContext& ctx, const MvArgs& g, Type t, bool glu) {
     MvChain* c = ctx.chain;
     if (c->refused || c->n == kMaxChain || chain_reg(ctx, t) < 0 || g.mirror.buf ||
         (c->n > 0 && c->t[0] != t)) {
         c->refused = true;
-        return false;
+        return;
     }
     c->g[c->n] = g;
     c->glu[c->n] = glu;
     c->t[c->n] = t;
     c->n++;
-    return true;
 }
 
 // Refuses the chain for a product that takes any kernel but the streaming form's.
