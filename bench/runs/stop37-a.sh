@@ -18,7 +18,7 @@ left() { [ $((SECONDS + $1)) -lt ${LIMIT:-585} ] || { echo "(skipped at ${SECOND
 MODELS=${MODELS:-q5_0 q3_K iq4_xs mxfp4}
 (gen_models; gen_types $MODELS q4_0) &
 echo "=== $(date -u +%T) test_cuda: chain"
-tests "*ChainedProducts*:*BulkStream*:*SameLogits*" 150
+tests "*ChainedProducts*:*BulkStream*:*SameLogits*" $((LIMIT / 3 < 150 ? LIMIT / 3 : 150))
 wait
 echo "=== $(date -u +%T) greedy text, chain off and on"
 for m in $H $Q; do
