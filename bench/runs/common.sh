@@ -7,9 +7,21 @@
 # T (tiny-llama Q8_0) and defines tg MODEL N [ARGS or FERRY_*=V ...]: the tg t/s column, and
 # bt MODEL [ARGS]: the tg128 t/s alone (3 repetitions; ARGS pick the device or --remote ADDR).
 # Served runs side by side: serve_unix, serve_tcp, servers_up, side_by_side, logits_reads (below).
-# tests FILTER [SECONDS]: test_cuda with that filter into $OUT/test_cuda.N.txt (N: the call),
-# its exit status (124: timed out), summary lines and the context of any failure. profiles ADDR...: session profiles (below).
+# tests FILTER [SECONDS]: test_cuda with that filter into $OUT/test_cuda.RUN.N.txt (RUN: the run
+# script's name, N: the call), its exit status (124: timed out), summary lines and the context
+# of any failure. profiles ADDR...: session profiles (below).
+# LIMIT (s, 585 unless set): where a run script's steps stop starting; left SECS WHAT says
+# whether SECS more fit before it (else that WHAT was skipped), cap SECS bounds a step's own
+# timeout by half the time left (a hung step leaves the later ones theirs).
 set -u
+LIMIT=${LIMIT:-585}
+left() { # SECS WHAT
+  [ $((SECONDS + $1)) -lt $LIMIT ] || { echo "(skipped at ${SECONDS}s: $2)"; return 1; }
+}
+cap() { # SECS
+  local h=$(((LIMIT - SECONDS) / 2))
+  echo $(($1 < h ? $1 : h))
+}
 if [ -f "$BIN/ferry.xz" ]; then
   xz -dc "$BIN/ferry.xz" > /tmp/ferry && chmod +x /tmp/ferry
   if [ -f "$BIN/test_cuda.xz" ]; then
@@ -116,7 +128,7 @@ profiles() {
 }
 TESTS_N=0
 tests() { # FILTER [SECONDS]
-  local f=$OUT/test_cuda.$((++TESTS_N)).txt
+  local f=$OUT/test_cuda.$(basename "$0" .sh).$((++TESTS_N)).txt
   FERRY_TEST_BIN=$F timeout ${2:-300} $TC --gtest_filter="$1" > $f 2>&1
   echo "(rc $?, $f)"
   grep -E "FAILED|PASSED|tests ran|SKIPPED|op cases" $f | head -30

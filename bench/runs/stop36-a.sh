@@ -11,8 +11,9 @@
 #     and 1B Q4_0 for scale.
 #  4. The q5_k_m pin (Q5KMBeatsThePeersKLButIsOneTop1PositionShort, stop 36) and its
 #     exact-arithmetic test.
-# One call of at most 600 s (run with timeout_s 600): the test caps (300 + 90 s) leave ~200 s
-# for the benches; what finished is under $OUT either way.
+# One call of at most 600 s (run with timeout_s 600): the test caps (300 + 90 s, or half the
+# time left before LIMIT) leave ~200 s for the benches, each step starting only while LIMIT
+# allows; what finished is under $OUT either way.
 # Build: bash bench/build-for-device.sh .devB (then xz ferry and test_cuda; fx.tar.xz with the
 # f16, q4_0, q8_0 and q5_k_m tiny-llama fixtures); carry [".devB"].
 BIN=${BIN:-.devB}
@@ -21,18 +22,20 @@ MODELS=${MODELS:-q5_0 q3_K iq4_xs mxfp4}
 gen_types $MODELS q4_0 &
 echo "=== $(date -u +%T) ferry test-ops --backend CUDA0"
 for g in 0 1; do
-  FERRY_CUDA_ELEM_GEMM=$g $F test-ops --backend CUDA0 > $OUT/test-ops.$g.txt 2>&1
+  left 60 "test-ops ELEM_GEMM=$g" || break
+  FERRY_CUDA_ELEM_GEMM=$g timeout $(cap 240) $F test-ops --backend CUDA0 > $OUT/test-ops.$g.txt 2>&1
   echo "(FERRY_CUDA_ELEM_GEMM=$g: rc $?)"
   grep -E "_wide|passed" $OUT/test-ops.$g.txt | tail -12
 done
 echo "=== $(date -u +%T) test_cuda"
-tests "${FILTER:-*ModelShaped*:*EveryOp*:*SameLogits*:*Q5KM*:*KQuant*}" 300
-FERRY_CUDA_ELEM_GEMM=1 tests "*ModelShaped*" 90
+left 60 "test_cuda" && tests "${FILTER:-*ModelShaped*:*EveryOp*:*SameLogits*:*Q5KM*:*KQuant*}" $(cap 300)
+left 40 "ModelShaped ELEM_GEMM=1" && FERRY_CUDA_ELEM_GEMM=1 tests "*ModelShaped*" $(cap 90)
 wait
 for t in $MODELS q4_0; do
   for g in 1 0; do
+    left 25 "$t ELEM_GEMM=$g" || continue
     echo "=== $(date -u +%T) $t FERRY_CUDA_ELEM_GEMM=$g"
     FERRY_CUDA_ELEM_GEMM=$g timeout 120 $F bench -m /tmp/$t.gguf --device CUDA0 -p 512 -n 128 -r 3 2>&1 | grep -E "pp512|tg128"
   done
 done
-echo "=== $(date -u +%T) done"
+echo "=== $(date -u +%T) done at ${SECONDS}s"

@@ -24,19 +24,21 @@ BIN=${BIN:-.devB}
 source bench/runs/common.sh
 gen_models &
 echo "=== $(date -u +%T) test_cuda"
-tests "${FILTER:-*ChainedProducts*:*BulkStream*:*SameLogits*}" 300
+tests "${FILTER:-*ChainedProducts*:*BulkStream*:*SameLogits*}" $(cap 300)
 wait
 echo "=== $(date -u +%T) greedy text, chain off and on"
 for m in $H $Q; do
+  left 40 "greedy text $(basename $m)" || break
   for c in 0 1; do
     FERRY_CUDA_CHAIN=$c timeout 120 $F run -m $m --device CUDA0 -p "The chain" -n 64 --temp 0 \
-      > $OUT/text.$c.txt 2> $OUT/text.$c.err
-    echo "$(basename $m) chain=$c rc $? $(tail -1 $OUT/text.$c.err)"
+      > $OUT/text.$c.txt 2> /tmp/text.$c.err
+    echo "$(basename $m) chain=$c rc $? $(tail -1 /tmp/text.$c.err)"
   done
   cmp $OUT/text.0.txt $OUT/text.1.txt && echo "same text"
 done
 echo "=== $(date -u +%T) 1B F16 tg128: default | CHAIN=1 | CHAIN=1 COOP=0 | BULK_FN=1 | CHAIN=1 MV_BULK=0"
 for r in 1 2 3 4; do
+  left 60 "F16 round $r" || break
   a=$(bt $H --device CUDA0)
   b=$(FERRY_CUDA_CHAIN=1 bt $H --device CUDA0)
   c=$(FERRY_CUDA_CHAIN=1 FERRY_CUDA_CHAIN_COOP=0 bt $H --device CUDA0)
@@ -46,6 +48,7 @@ for r in 1 2 3 4; do
 done
 echo "=== $(date -u +%T) 1B Q4_0 tg128: default | CHAIN=1"
 for r in 1 2 3; do
+  left 30 "Q4_0 round $r" || break
   echo "round $r: $(bt $Q --device CUDA0) | $(FERRY_CUDA_CHAIN=1 bt $Q --device CUDA0)"
 done
-echo "=== $(date -u +%T) done"
+echo "=== $(date -u +%T) done at ${SECONDS}s"
