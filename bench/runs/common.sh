@@ -9,7 +9,7 @@
 # Served runs side by side: serve_unix, serve_tcp, servers_up, side_by_side, logits_reads (below).
 # tests FILTER [SECONDS]: test_cuda with that filter into $OUT/test_cuda.RUN.N.txt (RUN: the run
 # script's name, N: the call), its exit status (124: timed out), summary lines and the context
-# of any failure. profiles ADDR...: session profiles (below).
+# of any failure (TESTS_RC: that exit status). profiles ADDR...: session profiles (below).
 # LIMIT (s, 585 unless set): where a run script's steps stop starting; left SECS WHAT says
 # whether SECS more fit before it (else that WHAT was skipped), cap SECS bounds a step's own
 # timeout by half the time left (a hung step leaves the later ones theirs).
@@ -130,7 +130,8 @@ TESTS_N=0
 tests() { # FILTER [SECONDS]
   local f=$OUT/test_cuda.$(basename "$0" .sh).$((++TESTS_N)).txt
   FERRY_TEST_BIN=$F timeout ${2:-300} $TC --gtest_filter="$1" > $f 2>&1
-  echo "(rc $?, $f)"
+  TESTS_RC=$?
+  echo "(rc $TESTS_RC, $f)"
   grep -E "FAILED|PASSED|tests ran|SKIPPED|op cases" $f | head -30
   grep -B2 -A12 "Failure" $f | head -40
 }

@@ -26,29 +26,37 @@ gen_models &
 echo "=== $(date -u +%T) test_cuda"
 tests "${FILTER:-*ChainedProducts*:*BulkStream*:*SameLogits*}" $(cap 300)
 wait
+# A chain that never passes its grid barrier hangs its launch: when the tests timed out, the
+# steps that would launch it again (each until its own timeout) are left out.
+CHAIN=1
+[ $TESTS_RC = 124 ] && CHAIN=0 && echo "(tests timed out: the steps with the chain on are skipped)"
 echo "=== $(date -u +%T) greedy text, chain off and on"
 for m in $H $Q; do
   left 40 "greedy text $(basename $m)" || break
-  for c in 0 1; do
+  for c in $(seq 0 $CHAIN); do
     FERRY_CUDA_CHAIN=$c timeout 120 $F run -m $m --device CUDA0 -p "The chain" -n 64 --temp 0 \
       > $OUT/text.$c.txt 2> /tmp/text.$c.err
     echo "$(basename $m) chain=$c rc $? $(tail -1 /tmp/text.$c.err)"
   done
-  cmp $OUT/text.0.txt $OUT/text.1.txt && echo "same text"
+  [ $CHAIN = 1 ] && cmp $OUT/text.0.txt $OUT/text.1.txt && echo "same text"
 done
 echo "=== $(date -u +%T) 1B F16 tg128: default | CHAIN=1 | CHAIN=1 COOP=0 | BULK_FN=1 | CHAIN=1 MV_BULK=0"
 for r in 1 2 3 4; do
   left 60 "F16 round $r" || break
-  a=$(bt $H --device CUDA0)
-  b=$(FERRY_CUDA_CHAIN=1 bt $H --device CUDA0)
-  c=$(FERRY_CUDA_CHAIN=1 FERRY_CUDA_CHAIN_COOP=0 bt $H --device CUDA0)
+  a=$(bt $H --device CUDA0) b=- c=- e=-
+  if [ $CHAIN = 1 ]; then
+    b=$(FERRY_CUDA_CHAIN=1 bt $H --device CUDA0)
+    c=$(FERRY_CUDA_CHAIN=1 FERRY_CUDA_CHAIN_COOP=0 bt $H --device CUDA0)
+  fi
   d=$(FERRY_CUDA_MV_BULK_FN=1 bt $H --device CUDA0)
-  e=$(FERRY_CUDA_CHAIN=1 FERRY_CUDA_MV_BULK=0 bt $H --device CUDA0)
+  [ $CHAIN = 1 ] && e=$(FERRY_CUDA_CHAIN=1 FERRY_CUDA_MV_BULK=0 bt $H --device CUDA0)
   echo "round $r: $a | $b | $c | $d | $e"
 done
 echo "=== $(date -u +%T) 1B Q4_0 tg128: default | CHAIN=1"
 for r in 1 2 3; do
   left 30 "Q4_0 round $r" || break
-  echo "round $r: $(bt $Q --device CUDA0) | $(FERRY_CUDA_CHAIN=1 bt $Q --device CUDA0)"
+  b=-
+  [ $CHAIN = 1 ] && b=$(FERRY_CUDA_CHAIN=1 bt $Q --device CUDA0)
+  echo "round $r: $(bt $Q --device CUDA0) | $b"
 done
 echo "=== $(date -u +%T) done at ${SECONDS}s"
