@@ -3,8 +3,9 @@
 
 Usage: trace-timeline.py TRACE.bin
 
-TRACE.bin is what trace_dump_tu writes (ops/trace.cuh, built with -DFERRY_CUDA_TRACE; TRACE.bin.attn,
-when present, the attention kernels' records, read with it): a u64
+TRACE.bin is what trace_dump_tu writes (ops/trace.cuh, built with -DFERRY_CUDA_TRACE: the streaming
+forms' records; TRACE.bin.q8 the int8 kernel's and TRACE.bin.attn the attention kernels', each read
+with it when present): a u64
 count, then records of u64 t0 t1 t2 t3 wait_cyc, u32 id block smid groups M kind, where t0..t3
 are %globaltimer (ns) at a block's start, after griddepcontrol.wait, after b is in shared
 memory and at its end. Records of one launch share its id. The last whole step (from the end
@@ -23,10 +24,13 @@ REC = struct.Struct("<5Q6I")
 def main():
     path = sys.argv[1]
     recs = []
-    # attention.cu's ring (kind bit 32: k_attn_row; bit 64: its early form) beside mul_mat.cu's.
-    for f in (path, path + ".attn"):
-        if f != path and not os.path.exists(f):
-            continue
+    # The streaming forms' ring (mv-stream.cu), the int8 kernel's (mv-int8.cu) and attention.cu's
+    # (kind bit 32: k_attn_row; bit 64: its early form): those written (a file's first launch
+    # registers its dump).
+    files = [f for f in (path, path + ".q8", path + ".attn") if os.path.exists(f)]
+    if not files:
+        sys.exit(f"no trace at {path} (nor {path}.q8, {path}.attn)")
+    for f in files:
         data = open(f, "rb").read()
         (count,) = struct.unpack_from("<Q", data, 0)
         recs += [REC.unpack_from(data, 8 + i * REC.size) for i in range(count)]

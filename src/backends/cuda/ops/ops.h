@@ -49,7 +49,7 @@ inline bool elem_type(Type t) {
            t == Type::IQ4_NL || t == Type::IQ4_XS || t == Type::MXFP4;
 }
 
-// Chained products (k_mv_chain in mul_mat.cu; FERRY_CUDA_CHAIN=1): while OpContext::chain
+// Chained products (k_mv_chain in mv-stream.cu; FERRY_CUDA_CHAIN=1): while OpContext::chain
 // is set, the product ops launch nothing; each product the streaming form would take
 // (F16/BF16 in the bulk or the register form, Q4_0/Q6_K in the register form) is collected
 // into it (mv_chain_stages: how many), and any other refuses the chain from there on.

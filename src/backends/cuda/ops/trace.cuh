@@ -4,8 +4,8 @@
 // the int8 products, the cycles thread 0 spent waiting on the ring). Every translation unit
 // that includes this keeps its own ring (internal linkage: the kernels are compiled whole per
 // file) and dumps it at exit to FERRY_CUDA_TRACE_OUT (default /tmp/ferry-trace.bin) with its
-// suffix appended (mul_mat.cu: none; attention.cu: ".attn"); launches are numbered across
-// all of them (trace_next_id). bench/tools/trace-timeline.py reads the files.
+// suffix appended (mv-stream.cu: none; mv-int8.cu: ".q8"; attention.cu: ".attn"); launches are
+// numbered across all of them (trace_next_id). bench/tools/trace-timeline.py reads the files.
 #pragma once
 
 #ifdef FERRY_CUDA_TRACE

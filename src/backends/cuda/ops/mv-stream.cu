@@ -1,0 +1,1213 @@
+// MUL_MAT's streaming matrix-vector forms (decode, one column, F16/BF16/Q4_0/Q6_K weights):
+// the register form (k_mv_stream), the bulk form (k_mv_bulk, k_mv_bulk_fn: pieces in flight
+// in shared memory) and the chained products (k_mv_chain, MvChain), with their launchers and
+// the host mirror of a progressive product. mul_mat.cu's dispatch calls stream_ok,
+// launch_stream and chain_refuse (mv-launch.h).
+#include <algorithm>
+#include <atomic>
+#include <memory>
+
+#include "backends/cuda/ops/mv-common.cuh"
+#include "backends/cuda/ops/mv-launch.h"
+#include "backends/cuda/ops/trace.cuh"
+
+namespace ferry::cuda {
+
+namespace {
+
+#ifdef FERRY_CUDA_TRACE
+int trace_next_id() {
+    return trace_next_id_tu("");
+}
+#endif
+
+// The host copy of a progressive product (HostMirror). mirror_row: row r (of the warp's run
+// of kMirrorGroup rows from r - r % G), its value v in every lane; `last`: the warp has no
+// further row. After the run's last row the warp writes its line and fences at system scope
+// (the line is in host memory before the count says so), and its lane 0 counts the warp into
+// the step; the warp that completes the step (every warp with a run in it) sets its flag.
+__device__ __forceinline__ void mirror_row(const MvArgs& g, int64_t r, float v, bool last,
+                                           int64_t W, uint32_t& stash) {
+    constexpr int G = kMirrorGroup;
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    const int i = static_cast<int>(r % G);
+    if (lane == i) stash = __float_as_uint(v);
+    if (i != G - 1 && !last) return;  // (the same in every lane)
+    const int64_t r0 = r - i;
+    if (lane <= i) {
+        asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(g.mirror.buf + r0 + lane),
+                     "r"(stash)
+                     : "memory");
+    }
+    __threadfence_system();  // (one fence for the warp: every lane's store)
+    __syncwarp();
+    if (lane != 0) return;
+    const int64_t runs = (g.M + G - 1) / G;
+    const int64_t k = r0 / G / W;
+    const uint32_t need = static_cast<uint32_t>(min(W, runs - k * W));
+    if (atomicAdd_system(g.mirror.count + k, 1u) == need - 1) {
+        g.mirror.count[k] = 0u;
+        __threadfence_system();
+        asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(g.mirror.flags + k), "r"(1u)
+                     : "memory");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decode, the streaming form (F16, BF16, Q4_0 and Q6_K weights, one column; FERRY_CUDA_MV_STREAM=0
+// turns it off, per backend): a grid of at most two blocks per SM whose warps stream their rows
+// one piece of 2048 weights after another, D pieces in flight per warp, the first ones issued
+// before griddepcontrol.wait (weights never depend on the kernel before). b is put once per
+// block into shared memory: as floats for F16/BF16 (stored so that the two float4s a lane
+// multiplies with its 8 weights are read by the warp without bank conflicts), quantized to
+// int8 in the block-lane form's layout for Q4_0/Q6_K; or computed there, the folded
+// [ADD ->] RMS_NORM -> MUL. Measured first (bench/results/cuda.md, stop 25): the float kernel
+// read F16 gate/up at 2.4 TB/s and took twice the time of a kernel that only streams the same
+// bytes (bench_cuda_floor); its grid runs in waves of short blocks, each a DRAM round trip,
+// 1-3 barriers and a reduction, with little in flight between them.
+//
+// Work items: a row (wo, down, output), a gate/up row pair (glu: silu(a x) * (a2 x)), or rows
+// 2i, 2i + 1 of the decode epilogue's segments (rope pairs in one warp; segment ends are
+// multiples of kMvWarps). Item i is taken by warp i % W (W warps in the grid). Every row is
+// summed the same way, fused or not (each lane adds its pieces in order as the S = 1 forms of
+// the other kernels do, then warp_sum), so the fused launches give the bits of the unfused ones.
+// Blocks per SM (and the grid). Measured on the H200 (bench/results/cuda.md, stop 26 run D):
+// one block per SM, so that a block of the next kernel fits beside it, gave 1B F16 899-908
+// t/s against 1,090-1,102 and Q4_0 1,214-1,222 against 1,635-1,659: bytes in flight count
+// for more than the overlap.
+constexpr int kStreamMinBlocks = 2;
+constexpr int64_t kStreamMaxK = 12288;  // F16/BF16: b as floats in at most 48 KiB
+
+// One piece (2048 weights of a row) of a lane: its raw words (load) and their products with b
+// (dot); kD pieces in flight per warp.
+template <Type T>
+struct SPiece {  // F16, BF16: chunks 8p .. 8p + 7, the lane's 8 elements of each (16 bytes)
+    static constexpr int kD = 2;
+    struct Raw {
+        uint4 w[8];
+    };
+    __device__ static void load(const char* row, int64_t p, int lane, int64_t K, Raw& r) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int64_t e = (p * 8 + j) * 256 + 8 * lane;
+            r.w[j] = e < K ? __ldg(reinterpret_cast<const uint4*>(row + e * 2))
+                           : make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+    // b's float4 i (elements 4i .. 4i + 3: chunk c, lane l, half h) at c * 64 + h * 32 + l.
+    __device__ static void put(void* smem, int64_t i, float4 v, int) {
+        const int64_t c = i / 64, rem = i % 64;
+        static_cast<float4*>(smem)[c * 64 + (rem % 2) * 32 + rem / 2] = v;
+    }
+    static size_t smem_bytes(int64_t K) {
+        return static_cast<size_t>((K + 255) / 256) * 1024;
+    }
+    __device__ static float dot(const Raw& r, int64_t p, int lane, int64_t K, const void* smem,
+                                float a) {
+        const float4* xs = static_cast<const float4*>(smem);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int64_t c = p * 8 + j;
+            if (c * 256 + 8 * lane >= K) continue;
+            // The float kernel's decoder and mv_chunk's products and order (d = 1).
+            Lane8 w;
+            Dec<T>::from_raw(Raw8{r.w[j], make_uint4(0u, 0u, 0u, 0u)}, 0, w);
+            a = fmaf(1.0f, dot8(w.q, xs[c * 64 + lane], xs[c * 64 + 32 + lane]), a);
+        }
+        return a;
+    }
+};
+
+// Q4_0, Q6_K: span p of the block-lane form (BDec), b as its int8 quants (K / 4 words, in
+// BDec's swizzled order) then K / 32 float scales.
+template <Type T>
+struct SBlkPiece {
+    // Measured on the H200 (stop 26 run E): 6 and 4 (a few bytes of spills under the
+    // 128-register cap) gave 1B Q4_0 1,544-1,551 t/s against 1,665-1,672.
+    static constexpr int kD = T == Type::Q4_0 ? 4 : 3;
+    using Raw = typename BDec<T>::Raw;
+    __device__ static void load(const char* row, int64_t p, int lane, int64_t K, Raw& r) {
+        if (BDec<T>::active(K, p, lane)) BDec<T>::load_raw(row, p, lane, r);
+    }
+    // Called by whole warps (8 consecutive threads quantize a block of 32).
+    __device__ static void put(void* smem, int64_t i, float4 v, int64_t K) {
+        int32_t* xq = static_cast<int32_t*>(smem);
+        q8_quantize4<true, T>(v, i, static_cast<int>(threadIdx.x % 32), xq,
+                              reinterpret_cast<float*>(xq + K / 4));
+    }
+    static size_t smem_bytes(int64_t K) { return static_cast<size_t>(K + K / 8); }
+    __device__ static float dot(const Raw& r, int64_t p, int lane, int64_t K, const void* smem,
+                                float a) {
+        if (!BDec<T>::active(K, p, lane)) return a;
+        const int32_t* xq = static_cast<const int32_t*>(smem);
+        BlkX x;
+        BDec<T>::load_x(xq, reinterpret_cast<const float*>(xq + K / 4), p, lane, x);
+        return BDec<T>::dot_raw(r, p, lane, x, a);
+    }
+};
+template <>
+struct SPiece<Type::Q4_0> : SBlkPiece<Type::Q4_0> {};
+template <>
+struct SPiece<Type::Q6_K> : SBlkPiece<Type::Q6_K> {};
+
+// A warp's walk through its work items (the streaming and the bulk form): item it's row r
+// (two rows an item for glu and pair), piece p of ppr; item i goes to warp i % W, or, in a
+// mirrored launch (HostMirror), warp gw takes runs of kMirrorGroup rows, its k-th run rows
+// (k W + gw) G ..., so that each of its line writes holds whole rows in order.
+template <bool glu, bool pair>
+struct StreamWalk {
+    static constexpr int kRows = (glu || pair) ? 2 : 1;  // rows loaded per item
+    const MvArgs& g;
+    int64_t W, items;
+    int ppr;
+    bool mirrored;
+    __device__ StreamWalk(const MvArgs& ga, int64_t w)
+        : g(ga),
+          W(w),
+          items(pair ? ga.M / 2 : ga.M),
+          ppr(static_cast<int>((ga.K + 2047) / 2048)),
+          mirrored(!glu && !pair && ga.mirror.buf) {}
+    __device__ const char* row(int64_t it, int r) const {
+        if constexpr (glu) return (r == 0 ? g.a : g.a2) + it * g.a_nb1;
+        if constexpr (pair) {
+            int64_t ms;
+            const int sg = seg_of(g, 2 * it + r, &ms);
+            return g.seg[sg].a + ms * g.a_nb1;
+        }
+        return g.a + it * g.a_nb1;
+    }
+    __device__ int64_t first(int64_t gw) const { return mirrored ? gw * kMirrorGroup : gw; }
+    __device__ int64_t next_item(int64_t it) const {
+        if (!mirrored) return it + W;
+        return (it + 1) % kMirrorGroup != 0 ? it + 1 : it + 1 + (W - 1) * kMirrorGroup;
+    }
+    __device__ void advance(int64_t& it, int& r, int& p) const {
+        if (++p == ppr) {
+            p = 0;
+            if (++r == kRows) {
+                r = 0;
+                it = next_item(it);
+            }
+        }
+    }
+    // Item it is summed (v0, v1: its rows' warp sums, in every lane): its epilogue.
+    __device__ void done(int64_t it, float v0, float v1, int lane, uint32_t& stash) const {
+        if constexpr (pair) {
+            int64_t ms;
+            const MvSeg& sg = g.seg[seg_of(g, 2 * it, &ms)];
+            const float2 y = sg.rope ? rope_pair(g, ms, v0, v1) : make_float2(v0, v1);
+            if (lane < 2) epilogue_store(g, sg, ms + lane, lane == 0 ? y.x : y.y);
+        } else {
+            float v = v0;
+            if constexpr (glu) v = v / (1.0f + expf(-v)) * v1;
+            if (g.res) v += reinterpret_cast<const float*>(g.res)[it];
+            if (lane == 0) g.out[it] = v;
+            if (mirrored) mirror_row(g, it, v, next_item(it) >= items, W, stash);
+        }
+    }
+};
+
+// b into shared memory by P::put: the folded [ADD ->] RMS_NORM -> MUL (g.nx; blocks of
+// kMvWarps warps) or g.b's K floats. (The caller's __syncthreads follows.)
+template <typename P, bool norm_ok>
+__device__ __forceinline__ void stream_put_b(const MvArgs& g, void* smem, float* nred) {
+    auto put = [&](int64_t i, float4 v) { P::put(smem, i, v, g.K); };
+    if (norm_ok && g.nx) {
+        if constexpr (norm_ok) {
+            if (g.nfast && norm_fast_ok(g)) {
+                NormW nw;
+                norm_w_load(g, nw);
+                norm_prologue_fast(g, nw, nred, put);
+            } else {
+                norm_prologue(g, nred, put);
+            }
+        }
+    } else {
+        // Up to 8 float4s a thread in one round trip (32 KiB for K = 8192).
+        put_b<8>(reinterpret_cast<const float4*>(g.b), g.K / 4, put);
+    }
+}
+
+// kW warps a block: kMvWarps (two blocks per SM), or 2 * kMvWarps (one block per SM, the same
+// warps, so b is loaded and quantized once per SM instead of twice) for Q4_0/Q6_K launches
+// without a folded norm (wo, down; the folded norm's bit-exact prologue is built for 256
+// threads). Measured on the H200 (bench/results/cuda.md, stop 27 run G, three rounds side by
+// side): 1B Q4_0 tg128 1,745-1,760 t/s against 1,633-1,640 (run B's timeline had Q4_0 down's
+// prologue, every block loading and quantizing the whole 32 KiB of b, at 3.65 us against 2.14
+// of rows); 1B F16, whose b is only copied, 1,078-1,108 against 1,102-1,109, so F16/BF16 keep
+// two blocks. FERRY_CUDA_MV_STREAM_WIDE=0 turns it off, =2 takes F16/BF16 too.
+template <Type T, bool glu, bool pair, int kW = kMvWarps>
+__global__ void __launch_bounds__(32 * kW, kW == kMvWarps ? kStreamMinBlocks : 1)
+    k_mv_stream(MvArgs g) {
+    using P = SPiece<T>;
+    constexpr int D = P::kD;
+    constexpr int kRows = StreamWalk<glu, pair>::kRows;
+    extern __shared__ __align__(16) float4 sm_b[];
+    __shared__ float nred[32];
+    void* smem = sm_b;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const StreamWalk<glu, pair> w(g, static_cast<int64_t>(gridDim.x) * kW);
+    const int64_t gw = static_cast<int64_t>(blockIdx.x) * kW + warp;
+    const int64_t items = w.items;
+    const int64_t K = g.K;
+#ifdef FERRY_CUDA_TRACE
+    const uint64_t tr0 = gtime();
+    uint64_t tr1 = 0, tr2 = 0;
+#endif
+    pdl_trigger();
+    typename P::Raw buf[D];
+    // Load cursor: item lit, row lr, piece lp.
+    const int64_t first = w.first(gw);
+    int64_t lit = first;
+    int lr = 0, lp = 0;
+#pragma unroll
+    for (int s = 0; s < D; s++) {
+        if (lit < items) P::load(w.row(lit, lr), lp, lane, K, buf[s]);
+        w.advance(lit, lr, lp);
+    }
+    pdl_wait();
+    uint32_t stash = 0;
+#ifdef FERRY_CUDA_TRACE
+    tr1 = gtime();
+#endif
+    // (wide blocks are launched without a folded norm)
+    stream_put_b<P, kW == kMvWarps>(g, smem, nred);
+    __syncthreads();
+#ifdef FERRY_CUDA_TRACE
+    tr2 = gtime();
+#endif
+    int64_t cit = first;
+    int cr = 0, cp = 0;
+    float acc[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; r++) acc[r] = 0.0f;
+    while (cit < items) {
+#pragma unroll
+        for (int s = 0; s < D; s++) {
+            if (cit >= items) break;
+            if constexpr (kRows == 2) {
+                if (cr == 0) {
+                    acc[0] = P::dot(buf[s], cp, lane, K, smem, acc[0]);
+                } else {
+                    acc[1] = P::dot(buf[s], cp, lane, K, smem, acc[1]);
+                }
+            } else {
+                acc[0] = P::dot(buf[s], cp, lane, K, smem, acc[0]);
+            }
+            // The slot's next piece goes out before this item's epilogue.
+            if (lit < items) P::load(w.row(lit, lr), lp, lane, K, buf[s]);
+            w.advance(lit, lr, lp);
+            const int64_t it = cit;
+            const bool last = cp + 1 == w.ppr && cr + 1 == kRows;
+            w.advance(cit, cr, cp);
+            if (!last) continue;
+            const float v0 = warp_sum(acc[0]);
+            const float v1 = kRows == 2 ? warp_sum(acc[kRows - 1]) : 0.0f;
+#pragma unroll
+            for (int r = 0; r < kRows; r++) acc[r] = 0.0f;
+            w.done(it, v0, v1, lane, stash);
+        }
+    }
+#ifdef FERRY_CUDA_TRACE
+    trace_block(g.trace_id, g.M,
+                (glu ? 1u : 0u) | (pair ? 2u : 0u) | (g.nx ? 4u : 0u) | 16u |
+                    (static_cast<uint32_t>(T) << 8),
+                tr0, tr1, tr2, 0, 0);
+#endif
+}
+
+// The bulk form of the streaming kernel (FERRY_CUDA_MV_BULK=S for F16/BF16 weights, S = 2 in
+// two blocks per SM by default; FERRY_CUDA_MV_BULK_Q=S for Q4_0/Q6_K, off by default: see
+// OpContext::mv_bulk for the measurements): the pieces in flight sit in shared
+// memory instead of registers. Each warp owns S slots of one piece (F16/BF16: 2048 weights,
+// 4 KiB; Q4_0/Q6_K: one span of 2048, 1,152 / 1,680 bytes) with an mbarrier each; its lane 0
+// fills a slot with one bulk copy (cp.async.bulk, completion counted in bytes) and refills it
+// once the warp has read it, so the warps need no buffer registers and no block-wide
+// synchronization. The plan behind it (bench/results/cuda.md, stops 22, 26, 27, 29): a block
+// holds its bytes in flight with few registers, so that with PDL the next kernels' blocks fit
+// on the SM beside it and start their own copies while this one drains and while the
+// attention runs (the register form fills the register file with two blocks, and one block
+// per SM halved its bytes in flight). b: as in the register form (the folded norm's result,
+// or Q4_0/Q6_K's int8 quants, in shared memory), except F16/BF16 without a folded norm, whose
+// b is read from global memory through L1 (down's 32 KiB stay out of the block's shared
+// memory). Same pieces, same decoders, same order of additions: the register form's bits.
+constexpr int kBulkMaxSlots = 16;
+constexpr int kBulkMinBlocks = 2;  // (a register cap of 128: two such blocks share an SM)
+
+template <Type T>
+struct BulkSlot {  // F16, BF16
+    static constexpr int64_t kBytes = 4096;
+    static constexpr bool kBGlobal = true;  // b may stay in global memory (bulk_x_global)
+    __host__ __device__ static int64_t row_bytes(int64_t K) { return K * 2; }
+    // b's elements c * 256 + 8 lane .. + 7: float4s 2 lane, 2 lane + 1 of chunk c in global
+    // memory, lane and 32 + lane in SPiece::put's shared layout.
+    __device__ static float dot(const char* slot, int64_t p, int lane, int64_t K, const void* xb,
+                                bool x_global, float a) {
+        const float4* xs = static_cast<const float4*>(xb);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int64_t c = p * 8 + j;
+            if (c * 256 + 8 * lane >= K) continue;
+            const uint4 raw = *reinterpret_cast<const uint4*>(slot + j * 512 + 16 * lane);
+            Lane8 w;
+            Dec<T>::from_raw(Raw8{raw, make_uint4(0u, 0u, 0u, 0u)}, 0, w);
+            const float4 x0 = x_global ? xs[c * 64 + 2 * lane] : xs[c * 64 + lane];
+            const float4 x1 = x_global ? xs[c * 64 + 2 * lane + 1] : xs[c * 64 + 32 + lane];
+            a = fmaf(1.0f, dot8(w.q, x0, x1), a);
+        }
+        return a;
+    }
+};
+template <Type T>
+struct BulkBlkSlot {  // Q4_0, Q6_K: a span, read as the register form reads it from memory
+    static constexpr int64_t kBytes = BDec<T>::kSpanBytes;
+    static constexpr bool kBGlobal = false;
+    __host__ __device__ static int64_t row_bytes(int64_t K) {
+        return T == Type::Q4_0 ? K / 32 * 18 : K / 256 * 210;
+    }
+    __device__ static float dot(const char* slot, int64_t p, int lane, int64_t K, const void* xb,
+                                bool, float a) {
+        if (!BDec<T>::active(K, p, lane)) return a;
+        typename BDec<T>::Raw r;
+        BDec<T>::load_span(slot, lane, r);
+        return SPiece<T>::dot(r, p, lane, K, xb, a);
+    }
+};
+template <>
+struct BulkSlot<Type::Q4_0> : BulkBlkSlot<Type::Q4_0> {};
+template <>
+struct BulkSlot<Type::Q6_K> : BulkBlkSlot<Type::Q6_K> {};
+
+// Dynamic shared memory of a bulk launch: the warps' slots, b (when it is in shared memory),
+// the slots' barriers.
+template <Type T>
+size_t bulk_b_offset(int S) {
+    return static_cast<size_t>(kMvWarps) * S * BulkSlot<T>::kBytes;
+}
+template <Type T>
+size_t bulk_bar_offset(int S, int64_t K, bool x_global) {
+    const size_t b = x_global ? 0 : SPiece<T>::smem_bytes(K);
+    return (bulk_b_offset<T>(S) + b + 15) / 16 * 16;
+}
+template <Type T>
+size_t bulk_smem_bytes(int S, int64_t K, bool x_global) {
+    return bulk_bar_offset<T>(S, K, x_global) + static_cast<size_t>(kMvWarps) * S * 8;
+}
+
+// F16/BF16 b read from global memory (x_global) instead of shared: only without a folded norm
+// (whose b the block computes), and by default only for K <= kBulkXGlobalK: a block's shared
+// memory then leaves the SM ~28 KiB of L1 (two bulk blocks take the largest carveout), which
+// holds wo's 8 KiB of b but not down's 32 KiB, which every row reads whole
+// (FERRY_CUDA_MV_BULK_XGLOBAL=1: any K, to measure).
+constexpr int64_t kBulkXGlobalK = 4096;
+template <Type T>
+bool bulk_x_global(const OpContext& ctx, const MvArgs& g) {
+    return BulkSlot<T>::kBGlobal && g.nx == nullptr &&
+           (g.K <= kBulkXGlobalK || ctx.mv_bulk_xglobal);
+}
+
+// The bulk form's steps as functions, for the chained products (k_mv_chain, below). They are
+// k_mv_bulk's own steps, which keeps its inline copy for now: written without a GPU (stop 36),
+// k_mv_bulk on these functions compiled to other sm_90 code for its GLU and row-pair forms,
+// which no run has measured yet (k_mv_bulk_fn below; bench/runs/stop36-b.sh measures it).
+// One warp's slots: S slots of B::kBytes with an mbarrier each, and the parity each
+// completes next (bit s), carried from product to product in a chain.
+struct BulkWarp {
+    char* slots;
+    uint64_t* bars;
+    int S;
+    uint32_t phase;
+    int64_t row_bytes;  // of the product at hand (BulkSlot<T>::row_bytes)
+};
+
+// Lane 0 starts the copy of (item it, row r, piece p) of walk w into slot s.
+template <Type T, bool glu, bool pair>
+__device__ __forceinline__ void bulk_issue(const StreamWalk<glu, pair>& w, const BulkWarp& bw,
+                                           int s, int64_t it, int r, int p) {
+    using B = BulkSlot<T>;
+    const int64_t o = static_cast<int64_t>(p) * B::kBytes;
+    const uint32_t bytes = static_cast<uint32_t>(min(B::kBytes, bw.row_bytes - o));
+    mbar_expect(&bw.bars[s], bytes);
+    bulk_to_smem(bw.slots + static_cast<size_t>(s) * B::kBytes, w.row(it, r) + o, bytes,
+                 &bw.bars[s]);
+}
+
+// The load cursor of a warp's items (item lit, row lr, piece lp): bulk_first issues the
+// first S pieces from item `first` into slots 0 .. S - 1 and leaves the cursor past them.
+struct BulkCursor {
+    int64_t lit;
+    int lr, lp;
+};
+template <Type T, bool glu, bool pair>
+__device__ __forceinline__ BulkCursor bulk_first(const StreamWalk<glu, pair>& w, const BulkWarp& bw,
+                                                 int64_t first, int lane) {
+    BulkCursor c{first, 0, 0};
+    for (int s = 0; s < bw.S; s++) {
+        if (c.lit < w.items && lane == 0) bulk_issue<T>(w, bw, s, c.lit, c.lr, c.lp);
+        w.advance(c.lit, c.lr, c.lp);
+    }
+    return c;
+}
+
+// Sums the warp's items of walk w from `first` (bulk_first has issued their first S pieces;
+// b at xb, in global memory when x_global) and runs their epilogues, each slot refilled once
+// the warp has read it. Every copy issued is waited for: the slots are idle at the end.
+template <Type T, bool glu, bool pair>
+__device__ __forceinline__ void bulk_rows(const StreamWalk<glu, pair>& w, BulkWarp& bw,
+                                          BulkCursor c, int64_t first, int64_t K, const void* xb,
+                                          bool x_global, int lane) {
+    using B = BulkSlot<T>;
+    constexpr int kRows = StreamWalk<glu, pair>::kRows;
+    const int64_t items = w.items;
+    uint32_t stash = 0;
+    int64_t cit = first;
+    int cr = 0, cp = 0, s = 0;
+    float acc[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; r++) acc[r] = 0.0f;
+    while (cit < items) {
+        mbar_wait(&bw.bars[s], (bw.phase >> s) & 1u);
+        bw.phase ^= 1u << s;
+        const char* slot = bw.slots + static_cast<size_t>(s) * B::kBytes;
+        if constexpr (kRows == 2) {
+            if (cr == 0) {
+                acc[0] = B::dot(slot, cp, lane, K, xb, x_global, acc[0]);
+            } else {
+                acc[1] = B::dot(slot, cp, lane, K, xb, x_global, acc[1]);
+            }
+        } else {
+            acc[0] = B::dot(slot, cp, lane, K, xb, x_global, acc[0]);
+        }
+        // Every lane has read the slot: its next piece goes out before this item's epilogue.
+        __syncwarp();
+        if (c.lit < items && lane == 0) {
+            fence_proxy_async();
+            bulk_issue<T>(w, bw, s, c.lit, c.lr, c.lp);
+        }
+        w.advance(c.lit, c.lr, c.lp);
+        if (++s == bw.S) s = 0;
+        const int64_t it = cit;
+        const bool last = cp + 1 == w.ppr && cr + 1 == kRows;
+        w.advance(cit, cr, cp);
+        if (!last) continue;
+        const float v0 = warp_sum(acc[0]);
+        const float v1 = kRows == 2 ? warp_sum(acc[kRows - 1]) : 0.0f;
+#pragma unroll
+        for (int r = 0; r < kRows; r++) acc[r] = 0.0f;
+        w.done(it, v0, v1, lane, stash);
+    }
+}
+
+// k_mv_bulk's offsets (b_off, bar_off: bulk_b_offset, bulk_bar_offset) and x_global
+// (bulk_x_global) come from the launch.
+template <Type T, bool glu, bool pair>
+__global__ void __launch_bounds__(32 * kMvWarps, kBulkMinBlocks)
+    k_mv_bulk(MvArgs g, int S, uint32_t b_off, uint32_t bar_off, bool x_global) {
+    using P = SPiece<T>;
+    using B = BulkSlot<T>;
+    constexpr int kRows = StreamWalk<glu, pair>::kRows;
+    extern __shared__ __align__(16) char bulk_sm[];
+    __shared__ float nred[32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const StreamWalk<glu, pair> w(g, static_cast<int64_t>(gridDim.x) * kMvWarps);
+    const int64_t gw = static_cast<int64_t>(blockIdx.x) * kMvWarps + warp;
+    const int64_t items = w.items, K = g.K, row_bytes = B::row_bytes(K);
+    char* slots = bulk_sm + static_cast<size_t>(warp) * S * B::kBytes;
+    void* smem_b = bulk_sm + b_off;
+    uint64_t* bars = reinterpret_cast<uint64_t*>(bulk_sm + bar_off) + warp * S;
+#ifdef FERRY_CUDA_TRACE
+    const uint64_t tr0 = gtime();
+    uint64_t tr1 = 0, tr2 = 0;
+#endif
+    pdl_trigger();
+    if (lane == 0) {
+        for (int s = 0; s < S; s++) mbar_init(&bars[s], 1);
+        mbar_init_fence();
+    }
+    __syncwarp();
+    // Lane 0 starts the copy of (item it, row r, piece p) into slot s.
+    auto issue = [&](int s, int64_t it, int r, int p) {
+        const int64_t o = static_cast<int64_t>(p) * B::kBytes;
+        const uint32_t bytes = static_cast<uint32_t>(min(B::kBytes, row_bytes - o));
+        mbar_expect(&bars[s], bytes);
+        bulk_to_smem(slots + static_cast<size_t>(s) * B::kBytes, w.row(it, r) + o, bytes, &bars[s]);
+    };
+    // Load cursor: item lit, row lr, piece lp (S pieces ahead of the sums).
+    const int64_t first = w.first(gw);
+    int64_t lit = first;
+    int lr = 0, lp = 0;
+    for (int s = 0; s < S; s++) {
+        if (lit < items && lane == 0) issue(s, lit, lr, lp);
+        w.advance(lit, lr, lp);
+    }
+    pdl_wait();
+#ifdef FERRY_CUDA_TRACE
+    tr1 = gtime();
+#endif
+    if (!x_global) {
+        stream_put_b<P, true>(g, smem_b, nred);
+        __syncthreads();
+    }
+    const void* xb = x_global ? static_cast<const void*>(g.b) : smem_b;
+#ifdef FERRY_CUDA_TRACE
+    tr2 = gtime();
+#endif
+    uint32_t stash = 0, phase = 0;  // phase bit s: the parity slot s completes next
+    int64_t cit = first;
+    int cr = 0, cp = 0, s = 0;
+    float acc[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; r++) acc[r] = 0.0f;
+    while (cit < items) {
+        mbar_wait(&bars[s], (phase >> s) & 1u);
+        phase ^= 1u << s;
+        const char* slot = slots + static_cast<size_t>(s) * B::kBytes;
+        if constexpr (kRows == 2) {
+            if (cr == 0) {
+                acc[0] = B::dot(slot, cp, lane, K, xb, x_global, acc[0]);
+            } else {
+                acc[1] = B::dot(slot, cp, lane, K, xb, x_global, acc[1]);
+            }
+        } else {
+            acc[0] = B::dot(slot, cp, lane, K, xb, x_global, acc[0]);
+        }
+        // Every lane has read the slot: its next piece goes out before this item's epilogue.
+        __syncwarp();
+        if (lit < items && lane == 0) {
+            fence_proxy_async();
+            issue(s, lit, lr, lp);
+        }
+        w.advance(lit, lr, lp);
+        if (++s == S) s = 0;
+        const int64_t it = cit;
+        const bool last = cp + 1 == w.ppr && cr + 1 == kRows;
+        w.advance(cit, cr, cp);
+        if (!last) continue;
+        const float v0 = warp_sum(acc[0]);
+        const float v1 = kRows == 2 ? warp_sum(acc[kRows - 1]) : 0.0f;
+#pragma unroll
+        for (int r = 0; r < kRows; r++) acc[r] = 0.0f;
+        w.done(it, v0, v1, lane, stash);
+    }
+#ifdef FERRY_CUDA_TRACE
+    trace_block(g.trace_id, g.M,
+                (glu ? 1u : 0u) | (pair ? 2u : 0u) | (g.nx ? 4u : 0u) | 16u | 128u |
+                    (static_cast<uint32_t>(T) << 8),
+                tr0, tr1, tr2, 0, 0);
+#endif
+}
+
+// k_mv_bulk on the functions above (FERRY_CUDA_MV_BULK_FN=1, to measure against the inline
+// copy; the same steps in the same order, so the same bits).
+template <Type T, bool glu, bool pair>
+__global__ void __launch_bounds__(32 * kMvWarps, kBulkMinBlocks)
+    k_mv_bulk_fn(MvArgs g, int S, uint32_t b_off, uint32_t bar_off, bool x_global) {
+    using P = SPiece<T>;
+    using B = BulkSlot<T>;
+    extern __shared__ __align__(16) char bulk_sm[];
+    __shared__ float nred[32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const StreamWalk<glu, pair> w(g, static_cast<int64_t>(gridDim.x) * kMvWarps);
+    const int64_t K = g.K;
+    BulkWarp bw{bulk_sm + static_cast<size_t>(warp) * S * B::kBytes,
+                reinterpret_cast<uint64_t*>(bulk_sm + bar_off) + warp * S, S, 0u, B::row_bytes(K)};
+    void* smem_b = bulk_sm + b_off;
+    pdl_trigger();
+    if (lane == 0) {
+        for (int s = 0; s < S; s++) mbar_init(&bw.bars[s], 1);
+        mbar_init_fence();
+    }
+    __syncwarp();
+    const int64_t first = w.first(static_cast<int64_t>(blockIdx.x) * kMvWarps + warp);
+    const BulkCursor c = bulk_first<T>(w, bw, first, lane);
+    pdl_wait();
+    if (!x_global) {
+        stream_put_b<P, true>(g, smem_b, nred);
+        __syncthreads();
+    }
+    bulk_rows<T>(w, bw, c, first, K, x_global ? static_cast<const void*>(g.b) : smem_b, x_global,
+                 lane);
+}
+
+// Chained products (k_mv_chain; FERRY_CUDA_CHAIN=1 when the backend is made, off by default:
+// written in stop 36 without a GPU). A decode layer's products run one after another (wo,
+// gate/up, down, the next layer's q/k/v), each a launch of k_mv_bulk (F16/BF16) or k_mv_stream
+// (Q4_0/Q6_K, the register form), and each boundary
+// costs the tail of one kernel (its last pieces arriving while fewer and fewer warps load),
+// the start of the next and its prologue (bench/results/cuda.md, stop 27's timeline: about
+// 4-5 us a product beyond its bytes at the H200's bandwidth). In a chain the same warps, in
+// one launch of every block that fits the GPU at once (two per SM), run the products as
+// stages: a warp that has issued the last copy of its rows of stage i issues its first S
+// pieces of stage i + 1 (the register form: loads its first D pieces into registers;
+// weights: constants of the graph) and waits at a grid barrier for
+// every block to finish stage i; then b (stage i's result, or the folded norm of it) and
+// the rows of stage i + 1. The copies of the next product stream while the last rows of this
+// one are summed and while the barrier waits. Same walks, pieces and additions as k_mv_bulk
+// and k_mv_stream: the bits of the unchained launches (Q4_0/Q6_K's wo and down included,
+// which unchained run one 16-warp block an SM: a row's sum does not depend on its warp).
+
+// The forms a chain takes at each position (bit f: form f, ChainArgs::form): a decode layer's
+// products from wo on, wo (+ residual), gate/up (folded norm, SwiGLU), down (+ residual), then
+// the next layer's q/k/v (folded norm, rope, KV store) or the output product (folded norm).
+constexpr int kChainForms[4] = {1, 2, 1, 1 | 4};
+static_assert(kMaxChain == 4, "kChainForms has a mask for each position");
+
+#ifdef FERRY_CUDA_TRACE
+// A chain stage's trace record kind: the plain launch's bits, with bit 24 for the chain.
+template <Type T>
+__device__ __forceinline__ uint32_t chain_trace_kind(bool glu, bool pair, const MvArgs& g,
+                                                     uint32_t form) {
+    return (glu ? 1u : 0u) | (pair ? 2u : 0u) | (g.nx ? 4u : 0u) | 16u | form |
+           (static_cast<uint32_t>(T) << 8) | (1u << 24);
+}
+#endif
+
+struct ChainArgs {
+    MvArgs g[kMaxChain];
+    int form[kMaxChain];  // 0 plain, 1 gate/up (glu), 2 row pairs with epilogue segments
+    int n, S;             // S: the bulk form's slots a warp (0: the register form)
+    uint32_t b_off, bar_off;
+    bool x_global0;  // stage 0's b read from global memory (bulk_x_global)
+    uint32_t* ctr;   // kChainCtrWords words (arrivals at 0, exits at 32), zero between launches
+};
+static_assert(sizeof(ChainArgs) <= 4096, "a kernel's parameters take at most 4 KiB");
+
+// Every block of the grid has arrived here `k` times (this block's k-th arrival included):
+// the block's writes before it are visible to every block after it (release and acquire at
+// GPU scope by thread 0, bar.sync on each side for the other threads).
+__device__ __forceinline__ void chain_barrier(uint32_t* arrivals, uint32_t k) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(arrivals) : "memory");
+        const uint32_t target = k * gridDim.x;
+        uint32_t seen;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
+                         : "=r"(seen)
+                         : "l"(arrivals)
+                         : "memory");
+        } while (seen < target);
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// Stage i of the chain (a constant index: its arguments are read where the kernel's
+// parameters are, as k_mv_bulk reads its own).
+template <Type T, bool glu, bool pair, int i>
+__device__ __forceinline__ void chain_stage(const ChainArgs& c, BulkWarp& bw, void* smem_b,
+                                            float* nred, int lane) {
+    using P = SPiece<T>;
+    const MvArgs& g = c.g[i];
+    const StreamWalk<glu, pair> w(g, static_cast<int64_t>(gridDim.x) * kMvWarps);
+    const int64_t first = w.first(static_cast<int64_t>(blockIdx.x) * kMvWarps + threadIdx.x / 32);
+#ifdef FERRY_CUDA_TRACE
+    const uint64_t tr0 = gtime();
+#endif
+    bw.row_bytes = BulkSlot<T>::row_bytes(g.K);
+    if constexpr (i > 0) {
+        // The slots' last reads (generic proxy) before the bulk copies (async proxy) into them.
+        __syncwarp();
+        if (lane == 0) fence_proxy_async();
+    }
+    const BulkCursor cur = bulk_first<T>(w, bw, first, lane);
+    if constexpr (i == 0) {
+        pdl_wait();
+    } else {
+        chain_barrier(c.ctr, static_cast<uint32_t>(i));
+        // Every block is on an SM now: the next kernel may take the room they leave.
+        if constexpr (i == 1) pdl_trigger();
+    }
+#ifdef FERRY_CUDA_TRACE
+    const uint64_t tr1 = gtime();
+#endif
+    const bool xg = i == 0 && c.x_global0;
+    if (!xg) {
+        stream_put_b<P, true>(g, smem_b, nred);
+        __syncthreads();
+    }
+#ifdef FERRY_CUDA_TRACE
+    const uint64_t tr2 = gtime();
+#endif
+    bulk_rows<T>(w, bw, cur, first, g.K, xg ? static_cast<const void*>(g.b) : smem_b, xg, lane);
+#ifdef FERRY_CUDA_TRACE
+    trace_block(g.trace_id, g.M, chain_trace_kind<T>(glu, pair, g, 128u), tr0, tr1, tr2, 0, 0);
+#endif
+}
+
+// Stage i in the register form (k_mv_stream's steps, the pieces in flight in registers: the
+// chain of Q4_0/Q6_K products, and of F16/BF16 with FERRY_CUDA_MV_BULK=0). The first D pieces
+// of the stage go out before the barrier, as k_mv_stream's go out before its wait. A call,
+// not inlined: inlined, the stages of one kernel spilled 1.1-1.8 KB under the 128-register
+// cap; as calls, each stage's own spills are 16-44 bytes for Q4_0 and 124-204 for F16/BF16
+// and Q6_K (ptxas, sm_90; k_mv_stream's F16 uses all 128 registers without). Its loop is
+// k_mv_stream's, a copy kept apart (as bulk_rows is k_mv_bulk's) until a GPU run shows that
+// sharing one function leaves k_mv_stream's speed alone: k_mv_stream on a shared loop
+// compiled to other sm_90 code in all 12 of its forms (3 of them 128 bytes longer).
+template <Type T, bool glu, bool pair, int i>
+__device__ __noinline__ void chain_stage_reg(const ChainArgs& c, void* smem, float* nred,
+                                             int lane) {
+    using P = SPiece<T>;
+    constexpr int D = P::kD;
+    constexpr int kRows = StreamWalk<glu, pair>::kRows;
+    const MvArgs& g = c.g[i];
+    const StreamWalk<glu, pair> w(g, static_cast<int64_t>(gridDim.x) * kMvWarps);
+    const int64_t first = w.first(static_cast<int64_t>(blockIdx.x) * kMvWarps + threadIdx.x / 32);
+    const int64_t items = w.items, K = g.K;
+#ifdef FERRY_CUDA_TRACE
+    const uint64_t tr0 = gtime();
+#endif
+    typename P::Raw buf[D];
+    int64_t lit = first;
+    int lr = 0, lp = 0;
+#pragma unroll
+    for (int s = 0; s < D; s++) {
+        if (lit < items) P::load(w.row(lit, lr), lp, lane, K, buf[s]);
+        w.advance(lit, lr, lp);
+    }
+    if constexpr (i == 0) {
+        pdl_wait();
+    } else {
+        chain_barrier(c.ctr, static_cast<uint32_t>(i));
+        if constexpr (i == 1) pdl_trigger();
+    }
+#ifdef FERRY_CUDA_TRACE
+    const uint64_t tr1 = gtime();
+#endif
+    stream_put_b<P, true>(g, smem, nred);
+    __syncthreads();
+#ifdef FERRY_CUDA_TRACE
+    const uint64_t tr2 = gtime();
+#endif
+    uint32_t stash = 0;
+    int64_t cit = first;
+    int cr = 0, cp = 0;
+    float acc[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; r++) acc[r] = 0.0f;
+    while (cit < items) {
+#pragma unroll
+        for (int s = 0; s < D; s++) {
+            if (cit >= items) break;
+            if constexpr (kRows == 2) {
+                if (cr == 0) {
+                    acc[0] = P::dot(buf[s], cp, lane, K, smem, acc[0]);
+                } else {
+                    acc[1] = P::dot(buf[s], cp, lane, K, smem, acc[1]);
+                }
+            } else {
+                acc[0] = P::dot(buf[s], cp, lane, K, smem, acc[0]);
+            }
+            if (lit < items) P::load(w.row(lit, lr), lp, lane, K, buf[s]);
+            w.advance(lit, lr, lp);
+            const int64_t it = cit;
+            const bool last = cp + 1 == w.ppr && cr + 1 == kRows;
+            w.advance(cit, cr, cp);
+            if (!last) continue;
+            const float v0 = warp_sum(acc[0]);
+            const float v1 = kRows == 2 ? warp_sum(acc[kRows - 1]) : 0.0f;
+#pragma unroll
+            for (int r = 0; r < kRows; r++) acc[r] = 0.0f;
+            w.done(it, v0, v1, lane, stash);
+        }
+    }
+#ifdef FERRY_CUDA_TRACE
+    trace_block(g.trace_id, g.M, chain_trace_kind<T>(glu, pair, g, 0u), tr0, tr1, tr2, 0, 0);
+#endif
+}
+
+// Stage i in form f (ChainArgs::form), bulk or register.
+template <Type T, bool reg, bool glu, bool pair, int i>
+__device__ __forceinline__ void chain_run_stage(const ChainArgs& c, BulkWarp& bw, void* smem_b,
+                                                float* nred, int lane) {
+    if constexpr (reg) {
+        chain_stage_reg<T, glu, pair, i>(c, smem_b, nred, lane);
+    } else {
+        chain_stage<T, glu, pair, i>(c, bw, smem_b, nred, lane);
+    }
+}
+
+// Stages i .. c.n - 1, each in its form: only the forms kChainForms allows at each position
+// are compiled (every form at every position took 128 registers and spilled 144 bytes).
+template <Type T, bool reg, int i>
+__device__ __forceinline__ void chain_stages(const ChainArgs& c, BulkWarp& bw, void* smem_b,
+                                             float* nred, int lane) {
+    if constexpr (i < kMaxChain) {
+        if (i >= c.n) return;
+        constexpr int allowed = kChainForms[i];
+        if (c.form[i] == 1) {
+            if constexpr ((allowed & 2) != 0) {
+                chain_run_stage<T, reg, true, false, i>(c, bw, smem_b, nred, lane);
+            }
+        } else if (c.form[i] == 2) {
+            if constexpr ((allowed & 4) != 0) {
+                chain_run_stage<T, reg, false, true, i>(c, bw, smem_b, nred, lane);
+            }
+        } else {
+            if constexpr ((allowed & 1) != 0) {
+                chain_run_stage<T, reg, false, false, i>(c, bw, smem_b, nred, lane);
+            }
+        }
+        chain_stages<T, reg, i + 1>(c, bw, smem_b, nred, lane);
+    }
+}
+
+// reg: the register form (no slots: c.S, c.bar_off unused, b at c.b_off = 0).
+template <Type T, bool reg>
+__global__ void __launch_bounds__(32 * kMvWarps, kBulkMinBlocks)
+    k_mv_chain(const __grid_constant__ ChainArgs c) {
+    using B = BulkSlot<T>;
+    static_assert(kBulkMinBlocks == kStreamMinBlocks, "both forms: two blocks an SM");
+    extern __shared__ __align__(16) char bulk_sm[];
+    __shared__ float nred[32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    BulkWarp bw{bulk_sm + static_cast<size_t>(warp) * c.S * B::kBytes,
+                reinterpret_cast<uint64_t*>(bulk_sm + c.bar_off) + warp * c.S, c.S, 0u, 0};
+    void* smem_b = bulk_sm + c.b_off;
+    if (!reg && lane == 0) {
+        for (int s = 0; s < c.S; s++) mbar_init(&bw.bars[s], 1);
+        mbar_init_fence();
+    }
+    __syncwarp();
+    chain_stages<T, reg, 0>(c, bw, smem_b, nred, lane);
+    // The last block out (every block past every barrier) zeroes the counters for the next
+    // launch.
+    __syncthreads();
+    if (threadIdx.x == 0 && atomicAdd(c.ctr + 32, 1u) == gridDim.x - 1) {
+        c.ctr[0] = 0u;
+        c.ctr[32] = 0u;
+    }
+}
+
+// A plain streaming launch of `warps` warps (one column of one matrix: stream_ok) takes the
+// backend's host mirror (OpContext::mirror, set only for a progressive product's launch) when
+// the rows fit and come in at most kMirrorSteps steps, and says so (OpContext::mirror_taken,
+// mirror_step_rows).
+void keep_mirror(const OpContext& ctx, MvArgs& g, int64_t warps) {
+    const int64_t step = warps * kMirrorGroup;
+    if (!ctx.mirror.buf ||
+        (g.M + kMirrorGroup - 1) / kMirrorGroup * kMirrorGroup > ctx.mirror.stride ||
+        (g.M + step - 1) / step > kMirrorSteps) {
+        return;
+    }
+    g.mirror = ctx.mirror;
+    ctx.mirror_taken = true;
+    ctx.mirror_step_rows = step;
+}
+
+}  // namespace
+
+// The streaming form takes this product: F16/BF16 (K % 8 == 0, 16-byte rows, b in 48 KiB) or
+// Q4_0/Q6_K (K % 256 == 0, 4-byte rows) weights, one column of one matrix, a2's and every
+// segment's rows aligned alike, b 16-byte aligned.
+bool stream_ok(const MvArgs& g, Type t, bool glu) {
+    if (g.N != 1 || g.ne2 != 1 || g.ne3 != 1 || !aligned16(g.b, {g.b_nb1, g.b_nb2, g.b_nb3}) ||
+        (g.n_seg > 0 && g.M % 2 != 0)) {
+        return false;
+    }
+    if (t == Type::F16 || t == Type::BF16) {
+        return g.K % 8 == 0 && g.K <= kStreamMaxK && rows_aligned(g, glu, g.n_seg > 0, 16);
+    }
+    if (t == Type::Q4_0 || t == Type::Q6_K) {
+        return g.K % 256 == 0 && g.K <= kQ8MaxK && rows_aligned(g, glu, g.n_seg > 0, 4);
+    }
+    return false;
+}
+
+namespace {
+
+// b's 48 KiB for K = kStreamMaxK F16/BF16 weights and the kernel's static shared memory are
+// over the 48 KiB a launch gets without asking: each kernel of the streaming form may take
+// this much dynamic shared memory (set once per device and weight type).
+constexpr size_t kStreamSmem = kStreamMaxK * 4 + 1024;
+
+template <Type T>
+void allow_stream_smem() {
+    static std::atomic<uint64_t> done{0};
+    allow_dyn_smem<void (*)(MvArgs)>(
+        {k_mv_stream<T, true, false>, k_mv_stream<T, false, true>, k_mv_stream<T, false, false>,
+         k_mv_stream<T, false, false, 2 * kMvWarps>},
+        kStreamSmem, done);
+}
+
+// The bulk form's launch (S slots a warp, at most ctx.mv_bulk_blocks blocks per SM); false
+// when it does not take the product (then the register form): its shared memory would not fit
+// a block, or its copies would not be 16-byte aligned (every row and piece must be).
+template <Type T>
+bool launch_bulk_t(const OpContext& ctx, MvArgs& g, bool glu, int S) {
+    constexpr size_t kMaxSmem = 227 * 1024 - 256;  // (the H200's block limit; nred beside)
+    using B = BulkSlot<T>;
+    S = std::min(S, kBulkMaxSlots);
+    const bool pair = g.n_seg > 0, x_global = bulk_x_global<T>(ctx, g);
+    // One block per SM: fewer slots where b would leave no room for the next kernel's block
+    // beside it (each block also takes 1 KiB of the SM's 228; FERRY_CUDA_MV_BULK_FIT=0 keeps
+    // S): with S = 3, F16 down (b's 32 KiB) takes 2.
+    constexpr size_t kHalfSm = 113 * 1024 - 256;
+    while (ctx.mv_bulk_fit && ctx.mv_bulk_blocks <= 1 && S > 1 &&
+           bulk_smem_bytes<T>(S, g.K, x_global) > kHalfSm) {
+        S--;
+    }
+    const size_t smem = bulk_smem_bytes<T>(S, g.K, x_global);
+    if (smem > kMaxSmem || B::row_bytes(g.K) % 16 != 0 || !rows_aligned(g, glu, pair, 16)) {
+        return false;
+    }
+    // The SM's largest shared-memory carveout (228 KiB, ~28 KiB of L1) whenever a bulk block
+    // runs: with a smaller one picked for a single block (e.g. 132 KiB), the next kernel's
+    // block could not join it until the SM drained and was configured anew.
+    static std::atomic<uint64_t> done{0};
+    allow_dyn_smem<void (*)(MvArgs, int, uint32_t, uint32_t, bool)>(
+        {k_mv_bulk<T, true, false>, k_mv_bulk<T, false, true>, k_mv_bulk<T, false, false>,
+         k_mv_bulk_fn<T, true, false>, k_mv_bulk_fn<T, false, true>, k_mv_bulk_fn<T, false, false>},
+        kMaxSmem, done, /*max_carveout=*/true);
+    const bool fn = ctx.mv_bulk_fn;
+    const int64_t items = pair ? g.M / 2 : g.M;
+    const unsigned blocks =
+        std::min(n_blocks(items, kMvWarps),
+                 static_cast<unsigned>(ctx.n_sm * std::max(1, ctx.mv_bulk_blocks)));
+    const dim3 grid(blocks), block(32 * kMvWarps);
+    const auto b_off = static_cast<uint32_t>(bulk_b_offset<T>(S));
+    const auto bar_off = static_cast<uint32_t>(bulk_bar_offset<T>(S, g.K, x_global));
+    if (glu) {
+        launch_pdl(fn ? k_mv_bulk_fn<T, true, false> : k_mv_bulk<T, true, false>, grid, block, smem,
+                   ctx.stream, g, S, b_off, bar_off, x_global);
+    } else if (pair) {
+        launch_pdl(fn ? k_mv_bulk_fn<T, false, true> : k_mv_bulk<T, false, true>, grid, block, smem,
+                   ctx.stream, g, S, b_off, bar_off, x_global);
+    } else {
+        keep_mirror(ctx, g, static_cast<int64_t>(blocks) * kMvWarps);
+        launch_pdl(fn ? k_mv_bulk_fn<T, false, false> : k_mv_bulk<T, false, false>, grid, block,
+                   smem, ctx.stream, g, S, b_off, bar_off, x_global);
+    }
+    return true;
+}
+
+template <Type T>
+void launch_stream_t(const OpContext& ctx, MvArgs g, bool glu) {
+    const int bulk = T == Type::F16 || T == Type::BF16 ? ctx.mv_bulk : ctx.mv_bulk_q;
+    if (bulk > 0 && launch_bulk_t<T>(ctx, g, glu, bulk)) return;
+    allow_stream_smem<T>();
+    const bool pair = g.n_seg > 0;
+    const int64_t items = pair ? g.M / 2 : g.M;
+    const size_t smem = SPiece<T>::smem_bytes(g.K);
+    const bool block_format = T == Type::Q4_0 || T == Type::Q6_K;
+    if (ctx.mv_stream_wide > (block_format ? 0 : 1) && !glu && !pair && !g.nx) {
+        constexpr int kW = 2 * kMvWarps;
+        const unsigned blocks = std::min(n_blocks(items, kW), static_cast<unsigned>(ctx.n_sm));
+        keep_mirror(ctx, g, static_cast<int64_t>(blocks) * kW);
+        launch_pdl(k_mv_stream<T, false, false, kW>, dim3(blocks), dim3(32 * kW), smem, ctx.stream,
+                   g);
+        return;
+    }
+    const unsigned blocks =
+        std::min(n_blocks(items, kMvWarps), static_cast<unsigned>(ctx.n_sm * kStreamMinBlocks));
+    const dim3 grid(blocks), block(32 * kMvWarps);
+    if (glu) {
+        launch_pdl(k_mv_stream<T, true, false>, grid, block, smem, ctx.stream, g);
+    } else if (pair) {
+        launch_pdl(k_mv_stream<T, false, true>, grid, block, smem, ctx.stream, g);
+    } else {
+        keep_mirror(ctx, g, static_cast<int64_t>(blocks) * kMvWarps);
+        launch_pdl(k_mv_stream<T, false, false>, grid, block, smem, ctx.stream, g);
+    }
+}
+
+}  // namespace
+
+// The products a chain collects (OpContext::chain): launch_stream appends each instead of
+// launching it.
+struct MvChain {
+    MvArgs g[kMaxChain];
+    bool glu[kMaxChain];
+    Type t[kMaxChain];
+    int n = 0;
+    bool refused = false;  // a product took (or would take) another kernel: nothing more joins
+};
+
+void MvChainDeleter::operator()(MvChain* c) const {
+    delete c;
+}
+std::unique_ptr<MvChain, MvChainDeleter> make_mv_chain() {
+    return std::unique_ptr<MvChain, MvChainDeleter>(new MvChain());
+}
+void mv_chain_reset(MvChain* c) {
+    c->n = 0;
+    c->refused = false;
+}
+int mv_chain_stages(const MvChain* c) {
+    return c->n;
+}
+
+namespace {
+
+// Whether a chain of type-t products runs in the register form (else the bulk form); -1:
+// no chain for t. F16/BF16 follow mv_bulk; Q4_0/Q6_K take the register form (their bulk
+// form, slower on the H200, has no chain).
+int chain_reg(const OpContext& ctx, Type t) {
+    if (t == Type::F16 || t == Type::BF16) return ctx.mv_bulk > 0 ? 0 : 1;
+    if (t == Type::Q4_0 || t == Type::Q6_K) return ctx.mv_bulk_q > 0 ? -1 : 1;
+    return -1;
+}
+
+// A product that a chain collects instead of launching, or refuses (nothing runs either way).
+void chain_collect(const OpContext& ctx, const MvArgs& g, Type t, bool glu) {
+    MvChain* c = ctx.chain;
+    if (c->refused || c->n == kMaxChain || chain_reg(ctx, t) < 0 || g.mirror.buf ||
+        (c->n > 0 && c->t[0] != t)) {
+        c->refused = true;
+        return;
+    }
+    c->g[c->n] = g;
+    c->glu[c->n] = glu;
+    c->t[c->n] = t;
+    c->n++;
+}
+
+}  // namespace
+
+// Refuses the chain for a product that takes any kernel but the streaming form's.
+Status chain_refuse(const OpContext& ctx) {
+    ctx.chain->refused = true;
+    return Status::ok();
+}
+
+namespace {
+
+// Launches the longest prefix (at most `most` products) that the chain takes, if of two or
+// more products; returns its length (0: nothing ran).
+template <Type T, bool reg>
+int launch_chain_t(const OpContext& ctx, const MvChain& mc, int most) {
+    constexpr size_t kMaxSmem = 227 * 1024 - 256;
+    using B = BulkSlot<T>;
+    ChainArgs c{};
+    c.S = reg ? 0 : std::min(ctx.mv_bulk, kBulkMaxSlots);
+    c.x_global0 = !reg && bulk_x_global<T>(ctx, mc.g[0]);
+    size_t b_bytes = 0;
+    int n = 0;
+    for (; n < most; n++) {
+        const MvArgs& g = mc.g[n];
+        const bool pair = g.n_seg > 0;
+        const int form = mc.glu[n] ? 1 : (pair ? 2 : 0);
+        if ((kChainForms[n] & (1 << form)) == 0) break;
+        if (!reg && (B::row_bytes(g.K) % 16 != 0 || !rows_aligned(g, mc.glu[n], pair, 16))) break;
+        const size_t nb = n > 0 || !c.x_global0 ? SPiece<T>::smem_bytes(g.K) : 0;
+        c.g[n] = g;
+        c.form[n] = form;
+        b_bytes = std::max(b_bytes, nb);
+    }
+    if (n < 2) return 0;
+    c.n = n;
+    c.b_off = reg ? 0u : static_cast<uint32_t>(bulk_b_offset<T>(c.S));
+    c.bar_off = static_cast<uint32_t>((c.b_off + b_bytes + 15) / 16 * 16);
+    const size_t smem = c.bar_off + static_cast<size_t>(kMvWarps) * c.S * 8;
+    if (smem > kMaxSmem) return 0;
+    static std::atomic<uint64_t> done{0};
+    allow_dyn_smem<void (*)(ChainArgs)>({k_mv_chain<T, reg>}, kMaxSmem, done,
+                                        /*max_carveout=*/!reg);
+    // Every block on an SM at once, or the barrier would wait for blocks that cannot start.
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_mv_chain<T, reg>, 32 * kMvWarps,
+                                                      smem) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    per_sm = std::min(per_sm, kBulkMinBlocks);
+    if (per_sm < 1) return 0;
+    c.ctr = ctx.chain_ctr;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(ctx.n_sm * per_sm));
+    cfg.blockDim = dim3(32 * kMvWarps);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = ctx.stream;
+    // Cooperative: the driver places every block at once (FERRY_CUDA_CHAIN_COOP=0, or a
+    // device without cooperative launches: a plain launch of the blocks that fit).
+    int coop = 0;
+    if (cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, ctx.device) != cudaSuccess) {
+        cudaGetLastError();
+        coop = 0;
+    }
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+    attr[1].id = cudaLaunchAttributeCooperative;
+    attr[1].val.cooperative = ctx.chain_coop && coop ? 1 : 0;
+    cfg.attrs = attr;
+    cfg.numAttrs = 2;
+    cudaLaunchKernelEx(&cfg, k_mv_chain<T, reg>, c);  // (an error: launch_mv_chain reports it)
+    return n;
+}
+
+template <Type T>
+int launch_chain_form(const OpContext& ctx, const MvChain& mc, int most) {
+    return chain_reg(ctx, T) == 1 ? launch_chain_t<T, true>(ctx, mc, most)
+                                  : launch_chain_t<T, false>(ctx, mc, most);
+}
+
+std::atomic<uint64_t> g_chain_launches{0}, g_chained_products{0};
+
+}  // namespace
+
+uint64_t chain_launches() {
+    return g_chain_launches.load(std::memory_order_relaxed);
+}
+uint64_t chained_products() {
+    return g_chained_products.load(std::memory_order_relaxed);
+}
+
+Status launch_mv_chain(OpContext& ctx, const MvChain& c, int most, int* taken) {
+    *taken = 0;
+    most = std::min(most, c.n);
+    if (most < 2 || !ctx.chain_ctr) return Status::ok();
+    switch (c.t[0]) {
+        case Type::F16:
+            *taken = launch_chain_form<Type::F16>(ctx, c, most);
+            break;
+        case Type::BF16:
+            *taken = launch_chain_form<Type::BF16>(ctx, c, most);
+            break;
+        case Type::Q4_0:
+            *taken = launch_chain_t<Type::Q4_0, true>(ctx, c, most);
+            break;
+        case Type::Q6_K:
+            *taken = launch_chain_t<Type::Q6_K, true>(ctx, c, most);
+            break;
+        default:
+            return Status::ok();
+    }
+    if (*taken == 0) return Status::ok();
+    g_chain_launches.fetch_add(1, std::memory_order_relaxed);
+    g_chained_products.fetch_add(static_cast<uint64_t>(*taken), std::memory_order_relaxed);
+    return launch_status("MUL_MAT chain (stream)");
+}
+
+Status launch_stream(const OpContext& ctx, const MvArgs& g0, Type t, bool glu) {
+    MvArgs g = g0;
+    g.err = ctx.err;
+    g.nfast = ctx.mv_nfast;
+#ifdef FERRY_CUDA_TRACE
+    g.trace_id = trace_next_id();
+#endif
+    if (ctx.chain) {
+        chain_collect(ctx, g, t, glu);
+        return Status::ok();
+    }
+    switch (t) {
+        case Type::F16:
+            launch_stream_t<Type::F16>(ctx, g, glu);
+            break;
+        case Type::BF16:
+            launch_stream_t<Type::BF16>(ctx, g, glu);
+            break;
+        case Type::Q4_0:
+            launch_stream_t<Type::Q4_0>(ctx, g, glu);
+            break;
+        case Type::Q6_K:
+            launch_stream_t<Type::Q6_K>(ctx, g, glu);
+            break;
+        default:
+            return Status::errorf("CUDA: streaming MUL_MAT weight type %s", type_name(t));
+    }
+    return launch_status(glu ? "MUL_MAT+MUL_MAT+SWIGLU (stream)" : "MUL_MAT (stream)");
+}
+
+}  // namespace ferry::cuda
