@@ -34,160 +34,218 @@ struct Lane8 {
     int32_t o0, o1;  // element offsets in the row (rows are < 2^31 elements)
 };
 
-template <Type T>
-struct Dec;
+// Where a lane's 8 weights of chunk c lie in the six formats both matrix-vector kernels read
+// (Dec below: floats; IDec, mv-int8.cu: int8 words): their scale d and min m (0 for the
+// formats without one), the raw words lo0/lo1 that hold their low bits and hi0/hi1 their high
+// bits (Q5_K, Q6_K), the shifts that select this lane's bits, and the element offsets o0/o1 of
+// q[0..3] and q[4..7]. The decoders differ only in how they unpack the words.
+struct Loc8 {
+    uint32_t lo0, lo1, hi0, hi1;
+    int lsh, hsh;  // shift of the low bits (nibble select) and of the high bits
+    float d, m;
+    int32_t o0, o1;
+};
 
+template <Type T>
+struct Locate;
+
+// Whether a located format has a min (weight = d * q + m) or not (d * q).
+constexpr bool located_min(Type t) {
+    return t == Type::Q4_1 || t == Type::Q4_K || t == Type::Q5_K;
+}
+
+// 32-element blocks: chunk c holds blocks 8c .. 8c + 7; lane -> block lane / 4, part p.
 template <>
-struct Dec<Type::Q4_0> {
-    static constexpr bool kMin = false;
-    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+struct Locate<Type::Q4_0> {  // 18 bytes: d, 16 bytes of nibbles (q[k] low, q[4 + k] high)
+    template <bool Check>
+    __device__ static bool at(const char* row, int64_t K, int64_t c, int lane, Loc8& l) {
         const int64_t blk = c * 8 + lane / 4;
-        if (blk * 32 >= K) return false;
+        if (Check && blk * 32 >= K) return false;
         const char* bp = row + blk * 18;
         const int p = lane % 4;
-        const uint32_t v = ld32_a2(bp + 2 + 4 * p);
-        w.d = h2f(ld16(bp));
-        w.m = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            w.q[k] = small_u2f((v >> (8 * k)) & 0x0f) - 8.0f;
-            w.q[4 + k] = small_u2f((v >> (8 * k + 4)) & 0x0f) - 8.0f;
-        }
-        w.o0 = blk * 32 + 4 * p;
-        w.o1 = w.o0 + 16;
+        l.lo0 = ld32_a2(bp + 2 + 4 * p);
+        l.d = h2f(ld16(bp));
+        l.m = 0.0f;
+        l.o0 = static_cast<int32_t>(blk * 32 + 4 * p);
+        l.o1 = l.o0 + 16;
         return true;
     }
 };
 
 template <>
-struct Dec<Type::Q4_1> {
-    static constexpr bool kMin = true;
-    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+struct Locate<Type::Q4_1> {  // 20 bytes: d, m, 16 bytes of nibbles
+    template <bool Check>
+    __device__ static bool at(const char* row, int64_t K, int64_t c, int lane, Loc8& l) {
         const int64_t blk = c * 8 + lane / 4;
-        if (blk * 32 >= K) return false;
+        if (Check && blk * 32 >= K) return false;
         const char* bp = row + blk * 20;
         const int p = lane % 4;
-        const uint32_t v = ld32_a2(bp + 4 + 4 * p);
-        w.d = h2f(ld16(bp));
-        w.m = h2f(ld16(bp + 2));
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            w.q[k] = small_u2f((v >> (8 * k)) & 0x0f);
-            w.q[4 + k] = small_u2f((v >> (8 * k + 4)) & 0x0f);
-        }
-        w.o0 = blk * 32 + 4 * p;
-        w.o1 = w.o0 + 16;
+        l.lo0 = ld32_a2(bp + 4 + 4 * p);
+        l.d = h2f(ld16(bp));
+        l.m = h2f(ld16(bp + 2));
+        l.o0 = static_cast<int32_t>(blk * 32 + 4 * p);
+        l.o1 = l.o0 + 16;
         return true;
     }
 };
 
 template <>
-struct Dec<Type::Q8_0> {
-    static constexpr bool kMin = false;
-    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+struct Locate<Type::Q8_0> {  // 34 bytes: d, 32 signed bytes
+    template <bool Check>
+    __device__ static bool at(const char* row, int64_t K, int64_t c, int lane, Loc8& l) {
         const int64_t blk = c * 8 + lane / 4;
-        if (blk * 32 >= K) return false;
+        if (Check && blk * 32 >= K) return false;
         const char* bp = row + blk * 34;
         const int p = lane % 4;
-        const uint32_t v0 = ld32_a2(bp + 2 + 8 * p), v1 = ld32_a2(bp + 6 + 8 * p);
-        w.d = h2f(ld16(bp));
-        w.m = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            // (q ^ 0x80) is q + 128 as an unsigned byte.
-            w.q[k] = small_u2f(((v0 >> (8 * k)) & 0xff) ^ 0x80) - 128.0f;
-            w.q[4 + k] = small_u2f(((v1 >> (8 * k)) & 0xff) ^ 0x80) - 128.0f;
-        }
-        w.o0 = blk * 32 + 8 * p;
-        w.o1 = w.o0 + 4;
+        l.lo0 = ld32_a2(bp + 2 + 8 * p);
+        l.lo1 = ld32_a2(bp + 6 + 8 * p);
+        l.d = h2f(ld16(bp));
+        l.m = 0.0f;
+        l.o0 = static_cast<int32_t>(blk * 32 + 8 * p);
+        l.o1 = l.o0 + 4;
         return true;
     }
 };
 
 // K formats: chunk c is super-block c; lane -> sub-block j = lane / 4 (32 elements), part p.
 template <>
-struct Dec<Type::Q4_K> {
-    static constexpr bool kMin = true;
-    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
-        if (c * 256 >= K) return false;
+struct Locate<Type::Q4_K> {  // 144 bytes: d, dmin, 12 bytes of 6-bit scales/mins, nibbles
+    template <bool Check>
+    __device__ static bool at(const char* row, int64_t K, int64_t c, int lane, Loc8& l) {
+        if (Check && c * 256 >= K) return false;
         const char* bp = row + c * 144;
         const int j = lane / 4, p = lane % 4;
         int sc, mn;
         k_scale_min(reinterpret_cast<const uint8_t*>(bp + 4), j, &sc, &mn);
-        w.d = h2f(ld16(bp)) * static_cast<float>(sc);
-        w.m = -h2f(ld16(bp + 2)) * static_cast<float>(mn);
+        l.d = h2f(ld16(bp)) * static_cast<float>(sc);
+        l.m = -h2f(ld16(bp + 2)) * static_cast<float>(mn);
         const char* qs = bp + 16 + 32 * (j / 2) + 8 * p;
-        const uint32_t v0 = ld32_a2(qs), v1 = ld32_a2(qs + 4);
-        const int sh = (j % 2) * 4;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            w.q[k] = small_u2f((v0 >> (8 * k + sh)) & 0x0f);
-            w.q[4 + k] = small_u2f((v1 >> (8 * k + sh)) & 0x0f);
-        }
-        w.o0 = c * 256 + 32 * j + 8 * p;
-        w.o1 = w.o0 + 4;
+        l.lo0 = ld32_a2(qs);
+        l.lo1 = ld32_a2(qs + 4);
+        l.lsh = (j % 2) * 4;
+        l.o0 = static_cast<int32_t>(c * 256 + 32 * j + 8 * p);
+        l.o1 = l.o0 + 4;
         return true;
     }
 };
 
 template <>
-struct Dec<Type::Q5_K> {
-    static constexpr bool kMin = true;
-    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
-        if (c * 256 >= K) return false;
+struct Locate<Type::Q5_K> {  // 176 bytes: as Q4_K, with 32 bytes of fifth bits before the nibbles
+    template <bool Check>
+    __device__ static bool at(const char* row, int64_t K, int64_t c, int lane, Loc8& l) {
+        if (Check && c * 256 >= K) return false;
         const char* bp = row + c * 176;
         const int j = lane / 4, p = lane % 4;
         int sc, mn;
         k_scale_min(reinterpret_cast<const uint8_t*>(bp + 4), j, &sc, &mn);
-        w.d = h2f(ld16(bp)) * static_cast<float>(sc);
-        w.m = -h2f(ld16(bp + 2)) * static_cast<float>(mn);
+        l.d = h2f(ld16(bp)) * static_cast<float>(sc);
+        l.m = -h2f(ld16(bp + 2)) * static_cast<float>(mn);
         const char* qs = bp + 48 + 32 * (j / 2) + 8 * p;
-        const uint32_t v0 = ld32_a2(qs), v1 = ld32_a2(qs + 4);
-        const uint32_t h0 = ld32_a2(bp + 16 + 8 * p), h1 = ld32_a2(bp + 20 + 8 * p);
-        const int sh = (j % 2) * 4;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const uint32_t hb0 = ((h0 >> (8 * k + j)) & 1) << 4;
-            const uint32_t hb1 = ((h1 >> (8 * k + j)) & 1) << 4;
-            w.q[k] = small_u2f(((v0 >> (8 * k + sh)) & 0x0f) | hb0);
-            w.q[4 + k] = small_u2f(((v1 >> (8 * k + sh)) & 0x0f) | hb1);
-        }
-        w.o0 = c * 256 + 32 * j + 8 * p;
-        w.o1 = w.o0 + 4;
+        l.lo0 = ld32_a2(qs);
+        l.lo1 = ld32_a2(qs + 4);
+        l.hi0 = ld32_a2(bp + 16 + 8 * p);
+        l.hi1 = ld32_a2(bp + 20 + 8 * p);
+        l.lsh = (j % 2) * 4;
+        l.hsh = j;  // sub-block j's fifth bit is bit j of each byte
+        l.o0 = static_cast<int32_t>(c * 256 + 32 * j + 8 * p);
+        l.o1 = l.o0 + 4;
         return true;
     }
 };
 
 template <>
-struct Dec<Type::Q6_K> {
-    static constexpr bool kMin = false;
-    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
-        if (c * 256 >= K) return false;
+struct Locate<Type::Q6_K> {  // 210 bytes: 128 of low nibbles, 64 of high 2 bits, 16 scales, d
+    template <bool Check>
+    __device__ static bool at(const char* row, int64_t K, int64_t c, int lane, Loc8& l) {
+        if (Check && c * 256 >= K) return false;
         const char* bp = row + c * 210;
         const int j = lane / 4, p = lane % 4;
         const int h = j / 4, part = j % 4;
         const int l0 = 8 * p;  // first l of this lane (l < 32)
         const char* ql = bp + 64 * h + l0 + ((part & 1) ? 32 : 0);
         const char* qh = bp + 128 + 32 * h + l0;
-        const uint32_t a0 = ld32_a2(ql), a1 = ld32_a2(ql + 4);
-        const uint32_t b0 = ld32_a2(qh), b1 = ld32_a2(qh + 4);
-        const int lsh = part >= 2 ? 4 : 0;
-        const int hsh = 2 * part;
+        l.lo0 = ld32_a2(ql);
+        l.lo1 = ld32_a2(ql + 4);
+        l.hi0 = ld32_a2(qh);
+        l.hi1 = ld32_a2(qh + 4);
+        l.lsh = part >= 2 ? 4 : 0;
+        l.hsh = 2 * part;
         const int g = 8 * h + 2 * part + l0 / 16;
-        w.d = h2f(ld16(bp + 208)) * static_cast<float>(static_cast<int8_t>(bp[192 + g]));
-        w.m = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const uint32_t q0 = ((a0 >> (8 * k + lsh)) & 0x0f) | (((b0 >> (8 * k + hsh)) & 3) << 4);
-            const uint32_t q1 = ((a1 >> (8 * k + lsh)) & 0x0f) | (((b1 >> (8 * k + hsh)) & 3) << 4);
-            w.q[k] = small_u2f(q0) - 32.0f;
-            w.q[4 + k] = small_u2f(q1) - 32.0f;
-        }
-        w.o0 = c * 256 + 32 * j + l0;
-        w.o1 = w.o0 + 4;
+        l.d = h2f(ld16(bp + 208)) * static_cast<float>(static_cast<int8_t>(bp[192 + g]));
+        l.m = 0.0f;
+        l.o0 = static_cast<int32_t>(c * 256 + 32 * j + l0);
+        l.o1 = l.o0 + 4;
         return true;
     }
 };
+
+template <Type T>
+struct Dec;
+
+// The float decoders of the six: Locate, then each byte's bits as exact small floats.
+template <Type T>
+__device__ __forceinline__ bool dec_located(const char* row, int64_t K, int64_t c, int lane,
+                                            Lane8& w) {
+    Loc8 l;
+    if (!Locate<T>::template at<true>(row, K, c, lane, l)) return false;
+    w.d = l.d;
+    w.m = l.m;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        uint32_t q0, q1;
+        float bias = 0.0f;
+        if constexpr (T == Type::Q4_0 || T == Type::Q4_1) {
+            q0 = (l.lo0 >> (8 * k)) & 0x0f;
+            q1 = (l.lo0 >> (8 * k + 4)) & 0x0f;
+            if constexpr (T == Type::Q4_0) bias = -8.0f;
+        } else if constexpr (T == Type::Q8_0) {
+            // (q ^ 0x80) is q + 128 as an unsigned byte.
+            q0 = ((l.lo0 >> (8 * k)) & 0xff) ^ 0x80;
+            q1 = ((l.lo1 >> (8 * k)) & 0xff) ^ 0x80;
+            bias = -128.0f;
+        } else if constexpr (T == Type::Q4_K) {
+            q0 = (l.lo0 >> (8 * k + l.lsh)) & 0x0f;
+            q1 = (l.lo1 >> (8 * k + l.lsh)) & 0x0f;
+        } else if constexpr (T == Type::Q5_K) {
+            q0 = ((l.lo0 >> (8 * k + l.lsh)) & 0x0f) | (((l.hi0 >> (8 * k + l.hsh)) & 1) << 4);
+            q1 = ((l.lo1 >> (8 * k + l.lsh)) & 0x0f) | (((l.hi1 >> (8 * k + l.hsh)) & 1) << 4);
+        } else {  // Q6_K
+            q0 = ((l.lo0 >> (8 * k + l.lsh)) & 0x0f) | (((l.hi0 >> (8 * k + l.hsh)) & 3) << 4);
+            q1 = ((l.lo1 >> (8 * k + l.lsh)) & 0x0f) | (((l.hi1 >> (8 * k + l.hsh)) & 3) << 4);
+            bias = -32.0f;
+        }
+        if constexpr (located_min(T)) {
+            w.q[k] = small_u2f(q0);
+            w.q[4 + k] = small_u2f(q1);
+        } else {
+            w.q[k] = small_u2f(q0) + bias;
+            w.q[4 + k] = small_u2f(q1) + bias;
+        }
+    }
+    w.o0 = l.o0;
+    w.o1 = l.o1;
+    return true;
+}
+
+template <Type T>
+struct DecLocated {
+    static constexpr bool kMin = located_min(T);
+    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+        return dec_located<T>(row, K, c, lane, w);
+    }
+};
+template <>
+struct Dec<Type::Q4_0> : DecLocated<Type::Q4_0> {};
+template <>
+struct Dec<Type::Q4_1> : DecLocated<Type::Q4_1> {};
+template <>
+struct Dec<Type::Q8_0> : DecLocated<Type::Q8_0> {};
+template <>
+struct Dec<Type::Q4_K> : DecLocated<Type::Q4_K> {};
+template <>
+struct Dec<Type::Q5_K> : DecLocated<Type::Q5_K> {};
+template <>
+struct Dec<Type::Q6_K> : DecLocated<Type::Q6_K> {};
 
 // The element-read formats (ops.h elem_type) in the float kernel (decode and prefill), the CPU
 // dequantizers' values (src/core/quants.cpp). 32-element blocks laid out as Q4_0 (Q5_0, Q5_1,

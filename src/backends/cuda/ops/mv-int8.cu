@@ -38,134 +38,64 @@ struct Lane8i {
 template <Type T>
 struct IDec;
 
-template <>
-struct IDec<Type::Q4_0> {
-    static constexpr bool kMin = false;
-    static constexpr int kShift = 4;
+// The int8 decoders of the six formats: Locate (mv-common.cuh), then the bytes as int8 words.
+template <Type T, int Shift>
+struct IDecLocated {
+    static constexpr bool kMin = located_min(T);
+    static constexpr int kShift = Shift;
     __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
-        const int64_t blk = c * 8 + lane / 4;
-        const char* bp = row + blk * 18;
-        const int p = lane % 4;
-        const uint32_t v = ld32_a2(bp + 2 + 4 * p);
-        // Each byte 16 * (q - 8): the nibble moved to the byte's top half with its top bit
-        // flipped (two logic operations instead of a byte-wise subtract); q8_dot divides the
-        // sum by 16 (kShift), exactly, as every product is a multiple of 16.
-        w.v0 = static_cast<int32_t>(((v << 4) & 0xf0f0f0f0u) ^ 0x80808080u);
-        w.v1 = static_cast<int32_t>((v & 0xf0f0f0f0u) ^ 0x80808080u);
-        w.d = h2f(ld16(bp));
-        w.m = 0.0f;
-        w.o0 = static_cast<int32_t>(blk * 32 + 4 * p);
-        w.o1 = w.o0 + 16;
+        Loc8 l;
+        Locate<T>::template at<false>(row, 0, c, lane, l);
+        uint32_t v0, v1;
+        if constexpr (T == Type::Q4_0) {
+            // Each byte 16 * (q - 8): the nibble moved to the byte's top half with its top bit
+            // flipped (two logic operations instead of a byte-wise subtract); q8_dot divides the
+            // sum by 16 (kShift), exactly, as every product is a multiple of 16.
+            v0 = ((l.lo0 << 4) & 0xf0f0f0f0u) ^ 0x80808080u;
+            v1 = (l.lo0 & 0xf0f0f0f0u) ^ 0x80808080u;
+        } else if constexpr (T == Type::Q4_1) {
+            v0 = l.lo0 & 0x0f0f0f0fu;
+            v1 = (l.lo0 >> 4) & 0x0f0f0f0fu;
+        } else if constexpr (T == Type::Q8_0) {
+            v0 = l.lo0;
+            v1 = l.lo1;
+        } else if constexpr (T == Type::Q4_K) {
+            v0 = (l.lo0 >> l.lsh) & 0x0f0f0f0fu;
+            v1 = (l.lo1 >> l.lsh) & 0x0f0f0f0fu;
+        } else if constexpr (T == Type::Q5_K) {
+            v0 = ((l.lo0 >> l.lsh) & 0x0f0f0f0fu) | (((l.hi0 >> l.hsh) & 0x01010101u) << 4);
+            v1 = ((l.lo1 >> l.lsh) & 0x0f0f0f0fu) | (((l.hi1 >> l.hsh) & 0x01010101u) << 4);
+        } else {  // Q6_K
+            const uint32_t q0 =
+                ((l.lo0 >> l.lsh) & 0x0f0f0f0fu) | (((l.hi0 >> l.hsh) & 0x03030303u) << 4);
+            const uint32_t q1 =
+                ((l.lo1 >> l.lsh) & 0x0f0f0f0fu) | (((l.hi1 >> l.hsh) & 0x03030303u) << 4);
+            // Each byte 4 * (q - 32): q ^ 32 is q - 32 as a 6-bit two's complement number,
+            // shifted to the byte's top; q8_dot divides the sum by 4 (kShift), exactly.
+            v0 = (q0 ^ 0x20202020u) << 2;
+            v1 = (q1 ^ 0x20202020u) << 2;
+        }
+        w.v0 = static_cast<int32_t>(v0);
+        w.v1 = static_cast<int32_t>(v1);
+        w.d = l.d;
+        w.m = l.m;
+        w.o0 = l.o0;
+        w.o1 = l.o1;
     }
 };
 
 template <>
-struct IDec<Type::Q4_1> {
-    static constexpr bool kMin = true;
-    static constexpr int kShift = 0;
-    __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
-        const int64_t blk = c * 8 + lane / 4;
-        const char* bp = row + blk * 20;
-        const int p = lane % 4;
-        const uint32_t v = ld32_a2(bp + 4 + 4 * p);
-        w.v0 = static_cast<int32_t>(v & 0x0f0f0f0fu);
-        w.v1 = static_cast<int32_t>((v >> 4) & 0x0f0f0f0fu);
-        w.d = h2f(ld16(bp));
-        w.m = h2f(ld16(bp + 2));
-        w.o0 = static_cast<int32_t>(blk * 32 + 4 * p);
-        w.o1 = w.o0 + 16;
-    }
-};
-
+struct IDec<Type::Q4_0> : IDecLocated<Type::Q4_0, 4> {};
 template <>
-struct IDec<Type::Q8_0> {
-    static constexpr bool kMin = false;
-    static constexpr int kShift = 0;
-    __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
-        const int64_t blk = c * 8 + lane / 4;
-        const char* bp = row + blk * 34;
-        const int p = lane % 4;
-        w.v0 = static_cast<int32_t>(ld32_a2(bp + 2 + 8 * p));
-        w.v1 = static_cast<int32_t>(ld32_a2(bp + 6 + 8 * p));
-        w.d = h2f(ld16(bp));
-        w.m = 0.0f;
-        w.o0 = static_cast<int32_t>(blk * 32 + 8 * p);
-        w.o1 = w.o0 + 4;
-    }
-};
-
+struct IDec<Type::Q4_1> : IDecLocated<Type::Q4_1, 0> {};
 template <>
-struct IDec<Type::Q4_K> {
-    static constexpr bool kMin = true;
-    static constexpr int kShift = 0;
-    __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
-        const char* bp = row + c * 144;
-        const int j = lane / 4, p = lane % 4;
-        int sc, mn;
-        k_scale_min(reinterpret_cast<const uint8_t*>(bp + 4), j, &sc, &mn);
-        w.d = h2f(ld16(bp)) * static_cast<float>(sc);
-        w.m = -h2f(ld16(bp + 2)) * static_cast<float>(mn);
-        const char* qs = bp + 16 + 32 * (j / 2) + 8 * p;
-        const int sh = (j % 2) * 4;
-        w.v0 = static_cast<int32_t>((ld32_a2(qs) >> sh) & 0x0f0f0f0fu);
-        w.v1 = static_cast<int32_t>((ld32_a2(qs + 4) >> sh) & 0x0f0f0f0fu);
-        w.o0 = static_cast<int32_t>(c * 256 + 32 * j + 8 * p);
-        w.o1 = w.o0 + 4;
-    }
-};
-
+struct IDec<Type::Q8_0> : IDecLocated<Type::Q8_0, 0> {};
 template <>
-struct IDec<Type::Q5_K> {
-    static constexpr bool kMin = true;
-    static constexpr int kShift = 0;
-    __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
-        const char* bp = row + c * 176;
-        const int j = lane / 4, p = lane % 4;
-        int sc, mn;
-        k_scale_min(reinterpret_cast<const uint8_t*>(bp + 4), j, &sc, &mn);
-        w.d = h2f(ld16(bp)) * static_cast<float>(sc);
-        w.m = -h2f(ld16(bp + 2)) * static_cast<float>(mn);
-        const char* qs = bp + 48 + 32 * (j / 2) + 8 * p;
-        const int sh = (j % 2) * 4;
-        const uint2 hh = make_uint2(ld32_a2(bp + 16 + 8 * p), ld32_a2(bp + 20 + 8 * p));
-        const uint2 q = make_uint2(ld32_a2(qs), ld32_a2(qs + 4));
-        w.v0 =
-            static_cast<int32_t>(((q.x >> sh) & 0x0f0f0f0fu) | (((hh.x >> j) & 0x01010101u) << 4));
-        w.v1 =
-            static_cast<int32_t>(((q.y >> sh) & 0x0f0f0f0fu) | (((hh.y >> j) & 0x01010101u) << 4));
-        w.o0 = static_cast<int32_t>(c * 256 + 32 * j + 8 * p);
-        w.o1 = w.o0 + 4;
-    }
-};
-
+struct IDec<Type::Q4_K> : IDecLocated<Type::Q4_K, 0> {};
 template <>
-struct IDec<Type::Q6_K> {
-    static constexpr bool kMin = false;
-    static constexpr int kShift = 2;
-    __device__ static void get(const char* row, int64_t c, int lane, Lane8i& w) {
-        const char* bp = row + c * 210;
-        const int j = lane / 4, p = lane % 4;
-        const int h = j / 4, part = j % 4;
-        const int l0 = 8 * p;
-        const char* ql = bp + 64 * h + l0 + ((part & 1) ? 32 : 0);
-        const char* qh = bp + 128 + 32 * h + l0;
-        const int lsh = part >= 2 ? 4 : 0;
-        const int hsh = 2 * part;
-        const uint2 lo = make_uint2(ld32_a2(ql), ld32_a2(ql + 4));
-        const uint2 hi = make_uint2(ld32_a2(qh), ld32_a2(qh + 4));
-        const uint32_t q0 = ((lo.x >> lsh) & 0x0f0f0f0fu) | (((hi.x >> hsh) & 0x03030303u) << 4);
-        const uint32_t q1 = ((lo.y >> lsh) & 0x0f0f0f0fu) | (((hi.y >> hsh) & 0x03030303u) << 4);
-        // Each byte 4 * (q - 32): q ^ 32 is q - 32 as a 6-bit two's complement number, shifted
-        // to the byte's top; q8_dot divides the sum by 4 (kShift), exactly.
-        w.v0 = static_cast<int32_t>((q0 ^ 0x20202020u) << 2);
-        w.v1 = static_cast<int32_t>((q1 ^ 0x20202020u) << 2);
-        const int g = 8 * h + 2 * part + l0 / 16;
-        w.d = h2f(ld16(bp + 208)) * static_cast<float>(static_cast<int8_t>(bp[192 + g]));
-        w.m = 0.0f;
-        w.o0 = static_cast<int32_t>(c * 256 + 32 * j + l0);
-        w.o1 = w.o0 + 4;
-    }
-};
+struct IDec<Type::Q5_K> : IDecLocated<Type::Q5_K, 0> {};
+template <>
+struct IDec<Type::Q6_K> : IDecLocated<Type::Q6_K, 2> {};
 
 // Bytes of one 256-element chunk of a row.
 template <Type T>
