@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <bit>
 #include <cstdint>
 
 #include "backends/cuda/cuda-backend.h"
@@ -163,11 +164,31 @@ cudaError_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t s
 // ---------------------------------------------------------------------------------------------
 // Device side
 
-__device__ __forceinline__ float h2f(uint16_t h) {
+// FERRY_HD: the element decoders below (and the matrix-vector kernels' block decoders in
+// mv-common.cuh) compile for the host too, so that tests/test_cuda_decoders.cu checks them
+// against the CPU dequantizers on a machine without a GPU. Device code is the same as with
+// __device__ alone.
+#define FERRY_HD __host__ __device__ __forceinline__
+// #pragma unroll inside FERRY_HD functions (the host compiler does not know it).
+#ifdef __CUDA_ARCH__
+#define FERRY_UNROLL _Pragma("unroll")
+#else
+#define FERRY_UNROLL
+#endif
+
+FERRY_HD float bits_to_float(uint32_t u) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    return std::bit_cast<float>(u);
+#endif
+}
+
+FERRY_HD float h2f(uint16_t h) {
     return __half2float(__ushort_as_half(h));
 }
-__device__ __forceinline__ float bf2f(uint16_t h) {
-    return __uint_as_float(static_cast<uint32_t>(h) << 16);
+FERRY_HD float bf2f(uint16_t h) {
+    return bits_to_float(static_cast<uint32_t>(h) << 16);
 }
 __device__ __forceinline__ uint16_t f2h(float f) {
     return __half_as_ushort(__float2half_rn(f));
@@ -175,11 +196,11 @@ __device__ __forceinline__ uint16_t f2h(float f) {
 __device__ __forceinline__ uint16_t f2bf(float f) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
-__device__ __forceinline__ uint16_t ld16(const char* p) {
+FERRY_HD uint16_t ld16(const char* p) {
     return *reinterpret_cast<const uint16_t*>(p);
 }
 // Four bytes at a 2-byte aligned address (block formats keep only fp16 alignment).
-__device__ __forceinline__ uint32_t ld32_a2(const char* p) {
+FERRY_HD uint32_t ld32_a2(const char* p) {
     const uint16_t* q = reinterpret_cast<const uint16_t*>(p);
     return static_cast<uint32_t>(q[0]) | (static_cast<uint32_t>(q[1]) << 16);
 }
@@ -249,7 +270,7 @@ __device__ __forceinline__ float2 rope_cos_sin(double pos, int i, int n_dims, do
 // Element i of a row of any storage type (block formats decoded with the GGUF formulas, the
 // same float operations as the reference dequantizers).
 
-__device__ __forceinline__ void k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
+FERRY_HD void k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
     if (j < 4) {
         *sc = s[j] & 63;
         *mn = s[j + 4] & 63;
@@ -268,39 +289,39 @@ constexpr uint64_t pack_codes(const int8_t* v, int from) {
 }
 constexpr uint64_t kIq4Lo = pack_codes(kIQ4NLValues, 0), kIq4Hi = pack_codes(kIQ4NLValues, 8);
 constexpr uint64_t kFp4Lo = pack_codes(kMXFP4Values, 0), kFp4Hi = pack_codes(kMXFP4Values, 8);
-__device__ __forceinline__ float code_value(uint64_t lo, uint64_t hi, int c) {
+FERRY_HD float code_value(uint64_t lo, uint64_t hi, int c) {
     const uint64_t w = c < 8 ? lo : hi;
     return static_cast<float>(static_cast<int8_t>((w >> (8 * (c % 8))) & 0xff));
 }
 // Element j's nibble of a 32-element block laid out as Q4_0 (low nibbles, then high ones).
-__device__ __forceinline__ int block_nibble(const char* qs, int j) {
+FERRY_HD int block_nibble(const char* qs, int j) {
     const uint8_t q = static_cast<uint8_t>(qs[j % 16]);
     return j < 16 ? (q & 0x0f) : (q >> 4);
 }
 // 2^(e - 128) (types.h: e8m0_to_fp32_half).
-__device__ __forceinline__ float e8m0_half(uint8_t e) {
-    return __uint_as_float(e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23);
+FERRY_HD float e8m0_half(uint8_t e) {
+    return bits_to_float(e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23);
 }
 // Q3_K group g's signed scale (sc - 32): low 4 bits from scales[g] or scales[g - 8] >> 4, high
 // 2 bits from scales[8 + g % 4] (sc: the block's 12 scale bytes).
-__device__ __forceinline__ int q3k_scale(const uint8_t* sc, int g) {
+FERRY_HD int q3k_scale(const uint8_t* sc, int g) {
     const int lo = g < 8 ? sc[g] & 0x0f : sc[g - 8] >> 4;
     const int hi = (sc[8 + g % 4] >> (2 * (g / 4))) & 3;
     return (lo | (hi << 4)) - 32;
 }
 // IQ4_XS sub-block j's signed scale (ls - 32): low 4 bits in scales_l[j / 2], high 2 bits at
 // bit 2j of scales_h (b: the block).
-__device__ __forceinline__ int iq4xs_scale(const uint8_t* b, int j) {
+FERRY_HD int iq4xs_scale(const uint8_t* b, int j) {
     const int scales_h = b[2] | (b[3] << 8);
     const int lo = (b[4 + j / 2] >> (4 * (j % 2))) & 0x0f;
     return (lo | (((scales_h >> (2 * j)) & 3) << 4)) - 32;
 }
 // Bit j of a block's 4 bytes of high bits (Q5_0/Q5_1's qh, little-endian).
-__device__ __forceinline__ int qh_bit(const char* qh, int j) {
+FERRY_HD int qh_bit(const char* qh, int j) {
     return (static_cast<uint8_t>(qh[j / 8]) >> (j % 8)) & 1;
 }
 
-__device__ __forceinline__ float load_elem(Type t, const char* row, int64_t i) {
+FERRY_HD float load_elem(Type t, const char* row, int64_t i) {
     switch (t) {
         case Type::F32:
             return reinterpret_cast<const float*>(row)[i];

@@ -1,11 +1,14 @@
 // Internal to MUL_MAT's matrix-vector kernels: what more than one of their files needs
 // (mul_mat.cu: the dispatch and the cuBLAS prefill; mv-float.cu, mv-int8.cu, mv-stream.cu: one
 // kernel family each). The launch arguments (MvArgs, MvSeg); the float kernel's decoders
-// (Lane8, Dec<T>), which the dequantizer and the streaming form use too; the decode epilogue
+// (Lane8, Dec<T>), which the dequantizer and the streaming form use too, and the int8 kernel's
+// (Lane8i, IDec<T>), both on one block locator (Locate<T>); the decode epilogue
 // and the folded norm's prologue (the float, int8 and streaming kernels); the block-lane
 // decoders (BDec<T>) and b's int8 quantization (the int8 kernel and the streaming form); and
 // the host checks and settings the launchers share. Device code here is inline or a template
 // in an anonymous namespace: each file that includes it compiles the same code for its kernels.
+// The decoders are FERRY_HD (host and device): tests/test_cuda_decoders.cu checks them on the
+// host against the CPU dequantizers.
 #pragma once
 
 #include <atomic>
@@ -22,8 +25,8 @@ namespace {
 constexpr int kMaxCols = 8;  // b columns one matrix-vector launch handles per column group
 constexpr int kRowsPerBlock = 4;
 
-__device__ __forceinline__ float small_u2f(uint32_t v) {  // exact for v < 2^23
-    return __uint_as_float(0x4B000000u | v) - 8388608.0f;
+FERRY_HD float small_u2f(uint32_t v) {  // exact for v < 2^23
+    return bits_to_float(0x4B000000u | v) - 8388608.0f;
 }
 
 // The 8 weights a lane owns in 256-element chunk c of a row: q[0..3] at elements o0..o0+3 and
@@ -35,10 +38,10 @@ struct Lane8 {
 };
 
 // Where a lane's 8 weights of chunk c lie in the six formats both matrix-vector kernels read
-// (Dec below: floats; IDec, mv-int8.cu: int8 words): their scale d and min m (0 for the
-// formats without one), the raw words lo0/lo1 that hold their low bits and hi0/hi1 their high
-// bits (Q5_K, Q6_K), the shifts that select this lane's bits, and the element offsets o0/o1 of
-// q[0..3] and q[4..7]. The decoders differ only in how they unpack the words.
+// (Dec below: floats; IDec: int8 words): their scale d and min m (0 for the formats without
+// one), the raw words lo0/lo1 that hold their low bits and hi0/hi1 their high bits (Q5_K,
+// Q6_K), the shifts that select this lane's bits, and the element offsets o0/o1 of q[0..3] and
+// q[4..7]. The decoders differ only in how they unpack the words.
 struct Loc8 {
     uint32_t lo0, lo1, hi0, hi1;
     int lsh, hsh;  // shift of the low bits (nibble select) and of the high bits
@@ -58,7 +61,7 @@ constexpr bool located_min(Type t) {
 template <>
 struct Locate<Type::Q4_0> {  // 18 bytes: d, 16 bytes of nibbles (q[k] low, q[4 + k] high)
     template <bool Check>
-    __device__ static bool at(const char* row, int64_t K, int64_t c, int lane, Loc8& l) {
+    FERRY_HD static bool at(const char* row, int64_t K, int64_t c, int lane, Loc8& l) {
         const int64_t blk = c * 8 + lane / 4;
         if (Check && blk * 32 >= K) return false;
         const char* bp = row + blk * 18;
@@ -75,7 +78,7 @@ struct Locate<Type::Q4_0> {  // 18 bytes: d, 16 bytes of nibbles (q[k] low, q[4 
 template <>
 struct Locate<Type::Q4_1> {  // 20 bytes: d, m, 16 bytes of nibbles
     template <bool Check>
-    __device__ static bool at(const char* row, int64_t K, int64_t c, int lane, Loc8& l) {
+    FERRY_HD static bool at(const char* row, int64_t K, int64_t c, int lane, Loc8& l) {
         const int64_t blk = c * 8 + lane / 4;
         if (Check && blk * 32 >= K) return false;
         const char* bp = row + blk * 20;
@@ -92,7 +95,7 @@ struct Locate<Type::Q4_1> {  // 20 bytes: d, m, 16 bytes of nibbles
 template <>
 struct Locate<Type::Q8_0> {  // 34 bytes: d, 32 signed bytes
     template <bool Check>
-    __device__ static bool at(const char* row, int64_t K, int64_t c, int lane, Loc8& l) {
+    FERRY_HD static bool at(const char* row, int64_t K, int64_t c, int lane, Loc8& l) {
         const int64_t blk = c * 8 + lane / 4;
         if (Check && blk * 32 >= K) return false;
         const char* bp = row + blk * 34;
@@ -111,7 +114,7 @@ struct Locate<Type::Q8_0> {  // 34 bytes: d, 32 signed bytes
 template <>
 struct Locate<Type::Q4_K> {  // 144 bytes: d, dmin, 12 bytes of 6-bit scales/mins, nibbles
     template <bool Check>
-    __device__ static bool at(const char* row, int64_t K, int64_t c, int lane, Loc8& l) {
+    FERRY_HD static bool at(const char* row, int64_t K, int64_t c, int lane, Loc8& l) {
         if (Check && c * 256 >= K) return false;
         const char* bp = row + c * 144;
         const int j = lane / 4, p = lane % 4;
@@ -132,7 +135,7 @@ struct Locate<Type::Q4_K> {  // 144 bytes: d, dmin, 12 bytes of 6-bit scales/min
 template <>
 struct Locate<Type::Q5_K> {  // 176 bytes: as Q4_K, with 32 bytes of fifth bits before the nibbles
     template <bool Check>
-    __device__ static bool at(const char* row, int64_t K, int64_t c, int lane, Loc8& l) {
+    FERRY_HD static bool at(const char* row, int64_t K, int64_t c, int lane, Loc8& l) {
         if (Check && c * 256 >= K) return false;
         const char* bp = row + c * 176;
         const int j = lane / 4, p = lane % 4;
@@ -156,7 +159,7 @@ struct Locate<Type::Q5_K> {  // 176 bytes: as Q4_K, with 32 bytes of fifth bits 
 template <>
 struct Locate<Type::Q6_K> {  // 210 bytes: 128 of low nibbles, 64 of high 2 bits, 16 scales, d
     template <bool Check>
-    __device__ static bool at(const char* row, int64_t K, int64_t c, int lane, Loc8& l) {
+    FERRY_HD static bool at(const char* row, int64_t K, int64_t c, int lane, Loc8& l) {
         if (Check && c * 256 >= K) return false;
         const char* bp = row + c * 210;
         const int j = lane / 4, p = lane % 4;
@@ -184,13 +187,12 @@ struct Dec;
 
 // The float decoders of the six: Locate, then each byte's bits as exact small floats.
 template <Type T>
-__device__ __forceinline__ bool dec_located(const char* row, int64_t K, int64_t c, int lane,
-                                            Lane8& w) {
+FERRY_HD bool dec_located(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
     Loc8 l;
     if (!Locate<T>::template at<true>(row, K, c, lane, l)) return false;
     w.d = l.d;
     w.m = l.m;
-#pragma unroll
+    FERRY_UNROLL
     for (int k = 0; k < 4; k++) {
         uint32_t q0, q1;
         float bias = 0.0f;
@@ -230,7 +232,7 @@ __device__ __forceinline__ bool dec_located(const char* row, int64_t K, int64_t 
 template <Type T>
 struct DecLocated {
     static constexpr bool kMin = located_min(T);
-    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+    FERRY_HD static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
         return dec_located<T>(row, K, c, lane, w);
     }
 };
@@ -247,11 +249,82 @@ struct Dec<Type::Q5_K> : DecLocated<Type::Q5_K> {};
 template <>
 struct Dec<Type::Q6_K> : DecLocated<Type::Q6_K> {};
 
+// The 8 weights of a lane in chunk c as two words of 4 signed bytes: v0 at elements o0..o0+3,
+// v1 at o1..o1+3; weight = d * q + m (m only for the types with a min).
+struct Lane8i {
+    int32_t v0, v1;
+    float d, m;
+    int32_t o0, o1;
+};
+
+template <Type T>
+struct IDec;
+
+// The int8 kernel's decoders (mv-int8.cu) of the six formats: Locate, then the bytes as int8
+// words.
+template <Type T, int Shift>
+struct IDecLocated {
+    static constexpr bool kMin = located_min(T);
+    static constexpr int kShift = Shift;
+    FERRY_HD static void get(const char* row, int64_t c, int lane, Lane8i& w) {
+        Loc8 l;
+        Locate<T>::template at<false>(row, 0, c, lane, l);
+        uint32_t v0, v1;
+        if constexpr (T == Type::Q4_0) {
+            // Each byte 16 * (q - 8): the nibble moved to the byte's top half with its top bit
+            // flipped (two logic operations instead of a byte-wise subtract); q8_dot divides the
+            // sum by 16 (kShift), exactly, as every product is a multiple of 16.
+            v0 = ((l.lo0 << 4) & 0xf0f0f0f0u) ^ 0x80808080u;
+            v1 = (l.lo0 & 0xf0f0f0f0u) ^ 0x80808080u;
+        } else if constexpr (T == Type::Q4_1) {
+            v0 = l.lo0 & 0x0f0f0f0fu;
+            v1 = (l.lo0 >> 4) & 0x0f0f0f0fu;
+        } else if constexpr (T == Type::Q8_0) {
+            v0 = l.lo0;
+            v1 = l.lo1;
+        } else if constexpr (T == Type::Q4_K) {
+            v0 = (l.lo0 >> l.lsh) & 0x0f0f0f0fu;
+            v1 = (l.lo1 >> l.lsh) & 0x0f0f0f0fu;
+        } else if constexpr (T == Type::Q5_K) {
+            v0 = ((l.lo0 >> l.lsh) & 0x0f0f0f0fu) | (((l.hi0 >> l.hsh) & 0x01010101u) << 4);
+            v1 = ((l.lo1 >> l.lsh) & 0x0f0f0f0fu) | (((l.hi1 >> l.hsh) & 0x01010101u) << 4);
+        } else {  // Q6_K
+            const uint32_t q0 =
+                ((l.lo0 >> l.lsh) & 0x0f0f0f0fu) | (((l.hi0 >> l.hsh) & 0x03030303u) << 4);
+            const uint32_t q1 =
+                ((l.lo1 >> l.lsh) & 0x0f0f0f0fu) | (((l.hi1 >> l.hsh) & 0x03030303u) << 4);
+            // Each byte 4 * (q - 32): q ^ 32 is q - 32 as a 6-bit two's complement number,
+            // shifted to the byte's top; q8_dot divides the sum by 4 (kShift), exactly.
+            v0 = (q0 ^ 0x20202020u) << 2;
+            v1 = (q1 ^ 0x20202020u) << 2;
+        }
+        w.v0 = static_cast<int32_t>(v0);
+        w.v1 = static_cast<int32_t>(v1);
+        w.d = l.d;
+        w.m = l.m;
+        w.o0 = l.o0;
+        w.o1 = l.o1;
+    }
+};
+
+template <>
+struct IDec<Type::Q4_0> : IDecLocated<Type::Q4_0, 4> {};
+template <>
+struct IDec<Type::Q4_1> : IDecLocated<Type::Q4_1, 0> {};
+template <>
+struct IDec<Type::Q8_0> : IDecLocated<Type::Q8_0, 0> {};
+template <>
+struct IDec<Type::Q4_K> : IDecLocated<Type::Q4_K, 0> {};
+template <>
+struct IDec<Type::Q5_K> : IDecLocated<Type::Q5_K, 0> {};
+template <>
+struct IDec<Type::Q6_K> : IDecLocated<Type::Q6_K, 2> {};
+
 // The element-read formats (ops.h elem_type) in the float kernel (decode and prefill), the CPU
 // dequantizers' values (src/core/quants.cpp). 32-element blocks laid out as Q4_0 (Q5_0, Q5_1,
 // IQ4_NL, MXFP4): as Q4_0, lane -> block lane / 4, bytes 4p .. 4p + 3 of its nibbles.
 // Four bytes at any address (MXFP4's 17-byte blocks keep no alignment).
-__device__ __forceinline__ uint32_t ld32_a1(const char* p) {
+FERRY_HD uint32_t ld32_a1(const char* p) {
     const uint8_t* b = reinterpret_cast<const uint8_t*>(p);
     return b[0] | (b[1] << 8) | (b[2] << 16) | (static_cast<uint32_t>(b[3]) << 24);
 }
@@ -259,7 +332,7 @@ template <Type T>
 struct Dec5 {  // Q5_0 (22 bytes: d, qh, qs), Q5_1 (24: d, m, qh, qs)
     static constexpr bool kMin = T == Type::Q5_1;
     static constexpr int kBytes = kMin ? 24 : 22, kQh = kMin ? 4 : 2;
-    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+    FERRY_HD static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
         const int64_t blk = c * 8 + lane / 4;
         if (blk * 32 >= K) return false;
         const char* bp = row + blk * kBytes;
@@ -269,7 +342,7 @@ struct Dec5 {  // Q5_0 (22 bytes: d, qh, qs), Q5_1 (24: d, m, qh, qs)
         w.d = h2f(ld16(bp));
         w.m = kMin ? h2f(ld16(bp + 2)) : 0.0f;
         const float off = kMin ? 0.0f : 16.0f;
-#pragma unroll
+        FERRY_UNROLL
         for (int k = 0; k < 4; k++) {
             const uint32_t h0 = ((qh >> (4 * p + k)) & 1) << 4;
             const uint32_t h1 = ((qh >> (16 + 4 * p + k)) & 1) << 4;
@@ -290,7 +363,7 @@ template <Type T>
 struct DecCode {  // IQ4_NL (18 bytes: d, qs), MXFP4 (17: e, qs): a scale times a table value
     static constexpr bool kMin = false;
     static constexpr bool kFp4 = T == Type::MXFP4;
-    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+    FERRY_HD static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
         const int64_t blk = c * 8 + lane / 4;
         if (blk * 32 >= K) return false;
         const char* bp = row + blk * (kFp4 ? 17 : 18);
@@ -299,7 +372,7 @@ struct DecCode {  // IQ4_NL (18 bytes: d, qs), MXFP4 (17: e, qs): a scale times 
         w.d = kFp4 ? e8m0_half(static_cast<uint8_t>(bp[0])) : h2f(ld16(bp));
         w.m = 0.0f;
         const uint64_t lo = kFp4 ? kFp4Lo : kIq4Lo, hi = kFp4 ? kFp4Hi : kIq4Hi;
-#pragma unroll
+        FERRY_UNROLL
         for (int k = 0; k < 4; k++) {
             w.q[k] = code_value(lo, hi, (v >> (8 * k)) & 0x0f);
             w.q[4 + k] = code_value(lo, hi, (v >> (8 * k + 4)) & 0x0f);
@@ -319,7 +392,7 @@ struct Dec<Type::MXFP4> : DecCode<Type::MXFP4> {};
 template <>
 struct Dec<Type::IQ4_XS> {
     static constexpr bool kMin = false;
-    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+    FERRY_HD static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
         if (c * 256 >= K) return false;
         const char* bp = row + c * 136;
         const int j = lane / 4, p = lane % 4;
@@ -327,7 +400,7 @@ struct Dec<Type::IQ4_XS> {
               static_cast<float>(iq4xs_scale(reinterpret_cast<const uint8_t*>(bp), j));
         w.m = 0.0f;
         const uint32_t v = ld32_a2(bp + 8 + 16 * j + 4 * p);
-#pragma unroll
+        FERRY_UNROLL
         for (int k = 0; k < 4; k++) {
             w.q[k] = code_value(kIq4Lo, kIq4Hi, (v >> (8 * k)) & 0x0f);
             w.q[4 + k] = code_value(kIq4Lo, kIq4Hi, (v >> (8 * k + 4)) & 0x0f);
@@ -346,7 +419,7 @@ template <Type T>
 struct DecK23 {
     static constexpr bool kQ2 = T == Type::Q2_K;
     static constexpr bool kMin = kQ2;
-    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+    FERRY_HD static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
         if (c * 256 >= K) return false;
         const char* bp = row + c * (kQ2 ? 84 : 110);
         const uint8_t* ub = reinterpret_cast<const uint8_t*>(bp);
@@ -357,7 +430,7 @@ struct DecK23 {
         if constexpr (kQ2) {
             w.d = h2f(ld16(bp + 80)) * static_cast<float>(ub[g] & 0x0f);
             w.m = -h2f(ld16(bp + 82)) * static_cast<float>(ub[g] >> 4);
-#pragma unroll
+            FERRY_UNROLL
             for (int k = 0; k < 4; k++) {
                 w.q[k] = small_u2f((v0 >> (8 * k + 2 * s)) & 3);
                 w.q[4 + k] = small_u2f((v1 >> (8 * k + 2 * s)) & 3);
@@ -367,7 +440,7 @@ struct DecK23 {
             w.m = 0.0f;
             const uint32_t m0 = ld32_a2(bp + l), m1 = ld32_a2(bp + l + 4);
             const int hb = 4 * h + s;
-#pragma unroll
+            FERRY_UNROLL
             for (int k = 0; k < 4; k++) {
                 const uint32_t q0 =
                     ((v0 >> (8 * k + 2 * s)) & 3) | (((m0 >> (8 * k + hb)) & 1) << 2);
