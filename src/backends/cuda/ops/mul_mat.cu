@@ -212,13 +212,14 @@ Status launch_gemm(OpContext& ctx, const Tensor* dst) {
 }
 
 // Whether the element-read formats (ops.h elem_type) take cuBLAS past kMaxVecCols columns,
-// dequantized to F16 by the float kernel's decoders (k_dequant_f16): FERRY_CUDA_ELEM_GEMM=1.
-// Off by default until a GPU has run it: written in stop 36 without one; stop 35 measured
-// pp512 43.7-50.7k t/s on 1B models with an earlier form (bench/results/cuda.md).
+// dequantized to F16 by the float kernel's decoders (k_dequant_f16), as Q4_0/Q6_K do;
+// FERRY_CUDA_ELEM_GEMM=0: the float kernel's column groups at any width. Stop 39 on an H100
+// (bench/results/cuda.md): 1B pp512 68.9-73.0k t/s against 2.1k for Q5_0, Q3_K, IQ4_XS and
+// MXFP4, the _wide op cases (72 columns) at nmse 3.4e-8 to 7.2e-8, as Q4_0's.
 bool elem_gemm() {
     static const bool on = [] {
         const char* v = std::getenv("FERRY_CUDA_ELEM_GEMM");
-        return v && v[0] == '1';
+        return !(v && v[0] == '0');
     }();
     return on;
 }
@@ -234,8 +235,8 @@ bool use_gemm(const Tensor* dst) {
     if (a->ne[0] % 8 != 0) return false;
     if (a->ne[0] > INT32_MAX || a->ne[1] > INT32_MAX || b->ne[1] > INT32_MAX) return false;
     if (b->nb[1] % 4 != 0) return false;
-    // The element-read formats: the float kernel's column groups at any width, unless
-    // elem_gemm() asks for cuBLAS.
+    // The element-read formats: cuBLAS on their F16 dequantization unless elem_gemm() is off
+    // (then the float kernel's column groups at any width).
     if (elem_type(a->type)) return elem_gemm();
     if (!is_block_type(a->type) && a->nb[1] % type_size(a->type) != 0) return false;
     return true;

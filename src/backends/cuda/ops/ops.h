@@ -40,10 +40,10 @@ FERRY_CUDA_KERNELS(X)
 bool supports(const Tensor* node);
 
 // Weight formats without the int8 or streaming kernels, read with the CPU dequantizers'
-// formulas: GET_ROWS element by element, products (decode and prefill) through the float
-// kernel's decoders (Dec<T>) in column groups of 8 (FERRY_CUDA_ELEM_GEMM=1: past kMaxVecCols
-// columns, dequantized to F16 by the same decoders for cuBLAS). Correct, slower than the
-// other formats' kernels (bench/results/cuda.md, stop 35).
+// formulas: GET_ROWS element by element, decode products through the float kernel's
+// decoders (Dec<T>) in column groups of 8, prefill past kMaxVecCols columns dequantized to F16
+// by the same decoders for cuBLAS (FERRY_CUDA_ELEM_GEMM=0: column groups at any width). Decode
+// slower than the other formats' kernels (bench/results/cuda.md, stops 35 and 39).
 inline bool elem_type(Type t) {
     return t == Type::Q5_0 || t == Type::Q5_1 || t == Type::Q2_K || t == Type::Q3_K ||
            t == Type::IQ4_NL || t == Type::IQ4_XS || t == Type::MXFP4;
