@@ -1680,7 +1680,12 @@ bool CudaBackend::chain_step(const Step& s) const {
     };
     switch (s.kind) {
         case 0:
-            return s.node->op == Op::MUL_MAT && s.pro.norm && constant(s.node->src[0]);
+            // A product alone or with a folded norm (the output product). A decode layer's wo
+            // is alone: its residual ADD goes with the next norm into gate/up's prologue
+            // (bench/results/cuda.md: "attention, wo, add+norm, gate/up+SwiGLU, down+add").
+            // Stop 36 took only products with a norm, so each layer's run began at gate/up,
+            // which kChainForms does not take first, and no chain ever ran (stop 39, H100).
+            return s.node->op == Op::MUL_MAT && constant(s.node->src[0]);
         case 2:
             return constant(s.node->src[0]);
         case 3:

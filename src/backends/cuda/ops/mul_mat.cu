@@ -269,7 +269,10 @@ size_t mul_mat_scratch_size(const Tensor* node) {
 
 Status op_mul_mat(OpContext& ctx, const Tensor* dst) {
     if (dst->nelements() == 0) return Status::ok();
-    if (use_gemm(dst)) return launch_gemm(ctx, dst);
+    if (use_gemm(dst)) {
+        if (ctx.chain) return chain_refuse(ctx);  // (a chain collects, it must not launch)
+        return launch_gemm(ctx, dst);
+    }
     return launch_mat_vec(ctx, dst, make_args(dst, nullptr));
 }
 
