@@ -15,8 +15,10 @@
 //   step d;
 // - a lane's 8 weights lie in one 32-element block (the int8 kernel applies one scale of b to
 //   them).
+// And the KV cache's block quantizer (quantize_block) writes the CPU quantizers' bytes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -260,6 +262,34 @@ TEST(CudaDecoders, IQ4_XS) {
 }
 TEST(CudaDecoders, MXFP4) {
     check_type<Type::MXFP4>(false);
+}
+
+// The KV cache's block quantizer (quantize_block: SET_ROWS and CPY into Q8_0/Q4_0/Q4_1
+// caches) writes the CPU quantizers' bytes, bit for bit: random blocks, blocks of zeros, blocks
+// whose values sit on the rounding ties of their own scale, and blocks spanning magnitudes.
+TEST(CudaDecoders, KvBlockQuantizerWritesTheCpuBytes) {
+    std::mt19937 rng(11);
+    std::normal_distribution<float> x(0.3f, 2.0f);
+    std::uniform_int_distribution<int> level(-16, 16);
+    for (Type t : {Type::Q8_0, Type::Q4_0, Type::Q4_1}) {
+        const size_t bs = type_size(t);
+        for (int blk = 0; blk < 400; blk++) {
+            float v[32];
+            for (float& f : v) f = x(rng);
+            if (blk == 0) std::fill(v, v + 32, 0.0f);
+            if (blk % 4 == 1) {  // multiples of half a step: ties once divided by the scale
+                for (float& f : v) f = 0.5f * static_cast<float>(level(rng)) * 0.0625f;
+            }
+            if (blk % 4 == 2) {
+                for (int j = 0; j < 32; j++) v[j] *= std::ldexp(1.0f, j % 24 - 12);
+            }
+            std::vector<char> gpu(bs), cpu(bs);
+            quantize_block(t, v, gpu.data());
+            type_traits(t).from_float(v, cpu.data(), 32);
+            EXPECT_EQ(std::memcmp(gpu.data(), cpu.data(), bs), 0)
+                << type_name(t) << " block " << blk << ": the device quantizer's bytes differ";
+        }
+    }
 }
 
 // The plain types through load_elem: the same values bit for bit.

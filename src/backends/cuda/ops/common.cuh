@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <bit>
+#include <cmath>
 #include <cstdint>
 
 #include "backends/cuda/cuda-backend.h"
@@ -190,7 +191,7 @@ FERRY_HD float h2f(uint16_t h) {
 FERRY_HD float bf2f(uint16_t h) {
     return bits_to_float(static_cast<uint32_t>(h) << 16);
 }
-__device__ __forceinline__ uint16_t f2h(float f) {
+FERRY_HD uint16_t f2h(float f) {
     return __half_as_ushort(__float2half_rn(f));
 }
 __device__ __forceinline__ uint16_t f2bf(float f) {
@@ -454,14 +455,18 @@ __device__ __forceinline__ void store_plain(Type t, char* row, int64_t i, float 
 }
 
 // Round to nearest even and clamp, as the reference quantizers do (NaN lands on lo).
-__device__ __forceinline__ int round_clamp(float v, int lo, int hi) {
+FERRY_HD int round_clamp(float v, int lo, int hi) {
     if (!(v >= static_cast<float>(lo))) return lo;
     if (v >= static_cast<float>(hi)) return hi;
+#ifdef __CUDA_ARCH__
     return __float2int_rn(v);
+#else
+    return static_cast<int>(std::nearbyint(v));  // (to nearest, ties to even, as on the GPU)
+#endif
 }
 
 // Quantizes one block of 32 floats into Q4_0 / Q4_1 / Q8_0 (the reference algorithms).
-__device__ inline void quantize_block(Type t, const float* x, char* dst) {
+__host__ __device__ inline void quantize_block(Type t, const float* x, char* dst) {
     if (t == Type::Q8_0) {
         float amax = 0.0f;
         for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
