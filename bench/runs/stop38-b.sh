@@ -12,7 +12,9 @@ source bench/runs/common.sh
 export FERRY_CUDA_CHAIN=${CHAIN:-1}
 gen_models &
 echo "=== $(date -u +%T) test_cuda, FERRY_CUDA_CHAIN=$FERRY_CUDA_CHAIN"
-tests "${FILTER:-*}" $(cap 270)
+# (RingProductsEqualTheRegisterForm, 101 s on stop 39's H100, checks the int8 kernel's ring
+# form with the streaming form off, which no chain takes: left out unless FILTER says.)
+tests "${FILTER:-*:-*RingProductsEqualTheRegisterForm*}" $(cap 330)
 wait
 left 150 "served" || exit 0
 echo "=== $(date -u +%T) served, FERRY_CUDA_CHAIN=$FERRY_CUDA_CHAIN"
