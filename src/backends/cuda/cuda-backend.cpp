@@ -542,7 +542,7 @@ class CudaBackend : public Backend {
             ctx_.mv_bulk_blocks = std::clamp(std::atoi(b), 1, 2);
         }
         use_chain_ = env_on("FERRY_CUDA_CHAIN");
-        chain_trace_ = use_chain_ && env_on("FERRY_CUDA_CHAIN_TRACE");
+        ctx_.chain_trace = use_chain_ && env_on("FERRY_CUDA_CHAIN_TRACE");
         ctx_.chain_coop = !env_off("FERRY_CUDA_CHAIN_COOP");
         use_stage_ = !env_off("FERRY_CUDA_STAGE");
         use_compact_key_ = !env_off("FERRY_CUDA_COMPACT_KEY");
@@ -814,7 +814,6 @@ class CudaBackend : public Backend {
     Status run_chain(size_t i, size_t j, int k, int* taken);
     std::unique_ptr<MvChain, MvChainDeleter> chain_;
     bool use_chain_ = false;
-    bool chain_trace_ = false;  // FERRY_CUDA_CHAIN_TRACE=1: each decision on stderr
     // Progressive results (BackendOptions::progressive_results, read_in_pieces): when a
     // graph's last step is a one-column product of many rows (a decode step's logits), its
     // rows reach host memory while the GPU still computes the rest, so that a server sends the
@@ -1732,7 +1731,7 @@ Status CudaBackend::run_steps() {
                 j++;
             }
             int taken = 0;
-            if (chain_trace_ && j > i) {
+            if (ctx_.chain_trace && j > i) {
                 std::fprintf(stderr, "chain: steps %zu..%zu may chain (kinds", i, j - 1);
                 for (size_t n = i; n < j; n++) std::fprintf(stderr, " %d", steps_[n].kind);
                 std::fprintf(stderr, "; next kind %d)\n", j < steps_.size() ? steps_[j].kind : -1);

@@ -143,6 +143,7 @@ struct OpContext {
     struct MvChain* chain = nullptr;
     uint32_t* chain_ctr = nullptr;
     bool chain_coop = true;
+    bool chain_trace = false;  // FERRY_CUDA_CHAIN_TRACE=1: each chain decision on stderr
     // Set by the backend for one FLASH_ATTN_EXT launch of a captured graph whose K and V rows
     // are written in that graph only by the SET_ROWS listed: k_attn_row then loads the rows
     // before griddepcontrol.wait and reloads the listed ones after it (nullptr: after it, all).

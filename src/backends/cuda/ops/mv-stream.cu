@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 
 #include "backends/cuda/ops/mv-common.cuh"
@@ -1075,15 +1074,6 @@ Status chain_refuse(const OpContext& ctx) {
 
 namespace {
 
-// FERRY_CUDA_CHAIN_TRACE=1: each chain decision on stderr (why a chain ran or did not).
-bool chain_trace() {
-    static const bool on = [] {
-        const char* v = std::getenv("FERRY_CUDA_CHAIN_TRACE");
-        return v && v[0] == '1';
-    }();
-    return on;
-}
-
 // Launches the longest prefix (at most `most` products) that the chain takes, if of two or
 // more products; returns its length (0: nothing ran).
 template <Type T, bool reg>
@@ -1100,12 +1090,12 @@ int launch_chain_t(const OpContext& ctx, const MvChain& mc, int most) {
         const bool pair = g.n_seg > 0;
         const int form = mc.glu[n] ? 1 : (pair ? 2 : 0);
         if ((kChainForms[n] & (1 << form)) == 0) {
-            if (chain_trace())
+            if (ctx.chain_trace)
                 std::fprintf(stderr, "chain: stage %d form %d not taken there\n", n, form);
             break;
         }
         if (!reg && (B::row_bytes(g.K) % 16 != 0 || !rows_aligned(g, mc.glu[n], pair, 16))) {
-            if (chain_trace())
+            if (ctx.chain_trace)
                 std::fprintf(stderr, "chain: stage %d rows not 16-byte aligned\n", n);
             break;
         }
@@ -1120,13 +1110,13 @@ int launch_chain_t(const OpContext& ctx, const MvChain& mc, int most) {
     c.bar_off = static_cast<uint32_t>((c.b_off + b_bytes + 15) / 16 * 16);
     const size_t smem = c.bar_off + static_cast<size_t>(kMvWarps) * c.S * 8;
     if (smem > kMaxSmem) {
-        if (chain_trace()) std::fprintf(stderr, "chain: %zu bytes of shared memory\n", smem);
+        if (ctx.chain_trace) std::fprintf(stderr, "chain: %zu bytes of shared memory\n", smem);
         return 0;
     }
     static std::atomic<uint64_t> done{0};
     allow_dyn_smem<void (*)(ChainArgs)>({k_mv_chain<T, reg>}, kMaxSmem, done,
                                         /*max_carveout=*/!reg);
-    if (chain_trace()) {
+    if (ctx.chain_trace) {
         cudaFuncAttributes fa{};
         const cudaError_t fe = cudaFuncGetAttributes(&fa, k_mv_chain<T, reg>);
         std::fprintf(stderr,
@@ -1139,7 +1129,7 @@ int launch_chain_t(const OpContext& ctx, const MvChain& mc, int most) {
     int per_sm = 0;
     const cudaError_t oe = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         &per_sm, k_mv_chain<T, reg>, 32 * kMvWarps, smem);
-    if (chain_trace()) {
+    if (ctx.chain_trace) {
         std::fprintf(stderr, "chain: occupancy %d blocks an SM (%s)\n", per_sm,
                      cudaGetErrorString(oe));
     }
@@ -1193,7 +1183,7 @@ uint64_t chained_products() {
 Status launch_mv_chain(OpContext& ctx, const MvChain& c, int most, int* taken) {
     *taken = 0;
     most = std::min(most, c.n);
-    if (chain_trace()) {
+    if (ctx.chain_trace) {
         std::fprintf(stderr, "chain: %d collected (%s), %d asked, counters %s\n", c.n,
                      c.refused ? "then refused" : "none refused", most,
                      ctx.chain_ctr ? "set" : "missing");
