@@ -482,9 +482,21 @@ __device__ __forceinline__ Raw8 load_raw(const char* row, int64_t c, int lane) {
     return r;
 }
 
-template <>
-struct Dec<Type::F16> {
+// The plain types' get: the lane's raw bytes of chunk c, decoded by Dec<T>::from_raw
+// (nothing at or past K).
+template <Type T>
+struct DecPlain {
     static constexpr bool kMin = false;
+    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
+        const int64_t e = c * 256 + 8 * lane;
+        if (e >= K) return false;
+        Dec<T>::from_raw(load_raw<T>(row, c, lane), e, w);
+        return true;
+    }
+};
+
+template <>
+struct Dec<Type::F16> : DecPlain<Type::F16> {
     __device__ static void from_raw(const Raw8& r, int64_t e, Lane8& w) {
         const uint32_t u[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
 #pragma unroll
@@ -498,17 +510,10 @@ struct Dec<Type::F16> {
         w.o0 = e;
         w.o1 = e + 4;
     }
-    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
-        const int64_t e = c * 256 + 8 * lane;
-        if (e >= K) return false;
-        from_raw(load_raw<Type::F16>(row, c, lane), e, w);
-        return true;
-    }
 };
 
 template <>
-struct Dec<Type::BF16> {
-    static constexpr bool kMin = false;
+struct Dec<Type::BF16> : DecPlain<Type::BF16> {
     __device__ static void from_raw(const Raw8& r, int64_t e, Lane8& w) {
         const uint32_t u[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
 #pragma unroll
@@ -521,17 +526,10 @@ struct Dec<Type::BF16> {
         w.o0 = e;
         w.o1 = e + 4;
     }
-    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
-        const int64_t e = c * 256 + 8 * lane;
-        if (e >= K) return false;
-        from_raw(load_raw<Type::BF16>(row, c, lane), e, w);
-        return true;
-    }
 };
 
 template <>
-struct Dec<Type::F32> {
-    static constexpr bool kMin = false;
+struct Dec<Type::F32> : DecPlain<Type::F32> {
     __device__ static void from_raw(const Raw8& r, int64_t e, Lane8& w) {
         w.q[0] = __uint_as_float(r.a.x);
         w.q[1] = __uint_as_float(r.a.y);
@@ -545,12 +543,6 @@ struct Dec<Type::F32> {
         w.m = 0.0f;
         w.o0 = e;
         w.o1 = e + 4;
-    }
-    __device__ static bool get(const char* row, int64_t K, int64_t c, int lane, Lane8& w) {
-        const int64_t e = c * 256 + 8 * lane;
-        if (e >= K) return false;
-        from_raw(load_raw<Type::F32>(row, c, lane), e, w);
-        return true;
     }
 };
 
