@@ -1492,54 +1492,6 @@ TEST(Cuda, BulkStreamEqualsTheRegisterForm) {
     }
 }
 
-// Chained products (FERRY_CUDA_CHAIN=1: a decode layer's products, wo, gate/up, down and the
-// next layer's q/k/v, as stages of one launch with grid barriers between them) give the
-// unchained launches' logits bit for bit, token by token, in captured graphs replayed step
-// after step (each launch leaves its barrier counters zero for the next): f16 in the bulk
-// form, cooperative or not, and in the register form; q4_0 in the register form. The chains
-// did run. So does k_mv_bulk on the functions the chain shares with it
-// (FERRY_CUDA_MV_BULK_FN=1).
-TEST(Cuda, ChainedProductsEqualSeparateLaunches) {
-    REQUIRE_GPU();
-    struct Form {
-        const char* enc;
-        std::vector<std::string> base;  // the unchained launches
-        std::vector<std::string> env;   // the form tested against them
-        bool chained;
-    };
-    const std::vector<Form> forms = {
-        {"f16", {}, {"FERRY_CUDA_MV_BULK_FN=1"}, false},
-        {"f16", {}, {"FERRY_CUDA_CHAIN=1", "FERRY_CUDA_CHAIN_COOP=1"}, true},
-        {"f16", {}, {"FERRY_CUDA_CHAIN=1", "FERRY_CUDA_CHAIN_COOP=0"}, true},
-        {"f16", {"FERRY_CUDA_MV_BULK=0"}, {"FERRY_CUDA_CHAIN=1", "FERRY_CUDA_MV_BULK=0"}, true},
-        {"q4_0", {}, {"FERRY_CUDA_CHAIN=1"}, true}};
-    for (const Form& f : forms) {
-        std::string what = f.enc;
-        for (const std::string& e : f.env) what += " " + e;
-        const std::vector<std::vector<float>> base = step_logits(f.enc, f.base);
-        ASSERT_EQ(base.size(), cases().size()) << what;
-        const uint64_t launches = cuda::chain_launches();
-        const uint64_t products = cuda::chained_products();
-        const std::vector<std::vector<float>> got = step_logits(f.enc, f.env);
-        const uint64_t n = cuda::chain_launches() - launches;
-        const uint64_t p = cuda::chained_products() - products;
-        std::printf("[ cuda     ] %s: %llu chain launches, %llu products\n", what.c_str(),
-                    static_cast<unsigned long long>(n), static_cast<unsigned long long>(p));
-        if (f.chained) {
-            EXPECT_GT(n, 0u) << what;
-            EXPECT_GE(p, 2 * n) << what;
-        } else {
-            EXPECT_EQ(n, 0u) << what;
-        }
-        ASSERT_EQ(got.size(), base.size()) << what;
-        for (size_t k = 0; k < got.size(); k++) {
-            ASSERT_EQ(got[k].size(), base[k].size()) << what;
-            EXPECT_EQ(std::memcmp(got[k].data(), base[k].data(), got[k].size() * 4), 0)
-                << what << " prompt " << k;
-        }
-    }
-}
-
 // Token-by-token decode with the ring form gives the register form's logits bit for bit.
 TEST(Cuda, RingDecodeEqualsTheRegisterForm) {
     REQUIRE_GPU();

@@ -534,16 +534,12 @@ class CudaBackend : public Backend {
         }
         ctx_.mv_bulk_xglobal = env_on("FERRY_CUDA_MV_BULK_XGLOBAL");
         ctx_.mv_bulk_fit = !env_off("FERRY_CUDA_MV_BULK_FIT");
-        ctx_.mv_bulk_fn = env_on("FERRY_CUDA_MV_BULK_FN");
         if (const char* b = std::getenv("FERRY_CUDA_MV_BULK_Q")) {
             ctx_.mv_bulk_q = std::clamp(std::atoi(b), 0, 16);
         }
         if (const char* b = std::getenv("FERRY_CUDA_MV_BULK_BLOCKS")) {
             ctx_.mv_bulk_blocks = std::clamp(std::atoi(b), 1, 2);
         }
-        use_chain_ = env_on("FERRY_CUDA_CHAIN");
-        ctx_.chain_trace = use_chain_ && env_on("FERRY_CUDA_CHAIN_TRACE");
-        ctx_.chain_coop = !env_off("FERRY_CUDA_CHAIN_COOP");
         use_stage_ = !env_off("FERRY_CUDA_STAGE");
         use_compact_key_ = !env_off("FERRY_CUDA_COMPACT_KEY");
         // The norm folded into the float kernel too (F16/BF16/F32 weights): off by default,
@@ -806,14 +802,6 @@ class CudaBackend : public Backend {
     Status run_steps();
     Status run_profiled();
     Status run_step(const Step& s);
-    // Chained products (ops.h MvChain; FERRY_CUDA_CHAIN=1): a step the chain may take (a
-    // decode product of graph-constant weights with its fusions), and steps [i, j) run as
-    // chain launch number k when the kernels take two or more of them (*taken: how many, from
-    // i; 0: nothing ran).
-    bool chain_step(const Step& s) const;
-    Status run_chain(size_t i, size_t j, int k, int* taken);
-    std::unique_ptr<MvChain, MvChainDeleter> chain_;
-    bool use_chain_ = false;
     // Progressive results (BackendOptions::progressive_results, read_in_pieces): when a
     // graph's last step is a one-column product of many rows (a decode step's logits), its
     // rows reach host memory while the GPU still computes the rest, so that a server sends the
@@ -899,9 +887,6 @@ class CudaBackend : public Backend {
     std::vector<Step> steps_;
     std::unordered_map<const Tensor*, int> consumers_;
     std::unordered_map<const Tensor*, int> kconsumers_;  // readers that are not views, by storage
-    // Storage that the graph's kernels write (every node's; an in-place node's is its
-    // destination's, e.g. a KV cache's): never a constant for chain_step.
-    std::unordered_set<const Tensor*> written_;
     char* scratch_ = nullptr;
     size_t scratch_size_ = 0;
     void* cublas_ = nullptr;
@@ -1236,10 +1221,6 @@ Status CudaBackend::plan(Graph& g) {
             }
         }
         kn.push_back(n);
-    }
-    written_.clear();
-    if (use_chain_) {
-        for (const Tensor* n : kn) written_.insert(n->storage());
     }
     size_t scratch = 0;
     bool cublas = false;
@@ -1672,81 +1653,9 @@ Status CudaBackend::run_step(const Step& s) {
     }
 }
 
-bool CudaBackend::chain_step(const Step& s) const {
-    // A leaf no kernel of the graph writes (a weight; not a KV cache).
-    auto constant = [this](const Tensor* w) {
-        return w && w->storage()->op == Op::NONE && written_.count(w->storage()) == 0;
-    };
-    switch (s.kind) {
-        case 0:
-            // A product alone or with a folded norm (the output product). A decode layer's wo
-            // is alone: its residual ADD goes with the next norm into gate/up's prologue
-            // (bench/results/cuda.md: "attention, wo, add+norm, gate/up+SwiGLU, down+add").
-            // Stop 36 took only products with a norm, so each layer's run began at gate/up,
-            // which kChainForms does not take first, and no chain ever ran (stop 39, H100).
-            return s.node->op == Op::MUL_MAT && constant(s.node->src[0]);
-        case 2:
-            return constant(s.node->src[0]);
-        case 3:
-            return constant(s.node->src[0]) && constant(s.second->src[0]);
-        case 5:
-            for (int u = 0; u < s.n_units; u++) {
-                if (!constant(s.units[static_cast<size_t>(u)].mm->src[0])) return false;
-            }
-            return s.n_units > 0;
-        default:
-            return false;
-    }
-}
-
-Status CudaBackend::run_chain(size_t i, size_t j, int k, int* taken) {
-    *taken = 0;
-    if (!chain_) chain_ = make_mv_chain();
-    mv_chain_reset(chain_.get());
-    ctx_.chain = chain_.get();
-    // Each step in turn adds its product, up to the first that does not.
-    Status st = Status::ok();
-    int collected = 0;
-    for (size_t n = i; n < j; n++) {
-        st = run_step(steps_[n]);
-        if (!st || mv_chain_stages(chain_.get()) != collected + 1) break;
-        collected++;
-    }
-    ctx_.chain = nullptr;
-    FERRY_TRY(st);
-    OpContext c = ctx_;
-    c.chain_ctr = ctx_.chain_ctr + static_cast<ptrdiff_t>(k) * kChainCtrWords;
-    return launch_mv_chain(c, *chain_, collected, taken);
-}
-
 Status CudaBackend::run_steps() {
     run_layout_ = PieceLayout{};
-    int chains = 0;
     for (size_t i = 0; i < steps_.size(); i++) {
-        if (use_chain_ && chains < kMaxChainLaunches) {
-            // The longest run of steps a chain may take from here (up to kMaxChain).
-            size_t j = i;
-            while (j < steps_.size() && j - i < static_cast<size_t>(kMaxChain) &&
-                   static_cast<int>(j) != piece_step_ && chain_step(steps_[j])) {
-                j++;
-            }
-            int taken = 0;
-            if (ctx_.chain_trace && j > i) {
-                std::fprintf(stderr, "chain: steps %zu..%zu may chain (kinds", i, j - 1);
-                for (size_t n = i; n < j; n++) std::fprintf(stderr, " %d", steps_[n].kind);
-                std::fprintf(stderr, "; next kind %d)\n", j < steps_.size() ? steps_[j].kind : -1);
-            }
-            if (j - i >= 2) {
-                FERRY_TRY(run_chain(i, j, chains, &taken)
-                              .context(strfmt("%s: chain from %s", name(),
-                                              describe(steps_[i].node).c_str())));
-            }
-            if (taken > 0) {
-                chains++;
-                i += static_cast<size_t>(taken) - 1;
-                continue;
-            }
-        }
         const Step& s = steps_[i];
         Status st = static_cast<int>(i) == piece_step_ ? run_pieces(s) : run_step(s);
         if (!st) return st.context(strfmt("%s: %s", name(), describe(s.node).c_str()));
@@ -1833,14 +1742,12 @@ bool CudaBackend::sources_listed(const Graph& g) {
 Status CudaBackend::compute(Graph& g) {
     FERRY_TRY(dev_->activate());
     if (!ctx_.counters) {
-        // The attention splits' counters, then the chain launches'.
-        constexpr size_t kCounterBytes =
-            (sizeof(int32_t) << 16) + sizeof(uint32_t) * kChainCtrWords * kMaxChainLaunches;
+        // The attention splits' counters.
+        constexpr size_t kCounterBytes = sizeof(int32_t) << 16;
         void* p = nullptr;
         CUDA_TRY(cudaMalloc(&p, kCounterBytes), "%s: counters", name());
         CUDA_TRY(cudaMemset(p, 0, kCounterBytes), "%s: counters", name());
         ctx_.counters = static_cast<int32_t*>(p);
-        ctx_.chain_ctr = reinterpret_cast<uint32_t*>(ctx_.counters + (1 << 16));
     }
     Expected<DeviceError*> err = dev_->error_word();
     if (!err) return err.status();

@@ -29,11 +29,6 @@ void set_declined_ops(const std::vector<Op>& ops);
 // (k_attn_row's early form) since the process started.
 uint64_t early_attention_launches();
 
-// Test hook: chained product launches (k_mv_chain, FERRY_CUDA_CHAIN=1) queued since the
-// process started, and the products they took.
-uint64_t chain_launches();
-uint64_t chained_products();
-
 // Device address of a tensor's element 0 (the tensor must be in a CUDA buffer), else nullptr.
 char* device_ptr(const Tensor* t);
 
@@ -135,15 +130,7 @@ struct OpContext {
     int mv_bulk_q = 0;
     bool mv_bulk_xglobal = false;  // FERRY_CUDA_MV_BULK_XGLOBAL=1 (bulk_x_global)
     bool mv_bulk_fit = true;       // FERRY_CUDA_MV_BULK_FIT=0 (launch_bulk_t)
-    bool mv_bulk_fn = false;       // FERRY_CUDA_MV_BULK_FN=1 (k_mv_bulk_fn)
     int mv_bulk_blocks = 2;
-    // Set by the backend while it collects a chain of products (ops.h MvChain); chain_ctr:
-    // device words the chain launches count in (kChainCtrWords a launch, zero between
-    // launches); chain_coop: chains launch cooperatively (FERRY_CUDA_CHAIN_COOP=0: not).
-    struct MvChain* chain = nullptr;
-    uint32_t* chain_ctr = nullptr;
-    bool chain_coop = true;
-    bool chain_trace = false;  // FERRY_CUDA_CHAIN_TRACE=1: each chain decision on stderr
     // Set by the backend for one FLASH_ATTN_EXT launch of a captured graph whose K and V rows
     // are written in that graph only by the SET_ROWS listed: k_attn_row then loads the rows
     // before griddepcontrol.wait and reloads the listed ones after it (nullptr: after it, all).

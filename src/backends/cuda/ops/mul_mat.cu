@@ -17,7 +17,7 @@
 //
 // The kernels live in one file per family, so that they compile in parallel: mv-float.cu (the
 // float matrix-vector kernel and the generic one), mv-int8.cu (the int8 kernel), mv-stream.cu
-// (the streaming, bulk and chained forms); mv-common.cuh holds what they share and mv-launch.h
+// (the streaming and bulk forms); mv-common.cuh holds what they share and mv-launch.h
 // their entry points. This file keeps the dispatch, the checks of the fusions and the prefill
 // (whose conversion kernels are in mv-float.cu).
 #include <algorithm>
@@ -131,7 +131,6 @@ Status launch_mat_vec(OpContext& ctx, const Tensor* dst, MvArgs g) {
     const dim3 grid(n_blocks(g.M, kRowsPerBlock), static_cast<unsigned>(g.ne2 * g.ne3), 1);
     const bool fast = fast_vec_ok(g, t) && aligned16(g.b, {g.b_nb1, g.b_nb2, g.b_nb3});
     if (fast && ctx.mv_stream && stream_ok(g, t, false)) return launch_stream(ctx, g, t, false);
-    if (ctx.chain) return chain_refuse(ctx);
     if (!fast) return launch_vec_generic(ctx, g, t, grid);
     if (q8_vec_ok(g, t)) return launch_q8_product(ctx, g, t, false, false);
     return launch_vec_product(ctx, g, t, grid, choose_split(g.M, g.K, ctx.n_sm), false);
@@ -270,7 +269,6 @@ size_t mul_mat_scratch_size(const Tensor* node) {
 Status op_mul_mat(OpContext& ctx, const Tensor* dst) {
     if (dst->nelements() == 0) return Status::ok();
     if (use_gemm(dst)) {
-        if (ctx.chain) return chain_refuse(ctx);  // (a chain collects, it must not launch)
         return launch_gemm(ctx, dst);
     }
     return launch_mat_vec(ctx, dst, make_args(dst, nullptr));
@@ -432,7 +430,6 @@ Status op_mul_mat_norm(OpContext& ctx, const Tensor* mm, const NormPrologue& p) 
     set_norm(g, &p);
     const Type t = mm->src[0]->type;
     if (ctx.mv_stream && stream_ok(g, t, false)) return launch_stream(ctx, g, t, false);
-    if (ctx.chain) return chain_refuse(ctx);
     if (q8_vec_ok(g, t)) return launch_q8_product(ctx, g, t, false, false);
     if (vec_fused_ok(g, t)) return launch_vec_fused_product(ctx, g, t, g.M, false);
     return Status::error("CUDA: folded RMS_NORM without the int8 or the fused float kernel");
@@ -481,7 +478,6 @@ Status op_mul_mat_epilogue(OpContext& ctx, const EpilogueUnit* units, int n_unit
     // The streaming form takes every unit in one launch (a row is summed alike whatever the
     // matrix's size).
     if (ctx.mv_stream && stream_ok(g, t, false)) return launch_stream(ctx, g, t, false);
-    if (ctx.chain) return chain_refuse(ctx);
     if (q8_vec_ok(g, t)) return launch_q8_product(ctx, g, t, false, true);
     // The float kernel: one launch for the units whose products split their rows alike (each
     // adds its parts as its unfused launch would), one after another otherwise.
@@ -505,7 +501,6 @@ Status op_mul_mat_swiglu(OpContext& ctx, const Tensor* gate, const Tensor* up, c
         set_norm(g, pro);
         return launch_stream(ctx, g, gate->src[0]->type, true);
     }
-    if (ctx.chain) return chain_refuse(ctx);
     if (q8_vec_ok(g, gate->src[0]->type)) {
         set_norm(g, pro);
         return launch_q8_product(ctx, g, gate->src[0]->type, true, false);

@@ -34,9 +34,8 @@ Status dequant_f16(Type t, unsigned blocks, cudaStream_t st, const char* am, int
 // epilogue (epi); never both.
 Status launch_q8_product(OpContext& ctx, const MvArgs& g, Type t, bool glu, bool epi);
 
-// mv-stream.cu: the streaming, bulk and chained forms.
+// mv-stream.cu: the streaming and bulk forms.
 bool stream_ok(const MvArgs& g, Type t, bool glu);
 Status launch_stream(const OpContext& ctx, const MvArgs& g, Type t, bool glu);
-Status chain_refuse(const OpContext& ctx);
 
 }  // namespace ferry::cuda

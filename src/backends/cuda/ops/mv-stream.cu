@@ -1,12 +1,9 @@
 // MUL_MAT's streaming matrix-vector forms (decode, one column, F16/BF16/Q4_0/Q6_K weights):
-// the register form (k_mv_stream), the bulk form (k_mv_bulk, k_mv_bulk_fn: pieces in flight
-// in shared memory) and the chained products (k_mv_chain, MvChain), with their launchers and
-// the host mirror of a progressive product. mul_mat.cu's dispatch calls stream_ok,
-// launch_stream and chain_refuse (mv-launch.h).
+// the register form (k_mv_stream) and the bulk form (k_mv_bulk: pieces in flight in shared
+// memory), with their launchers and the host mirror of a progressive product. mul_mat.cu's
+// dispatch calls stream_ok and launch_stream (mv-launch.h).
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
-#include <memory>
 
 #include "backends/cuda/ops/mv-common.cuh"
 #include "backends/cuda/ops/mv-launch.h"
@@ -407,12 +404,8 @@ bool bulk_x_global(const OpContext& ctx, const MvArgs& g) {
            (g.K <= kBulkXGlobalK || ctx.mv_bulk_xglobal);
 }
 
-// The bulk form's steps as functions, for the chained products (k_mv_chain, below). They are
-// k_mv_bulk's own steps, which keeps its inline copy for now: written without a GPU (stop 36),
-// k_mv_bulk on these functions compiled to other sm_90 code for its GLU and row-pair forms,
-// which no run has measured yet (k_mv_bulk_fn below; bench/runs/stop36-b.sh measures it).
-// One warp's slots: S slots of B::kBytes with an mbarrier each, and the parity each
-// completes next (bit s), carried from product to product in a chain.
+// The bulk form's steps (k_mv_bulk below). One warp's slots: S slots of B::kBytes with an
+// mbarrier each, and the parity each completes next (bit s).
 struct BulkWarp {
     char* slots;
     uint64_t* bars;
@@ -506,105 +499,6 @@ __global__ void __launch_bounds__(32 * kMvWarps, kBulkMinBlocks)
     k_mv_bulk(MvArgs g, int S, uint32_t b_off, uint32_t bar_off, bool x_global) {
     using P = SPiece<T>;
     using B = BulkSlot<T>;
-    constexpr int kRows = StreamWalk<glu, pair>::kRows;
-    extern __shared__ __align__(16) char bulk_sm[];
-    __shared__ float nred[32];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const StreamWalk<glu, pair> w(g, static_cast<int64_t>(gridDim.x) * kMvWarps);
-    const int64_t gw = static_cast<int64_t>(blockIdx.x) * kMvWarps + warp;
-    const int64_t items = w.items, K = g.K, row_bytes = B::row_bytes(K);
-    char* slots = bulk_sm + static_cast<size_t>(warp) * S * B::kBytes;
-    void* smem_b = bulk_sm + b_off;
-    uint64_t* bars = reinterpret_cast<uint64_t*>(bulk_sm + bar_off) + warp * S;
-#ifdef FERRY_CUDA_TRACE
-    const uint64_t tr0 = gtime();
-    uint64_t tr1 = 0, tr2 = 0;
-#endif
-    pdl_trigger();
-    if (lane == 0) {
-        for (int s = 0; s < S; s++) mbar_init(&bars[s], 1);
-        mbar_init_fence();
-    }
-    __syncwarp();
-    // Lane 0 starts the copy of (item it, row r, piece p) into slot s.
-    auto issue = [&](int s, int64_t it, int r, int p) {
-        const int64_t o = static_cast<int64_t>(p) * B::kBytes;
-        const uint32_t bytes = static_cast<uint32_t>(min(B::kBytes, row_bytes - o));
-        mbar_expect(&bars[s], bytes);
-        bulk_to_smem(slots + static_cast<size_t>(s) * B::kBytes, w.row(it, r) + o, bytes, &bars[s]);
-    };
-    // Load cursor: item lit, row lr, piece lp (S pieces ahead of the sums).
-    const int64_t first = w.first(gw);
-    int64_t lit = first;
-    int lr = 0, lp = 0;
-    for (int s = 0; s < S; s++) {
-        if (lit < items && lane == 0) issue(s, lit, lr, lp);
-        w.advance(lit, lr, lp);
-    }
-    pdl_wait();
-#ifdef FERRY_CUDA_TRACE
-    tr1 = gtime();
-#endif
-    if (!x_global) {
-        stream_put_b<P, true>(g, smem_b, nred);
-        __syncthreads();
-    }
-    const void* xb = x_global ? static_cast<const void*>(g.b) : smem_b;
-#ifdef FERRY_CUDA_TRACE
-    tr2 = gtime();
-#endif
-    uint32_t stash = 0, phase = 0;  // phase bit s: the parity slot s completes next
-    int64_t cit = first;
-    int cr = 0, cp = 0, s = 0;
-    float acc[kRows];
-#pragma unroll
-    for (int r = 0; r < kRows; r++) acc[r] = 0.0f;
-    while (cit < items) {
-        mbar_wait(&bars[s], (phase >> s) & 1u);
-        phase ^= 1u << s;
-        const char* slot = slots + static_cast<size_t>(s) * B::kBytes;
-        if constexpr (kRows == 2) {
-            if (cr == 0) {
-                acc[0] = B::dot(slot, cp, lane, K, xb, x_global, acc[0]);
-            } else {
-                acc[1] = B::dot(slot, cp, lane, K, xb, x_global, acc[1]);
-            }
-        } else {
-            acc[0] = B::dot(slot, cp, lane, K, xb, x_global, acc[0]);
-        }
-        // Every lane has read the slot: its next piece goes out before this item's epilogue.
-        __syncwarp();
-        if (lit < items && lane == 0) {
-            fence_proxy_async();
-            issue(s, lit, lr, lp);
-        }
-        w.advance(lit, lr, lp);
-        if (++s == S) s = 0;
-        const int64_t it = cit;
-        const bool last = cp + 1 == w.ppr && cr + 1 == kRows;
-        w.advance(cit, cr, cp);
-        if (!last) continue;
-        const float v0 = warp_sum(acc[0]);
-        const float v1 = kRows == 2 ? warp_sum(acc[kRows - 1]) : 0.0f;
-#pragma unroll
-        for (int r = 0; r < kRows; r++) acc[r] = 0.0f;
-        w.done(it, v0, v1, lane, stash);
-    }
-#ifdef FERRY_CUDA_TRACE
-    trace_block(g.trace_id, g.M,
-                (glu ? 1u : 0u) | (pair ? 2u : 0u) | (g.nx ? 4u : 0u) | 16u | 128u |
-                    (static_cast<uint32_t>(T) << 8),
-                tr0, tr1, tr2, 0, 0);
-#endif
-}
-
-// k_mv_bulk on the functions above (FERRY_CUDA_MV_BULK_FN=1, to measure against the inline
-// copy; the same steps in the same order, so the same bits).
-template <Type T, bool glu, bool pair>
-__global__ void __launch_bounds__(32 * kMvWarps, kBulkMinBlocks)
-    k_mv_bulk_fn(MvArgs g, int S, uint32_t b_off, uint32_t bar_off, bool x_global) {
-    using P = SPiece<T>;
-    using B = BulkSlot<T>;
     extern __shared__ __align__(16) char bulk_sm[];
     __shared__ float nred[32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -613,6 +507,9 @@ __global__ void __launch_bounds__(32 * kMvWarps, kBulkMinBlocks)
     BulkWarp bw{bulk_sm + static_cast<size_t>(warp) * S * B::kBytes,
                 reinterpret_cast<uint64_t*>(bulk_sm + bar_off) + warp * S, S, 0u, B::row_bytes(K)};
     void* smem_b = bulk_sm + b_off;
+#ifdef FERRY_CUDA_TRACE
+    const uint64_t tr0 = gtime();
+#endif
     pdl_trigger();
     if (lane == 0) {
         for (int s = 0; s < S; s++) mbar_init(&bw.bars[s], 1);
@@ -622,263 +519,24 @@ __global__ void __launch_bounds__(32 * kMvWarps, kBulkMinBlocks)
     const int64_t first = w.first(static_cast<int64_t>(blockIdx.x) * kMvWarps + warp);
     const BulkCursor c = bulk_first<T>(w, bw, first, lane);
     pdl_wait();
+#ifdef FERRY_CUDA_TRACE
+    const uint64_t tr1 = gtime();
+#endif
     if (!x_global) {
         stream_put_b<P, true>(g, smem_b, nred);
         __syncthreads();
     }
+#ifdef FERRY_CUDA_TRACE
+    const uint64_t tr2 = gtime();
+#endif
     bulk_rows<T>(w, bw, c, first, K, x_global ? static_cast<const void*>(g.b) : smem_b, x_global,
                  lane);
-}
-
-// Chained products (k_mv_chain; FERRY_CUDA_CHAIN=1 when the backend is made, off by default:
-// written in stop 36 without a GPU). A decode layer's products run one after another (wo,
-// gate/up, down, the next layer's q/k/v), each a launch of k_mv_bulk (F16/BF16) or k_mv_stream
-// (Q4_0/Q6_K, the register form), and each boundary
-// costs the tail of one kernel (its last pieces arriving while fewer and fewer warps load),
-// the start of the next and its prologue (bench/results/cuda.md, stop 27's timeline: about
-// 4-5 us a product beyond its bytes at the H200's bandwidth). In a chain the same warps, in
-// one launch of every block that fits the GPU at once (two per SM), run the products as
-// stages: a warp that has issued the last copy of its rows of stage i issues its first S
-// pieces of stage i + 1 (the register form: loads its first D pieces into registers;
-// weights: constants of the graph) and waits at a grid barrier for
-// every block to finish stage i; then b (stage i's result, or the folded norm of it) and
-// the rows of stage i + 1. The copies of the next product stream while the last rows of this
-// one are summed and while the barrier waits. Same walks, pieces and additions as k_mv_bulk
-// and k_mv_stream: the bits of the unchained launches (Q4_0/Q6_K's wo and down included,
-// which unchained run one 16-warp block an SM: a row's sum does not depend on its warp).
-
-// The forms a chain takes at each position (bit f: form f, ChainArgs::form): a decode layer's
-// products from wo on, wo (+ residual), gate/up (folded norm, SwiGLU), down (+ residual), then
-// the next layer's q/k/v (folded norm, rope, KV store) or the output product (folded norm).
-constexpr int kChainForms[4] = {1, 2, 1, 1 | 4};
-static_assert(kMaxChain == 4, "kChainForms has a mask for each position");
-
 #ifdef FERRY_CUDA_TRACE
-// A chain stage's trace record kind: the plain launch's bits, with bit 24 for the chain.
-template <Type T>
-__device__ __forceinline__ uint32_t chain_trace_kind(bool glu, bool pair, const MvArgs& g,
-                                                     uint32_t form) {
-    return (glu ? 1u : 0u) | (pair ? 2u : 0u) | (g.nx ? 4u : 0u) | 16u | form |
-           (static_cast<uint32_t>(T) << 8) | (1u << 24);
-}
+    trace_block(g.trace_id, g.M,
+                (glu ? 1u : 0u) | (pair ? 2u : 0u) | (g.nx ? 4u : 0u) | 16u | 128u |
+                    (static_cast<uint32_t>(T) << 8),
+                tr0, tr1, tr2, 0, 0);
 #endif
-
-struct ChainArgs {
-    MvArgs g[kMaxChain];
-    int form[kMaxChain];  // 0 plain, 1 gate/up (glu), 2 row pairs with epilogue segments
-    int n, S;             // S: the bulk form's slots a warp (0: the register form)
-    uint32_t b_off, bar_off;
-    bool x_global0;  // stage 0's b read from global memory (bulk_x_global)
-    uint32_t* ctr;   // kChainCtrWords words (arrivals at 0, exits at 32), zero between launches
-};
-static_assert(sizeof(ChainArgs) <= 4096, "a kernel's parameters take at most 4 KiB");
-
-// Every block of the grid has arrived here `k` times (this block's k-th arrival included):
-// the block's writes before it are visible to every block after it (release and acquire at
-// GPU scope by thread 0, bar.sync on each side for the other threads).
-__device__ __forceinline__ void chain_barrier(uint32_t* arrivals, uint32_t k) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(arrivals) : "memory");
-        const uint32_t target = k * gridDim.x;
-        uint32_t seen;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
-                         : "=r"(seen)
-                         : "l"(arrivals)
-                         : "memory");
-        } while (seen < target);
-        __threadfence();
-    }
-    __syncthreads();
-}
-
-// Stage i of the chain (a constant index: its arguments are read where the kernel's
-// parameters are, as k_mv_bulk reads its own).
-template <Type T, bool glu, bool pair, int i>
-__device__ __forceinline__ void chain_stage(const ChainArgs& c, BulkWarp& bw, void* smem_b,
-                                            float* nred, int lane) {
-    using P = SPiece<T>;
-    const MvArgs& g = c.g[i];
-    const StreamWalk<glu, pair> w(g, static_cast<int64_t>(gridDim.x) * kMvWarps);
-    const int64_t first = w.first(static_cast<int64_t>(blockIdx.x) * kMvWarps + threadIdx.x / 32);
-#ifdef FERRY_CUDA_TRACE
-    const uint64_t tr0 = gtime();
-#endif
-    bw.row_bytes = BulkSlot<T>::row_bytes(g.K);
-    if constexpr (i > 0) {
-        // The slots' last reads (generic proxy) before the bulk copies (async proxy) into them.
-        __syncwarp();
-        if (lane == 0) fence_proxy_async();
-    }
-    const BulkCursor cur = bulk_first<T>(w, bw, first, lane);
-    if constexpr (i == 0) {
-        pdl_wait();
-    } else {
-        chain_barrier(c.ctr, static_cast<uint32_t>(i));
-        // Every block is on an SM now: the next kernel may take the room they leave.
-        if constexpr (i == 1) pdl_trigger();
-    }
-#ifdef FERRY_CUDA_TRACE
-    const uint64_t tr1 = gtime();
-#endif
-    const bool xg = i == 0 && c.x_global0;
-    if (!xg) {
-        stream_put_b<P, true>(g, smem_b, nred);
-        __syncthreads();
-    }
-#ifdef FERRY_CUDA_TRACE
-    const uint64_t tr2 = gtime();
-#endif
-    bulk_rows<T>(w, bw, cur, first, g.K, xg ? static_cast<const void*>(g.b) : smem_b, xg, lane);
-#ifdef FERRY_CUDA_TRACE
-    trace_block(g.trace_id, g.M, chain_trace_kind<T>(glu, pair, g, 128u), tr0, tr1, tr2, 0, 0);
-#endif
-}
-
-// Stage i in the register form (k_mv_stream's steps, the pieces in flight in registers: the
-// chain of Q4_0/Q6_K products, and of F16/BF16 with FERRY_CUDA_MV_BULK=0). The first D pieces
-// of the stage go out before the barrier, as k_mv_stream's go out before its wait. A call,
-// not inlined: inlined, the stages of one kernel spilled 1.1-1.8 KB under the 128-register
-// cap; as calls, each stage's own spills are 16-44 bytes for Q4_0 and 124-204 for F16/BF16
-// and Q6_K (ptxas, sm_90; k_mv_stream's F16 uses all 128 registers without). Its loop is
-// k_mv_stream's, a copy kept apart (as bulk_rows is k_mv_bulk's) until a GPU run shows that
-// sharing one function leaves k_mv_stream's speed alone: k_mv_stream on a shared loop
-// compiled to other sm_90 code in all 12 of its forms (3 of them 128 bytes longer).
-template <Type T, bool glu, bool pair, int i>
-__device__ __noinline__ void chain_stage_reg(const ChainArgs& c, void* smem, float* nred,
-                                             int lane) {
-    using P = SPiece<T>;
-    constexpr int D = P::kD;
-    constexpr int kRows = StreamWalk<glu, pair>::kRows;
-    const MvArgs& g = c.g[i];
-    const StreamWalk<glu, pair> w(g, static_cast<int64_t>(gridDim.x) * kMvWarps);
-    const int64_t first = w.first(static_cast<int64_t>(blockIdx.x) * kMvWarps + threadIdx.x / 32);
-    const int64_t items = w.items, K = g.K;
-#ifdef FERRY_CUDA_TRACE
-    const uint64_t tr0 = gtime();
-#endif
-    typename P::Raw buf[D];
-    int64_t lit = first;
-    int lr = 0, lp = 0;
-#pragma unroll
-    for (int s = 0; s < D; s++) {
-        if (lit < items) P::load(w.row(lit, lr), lp, lane, K, buf[s]);
-        w.advance(lit, lr, lp);
-    }
-    if constexpr (i == 0) {
-        pdl_wait();
-    } else {
-        chain_barrier(c.ctr, static_cast<uint32_t>(i));
-        if constexpr (i == 1) pdl_trigger();
-    }
-#ifdef FERRY_CUDA_TRACE
-    const uint64_t tr1 = gtime();
-#endif
-    stream_put_b<P, true>(g, smem, nred);
-    __syncthreads();
-#ifdef FERRY_CUDA_TRACE
-    const uint64_t tr2 = gtime();
-#endif
-    uint32_t stash = 0;
-    int64_t cit = first;
-    int cr = 0, cp = 0;
-    float acc[kRows];
-#pragma unroll
-    for (int r = 0; r < kRows; r++) acc[r] = 0.0f;
-    while (cit < items) {
-#pragma unroll
-        for (int s = 0; s < D; s++) {
-            if (cit >= items) break;
-            if constexpr (kRows == 2) {
-                if (cr == 0) {
-                    acc[0] = P::dot(buf[s], cp, lane, K, smem, acc[0]);
-                } else {
-                    acc[1] = P::dot(buf[s], cp, lane, K, smem, acc[1]);
-                }
-            } else {
-                acc[0] = P::dot(buf[s], cp, lane, K, smem, acc[0]);
-            }
-            if (lit < items) P::load(w.row(lit, lr), lp, lane, K, buf[s]);
-            w.advance(lit, lr, lp);
-            const int64_t it = cit;
-            const bool last = cp + 1 == w.ppr && cr + 1 == kRows;
-            w.advance(cit, cr, cp);
-            if (!last) continue;
-            const float v0 = warp_sum(acc[0]);
-            const float v1 = kRows == 2 ? warp_sum(acc[kRows - 1]) : 0.0f;
-#pragma unroll
-            for (int r = 0; r < kRows; r++) acc[r] = 0.0f;
-            w.done(it, v0, v1, lane, stash);
-        }
-    }
-#ifdef FERRY_CUDA_TRACE
-    trace_block(g.trace_id, g.M, chain_trace_kind<T>(glu, pair, g, 0u), tr0, tr1, tr2, 0, 0);
-#endif
-}
-
-// Stage i in form f (ChainArgs::form), bulk or register.
-template <Type T, bool reg, bool glu, bool pair, int i>
-__device__ __forceinline__ void chain_run_stage(const ChainArgs& c, BulkWarp& bw, void* smem_b,
-                                                float* nred, int lane) {
-    if constexpr (reg) {
-        chain_stage_reg<T, glu, pair, i>(c, smem_b, nred, lane);
-    } else {
-        chain_stage<T, glu, pair, i>(c, bw, smem_b, nred, lane);
-    }
-}
-
-// Stages i .. c.n - 1, each in its form: only the forms kChainForms allows at each position
-// are compiled (every form at every position took 128 registers and spilled 144 bytes).
-template <Type T, bool reg, int i>
-__device__ __forceinline__ void chain_stages(const ChainArgs& c, BulkWarp& bw, void* smem_b,
-                                             float* nred, int lane) {
-    if constexpr (i < kMaxChain) {
-        if (i >= c.n) return;
-        constexpr int allowed = kChainForms[i];
-        if (c.form[i] == 1) {
-            if constexpr ((allowed & 2) != 0) {
-                chain_run_stage<T, reg, true, false, i>(c, bw, smem_b, nred, lane);
-            }
-        } else if (c.form[i] == 2) {
-            if constexpr ((allowed & 4) != 0) {
-                chain_run_stage<T, reg, false, true, i>(c, bw, smem_b, nred, lane);
-            }
-        } else {
-            if constexpr ((allowed & 1) != 0) {
-                chain_run_stage<T, reg, false, false, i>(c, bw, smem_b, nred, lane);
-            }
-        }
-        chain_stages<T, reg, i + 1>(c, bw, smem_b, nred, lane);
-    }
-}
-
-// reg: the register form (no slots: c.S, c.bar_off unused, b at c.b_off = 0).
-template <Type T, bool reg>
-__global__ void __launch_bounds__(32 * kMvWarps, kBulkMinBlocks)
-    k_mv_chain(const __grid_constant__ ChainArgs c) {
-    using B = BulkSlot<T>;
-    static_assert(kBulkMinBlocks == kStreamMinBlocks, "both forms: two blocks an SM");
-    extern __shared__ __align__(16) char bulk_sm[];
-    __shared__ float nred[32];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    BulkWarp bw{bulk_sm + static_cast<size_t>(warp) * c.S * B::kBytes,
-                reinterpret_cast<uint64_t*>(bulk_sm + c.bar_off) + warp * c.S, c.S, 0u, 0};
-    void* smem_b = bulk_sm + c.b_off;
-    if (!reg && lane == 0) {
-        for (int s = 0; s < c.S; s++) mbar_init(&bw.bars[s], 1);
-        mbar_init_fence();
-    }
-    __syncwarp();
-    chain_stages<T, reg, 0>(c, bw, smem_b, nred, lane);
-    // The last block out (every block past every barrier) zeroes the counters for the next
-    // launch.
-    __syncthreads();
-    if (threadIdx.x == 0 && atomicAdd(c.ctr + 32, 1u) == gridDim.x - 1) {
-        c.ctr[0] = 0u;
-        c.ctr[32] = 0u;
-    }
 }
 
 // A plain streaming launch of `warps` warps (one column of one matrix: stream_ok) takes the
@@ -958,10 +616,8 @@ bool launch_bulk_t(const OpContext& ctx, MvArgs& g, bool glu, int S) {
     // block could not join it until the SM drained and was configured anew.
     static std::atomic<uint64_t> done{0};
     allow_dyn_smem<void (*)(MvArgs, int, uint32_t, uint32_t, bool)>(
-        {k_mv_bulk<T, true, false>, k_mv_bulk<T, false, true>, k_mv_bulk<T, false, false>,
-         k_mv_bulk_fn<T, true, false>, k_mv_bulk_fn<T, false, true>, k_mv_bulk_fn<T, false, false>},
+        {k_mv_bulk<T, true, false>, k_mv_bulk<T, false, true>, k_mv_bulk<T, false, false>},
         kMaxSmem, done, /*max_carveout=*/true);
-    const bool fn = ctx.mv_bulk_fn;
     const int64_t items = pair ? g.M / 2 : g.M;
     const unsigned blocks =
         std::min(n_blocks(items, kMvWarps),
@@ -970,15 +626,15 @@ bool launch_bulk_t(const OpContext& ctx, MvArgs& g, bool glu, int S) {
     const auto b_off = static_cast<uint32_t>(bulk_b_offset<T>(S));
     const auto bar_off = static_cast<uint32_t>(bulk_bar_offset<T>(S, g.K, x_global));
     if (glu) {
-        launch_pdl(fn ? k_mv_bulk_fn<T, true, false> : k_mv_bulk<T, true, false>, grid, block, smem,
-                   ctx.stream, g, S, b_off, bar_off, x_global);
+        launch_pdl(k_mv_bulk<T, true, false>, grid, block, smem, ctx.stream, g, S, b_off, bar_off,
+                   x_global);
     } else if (pair) {
-        launch_pdl(fn ? k_mv_bulk_fn<T, false, true> : k_mv_bulk<T, false, true>, grid, block, smem,
-                   ctx.stream, g, S, b_off, bar_off, x_global);
+        launch_pdl(k_mv_bulk<T, false, true>, grid, block, smem, ctx.stream, g, S, b_off, bar_off,
+                   x_global);
     } else {
         keep_mirror(ctx, g, static_cast<int64_t>(blocks) * kMvWarps);
-        launch_pdl(fn ? k_mv_bulk_fn<T, false, false> : k_mv_bulk<T, false, false>, grid, block,
-                   smem, ctx.stream, g, S, b_off, bar_off, x_global);
+        launch_pdl(k_mv_bulk<T, false, false>, grid, block, smem, ctx.stream, g, S, b_off, bar_off,
+                   x_global);
     }
     return true;
 }
@@ -1015,202 +671,6 @@ void launch_stream_t(const OpContext& ctx, MvArgs g, bool glu) {
 
 }  // namespace
 
-// The products a chain collects (OpContext::chain): launch_stream appends each instead of
-// launching it.
-struct MvChain {
-    MvArgs g[kMaxChain];
-    bool glu[kMaxChain];
-    Type t[kMaxChain];
-    int n = 0;
-    bool refused = false;  // a product took (or would take) another kernel: nothing more joins
-};
-
-void MvChainDeleter::operator()(MvChain* c) const {
-    delete c;
-}
-std::unique_ptr<MvChain, MvChainDeleter> make_mv_chain() {
-    return std::unique_ptr<MvChain, MvChainDeleter>(new MvChain());
-}
-void mv_chain_reset(MvChain* c) {
-    c->n = 0;
-    c->refused = false;
-}
-int mv_chain_stages(const MvChain* c) {
-    return c->n;
-}
-
-namespace {
-
-// Whether a chain of type-t products runs in the register form (else the bulk form); -1:
-// no chain for t. F16/BF16 follow mv_bulk; Q4_0/Q6_K take the register form (their bulk
-// form, slower on the H200, has no chain).
-int chain_reg(const OpContext& ctx, Type t) {
-    if (t == Type::F16 || t == Type::BF16) return ctx.mv_bulk > 0 ? 0 : 1;
-    if (t == Type::Q4_0 || t == Type::Q6_K) return ctx.mv_bulk_q > 0 ? -1 : 1;
-    return -1;
-}
-
-// A product that a chain collects instead of launching, or refuses (nothing runs either way).
-void chain_collect(const OpContext& ctx, const MvArgs& g, Type t, bool glu) {
-    MvChain* c = ctx.chain;
-    if (c->refused || c->n == kMaxChain || chain_reg(ctx, t) < 0 || g.mirror.buf ||
-        (c->n > 0 && c->t[0] != t)) {
-        c->refused = true;
-        return;
-    }
-    c->g[c->n] = g;
-    c->glu[c->n] = glu;
-    c->t[c->n] = t;
-    c->n++;
-}
-
-}  // namespace
-
-// Refuses the chain for a product that takes any kernel but the streaming form's.
-Status chain_refuse(const OpContext& ctx) {
-    ctx.chain->refused = true;
-    return Status::ok();
-}
-
-namespace {
-
-// Launches the longest prefix (at most `most` products) that the chain takes, if of two or
-// more products; returns its length (0: nothing ran).
-template <Type T, bool reg>
-int launch_chain_t(const OpContext& ctx, const MvChain& mc, int most) {
-    constexpr size_t kMaxSmem = 227 * 1024 - 256;
-    using B = BulkSlot<T>;
-    ChainArgs c{};
-    c.S = reg ? 0 : std::min(ctx.mv_bulk, kBulkMaxSlots);
-    c.x_global0 = !reg && bulk_x_global<T>(ctx, mc.g[0]);
-    size_t b_bytes = 0;
-    int n = 0;
-    for (; n < most; n++) {
-        const MvArgs& g = mc.g[n];
-        const bool pair = g.n_seg > 0;
-        const int form = mc.glu[n] ? 1 : (pair ? 2 : 0);
-        if ((kChainForms[n] & (1 << form)) == 0) {
-            if (ctx.chain_trace)
-                std::fprintf(stderr, "chain: stage %d form %d not taken there\n", n, form);
-            break;
-        }
-        if (!reg && (B::row_bytes(g.K) % 16 != 0 || !rows_aligned(g, mc.glu[n], pair, 16))) {
-            if (ctx.chain_trace)
-                std::fprintf(stderr, "chain: stage %d rows not 16-byte aligned\n", n);
-            break;
-        }
-        const size_t nb = n > 0 || !c.x_global0 ? SPiece<T>::smem_bytes(g.K) : 0;
-        c.g[n] = g;
-        c.form[n] = form;
-        b_bytes = std::max(b_bytes, nb);
-    }
-    if (n < 2) return 0;
-    c.n = n;
-    c.b_off = reg ? 0u : static_cast<uint32_t>(bulk_b_offset<T>(c.S));
-    c.bar_off = static_cast<uint32_t>((c.b_off + b_bytes + 15) / 16 * 16);
-    const size_t smem = c.bar_off + static_cast<size_t>(kMvWarps) * c.S * 8;
-    if (smem > kMaxSmem) {
-        if (ctx.chain_trace) std::fprintf(stderr, "chain: %zu bytes of shared memory\n", smem);
-        return 0;
-    }
-    static std::atomic<uint64_t> done{0};
-    allow_dyn_smem<void (*)(ChainArgs)>({k_mv_chain<T, reg>}, kMaxSmem, done,
-                                        /*max_carveout=*/!reg);
-    if (ctx.chain_trace) {
-        cudaFuncAttributes fa{};
-        const cudaError_t fe = cudaFuncGetAttributes(&fa, k_mv_chain<T, reg>);
-        std::fprintf(stderr,
-                     "chain: %d stages, reg %d, smem %zu (kernel: static %zu, max dynamic %d, "
-                     "regs %d; %s)\n",
-                     n, reg ? 1 : 0, smem, fa.sharedSizeBytes, fa.maxDynamicSharedSizeBytes,
-                     fa.numRegs, cudaGetErrorString(fe));
-    }
-    // Every block on an SM at once, or the barrier would wait for blocks that cannot start.
-    int per_sm = 0;
-    const cudaError_t oe = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, k_mv_chain<T, reg>, 32 * kMvWarps, smem);
-    if (ctx.chain_trace) {
-        std::fprintf(stderr, "chain: occupancy %d blocks an SM (%s)\n", per_sm,
-                     cudaGetErrorString(oe));
-    }
-    if (oe != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    per_sm = std::min(per_sm, kBulkMinBlocks);
-    if (per_sm < 1) return 0;
-    c.ctr = ctx.chain_ctr;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(ctx.n_sm * per_sm));
-    cfg.blockDim = dim3(32 * kMvWarps);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = ctx.stream;
-    // Cooperative: the driver places every block at once (FERRY_CUDA_CHAIN_COOP=0, or a
-    // device without cooperative launches: a plain launch of the blocks that fit).
-    int coop = 0;
-    if (cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, ctx.device) != cudaSuccess) {
-        cudaGetLastError();
-        coop = 0;
-    }
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
-    attr[1].id = cudaLaunchAttributeCooperative;
-    attr[1].val.cooperative = ctx.chain_coop && coop ? 1 : 0;
-    cfg.attrs = attr;
-    cfg.numAttrs = 2;
-    cudaLaunchKernelEx(&cfg, k_mv_chain<T, reg>, c);  // (an error: launch_mv_chain reports it)
-    return n;
-}
-
-template <Type T>
-int launch_chain_form(const OpContext& ctx, const MvChain& mc, int most) {
-    return chain_reg(ctx, T) == 1 ? launch_chain_t<T, true>(ctx, mc, most)
-                                  : launch_chain_t<T, false>(ctx, mc, most);
-}
-
-std::atomic<uint64_t> g_chain_launches{0}, g_chained_products{0};
-
-}  // namespace
-
-uint64_t chain_launches() {
-    return g_chain_launches.load(std::memory_order_relaxed);
-}
-uint64_t chained_products() {
-    return g_chained_products.load(std::memory_order_relaxed);
-}
-
-Status launch_mv_chain(OpContext& ctx, const MvChain& c, int most, int* taken) {
-    *taken = 0;
-    most = std::min(most, c.n);
-    if (ctx.chain_trace) {
-        std::fprintf(stderr, "chain: %d collected (%s), %d asked, counters %s\n", c.n,
-                     c.refused ? "then refused" : "none refused", most,
-                     ctx.chain_ctr ? "set" : "missing");
-    }
-    if (most < 2 || !ctx.chain_ctr) return Status::ok();
-    switch (c.t[0]) {
-        case Type::F16:
-            *taken = launch_chain_form<Type::F16>(ctx, c, most);
-            break;
-        case Type::BF16:
-            *taken = launch_chain_form<Type::BF16>(ctx, c, most);
-            break;
-        case Type::Q4_0:
-            *taken = launch_chain_t<Type::Q4_0, true>(ctx, c, most);
-            break;
-        case Type::Q6_K:
-            *taken = launch_chain_t<Type::Q6_K, true>(ctx, c, most);
-            break;
-        default:
-            return Status::ok();
-    }
-    if (*taken == 0) return Status::ok();
-    g_chain_launches.fetch_add(1, std::memory_order_relaxed);
-    g_chained_products.fetch_add(static_cast<uint64_t>(*taken), std::memory_order_relaxed);
-    return launch_status("MUL_MAT chain (stream)");
-}
-
 Status launch_stream(const OpContext& ctx, const MvArgs& g0, Type t, bool glu) {
     MvArgs g = g0;
     g.err = ctx.err;
@@ -1218,10 +678,6 @@ Status launch_stream(const OpContext& ctx, const MvArgs& g0, Type t, bool glu) {
 #ifdef FERRY_CUDA_TRACE
     g.trace_id = trace_next_id();
 #endif
-    if (ctx.chain) {
-        chain_collect(ctx, g, t, glu);
-        return Status::ok();
-    }
     switch (t) {
         case Type::F16:
             launch_stream_t<Type::F16>(ctx, g, glu);

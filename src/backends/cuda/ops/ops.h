@@ -3,8 +3,6 @@
 // handle; supports() is the honest answer the device gives the scheduler before that.
 #pragma once
 
-#include <memory>
-
 #include "backends/cuda/cuda-backend.h"
 #include "ferry/tensor.h"
 
@@ -48,29 +46,6 @@ inline bool elem_type(Type t) {
     return t == Type::Q5_0 || t == Type::Q5_1 || t == Type::Q2_K || t == Type::Q3_K ||
            t == Type::IQ4_NL || t == Type::IQ4_XS || t == Type::MXFP4;
 }
-
-// Chained products (k_mv_chain in mv-stream.cu; FERRY_CUDA_CHAIN=1): while OpContext::chain
-// is set, the product ops launch nothing; each product the streaming form would take
-// (F16/BF16 in the bulk or the register form, Q4_0/Q6_K in the register form) is collected
-// into it (mv_chain_stages: how many), and any other refuses the chain from there on.
-// launch_mv_chain then runs the longest prefix of at most `most` collected products that it
-// takes (one weight type, a decode layer's forms: kChainForms) as one launch with a grid
-// barrier between them, and says how many it took (*taken; 0: nothing ran, the caller runs the
-// products one by one as usual). Their weights must be constants of the graph (a product's
-// first pieces are loaded before the barrier).
-struct MvChain;
-struct MvChainDeleter {
-    void operator()(MvChain* c) const;
-};
-std::unique_ptr<MvChain, MvChainDeleter> make_mv_chain();
-constexpr int kMaxChain = 4;  // products a chain launch takes
-// Device words per chain launch (its two counters in lines of their own), and the chain
-// launches one graph may hold (OpContext::chain_ctr: kChainCtrWords of each).
-constexpr int kChainCtrWords = 64;
-constexpr int kMaxChainLaunches = 64;
-void mv_chain_reset(MvChain* c);
-int mv_chain_stages(const MvChain* c);
-Status launch_mv_chain(OpContext& ctx, const MvChain& c, int most, int* taken);
 
 // Scratch bytes a node needs (0 for most ops).
 size_t scratch_size(const Tensor* node, int n_sm);
