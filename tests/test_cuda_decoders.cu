@@ -15,8 +15,12 @@
 //   step d;
 // - a lane's 8 weights lie in one 32-element block (the int8 kernel applies one scale of b to
 //   them).
-// And the KV cache's block quantizer (quantize_block) writes the CPU quantizers' bytes.
+// The block-lane decoders (BDec<T>: the int8 kernel's and the streaming form's Q4_0 and Q6_K)
+// against one-hot vectors b, below. And the KV cache's block quantizer (quantize_block) writes
+// the CPU quantizers' bytes.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -262,6 +266,70 @@ TEST(CudaDecoders, IQ4_XS) {
 }
 TEST(CudaDecoders, MXFP4) {
     check_type<Type::MXFP4>(false);
+}
+
+// The block-lane decoders (BDec<T>, Q4_0 and Q6_K): lane l of a warp takes 64 weights of each
+// span of 2048 against b's int8 quants, stored in BDec<T>'s swizzled order as q8_quantize4
+// writes them (float4 number i at word swz(i)), and one float scale per 32 elements. With b
+// one-hot (element j's quant v, every scale 1), the sum over every span and active lane of
+// dot() is v times weight j and nothing else: exactly the CPU dequantizer's value times v (v
+// = 1 or -64: the kernel's products are exact integers times an exact scale, rounded once, as
+// the CPU's). A lane that reads another element, a second lane on the same element or none
+// shows as a wrong sum. The row ends at a page the process may not read: a read past the row
+// stops the test.
+template <Type T>
+void check_bdec(int64_t K, bool random, uint32_t seed) {
+    const Row r = make_row(T, K, random, seed);
+    const size_t nb = r.bytes.size(), page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    ASSERT_EQ(nb % 4, 0u) << "rows must be 4-byte aligned";
+    const size_t len = (nb + page - 1) / page * page + page;
+    void* map = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(map, MAP_FAILED);
+    char* const guard = static_cast<char*>(map) + len - page;
+    ASSERT_EQ(mprotect(guard, page, PROT_NONE), 0);
+    char* const row = guard - nb;
+    std::memcpy(row, r.bytes.data(), nb);
+    std::vector<int32_t> xq(static_cast<size_t>(K / 4), 0);
+    const std::vector<float> xd(static_cast<size_t>(K / 32), 1.0f);
+    const int64_t spans = (K + kSpan - 1) / kSpan;
+    int64_t wrong = 0;
+    for (const int v : {1, -64}) {
+        for (int64_t j = 0; j < K; j++) {
+            int32_t& word = xq[BDec<T>::swz(static_cast<uint32_t>(j / 4))];
+            word = static_cast<int32_t>((static_cast<uint32_t>(v) & 0xffu) << (8 * (j % 4)));
+            float sum = 0.0f;
+            for (int64_t sp = 0; sp < spans; sp++) {
+                for (int lane = 0; lane < 32; lane++) {
+                    if (!BDec<T>::active(K, sp, lane)) continue;
+                    BlkX x;
+                    BDec<T>::load_x(xq.data(), xd.data(), sp, lane, x);
+                    sum += BDec<T>::dot(row, sp, lane, x, 0.0f);
+                }
+            }
+            word = 0;
+            const float want = r.ref[static_cast<size_t>(j)] * static_cast<float>(v);
+            if (sum != want && ++wrong <= 5) {
+                ADD_FAILURE() << type_name(T) << (random ? " random bytes" : " quantized") << ", K "
+                              << K << ", element " << j << ", b " << v << ": the lanes sum to "
+                              << sum << ", the CPU dequantizer's weight times b is " << want;
+            }
+        }
+    }
+    EXPECT_EQ(wrong, 0) << type_name(T) << ", K " << K << ": elements with a wrong sum";
+    munmap(map, len);
+}
+
+// Whole spans and a last part-span (Q4_0: 2,304 = 72 blocks, four lanes in the second span;
+// Q6_K: 2,560 = 10 super-blocks, eight lanes).
+TEST(CudaDecoders, BlockLaneQ4_0) {
+    for (const int64_t K : {2048, 2304, 4096}) {
+        for (const bool random : {true, false}) check_bdec<Type::Q4_0>(K, random, 31u + K);
+    }
+}
+TEST(CudaDecoders, BlockLaneQ6_K) {
+    for (const int64_t K : {2048, 2560, 4096}) {
+        for (const bool random : {true, false}) check_bdec<Type::Q6_K>(K, random, 37u + K);
+    }
 }
 
 // The KV cache's block quantizer (quantize_block: SET_ROWS and CPY into Q8_0/Q4_0/Q4_1

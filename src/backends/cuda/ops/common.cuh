@@ -185,6 +185,42 @@ FERRY_HD float bits_to_float(uint32_t u) {
 #endif
 }
 
+// dp4a, funnel_r and byte_perm: the intrinsics __dp4a, __funnelshift_r and __byte_perm on the
+// device, and their definitions in the CUDA math API on the host (the block-lane decoders'
+// host test): the sum of a's and b's signed bytes multiplied pairwise, plus c; the low 32 bits
+// of hi:lo shifted right by sh % 32; byte n of the result is byte ((s >> 4n) & 7) of y:x.
+FERRY_HD int dp4a(int a, int b, int c) {
+#ifdef __CUDA_ARCH__
+    return __dp4a(a, b, c);
+#else
+    for (int i = 0; i < 4; i++) {
+        c += static_cast<int8_t>(static_cast<uint32_t>(a) >> (8 * i)) *
+             static_cast<int8_t>(static_cast<uint32_t>(b) >> (8 * i));
+    }
+    return c;
+#endif
+}
+FERRY_HD uint32_t funnel_r(uint32_t lo, uint32_t hi, uint32_t sh) {
+#ifdef __CUDA_ARCH__
+    return __funnelshift_r(lo, hi, sh);
+#else
+    return static_cast<uint32_t>(((static_cast<uint64_t>(hi) << 32) | lo) >> (sh & 31u));
+#endif
+}
+FERRY_HD uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+#ifdef __CUDA_ARCH__
+    return __byte_perm(x, y, s);
+#else
+    const uint64_t in = (static_cast<uint64_t>(y) << 32) | x;
+    uint32_t r = 0;
+    for (int n = 0; n < 4; n++) {
+        const uint32_t sel = (s >> (4 * n)) & 7u;
+        r |= static_cast<uint32_t>((in >> (8 * sel)) & 0xffu) << (8 * n);
+    }
+    return r;
+#endif
+}
+
 FERRY_HD float h2f(uint16_t h) {
     return __half2float(__ushort_as_half(h));
 }

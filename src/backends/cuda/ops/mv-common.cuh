@@ -862,7 +862,7 @@ struct BlkX {
     float4 d;
 };
 
-__device__ __forceinline__ int4 ld_group(const int32_t* xq, uint32_t word) {
+FERRY_HD int4 ld_group(const int32_t* xq, uint32_t word) {
     return *reinterpret_cast<const int4*>(xq + word);
 }
 
@@ -875,15 +875,14 @@ struct BDec;
 template <>
 struct BDec<Type::Q4_0> {
     static constexpr int64_t kSpanBytes = 64 * 18;
-    __device__ static uint32_t swz(uint32_t u) { return u ^ (((u >> 5) & 3u) << 2); }
+    FERRY_HD static uint32_t swz(uint32_t u) { return u ^ (((u >> 5) & 3u) << 2); }
     // Blocks of 32 in the span's part of a row of K: lanes past them have nothing.
-    __device__ static bool active(int64_t K, int64_t sp, int lane) {
+    FERRY_HD static bool active(int64_t K, int64_t sp, int lane) {
         return sp * 64 + 2 * lane < K / 32;
     }
-    __device__ static void load_x(const int32_t* xq, const float* xd, int64_t sp, int lane,
-                                  BlkX& x) {
+    FERRY_HD static void load_x(const int32_t* xq, const float* xd, int64_t sp, int lane, BlkX& x) {
         const uint32_t g0 = static_cast<uint32_t>(sp) * 128u + 4u * lane;
-#pragma unroll
+        FERRY_UNROLL
         for (int j = 0; j < 4; j++) x.x[j] = ld_group(xq, swz(4u * (g0 + j)));
         const float2 d = reinterpret_cast<const float2*>(xd)[sp * 32 + lane];
         x.d = make_float4(d.x, d.y, 0.0f, 0.0f);
@@ -891,20 +890,20 @@ struct BDec<Type::Q4_0> {
     // A block's 16 bytes of quants against b's 32 (xl: elements 0-15, xh: 16-31): byte i holds
     // element i in its low nibble and i + 16 in its high one, each made the signed byte
     // 16 (q - 8) as in IDec<Q4_0>; the sum is divided by 16.
-    __device__ static int block(uint32_t q0, uint32_t q1, uint32_t q2, uint32_t q3, int4 xl,
-                                int4 xh) {
+    FERRY_HD static int block(uint32_t q0, uint32_t q1, uint32_t q2, uint32_t q3, int4 xl,
+                              int4 xh) {
         auto lo = [](uint32_t v) {
             return static_cast<int32_t>(((v << 4) & 0xf0f0f0f0u) ^ 0x80808080u);
         };
         auto hi = [](uint32_t v) { return static_cast<int32_t>((v & 0xf0f0f0f0u) ^ 0x80808080u); };
-        int s = __dp4a(lo(q0), xl.x, 0);
-        s = __dp4a(lo(q1), xl.y, s);
-        s = __dp4a(lo(q2), xl.z, s);
-        s = __dp4a(lo(q3), xl.w, s);
-        s = __dp4a(hi(q0), xh.x, s);
-        s = __dp4a(hi(q1), xh.y, s);
-        s = __dp4a(hi(q2), xh.z, s);
-        s = __dp4a(hi(q3), xh.w, s);
+        int s = dp4a(lo(q0), xl.x, 0);
+        s = dp4a(lo(q1), xl.y, s);
+        s = dp4a(lo(q2), xl.z, s);
+        s = dp4a(lo(q3), xl.w, s);
+        s = dp4a(hi(q0), xh.x, s);
+        s = dp4a(hi(q1), xh.y, s);
+        s = dp4a(hi(q2), xh.z, s);
+        s = dp4a(hi(q3), xh.w, s);
         return s >> 4;
     }
     // The lane's nine words of span sp (load_raw), then their products with b (dot_raw): apart
@@ -913,26 +912,25 @@ struct BDec<Type::Q4_0> {
         uint32_t v[9];
     };
     // (load_span: the same words from a copy of the span, e.g. in shared memory.)
-    __device__ static void load_span(const char* span, int lane, Raw& r) {
+    FERRY_HD static void load_span(const char* span, int lane, Raw& r) {
         const uint32_t* w = reinterpret_cast<const uint32_t*>(span + lane * 36);
-#pragma unroll
+        FERRY_UNROLL
         for (int i = 0; i < 9; i++) r.v[i] = w[i];
     }
-    __device__ static void load_raw(const char* row, int64_t sp, int lane, Raw& r) {
+    FERRY_HD static void load_raw(const char* row, int64_t sp, int lane, Raw& r) {
         load_span(row + sp * kSpanBytes, lane, r);
     }
-    __device__ static float dot(const char* row, int64_t sp, int lane, const BlkX& x, float acc) {
+    FERRY_HD static float dot(const char* row, int64_t sp, int lane, const BlkX& x, float acc) {
         Raw r;
         load_raw(row, sp, lane, r);
         return dot_raw(r, sp, lane, x, acc);
     }
-    __device__ static float dot_raw(const Raw& r, int64_t, int, const BlkX& x, float acc) {
+    FERRY_HD static float dot_raw(const Raw& r, int64_t, int, const BlkX& x, float acc) {
         const uint32_t* v = r.v;
         // Block A: scale in bytes 0-1, quants in 2-17; block B: scale in 18-19, quants in
         // 20-35 (words 5-8).
-        const int sa =
-            block(__funnelshift_r(v[0], v[1], 16), __funnelshift_r(v[1], v[2], 16),
-                  __funnelshift_r(v[2], v[3], 16), __funnelshift_r(v[3], v[4], 16), x.x[0], x.x[1]);
+        const int sa = block(funnel_r(v[0], v[1], 16), funnel_r(v[1], v[2], 16),
+                             funnel_r(v[2], v[3], 16), funnel_r(v[3], v[4], 16), x.x[0], x.x[1]);
         const int sb = block(v[5], v[6], v[7], v[8], x.x[2], x.x[3]);
         const float da = h2f(static_cast<uint16_t>(v[0] & 0xffffu));
         const float db = h2f(static_cast<uint16_t>(v[4] >> 16));
@@ -952,15 +950,14 @@ struct BDec<Type::Q4_0> {
 template <>
 struct BDec<Type::Q6_K> {
     static constexpr int64_t kSpanBytes = 8 * 210;
-    __device__ static uint32_t swz(uint32_t u) { return u ^ (((u >> 5) & 3u) << 3); }
-    __device__ static bool active(int64_t K, int64_t sp, int lane) {
+    FERRY_HD static uint32_t swz(uint32_t u) { return u ^ (((u >> 5) & 3u) << 3); }
+    FERRY_HD static bool active(int64_t K, int64_t sp, int lane) {
         return sp * 8 + lane / 4 < K / 256;
     }
-    __device__ static void load_x(const int32_t* xq, const float* xd, int64_t sp, int lane,
-                                  BlkX& x) {
+    FERRY_HD static void load_x(const int32_t* xq, const float* xd, int64_t sp, int lane, BlkX& x) {
         const uint32_t sb = static_cast<uint32_t>(sp) * 8u + lane / 4;
         const uint32_t h = (lane / 2) % 2, e = lane % 2;
-#pragma unroll
+        FERRY_UNROLL
         for (int p = 0; p < 4; p++) {
             x.x[p] = ld_group(xq, swz(4u * (16u * sb + 8u * h + 2u * p + e)));
         }
@@ -968,15 +965,15 @@ struct BDec<Type::Q6_K> {
     }
     // One part's 16 quants: 4 (q - 32) as signed bytes (q: the low or high nibble of ql, two
     // bits of qh at 2p), against b's group; the sum is divided by 4 (exact, as in IDec<Q6_K>).
-    __device__ static int part(uint4 ql, uint4 qh, int lsh, int hsh, int4 xg) {
+    FERRY_HD static int part(uint4 ql, uint4 qh, int lsh, int hsh, int4 xg) {
         auto q = [&](uint32_t l, uint32_t hh) {
             const uint32_t v = ((l >> lsh) & 0x0f0f0f0fu) | (((hh >> hsh) & 0x03030303u) << 4);
             return static_cast<int32_t>((v ^ 0x20202020u) << 2);
         };
-        int s = __dp4a(q(ql.x, qh.x), xg.x, 0);
-        s = __dp4a(q(ql.y, qh.y), xg.y, s);
-        s = __dp4a(q(ql.z, qh.z), xg.z, s);
-        s = __dp4a(q(ql.w, qh.w), xg.w, s);
+        int s = dp4a(q(ql.x, qh.x), xg.x, 0);
+        s = dp4a(q(ql.y, qh.y), xg.y, s);
+        s = dp4a(q(ql.z, qh.z), xg.z, s);
+        s = dp4a(q(ql.w, qh.w), xg.w, s);
         return s >> 2;
     }
     // The lane's words of span sp (load_raw: three runs of five, the scales' two or three and
@@ -985,24 +982,24 @@ struct BDec<Type::Q6_K> {
     struct Raw {
         uint32_t a[5], b[5], h[5], s[3], d;
     };
-    __device__ static uint32_t base_of(int64_t sp, int lane) {
+    FERRY_HD static uint32_t base_of(int64_t sp, int lane) {
         return static_cast<uint32_t>(sp * kSpanBytes) + 210u * static_cast<uint32_t>(lane / 4);
     }
-    __device__ static void words5(const char* row, uint32_t at, uint32_t (&w)[5]) {
+    FERRY_HD static void words5(const char* row, uint32_t at, uint32_t (&w)[5]) {
         const uint32_t* p = reinterpret_cast<const uint32_t*>(row + (at & ~3u));
-#pragma unroll
+        FERRY_UNROLL
         for (int i = 0; i < 5; i++) w[i] = p[i];
     }
     // The words at byte `base` of row (load_raw: base_of(sp, lane) from the row's start;
     // load_span: base_of(0, lane) from a copy of the span, e.g. in shared memory; a span is a
     // multiple of 4 bytes, so the words' alignment within it is their alignment in the row).
-    __device__ static void load_raw(const char* row, int64_t sp, int lane, Raw& r) {
+    FERRY_HD static void load_raw(const char* row, int64_t sp, int lane, Raw& r) {
         load_at(row, base_of(sp, lane), lane, r);
     }
-    __device__ static void load_span(const char* span, int lane, Raw& r) {
+    FERRY_HD static void load_span(const char* span, int lane, Raw& r) {
         load_at(span, base_of(0, lane), lane, r);
     }
-    __device__ static void load_at(const char* row, uint32_t base, int lane, Raw& r) {
+    FERRY_HD static void load_at(const char* row, uint32_t base, int lane, Raw& r) {
         const uint32_t h = (lane / 2) % 2, e = lane % 2;
         const uint32_t sh = (base & 2u) * 8u;
         words5(row, base + 64u * h + 16u * e, r.a);
@@ -1017,24 +1014,24 @@ struct BDec<Type::Q6_K> {
         r.s[2] = sh ? ws[2] : 0u;
         r.d = *reinterpret_cast<const uint32_t*>(row + ((base + 208u) & ~3u));
     }
-    __device__ static uint4 shifted(const uint32_t (&w)[5], uint32_t sh) {
-        return make_uint4(__funnelshift_r(w[0], w[1], sh), __funnelshift_r(w[1], w[2], sh),
-                          __funnelshift_r(w[2], w[3], sh), __funnelshift_r(w[3], w[4], sh));
+    FERRY_HD static uint4 shifted(const uint32_t (&w)[5], uint32_t sh) {
+        return make_uint4(funnel_r(w[0], w[1], sh), funnel_r(w[1], w[2], sh),
+                          funnel_r(w[2], w[3], sh), funnel_r(w[3], w[4], sh));
     }
-    __device__ static float dot(const char* row, int64_t sp, int lane, const BlkX& x, float acc) {
+    FERRY_HD static float dot(const char* row, int64_t sp, int lane, const BlkX& x, float acc) {
         Raw r;
         load_raw(row, sp, lane, r);
         return dot_raw(r, sp, lane, x, acc);
     }
-    __device__ static float dot_raw(const Raw& r, int64_t sp, int lane, const BlkX& x, float acc) {
+    FERRY_HD static float dot_raw(const Raw& r, int64_t sp, int lane, const BlkX& x, float acc) {
         const uint32_t e = lane % 2;
         const uint32_t sh = (base_of(sp, lane) & 2u) * 8u;
         const uint4 qa = shifted(r.a, sh);
         const uint4 qb = shifted(r.b, sh);
         const uint4 qh = shifted(r.h, sh);
-        const uint32_t s0 = __funnelshift_r(r.s[0], r.s[1], sh);
-        const uint32_t s1 = __funnelshift_r(r.s[1], r.s[2], sh);
-        const uint32_t sc = __byte_perm(s0, s1, 0x6420u + 0x1111u * e);  // 2p + e, p = 0..3
+        const uint32_t s0 = funnel_r(r.s[0], r.s[1], sh);
+        const uint32_t s1 = funnel_r(r.s[1], r.s[2], sh);
+        const uint32_t sc = byte_perm(s0, s1, 0x6420u + 0x1111u * e);  // 2p + e, p = 0..3
         const float d = h2f(static_cast<uint16_t>((r.d >> sh) & 0xffffu));
         const int s0p = part(qa, qh, 0, 0, x.x[0]);
         const int s1p = part(qb, qh, 0, 2, x.x[1]);
