@@ -11,6 +11,8 @@
 #     memory traffic: the register form's spills), when ncu may read the counters.
 # Prediction: the rows of a chained stage take longer than the same product unchained (the
 # register form's spills in F16/Q4_0; the bulk form's barrier waits ~2-4 us each in F16).
+# (Run on the binaries of 111a138: the chain and FERRY_CUDA_CHAIN are gone since 3d8bb59, so
+# on a later build its chained timelines are the unchained ones; results: bench/results/cuda.md.)
 BIN=${BIN:-.devT}
 source bench/runs/common.sh
 gen_models
