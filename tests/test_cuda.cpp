@@ -1429,9 +1429,10 @@ TEST(Cuda, WideStreamBlocksEqualTheDefault) {
 // for Q4_0/Q6_K: pieces in shared-memory slots filled by bulk copies) gives the register
 // form's bits: products with a short last piece (F16 K = 264, Q4_0 K = 2304), several pieces
 // a row (K = 8192, 12288), F16's b in shared memory and from global memory, the GLU pair and
-// the residual add, with one slot a warp and with several, one and two blocks per SM; then
-// token-by-token f16 and q4_0 decode (q/k/v with the folded norm, rope and KV store; gate/up;
-// down; the output product).
+// the residual add, with one slot a warp and with several, one and two blocks per SM, every
+// slot issued before griddepcontrol.wait or some after b's loads (FERRY_CUDA_MV_BULK_PRE);
+// then token-by-token f16 and q4_0 decode (q/k/v with the folded norm, rope and KV store;
+// gate/up; down; the output product).
 TEST(Cuda, BulkStreamEqualsTheRegisterForm) {
     REQUIRE_GPU();
     std::unique_ptr<Backend> cbe = cpu::make_cpu_backend(2);
@@ -1453,18 +1454,21 @@ TEST(Cuda, BulkStreamEqualsTheRegisterForm) {
             const std::string slots = var + (form == 0 ? "1" : plain ? "3" : "8");
             const char* xg =
                 form == 2 ? "FERRY_CUDA_MV_BULK_XGLOBAL=1" : "FERRY_CUDA_MV_BULK_XGLOBAL=0";
+            // (PRE: slots issued before the wait, the rest once b's loads are; 0: all.)
+            const std::string pre = "FERRY_CUDA_MV_BULK_PRE=" + std::to_string(form);
             for (const char* blocks :
                  {"FERRY_CUDA_MV_BULK_BLOCKS=1", "FERRY_CUDA_MV_BULK_BLOCKS=2"}) {
                 for (const bool glu : {false, true}) {
                     for (const bool with_add : {false, true}) {
                         if (glu && with_add) continue;
                         std::vector<float> outs[3];
-                        gpu_forms_and_cpu(cbe.get(), pc, glu, with_add, {slots.c_str(), blocks, xg},
+                        gpu_forms_and_cpu(cbe.get(), pc, glu, with_add,
+                                          {slots.c_str(), blocks, xg, pre.c_str()},
                                           {"FERRY_CUDA_MV_BULK=0"}, outs);
                         const std::string what =
                             std::string(type_name(t)) + " K=" + std::to_string(K) +
                             " M=" + std::to_string(M) + " " + slots + " " + blocks + " " + xg +
-                            (glu ? " glu" : "") + (with_add ? " add" : "");
+                            " " + pre + (glu ? " glu" : "") + (with_add ? " add" : "");
                         ASSERT_EQ(outs[0].size(), static_cast<size_t>(M)) << what;
                         ASSERT_EQ(outs[1].size(), static_cast<size_t>(M)) << what;
                         EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * 4),
@@ -1478,9 +1482,16 @@ TEST(Cuda, BulkStreamEqualsTheRegisterForm) {
     for (const char* enc : {"f16", "q4_0"}) {
         const std::vector<std::vector<float>> base =
             step_logits(enc, {"FERRY_CUDA_MV_BULK=0", "FERRY_CUDA_MV_BULK_Q=0"});
-        for (const char* slots : {"FERRY_CUDA_MV_BULK=2", "FERRY_CUDA_MV_BULK=3",
-                                  "FERRY_CUDA_MV_BULK_Q=4", "FERRY_CUDA_MV_BULK_Q=8"}) {
-            const std::vector<std::vector<float>> got = step_logits(enc, {slots});
+        // (The default first: S = 3, PRE = 2.)
+        for (const char* slots :
+             {"FERRY_CUDA_MV_BULK=3", "FERRY_CUDA_MV_BULK=2 PRE=0", "FERRY_CUDA_MV_BULK=3 PRE=0",
+              "FERRY_CUDA_MV_BULK=3 PRE=1", "FERRY_CUDA_MV_BULK_Q=4", "FERRY_CUDA_MV_BULK_Q=8",
+              "FERRY_CUDA_MV_BULK_Q=8 PRE=2"}) {
+            std::vector<std::string> env = {slots};
+            if (const char* sp = std::strchr(slots, ' ')) {
+                env = {std::string(slots, sp), "FERRY_CUDA_MV_BULK_" + std::string(sp + 1)};
+            }
+            const std::vector<std::vector<float>> got = step_logits(enc, env);
             ASSERT_EQ(got.size(), cases().size()) << enc << " " << slots;
             ASSERT_EQ(base.size(), got.size()) << enc << " " << slots;
             for (size_t k = 0; k < got.size(); k++) {

@@ -540,6 +540,9 @@ class CudaBackend : public Backend {
         if (const char* b = std::getenv("FERRY_CUDA_MV_BULK_BLOCKS")) {
             ctx_.mv_bulk_blocks = std::clamp(std::atoi(b), 1, 2);
         }
+        if (const char* b = std::getenv("FERRY_CUDA_MV_BULK_PRE")) {
+            ctx_.mv_bulk_pre = std::clamp(std::atoi(b), 0, 16);
+        }
         use_stage_ = !env_off("FERRY_CUDA_STAGE");
         use_compact_key_ = !env_off("FERRY_CUDA_COMPACT_KEY");
         // The norm folded into the float kernel too (F16/BF16/F32 weights): off by default,

@@ -125,12 +125,20 @@ struct OpContext {
     // Measured on the H200 (bench/results/cuda.md, stop 34): 1B F16 tg128 with S = 2 and two
     // blocks per SM 1,163 t/s (median of 8 rounds) against the register form's 1,110, every
     // other shape slower; 1B Q4_0 slower with every shape (1,462-1,526 at best against
-    // 1,701-1,777). So F16/BF16 take S = 2 in two blocks per SM, Q4_0/Q6_K the register form.
-    int mv_bulk = 2;
+    // 1,701-1,777). So F16/BF16 take the bulk form in two blocks per SM, Q4_0/Q6_K the
+    // register form. S = 3 since stop 41 (H100, bench/results/cuda.md): with the slots shrunk
+    // until two blocks fit (launch_bulk_t: down, b's 32 KiB, keeps 2), 1B F16 tg128 +0.9% and
+    // +1.5% over S = 2 in two runs side by side (S = 3 had put down in one block per SM).
+    int mv_bulk = 3;
     int mv_bulk_q = 0;
     bool mv_bulk_xglobal = false;  // FERRY_CUDA_MV_BULK_XGLOBAL=1 (bulk_x_global)
     bool mv_bulk_fit = true;       // FERRY_CUDA_MV_BULK_FIT=0 (launch_bulk_t)
     int mv_bulk_blocks = 2;
+    // Slots a warp issues before griddepcontrol.wait where b is computed after it (the rest
+    // once b's loads are issued; 0: all S; FERRY_CUDA_MV_BULK_PRE=N; k_mv_bulk). Measured with
+    // S = 3 (stop 41, H100, five rounds side by side): 1B F16 tg128 median 931.0 t/s with 2
+    // against 925.3 with all 3 (every round higher), 928.9 with 1.
+    int mv_bulk_pre = 2;
     // Set by the backend for one FLASH_ATTN_EXT launch of a captured graph whose K and V rows
     // are written in that graph only by the SET_ROWS listed: k_attn_row then loads the rows
     // before griddepcontrol.wait and reloads the listed ones after it (nullptr: after it, all).

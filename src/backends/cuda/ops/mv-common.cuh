@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 #include "backends/cuda/ops/common.cuh"
 #include "backends/cuda/ops/ops.h"
@@ -761,9 +762,17 @@ __device__ __forceinline__ void norm_w_load(const MvArgs& g, NormW& nw) {
     }
 }
 
-template <typename Put>
+// The hook of norm_prologue_fast and put_b that does nothing: `after` runs once in every
+// thread when its loads of b are issued, before any is used (the bulk form issues the rest of
+// its slots' copies there, so that b's loads queue ahead of them: k_mv_bulk).
+struct NoAfter {
+    __device__ void operator()() const {}
+};
+
+template <typename Put, typename After = NoAfter>
 __device__ __forceinline__ void norm_prologue_fast(const MvArgs& g, const NormW& nw,
-                                                   float* red /* 32 floats */, Put put) {
+                                                   float* red /* 32 floats */, Put put,
+                                                   After after = {}) {
     static_assert(kMvWarps * 32 == 256, "thread t holds float4s t + 256 j");
     const int tid = static_cast<int>(threadIdx.x), lane = tid % 32;
     const int64_t n4 = g.K / 4;
@@ -782,10 +791,13 @@ __device__ __forceinline__ void norm_prologue_fast(const MvArgs& g, const NormW&
             const int64_t i = tid + 256 * j;
             if (i < n4) c[j] = a4[i];
         }
+        after();
 #pragma unroll
         for (int j = 0; j < kNormJ; j++) {
             e[j] = make_float4(e[j].x + c[j].x, e[j].y + c[j].y, e[j].z + c[j].z, e[j].w + c[j].w);
         }
+    } else {
+        after();
     }
     float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -1070,15 +1082,23 @@ __device__ __forceinline__ void q8_quantize4(float4 v, int64_t i, int lane, int3
 
 // b's n4 float4s handed to put(i, v) by thread i % blockDim.x, kPre loads per thread issued
 // before the first is used (whole warps together when n4 is a multiple of 32, as
-// q8_quantize4 needs).
-template <int kPre, typename Put>
-__device__ __forceinline__ void put_b(const float4* x4, int64_t n4, Put put) {
-    for (int64_t i0 = threadIdx.x; i0 < n4; i0 += kPre * blockDim.x) {
+// q8_quantize4 needs); after() once in every thread when its first loads are issued.
+template <int kPre, typename Put, typename After = NoAfter>
+__device__ __forceinline__ void put_b(const float4* x4, int64_t n4, Put put, After after = {}) {
+    constexpr bool kAfter = !std::is_same_v<After, NoAfter>;
+    bool first = kAfter;
+    // (With an `after`, every thread enters the loop once, also one with no float4 of b.)
+    for (int64_t i0 = threadIdx.x; kAfter || i0 < n4; i0 += kPre * blockDim.x) {
         float4 xv[kPre];
 #pragma unroll
         for (int j = 0; j < kPre; j++) {
             const int64_t i = i0 + j * static_cast<int64_t>(blockDim.x);
             if (i < n4) xv[j] = x4[i];
+        }
+        if constexpr (kAfter) {
+            if (first) after();
+            first = false;
+            if (i0 >= n4) break;
         }
 #pragma unroll
         for (int j = 0; j < kPre; j++) {

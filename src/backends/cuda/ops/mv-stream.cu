@@ -314,12 +314,12 @@ __global__ void __launch_bounds__(32 * kW, kW == kMvWarps ? kStreamMinBlocks : 1
 #endif
 }
 
-// The bulk form of the streaming kernel (FERRY_CUDA_MV_BULK=S for F16/BF16 weights, S = 2 in
-// two blocks per SM by default; FERRY_CUDA_MV_BULK_Q=S for Q4_0/Q6_K, off by default: see
-// OpContext::mv_bulk for the measurements): the pieces in flight sit in shared
-// memory instead of registers. Each warp owns S slots of one piece (F16/BF16: 2048 weights,
-// 4 KiB; Q4_0/Q6_K: one span of 2048, 1,152 / 1,680 bytes) with an mbarrier each; its lane 0
-// fills a slot with one bulk copy (cp.async.bulk, completion counted in bytes) and refills it
+// The bulk form of the streaming kernel (FERRY_CUDA_MV_BULK=S for F16/BF16 weights, S = 3 in
+// two blocks per SM by default, 2 where b's K floats leave no room for 3; FERRY_CUDA_MV_BULK_Q=S
+// for Q4_0/Q6_K, off by default: see OpContext::mv_bulk for the measurements): the pieces in flight
+// sit in shared memory instead of registers. Each warp owns S slots of one piece (F16/BF16: 2048
+// weights, 4 KiB; Q4_0/Q6_K: one span of 2048, 1,152 / 1,680 bytes) with an mbarrier each; its lane
+// 0 fills a slot with one bulk copy (cp.async.bulk, completion counted in bytes) and refills it
 // once the warp has read it, so the warps need no buffer registers and no block-wide
 // synchronization. The plan behind it (bench/results/cuda.md, stops 22, 26, 27, 29): a block
 // holds its bytes in flight with few registers, so that with PDL the next kernels' blocks fit
@@ -426,24 +426,24 @@ __device__ __forceinline__ void bulk_issue(const StreamWalk<glu, pair>& w, const
                  &bw.bars[s]);
 }
 
-// The load cursor of a warp's items (item lit, row lr, piece lp): bulk_first issues the
-// first S pieces from item `first` into slots 0 .. S - 1 and leaves the cursor past them.
+// The load cursor of a warp's items (item lit, row lr, piece lp): bulk_slots issues the
+// pieces at the cursor into slots s0 .. s1 - 1 (fresh ones: never read) and leaves the cursor
+// past them; the warp's first S pieces, from item `first`, go into slots 0 .. S - 1.
 struct BulkCursor {
     int64_t lit;
     int lr, lp;
 };
 template <Type T, bool glu, bool pair>
-__device__ __forceinline__ BulkCursor bulk_first(const StreamWalk<glu, pair>& w, const BulkWarp& bw,
-                                                 int64_t first, int lane) {
-    BulkCursor c{first, 0, 0};
-    for (int s = 0; s < bw.S; s++) {
+__device__ __forceinline__ BulkCursor bulk_slots(const StreamWalk<glu, pair>& w, const BulkWarp& bw,
+                                                 BulkCursor c, int s0, int s1, int lane) {
+    for (int s = s0; s < s1; s++) {
         if (c.lit < w.items && lane == 0) bulk_issue<T>(w, bw, s, c.lit, c.lr, c.lp);
         w.advance(c.lit, c.lr, c.lp);
     }
     return c;
 }
 
-// Sums the warp's items of walk w from `first` (bulk_first has issued their first S pieces;
+// Sums the warp's items of walk w from `first` (bulk_slots has issued their first S pieces;
 // b at xb, in global memory when x_global) and runs their epilogues, each slot refilled once
 // the warp has read it. Every copy issued is waited for: the slots are idle at the end.
 template <Type T, bool glu, bool pair>
@@ -493,10 +493,13 @@ __device__ __forceinline__ void bulk_rows(const StreamWalk<glu, pair>& w, BulkWa
 }
 
 // k_mv_bulk's offsets (b_off, bar_off: bulk_b_offset, bulk_bar_offset) and x_global
-// (bulk_x_global) come from the launch.
+// (bulk_x_global) come from the launch. Of each warp's first S pieces, `pre` are issued before
+// griddepcontrol.wait and the rest once the block's loads of b (after the wait) are issued,
+// so that those queue behind fewer copies (pre = S: all before; x_global: b is read as the
+// rows are summed, pre = S); the folded norm's weights are loaded before the wait.
 template <Type T, bool glu, bool pair>
 __global__ void __launch_bounds__(32 * kMvWarps, kBulkMinBlocks)
-    k_mv_bulk(MvArgs g, int S, uint32_t b_off, uint32_t bar_off, bool x_global) {
+    k_mv_bulk(MvArgs g, int S, int pre, uint32_t b_off, uint32_t bar_off, bool x_global) {
     using P = SPiece<T>;
     using B = BulkSlot<T>;
     extern __shared__ __align__(16) char bulk_sm[];
@@ -517,13 +520,26 @@ __global__ void __launch_bounds__(32 * kMvWarps, kBulkMinBlocks)
     }
     __syncwarp();
     const int64_t first = w.first(static_cast<int64_t>(blockIdx.x) * kMvWarps + warp);
-    const BulkCursor c = bulk_first<T>(w, bw, first, lane);
+    BulkCursor c = bulk_slots<T>(w, bw, BulkCursor{first, 0, 0}, 0, pre, lane);
+    const bool fast = g.nx && g.nfast && norm_fast_ok(g);
+    NormW nw;
+    if (fast) norm_w_load(g, nw);  // (a model weight: no kernel writes it)
     pdl_wait();
 #ifdef FERRY_CUDA_TRACE
     const uint64_t tr1 = gtime();
 #endif
     if (!x_global) {
-        stream_put_b<P, true>(g, smem_b, nred);
+        auto put = [&](int64_t i, float4 v) { P::put(smem_b, i, v, K); };
+        auto rest = [&] { c = bulk_slots<T>(w, bw, c, pre, S, lane); };
+        if (fast) {
+            norm_prologue_fast(g, nw, nred, put, rest);
+        } else if (g.nx) {
+            rest();
+            norm_prologue(g, nred, put);
+        } else {
+            // Up to 8 float4s a thread in one round trip (32 KiB for K = 8192).
+            put_b<8>(reinterpret_cast<const float4*>(g.b), K / 4, put, rest);
+        }
         __syncthreads();
     }
 #ifdef FERRY_CUDA_TRACE
@@ -599,14 +615,15 @@ bool launch_bulk_t(const OpContext& ctx, MvArgs& g, bool glu, int S) {
     using B = BulkSlot<T>;
     S = std::min(S, kBulkMaxSlots);
     const bool pair = g.n_seg > 0, x_global = bulk_x_global<T>(ctx, g);
-    // One block per SM: fewer slots where b would leave no room for the next kernel's block
-    // beside it (each block also takes 1 KiB of the SM's 228; FERRY_CUDA_MV_BULK_FIT=0 keeps
-    // S): with S = 3, F16 down (b's 32 KiB) takes 2.
+    // Fewer slots where a block would take more than half the SM's shared memory (each block
+    // also takes 1 KiB of the SM's 228; FERRY_CUDA_MV_BULK_FIT=0 keeps S): two blocks per SM
+    // then both fit, and one block leaves room for the next kernel's block beside it. With
+    // S = 3, F16 down (b's 32 KiB) takes 2; gate/up, q/k/v (b's 8 KiB) and wo keep 3.
     constexpr size_t kHalfSm = 113 * 1024 - 256;
-    while (ctx.mv_bulk_fit && ctx.mv_bulk_blocks <= 1 && S > 1 &&
-           bulk_smem_bytes<T>(S, g.K, x_global) > kHalfSm) {
+    while (ctx.mv_bulk_fit && S > 1 && bulk_smem_bytes<T>(S, g.K, x_global) > kHalfSm) {
         S--;
     }
+    const int pre = x_global || ctx.mv_bulk_pre <= 0 ? S : std::min(S, ctx.mv_bulk_pre);
     const size_t smem = bulk_smem_bytes<T>(S, g.K, x_global);
     if (smem > kMaxSmem || B::row_bytes(g.K) % 16 != 0 || !rows_aligned(g, glu, pair, 16)) {
         return false;
@@ -615,7 +632,7 @@ bool launch_bulk_t(const OpContext& ctx, MvArgs& g, bool glu, int S) {
     // runs: with a smaller one picked for a single block (e.g. 132 KiB), the next kernel's
     // block could not join it until the SM drained and was configured anew.
     static std::atomic<uint64_t> done{0};
-    allow_dyn_smem<void (*)(MvArgs, int, uint32_t, uint32_t, bool)>(
+    allow_dyn_smem<void (*)(MvArgs, int, int, uint32_t, uint32_t, bool)>(
         {k_mv_bulk<T, true, false>, k_mv_bulk<T, false, true>, k_mv_bulk<T, false, false>},
         kMaxSmem, done, /*max_carveout=*/true);
     const int64_t items = pair ? g.M / 2 : g.M;
@@ -626,15 +643,15 @@ bool launch_bulk_t(const OpContext& ctx, MvArgs& g, bool glu, int S) {
     const auto b_off = static_cast<uint32_t>(bulk_b_offset<T>(S));
     const auto bar_off = static_cast<uint32_t>(bulk_bar_offset<T>(S, g.K, x_global));
     if (glu) {
-        launch_pdl(k_mv_bulk<T, true, false>, grid, block, smem, ctx.stream, g, S, b_off, bar_off,
-                   x_global);
+        launch_pdl(k_mv_bulk<T, true, false>, grid, block, smem, ctx.stream, g, S, pre, b_off,
+                   bar_off, x_global);
     } else if (pair) {
-        launch_pdl(k_mv_bulk<T, false, true>, grid, block, smem, ctx.stream, g, S, b_off, bar_off,
-                   x_global);
+        launch_pdl(k_mv_bulk<T, false, true>, grid, block, smem, ctx.stream, g, S, pre, b_off,
+                   bar_off, x_global);
     } else {
         keep_mirror(ctx, g, static_cast<int64_t>(blocks) * kMvWarps);
-        launch_pdl(k_mv_bulk<T, false, false>, grid, block, smem, ctx.stream, g, S, b_off, bar_off,
-                   x_global);
+        launch_pdl(k_mv_bulk<T, false, false>, grid, block, smem, ctx.stream, g, S, pre, b_off,
+                   bar_off, x_global);
     }
     return true;
 }
