@@ -135,3 +135,19 @@ tests() { # FILTER [SECONDS]
   grep -E "FAILED|PASSED|tests ran|SKIPPED|op cases" $f | head -30
   grep -B2 -A12 "Failure" $f | head -40
 }
+
+# timeline NAME [FERRY_*=V ...]: the per-kernel timeline of one decode step (bench/tools/
+# trace-timeline.py) of $TL_MODEL (1B F16 unless set) run by a FERRY_CUDA_TRACE build of
+# ferry ($TRACE_BIN/ferry.xz), with those variables: $OUT/timeline-NAME.txt and its summary.
+timeline() {
+  local name=$1
+  shift
+  [ -x /tmp/ferry-trace ] || { xz -dc $TRACE_BIN/ferry.xz > /tmp/ferry-trace && chmod +x /tmp/ferry-trace; }
+  echo "=== $(date -u +%T) trace $name"
+  env "$@" FERRY_CUDA_TRACE_OUT=$OUT/trace.bin /tmp/ferry-trace bench -m ${TL_MODEL:-$H} --device CUDA0 -p 0 -n 64 -r 1 2>&1 |
+    grep tg64
+  python3 bench/tools/trace-timeline.py $OUT/trace.bin > "$OUT/timeline-$name.txt" 2>&1
+  rm -f $OUT/trace.bin*
+  grep -A12 "^per kind" "$OUT/timeline-$name.txt"
+  grep "^step" "$OUT/timeline-$name.txt"
+}
