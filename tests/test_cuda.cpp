@@ -1483,14 +1483,17 @@ TEST(Cuda, BulkStreamEqualsTheRegisterForm) {
         const std::vector<std::vector<float>> base =
             step_logits(enc, {"FERRY_CUDA_MV_BULK=0", "FERRY_CUDA_MV_BULK_Q=0"});
         // (The default first: S = 3, PRE = 2.)
-        for (const char* slots :
-             {"FERRY_CUDA_MV_BULK=3", "FERRY_CUDA_MV_BULK=2 PRE=0", "FERRY_CUDA_MV_BULK=3 PRE=0",
-              "FERRY_CUDA_MV_BULK=3 PRE=1", "FERRY_CUDA_MV_BULK_Q=4", "FERRY_CUDA_MV_BULK_Q=8",
-              "FERRY_CUDA_MV_BULK_Q=8 PRE=2"}) {
-            std::vector<std::string> env = {slots};
-            if (const char* sp = std::strchr(slots, ' ')) {
-                env = {std::string(slots, sp), "FERRY_CUDA_MV_BULK_" + std::string(sp + 1)};
-            }
+        const std::vector<std::vector<std::string>> envs = {
+            {"FERRY_CUDA_MV_BULK=3"},
+            {"FERRY_CUDA_MV_BULK=2", "FERRY_CUDA_MV_BULK_PRE=0"},
+            {"FERRY_CUDA_MV_BULK=3", "FERRY_CUDA_MV_BULK_PRE=0"},
+            {"FERRY_CUDA_MV_BULK=3", "FERRY_CUDA_MV_BULK_PRE=1"},
+            {"FERRY_CUDA_MV_BULK_Q=4"},
+            {"FERRY_CUDA_MV_BULK_Q=8"},
+            {"FERRY_CUDA_MV_BULK_Q=8", "FERRY_CUDA_MV_BULK_PRE=2"}};
+        for (const std::vector<std::string>& env : envs) {
+            std::string slots;
+            for (const std::string& e : env) slots += (slots.empty() ? "" : " ") + e;
             const std::vector<std::vector<float>> got = step_logits(enc, env);
             ASSERT_EQ(got.size(), cases().size()) << enc << " " << slots;
             ASSERT_EQ(base.size(), got.size()) << enc << " " << slots;

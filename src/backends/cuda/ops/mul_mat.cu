@@ -268,9 +268,7 @@ size_t mul_mat_scratch_size(const Tensor* node) {
 
 Status op_mul_mat(OpContext& ctx, const Tensor* dst) {
     if (dst->nelements() == 0) return Status::ok();
-    if (use_gemm(dst)) {
-        return launch_gemm(ctx, dst);
-    }
+    if (use_gemm(dst)) return launch_gemm(ctx, dst);
     return launch_mat_vec(ctx, dst, make_args(dst, nullptr));
 }
 
