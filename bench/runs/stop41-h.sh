@@ -7,6 +7,7 @@
 # Prediction (written before the run): wo and down -0.3 to -0.8 us each a layer: 1B F16 tg128
 # +1-2% against b2303d4's binary (.devM), side by side.
 # Carry [".devL", ".devM"] (.devL: this build, tests and fixtures; .devM: b2303d4's ferry.xz).
+# (stop41-i.sh runs it again for another patch: BIN, FILTER.)
 BIN=${BIN:-.devL}
 source bench/runs/common.sh
 gen_models

@@ -8,20 +8,7 @@
 # Prediction: q/k/v -0.5 to -1 us a layer, 1B F16 tg128 +1-1.5%.
 # To run: git apply bench/runs/stop41-rope-early.patch; bash bench/build-for-device.sh .devN;
 # xz .devN/ferry .devN/test_cuda; the tiny-llama f16, q4_0, reference.json and case*.logits.f32
-# in .devN/fx; main's ferry.xz in .devM. Carry [".devN", ".devM"].
-BIN=${BIN:-.devN}
-source bench/runs/common.sh
-gen_models
-$F gen-model --preset llama-3.2-1b --type bf16 -o /tmp/bf16.gguf > /dev/null 2>&1 &
-xz -dc .devM/ferry.xz > /tmp/ferry-old && chmod +x /tmp/ferry-old
-echo "=== $(date -u +%T) test_cuda"
-tests "${FILTER:-*BulkStream*:*StreamProducts*:*FoldedNorm*:*FusedKernelsNever*}" $(cap 200)
-wait
-old() { F=/tmp/ferry-old bt "$@"; }
-echo "=== $(date -u +%T) tg128 1B F16: patch | main; BF16: patch | main"
-for r in 1 2 3 4 5; do
-  left 30 "round $r" || break
-  echo "round $r: F16 $(bt $H --device CUDA0) | $(old $H --device CUDA0)" \
-    " BF16 $(bt /tmp/bf16.gguf --device CUDA0) | $(old /tmp/bf16.gguf --device CUDA0)"
-done
-echo "=== $(date -u +%T) done at ${SECONDS}s"
+# in .devN/fx; main's ferry.xz in .devM. Carry [".devN", ".devM"]. The run itself is run H's
+# (the patched build against main's ferry, side by side, after the bulk-form tests).
+BIN=${BIN:-.devN} FILTER=${FILTER:-*BulkStream*:*StreamProducts*:*FoldedNorm*:*FusedKernelsNever*} \
+  exec bash "$(dirname "$0")/stop41-h.sh"
