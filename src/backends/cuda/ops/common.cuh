@@ -101,14 +101,64 @@ __device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
                  : "memory");
 #endif
 }
+// Weights are read once a token, 2.5 GB of them (1B F16) through a 50 MB L2: marked
+// evict-first, they leave L2 to what is read again soon (the activations, the KV cache, the
+// kernels' code). Measured on an H100 (bench/results/cuda.md, stop 42 call C, side by side):
+// 1B tg128 F16 936-949 t/s against 911-929, Q4_0 1,645-1,677 against 1,616-1,638, BF16
+// 941-952 against 916-925. The matrix-vector forms' weight reads take it: every bulk copy,
+// the F32/F16/BF16 loads and the streaming form's Q4_0 and Q6_K block-lane loads (the int8
+// kernel's and the float kernel's direct reads of the other formats do not: their decoders
+// also read copies in shared memory, where a global-only load is an error).
+// -DFERRY_CUDA_NO_EVICT_FIRST builds the plain reads, for before/after measurements.
+#ifndef FERRY_CUDA_NO_EVICT_FIRST
+#define FERRY_CUDA_EVICT_FIRST 1
+#endif
+__device__ __forceinline__ uint64_t l2_evict_first() {
+    uint64_t p = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+#endif
+    return p;
+}
 __device__ __forceinline__ void bulk_to_smem(void* dst, const void* src, uint32_t bytes,
                                              uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#ifdef FERRY_CUDA_EVICT_FIRST
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
+        "[%1], %2, [%3], %4;" ::"r"(smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(l2_evict_first())
+        : "memory");
+#else
     asm volatile(
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
             "r"(smem_addr(dst)),
         "l"(src), "r"(bytes), "r"(smem_addr(bar))
         : "memory");
+#endif
+#endif
+}
+// A weight's 16 or 4 bytes from global memory (read-only for the kernel), evict-first in L2.
+__device__ __forceinline__ uint4 ld_weight16(const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && defined(FERRY_CUDA_EVICT_FIRST)
+    uint4 v;
+    asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "l"(l2_evict_first()));
+    return v;
+#else
+    return *static_cast<const uint4*>(p);
+#endif
+}
+__device__ __forceinline__ uint32_t ld_weight4(const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && defined(FERRY_CUDA_EVICT_FIRST)
+    uint32_t v;
+    asm volatile("ld.global.nc.L2::cache_hint.u32 %0, [%1], %2;"
+                 : "=r"(v)
+                 : "l"(p), "l"(l2_evict_first()));
+    return v;
+#else
+    return *static_cast<const uint32_t*>(p);
 #endif
 }
 // Orders this thread's earlier shared-memory accesses before its later bulk copies (a slot

@@ -474,10 +474,10 @@ __device__ __forceinline__ Raw8 load_raw(const char* row, int64_t c, int lane) {
     const int64_t e = c * 256 + 8 * lane;
     Raw8 r;
     if constexpr (T == Type::F32) {
-        r.a = *reinterpret_cast<const uint4*>(row + e * 4);
-        r.b = *reinterpret_cast<const uint4*>(row + e * 4 + 16);
+        r.a = ld_weight16(row + e * 4);
+        r.b = ld_weight16(row + e * 4 + 16);
     } else {
-        r.a = *reinterpret_cast<const uint4*>(row + e * 2);
+        r.a = ld_weight16(row + e * 2);
         r.b = make_uint4(0u, 0u, 0u, 0u);
     }
     return r;
@@ -930,11 +930,18 @@ struct BDec<Type::Q4_0> {
         for (int i = 0; i < 9; i++) r.v[i] = w[i];
     }
     FERRY_HD static void load_raw(const char* row, int64_t sp, int lane, Raw& r) {
+#ifdef __CUDA_ARCH__
+        const char* w = row + sp * kSpanBytes + lane * 36;
+        FERRY_UNROLL
+        for (int i = 0; i < 9; i++) r.v[i] = ld_weight4(w + 4 * i);
+#else
         load_span(row + sp * kSpanBytes, lane, r);
+#endif
     }
+    // (dot: row may be a copy in shared memory, the int8 kernel's ring: no global-only loads.)
     FERRY_HD static float dot(const char* row, int64_t sp, int lane, const BlkX& x, float acc) {
         Raw r;
-        load_raw(row, sp, lane, r);
+        load_span(row + sp * kSpanBytes, lane, r);
         return dot_raw(r, sp, lane, x, acc);
     }
     FERRY_HD static float dot_raw(const Raw& r, int64_t, int, const BlkX& x, float acc) {
@@ -997,42 +1004,53 @@ struct BDec<Type::Q6_K> {
     FERRY_HD static uint32_t base_of(int64_t sp, int lane) {
         return static_cast<uint32_t>(sp * kSpanBytes) + 210u * static_cast<uint32_t>(lane / 4);
     }
+    // (Global: row is in global memory, its words weights read once, evict-first in L2.)
+    template <bool Global>
+    FERRY_HD static uint32_t word(const uint32_t* p) {
+#ifdef __CUDA_ARCH__
+        if constexpr (Global) return ld_weight4(p);
+#endif
+        return *p;
+    }
+    template <bool Global>
     FERRY_HD static void words5(const char* row, uint32_t at, uint32_t (&w)[5]) {
         const uint32_t* p = reinterpret_cast<const uint32_t*>(row + (at & ~3u));
         FERRY_UNROLL
-        for (int i = 0; i < 5; i++) w[i] = p[i];
+        for (int i = 0; i < 5; i++) w[i] = word<Global>(p + i);
     }
     // The words at byte `base` of row (load_raw: base_of(sp, lane) from the row's start;
     // load_span: base_of(0, lane) from a copy of the span, e.g. in shared memory; a span is a
     // multiple of 4 bytes, so the words' alignment within it is their alignment in the row).
     FERRY_HD static void load_raw(const char* row, int64_t sp, int lane, Raw& r) {
-        load_at(row, base_of(sp, lane), lane, r);
+        load_at<true>(row, base_of(sp, lane), lane, r);
     }
     FERRY_HD static void load_span(const char* span, int lane, Raw& r) {
-        load_at(span, base_of(0, lane), lane, r);
+        load_at<false>(span, base_of(0, lane), lane, r);
     }
+    template <bool Global>
     FERRY_HD static void load_at(const char* row, uint32_t base, int lane, Raw& r) {
         const uint32_t h = (lane / 2) % 2, e = lane % 2;
         const uint32_t sh = (base & 2u) * 8u;
-        words5(row, base + 64u * h + 16u * e, r.a);
-        words5(row, base + 64u * h + 32u + 16u * e, r.b);
-        words5(row, base + 128u + 32u * h + 16u * e, r.h);
+        words5<Global>(row, base + 64u * h + 16u * e, r.a);
+        words5<Global>(row, base + 64u * h + 32u + 16u * e, r.b);
+        words5<Global>(row, base + 128u + 32u * h + 16u * e, r.h);
         // Scales 8h .. 8h + 7 (two words from 192 + 8h), then d (the low half at 208).
         const uint32_t* ws =
             reinterpret_cast<const uint32_t*>(row + ((base + 192u + 8u * h) & ~3u));
-        r.s[0] = ws[0];
-        r.s[1] = ws[1];
+        r.s[0] = word<Global>(ws);
+        r.s[1] = word<Global>(ws + 1);
         // (The third word only when realigning: unshifted, it could lie past the row's end.)
-        r.s[2] = sh ? ws[2] : 0u;
-        r.d = *reinterpret_cast<const uint32_t*>(row + ((base + 208u) & ~3u));
+        r.s[2] = sh ? word<Global>(ws + 2) : 0u;
+        r.d = word<Global>(reinterpret_cast<const uint32_t*>(row + ((base + 208u) & ~3u)));
     }
     FERRY_HD static uint4 shifted(const uint32_t (&w)[5], uint32_t sh) {
         return make_uint4(funnel_r(w[0], w[1], sh), funnel_r(w[1], w[2], sh),
                           funnel_r(w[2], w[3], sh), funnel_r(w[3], w[4], sh));
     }
+    // (dot: row may be a copy in shared memory, the int8 kernel's ring: no global-only loads.)
     FERRY_HD static float dot(const char* row, int64_t sp, int lane, const BlkX& x, float acc) {
         Raw r;
-        load_raw(row, sp, lane, r);
+        load_at<false>(row, base_of(sp, lane), lane, r);
         return dot_raw(r, sp, lane, x, acc);
     }
     FERRY_HD static float dot_raw(const Raw& r, int64_t sp, int lane, const BlkX& x, float acc) {

@@ -88,7 +88,11 @@ struct SPiece {  // F16, BF16: chunks 8p .. 8p + 7, the lane's 8 elements of eac
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             const int64_t e = (p * 8 + j) * 256 + 8 * lane;
+#ifdef FERRY_CUDA_EVICT_FIRST
+            r.w[j] = e < K ? ld_weight16(row + e * 2)
+#else
             r.w[j] = e < K ? __ldg(reinterpret_cast<const uint4*>(row + e * 2))
+#endif
                            : make_uint4(0u, 0u, 0u, 0u);
         }
     }
