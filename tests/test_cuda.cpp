@@ -917,16 +917,24 @@ TEST(Cuda, EarlyAttentionLoadsGiveTheSameBits) {
     std::vector<int32_t> toks;
     const std::string path = generated_f16_model(p, 7u, &toks);
     ASSERT_FALSE(path.empty());
+    // Rows loaded after the wait; before it with the indices after it; with the indices
+    // before it too (the default: they are the graph's inputs); and the dependents' launch
+    // allowed only once the loads after the wait are issued.
+    const std::vector<std::vector<std::string>> forms = {
+        {"FERRY_CUDA_ATTN_EARLY=0"},
+        {"FERRY_CUDA_ATTN_EARLY=1", "FERRY_CUDA_ATTN_EARLY_IDX=0"},
+        {"FERRY_CUDA_ATTN_EARLY=1"},
+        {"FERRY_CUDA_ATTN_EARLY=1", "FERRY_CUDA_ATTN_LATE_TRIGGER=1"}};
+    const int n = static_cast<int>(forms.size());
     for (const Type kv : {Type::F16, Type::BF16}) {
-        std::vector<float> runs[2];
-        uint64_t early[2] = {0, 0};
-        for (int e = 0; e < 2; e++) {
-            const OpenSession os =
-                open_session(path, {gpu()}, kv,
-                             {e == 0 ? "FERRY_CUDA_ATTN_EARLY=0" : "FERRY_CUDA_ATTN_EARLY=1"});
+        std::vector<std::vector<float>> runs(forms.size());
+        std::vector<uint64_t> early(forms.size()), idx(forms.size());
+        for (int e = 0; e < n; e++) {
+            const OpenSession os = open_session(path, {gpu()}, kv, forms[e]);
             ASSERT_TRUE(os.s);
             LlamaSession* s = os.s.get();
             const uint64_t before = cuda::early_attention_launches();
+            const uint64_t before_idx = cuda::early_index_launches();
             ASSERT_TRUE(s->decode(std::span<const int32_t>(toks.data(), 20), false));
             for (size_t i = 20; i < toks.size(); i++) {
                 const Status st = s->decode(std::span<const int32_t>(&toks[i], 1), false);
@@ -934,20 +942,26 @@ TEST(Cuda, EarlyAttentionLoadsGiveTheSameBits) {
                 runs[e].insert(runs[e].end(), s->logits(0), s->logits(0) + p.n_vocab);
             }
             early[e] = cuda::early_attention_launches() - before;
+            idx[e] = cuda::early_index_launches() - before_idx;
         }
         EXPECT_EQ(early[0], 0u) << type_name(kv);
-        EXPECT_GT(early[1], 0u) << type_name(kv);
-        ASSERT_EQ(runs[0].size(), runs[1].size());
-        size_t first = runs[0].size();
-        for (size_t i = 0; i < runs[0].size() && first == runs[0].size(); i++) {
-            if (std::memcmp(&runs[0][i], &runs[1][i], 4) != 0) first = i;
+        EXPECT_EQ(idx[1], 0u) << type_name(kv);
+        for (int e = 1; e < n; e++) EXPECT_GT(early[e], 0u) << type_name(kv) << " form " << e;
+        for (int e = 2; e < n; e++) EXPECT_EQ(idx[e], early[e]) << type_name(kv) << " form " << e;
+        for (int e = 1; e < n; e++) {
+            ASSERT_EQ(runs[0].size(), runs[e].size());
+            size_t first = runs[0].size();
+            for (size_t i = 0; i < runs[0].size() && first == runs[0].size(); i++) {
+                if (std::memcmp(&runs[0][i], &runs[e][i], 4) != 0) first = i;
+            }
+            std::printf(
+                "[ cuda     ] %s cache, form %d: %llu early attention launches (%llu with the "
+                "indices before the wait); first differing logit %zu of %zu\n",
+                type_name(kv), e, static_cast<unsigned long long>(early[e]),
+                static_cast<unsigned long long>(idx[e]), first, runs[0].size());
+            EXPECT_EQ(first, runs[0].size()) << type_name(kv) << " form " << e << ": decode step "
+                                             << first / static_cast<size_t>(p.n_vocab);
         }
-        std::printf(
-            "[ cuda     ] %s cache: %llu early attention launches; first differing "
-            "logit %zu of %zu\n",
-            type_name(kv), static_cast<unsigned long long>(early[1]), first, runs[0].size());
-        EXPECT_EQ(first, runs[0].size())
-            << type_name(kv) << ": decode step " << first / static_cast<size_t>(p.n_vocab);
     }
     std::remove(path.c_str());
 }

@@ -525,6 +525,8 @@ class CudaBackend : public Backend {
         ctx_.mv_nfast = !env_off("FERRY_CUDA_MV_NFAST");
         ctx_.attn_chunks = !env_off("FERRY_CUDA_ATTN_CHUNKS");
         use_attn_early_ = !env_off("FERRY_CUDA_ATTN_EARLY");
+        ctx_.attn_early_idx = !env_off("FERRY_CUDA_ATTN_EARLY_IDX");
+        ctx_.attn_late_trigger = env_on("FERRY_CUDA_ATTN_LATE_TRIGGER");
         ctx_.mv_stream = !env_off("FERRY_CUDA_MV_STREAM");
         if (const char* w = std::getenv("FERRY_CUDA_MV_STREAM_WIDE")) {
             ctx_.mv_stream_wide = w[0] == '0' ? 0 : (w[0] == '2' ? 2 : 1);
@@ -1590,6 +1592,7 @@ Expected<size_t> CudaBackend::wait_piece(size_t lo, size_t size, size_t have) {
 // map a cache row to one key) says no.
 bool CudaBackend::early_rows(const std::vector<const Tensor*>& kn, size_t a, AttnEarly* e) {
     const Tensor* att = kn[a];
+    bool ready = true;
     auto range = [](const Tensor* t, const char** lo, const char** hi) {
         *lo = device_ptr(t);
         *hi = *lo + t->nbytes();
@@ -1628,7 +1631,18 @@ bool CudaBackend::early_rows(const std::vector<const Tensor*>& kn, size_t a, Att
         w.idx = reinterpret_cast<const int32_t*>(device_ptr(idx));
         w.n = static_cast<int>(src->ne[1]);
         w.j0 = delta / nb1;
+        // Indices no node before the attention writes: the graph's inputs. (Written by a node,
+        // they could still be in the making when the attention starts: a launch may start
+        // before the one two places before it has ended.)
+        const char *ilo, *ihi;
+        range(idx, &ilo, &ihi);
+        for (size_t i = 0; i < a && ready; i++) {
+            const char *wlo, *whi;
+            range(kn[i], &wlo, &whi);
+            if (!(whi <= ilo || ihi <= wlo)) ready = false;
+        }
     }
+    e->idx_ready = ready;
     return true;
 }
 

@@ -28,6 +28,8 @@ void set_declined_ops(const std::vector<Op>& ops);
 // Test hook: decode attention launches queued with their rows loaded before the wait
 // (k_attn_row's early form) since the process started.
 uint64_t early_attention_launches();
+// Of those, the launches that also read the cache rows' indices before the wait.
+uint64_t early_index_launches();
 
 // Device address of a tensor's element 0 (the tensor must be in a CUDA buffer), else nullptr.
 char* device_ptr(const Tensor* t);
@@ -59,6 +61,9 @@ struct AttnRowsWritten {
 };
 struct AttnEarly {
     AttnRowsWritten k, v;
+    // No kernel of the graph writes the indices (they are its inputs, in place before its
+    // first kernel starts): k_attn_row may read them before griddepcontrol.wait too.
+    bool idx_ready = false;
 };
 
 // Progressive results (CudaBackend::read_in_pieces), the flagged mirror: a one-column
@@ -143,6 +148,11 @@ struct OpContext {
     // are written in that graph only by the SET_ROWS listed: k_attn_row then loads the rows
     // before griddepcontrol.wait and reloads the listed ones after it (nullptr: after it, all).
     const AttnEarly* attn_early = nullptr;
+    // The early form's indices read before the wait where they are the graph's inputs
+    // (FERRY_CUDA_ATTN_EARLY_IDX=0: after it), and its dependents' launch allowed once its loads
+    // after the wait are issued (FERRY_CUDA_ATTN_LATE_TRIGGER=1; else at the wait).
+    bool attn_early_idx = true;
+    bool attn_late_trigger = false;
     // Set by the backend for the launch of a progressive product (HostMirror); the product's
     // launcher sets mirror_taken when its kernel stores the rows there (the streaming form
     // does: mirror_product_ok).

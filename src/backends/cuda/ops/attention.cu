@@ -42,6 +42,10 @@ struct AttnArgs {
     // wrote (early_k / early_v) again after it (OpContext::attn_early).
     bool early;
     AttnRowsWritten early_k, early_v;
+    // Early form: the indices read before the wait too (AttnEarly::idx_ready), and the
+    // dependents' launch allowed once the rows' and q's loads after it are issued (late) rather
+    // than at the wait.
+    bool early_idx, late_trigger;
     int trace_id;  // FERRY_CUDA_TRACE builds: the launch's number
 };
 
@@ -966,7 +970,7 @@ __global__ void __launch_bounds__(kRThreads) k_attn_row(AttnArgs g, int chunk) {
     // once the cache's rows are asked for.
     auto wait_prior = [&] {
         pdl_wait();
-        pdl_trigger();
+        if (!g.early || !g.late_trigger) pdl_trigger();
 #ifdef FERRY_CUDA_TRACE
         tr1 = gtime();
 #endif
@@ -992,18 +996,34 @@ __global__ void __launch_bounds__(kRThreads) k_attn_row(AttnArgs g, int chunk) {
 #pragma unroll
         for (int e = 0; e < kC; e++) kr[e] = krow[e];
     }
+    // q's element tid and the mask's value of key tid, loaded after the wait (with the rows'
+    // loads of the early form).
+    float qv = 0.0f, mk = 0.0f;
+    auto late_loads = [&] {
+        if (tid < D) {
+            qv = reinterpret_cast<const float*>(g.q.p + h * g.q.nb[2] + i3 * g.q.nb[3])[tid];
+        }
+        if (g.has_mask && has_key) mk = mask_value(g, mask_row(g, 0, h, i3), j0 + tid);
+    };
     if (g.early) {
-        wait_prior();
         // This chunk's keys that the step wrote (-1: another chunk's, or out of range: the
         // SET_ROWS reported it and wrote nothing), and their rows again. Measured on the H200
         // (bench/results/cuda.md, stop 29 run B): reading the indices before the wait as well
-        // (checked after it), for one round trip after the wait instead of two, gained nothing.
+        // (checked after it), for one round trip after the wait instead of two, gained nothing;
+        // stop 42 (H100): with wo's copies issued during the attention, its loads after the
+        // wait queue behind them on the SM, so the indices come before it when they are the
+        // graph's inputs (g.early_idx) and the loads after it are issued before wo may launch.
         auto key_of = [&](const AttnRowsWritten& w, int i) {
             const int64_t j = static_cast<int64_t>(__ldcg(w.idx + i)) - w.j0 - j0;
             return j >= 0 && j < n_kv ? static_cast<int>(j) : -1;
         };
-        if (tid < g.early_k.n) wk[tid] = key_of(g.early_k, tid);
-        if (tid < g.early_v.n) wv[tid] = key_of(g.early_v, tid);
+        auto keys = [&] {
+            if (tid < g.early_k.n) wk[tid] = key_of(g.early_k, tid);
+            if (tid < g.early_v.n) wv[tid] = key_of(g.early_v, tid);
+        };
+        if (g.early_idx) keys();
+        wait_prior();
+        if (!g.early_idx) keys();
         __syncthreads();
         for (int i = 0; i < g.early_k.n; i++) {
             if (wk[i] != tid) continue;
@@ -1011,6 +1031,7 @@ __global__ void __launch_bounds__(kRThreads) k_attn_row(AttnArgs g, int chunk) {
 #pragma unroll
             for (int e = 0; e < kC; e++) kr[e] = __ldcg(krow + e);
         }
+        late_loads();
         // A value row's 16-byte pieces go again through the threads that copied them first,
         // once their first copies have landed (two copies into one place are not ordered).
         cp_async_wait_all();
@@ -1020,14 +1041,11 @@ __global__ void __launch_bounds__(kRThreads) k_attn_row(AttnArgs g, int chunk) {
             const int e = ((tid - first) % kRThreads + kRThreads) % kRThreads;
             if (e < kC) cp_async16(vs + wv[i] * D + 8 * e, vbase + wv[i] * g.v.nb[1] + 16 * e);
         }
+        if (g.late_trigger) pdl_trigger();
+    } else {
+        late_loads();
     }
-    if (tid < D) {
-        qs[tid] = reinterpret_cast<const float*>(g.q.p + h * g.q.nb[2] + i3 * g.q.nb[3])[tid];
-    }
-    float mk = 0.0f;
-    if (g.has_mask && has_key) {
-        mk = mask_value(g, mask_row(g, 0, h, i3), j0 + tid);
-    }
+    if (tid < D) qs[tid] = qv;
     __syncthreads();  // q
     float s = -INFINITY;
     if (has_key && mk != -INFINITY) {
@@ -1220,12 +1238,15 @@ int choose_split(const Tensor* node, int n_sm) {
     return static_cast<int>(std::max<int64_t>(s, 1));
 }
 
-std::atomic<uint64_t> g_early_launches{0};
+std::atomic<uint64_t> g_early_launches{0}, g_early_idx_launches{0};
 
 }  // namespace
 
 uint64_t early_attention_launches() {
     return g_early_launches.load(std::memory_order_relaxed);
+}
+uint64_t early_index_launches() {
+    return g_early_idx_launches.load(std::memory_order_relaxed);
 }
 
 size_t attn_scratch_size(const OpContext& ctx, const Tensor* node) {
@@ -1271,7 +1292,7 @@ Status op_flash_attn_ext(OpContext& ctx, const Tensor* dst) {
 #ifdef FERRY_CUDA_TRACE
     g.trace_id = trace_next_id();
 #endif
-    g.early = false;
+    g.early = g.early_idx = g.late_trigger = false;
     const int64_t dmax = std::max(g.D, g.Dv);
     g.kv_vec = vec_rows(k, g.D) && vec_rows(v, g.Dv) && !vec_off();
     if (g.n_q >= kTiledMinQueries && q->ne[2] <= 65535 && q->ne[3] <= 65535 && tiled_enabled()) {
@@ -1291,7 +1312,10 @@ Status op_flash_attn_ext(OpContext& ctx, const Tensor* dst) {
             g.early = true;
             g.early_k = e->k;
             g.early_v = e->v;
+            g.early_idx = e->idx_ready && ctx.attn_early_idx;
+            g.late_trigger = ctx.attn_late_trigger;
             g_early_launches.fetch_add(1, std::memory_order_relaxed);
+            if (g.early_idx) g_early_idx_launches.fetch_add(1, std::memory_order_relaxed);
         }
         const dim3 grid(static_cast<unsigned>(q->ne[2]), static_cast<unsigned>(q->ne[3]),
                         static_cast<unsigned>(chunks));
