@@ -1593,20 +1593,18 @@ Expected<size_t> CudaBackend::wait_piece(size_t lo, size_t size, size_t have) {
 bool CudaBackend::early_rows(const std::vector<const Tensor*>& kn, size_t a, AttnEarly* e) {
     const Tensor* att = kn[a];
     bool ready = true;
-    auto range = [](const Tensor* t, const char** lo, const char** hi) {
-        *lo = device_ptr(t);
-        *hi = *lo + t->nbytes();
+    // Whether x's and y's bytes overlap in device memory.
+    auto overlap = [](const Tensor* x, const Tensor* y) {
+        const char* xlo = device_ptr(x);
+        const char* ylo = device_ptr(y);
+        return xlo < ylo + y->nbytes() && ylo < xlo + x->nbytes();
     };
     for (int which = 0; which < 2; which++) {
         const Tensor* view = att->src[1 + which];
         if (!view || view->ne[3] != 1) return false;
-        const char *vlo, *vhi;
-        range(view, &vlo, &vhi);
         const Tensor* writer = nullptr;
         for (size_t i = 0; i < a; i++) {
-            const char *wlo, *whi;
-            range(kn[i], &wlo, &whi);
-            if (whi <= vlo || vhi <= wlo) continue;
+            if (!overlap(kn[i], view)) continue;
             if (writer || kn[i]->op != Op::SET_ROWS) return false;
             writer = kn[i];
         }
@@ -1634,13 +1632,7 @@ bool CudaBackend::early_rows(const std::vector<const Tensor*>& kn, size_t a, Att
         // Indices no node before the attention writes: the graph's inputs. (Written by a node,
         // they could still be in the making when the attention starts: a launch may start
         // before the one two places before it has ended.)
-        const char *ilo, *ihi;
-        range(idx, &ilo, &ihi);
-        for (size_t i = 0; i < a && ready; i++) {
-            const char *wlo, *whi;
-            range(kn[i], &wlo, &whi);
-            if (!(whi <= ilo || ihi <= wlo)) ready = false;
-        }
+        for (size_t i = 0; i < a && ready; i++) ready = !overlap(kn[i], idx);
     }
     e->idx_ready = ready;
     return true;

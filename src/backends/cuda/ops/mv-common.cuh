@@ -878,6 +878,17 @@ FERRY_HD int4 ld_group(const int32_t* xq, uint32_t word) {
     return *reinterpret_cast<const int4*>(xq + word);
 }
 
+// A block-lane decoder's word at p: from a row in global memory (Global: weights, read once,
+// evict-first in L2: ld_weight4) or from a copy of it anywhere (the host's test, the int8
+// kernel's ring in shared memory).
+template <bool Global>
+FERRY_HD uint32_t span_word(const uint32_t* p) {
+#ifdef __CUDA_ARCH__
+    if constexpr (Global) return ld_weight4(p);
+#endif
+    return *p;
+}
+
 template <Type T>
 struct BDec;
 
@@ -924,19 +935,14 @@ struct BDec<Type::Q4_0> {
         uint32_t v[9];
     };
     // (load_span: the same words from a copy of the span, e.g. in shared memory.)
+    template <bool Global = false>
     FERRY_HD static void load_span(const char* span, int lane, Raw& r) {
         const uint32_t* w = reinterpret_cast<const uint32_t*>(span + lane * 36);
         FERRY_UNROLL
-        for (int i = 0; i < 9; i++) r.v[i] = w[i];
+        for (int i = 0; i < 9; i++) r.v[i] = span_word<Global>(w + i);
     }
     FERRY_HD static void load_raw(const char* row, int64_t sp, int lane, Raw& r) {
-#ifdef __CUDA_ARCH__
-        const char* w = row + sp * kSpanBytes + lane * 36;
-        FERRY_UNROLL
-        for (int i = 0; i < 9; i++) r.v[i] = ld_weight4(w + 4 * i);
-#else
-        load_span(row + sp * kSpanBytes, lane, r);
-#endif
+        load_span<true>(row + sp * kSpanBytes, lane, r);
     }
     // (dot: row may be a copy in shared memory, the int8 kernel's ring: no global-only loads.)
     FERRY_HD static float dot(const char* row, int64_t sp, int lane, const BlkX& x, float acc) {
@@ -1004,19 +1010,11 @@ struct BDec<Type::Q6_K> {
     FERRY_HD static uint32_t base_of(int64_t sp, int lane) {
         return static_cast<uint32_t>(sp * kSpanBytes) + 210u * static_cast<uint32_t>(lane / 4);
     }
-    // (Global: row is in global memory, its words weights read once, evict-first in L2.)
-    template <bool Global>
-    FERRY_HD static uint32_t word(const uint32_t* p) {
-#ifdef __CUDA_ARCH__
-        if constexpr (Global) return ld_weight4(p);
-#endif
-        return *p;
-    }
     template <bool Global>
     FERRY_HD static void words5(const char* row, uint32_t at, uint32_t (&w)[5]) {
         const uint32_t* p = reinterpret_cast<const uint32_t*>(row + (at & ~3u));
         FERRY_UNROLL
-        for (int i = 0; i < 5; i++) w[i] = word<Global>(p + i);
+        for (int i = 0; i < 5; i++) w[i] = span_word<Global>(p + i);
     }
     // The words at byte `base` of row (load_raw: base_of(sp, lane) from the row's start;
     // load_span: base_of(0, lane) from a copy of the span, e.g. in shared memory; a span is a
@@ -1037,11 +1035,11 @@ struct BDec<Type::Q6_K> {
         // Scales 8h .. 8h + 7 (two words from 192 + 8h), then d (the low half at 208).
         const uint32_t* ws =
             reinterpret_cast<const uint32_t*>(row + ((base + 192u + 8u * h) & ~3u));
-        r.s[0] = word<Global>(ws);
-        r.s[1] = word<Global>(ws + 1);
+        r.s[0] = span_word<Global>(ws);
+        r.s[1] = span_word<Global>(ws + 1);
         // (The third word only when realigning: unshifted, it could lie past the row's end.)
-        r.s[2] = sh ? word<Global>(ws + 2) : 0u;
-        r.d = word<Global>(reinterpret_cast<const uint32_t*>(row + ((base + 208u) & ~3u)));
+        r.s[2] = sh ? span_word<Global>(ws + 2) : 0u;
+        r.d = span_word<Global>(reinterpret_cast<const uint32_t*>(row + ((base + 208u) & ~3u)));
     }
     FERRY_HD static uint4 shifted(const uint32_t (&w)[5], uint32_t sh) {
         return make_uint4(funnel_r(w[0], w[1], sh), funnel_r(w[1], w[2], sh),
