@@ -104,6 +104,19 @@ side_by_side() {
     done
   done
 }
+# served_side_by_side: a unix and a tcp server, then side_by_side's rows (local | unix | tcp).
+served_side_by_side() {
+  serve_unix
+  serve_tcp 0
+  echo "listening: $(servers_up)"
+  side_by_side "tcp" "0" "0"
+}
+# old_binary XZ: another build's ferry (an xz file, e.g. .devM/ferry.xz) as /tmp/ferry-old, and
+# old MODEL [ARGS]: bt run by it, for side-by-side rounds against $F.
+old_binary() {
+  xz -dc "$1" > /tmp/ferry-old && chmod +x /tmp/ferry-old
+}
+old() { F=/tmp/ferry-old bt "$@"; }
 # logits_reads PATTERN ADDR...: a profiled 1B Q4_0 client (FERRY_SESSION_PROFILE=1) per
 # address, and the first part of its profile that matches PATTERN (the logits read).
 logits_reads() {

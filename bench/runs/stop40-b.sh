@@ -21,8 +21,5 @@ echo "=== $(date -u +%T) tg128: F16 | Q4_0"
 for r in 1 2 3; do echo "round $r: $(bt $H --device CUDA0) | $(bt $Q --device CUDA0)"; done
 left 120 "served" || exit 0
 echo "=== $(date -u +%T) served"
-serve_unix
-serve_tcp 0
-echo "listening: $(servers_up)"
-side_by_side "tcp" "0" "0"
+served_side_by_side
 echo "=== $(date -u +%T) done at ${SECONDS}s"

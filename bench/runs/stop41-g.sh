@@ -14,8 +14,5 @@ for r in 1 2 3; do
 done
 left 150 "served" || exit 0
 echo "=== $(date -u +%T) served"
-serve_unix
-serve_tcp 0
-echo "listening: $(servers_up)"
-side_by_side "tcp" "0" "0"
+served_side_by_side
 echo "=== $(date -u +%T) done at ${SECONDS}s"

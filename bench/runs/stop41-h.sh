@@ -12,11 +12,10 @@ BIN=${BIN:-.devL}
 source bench/runs/common.sh
 gen_models
 $F gen-model --preset llama-3.2-1b --type bf16 -o /tmp/bf16.gguf > /dev/null 2>&1 &
-xz -dc .devM/ferry.xz > /tmp/ferry-old && chmod +x /tmp/ferry-old
+old_binary .devM/ferry.xz
 echo "=== $(date -u +%T) test_cuda"
 tests "${FILTER:-*BulkStream*:*StreamProducts*:*WideStream*:*FoldedNorm*:*FusedKernelsNever*}" $(cap 200)
 wait
-old() { F=/tmp/ferry-old bt "$@"; }
 echo "=== $(date -u +%T) tg128 1B F16: new | b2303d4; BF16: new | b2303d4"
 for r in 1 2 3 4 5; do
   left 30 "round $r" || break

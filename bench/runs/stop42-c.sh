@@ -10,9 +10,8 @@
 BIN=.dev2 source bench/runs/common.sh
 gen_models
 $F gen-model --preset llama-3.2-1b --type bf16 -o /tmp/bf16.gguf > /dev/null 2>&1 &
-xz -dc .devM/ferry.xz > /tmp/ferry-old && chmod +x /tmp/ferry-old
+old_binary .devM/ferry.xz
 wait
-old() { F=/tmp/ferry-old bt "$@"; }
 echo "=== $(date -u +%T) tg128: new | main"
 for r in 1 2 3 4; do
   left 40 "round $r" || break

@@ -8,8 +8,7 @@ BIN=.dev4 source bench/runs/common.sh
 TRACE_BIN=.devT3
 gen_models
 $F gen-model --preset llama-3.2-1b --type bf16 -o /tmp/bf16.gguf > /dev/null 2>&1
-xz -dc .devM/ferry.xz > /tmp/ferry-old && chmod +x /tmp/ferry-old
-old() { F=/tmp/ferry-old bt "$@"; }
+old_binary .devM/ferry.xz
 echo "=== $(date -u +%T) $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 echo "=== $(date -u +%T) tg128: new | before"
 for r in 1 2 3; do
@@ -27,8 +26,5 @@ done
 timeline f16
 left 150 "served" || exit 0
 echo "=== $(date -u +%T) served"
-serve_unix
-serve_tcp 0
-echo "listening: $(servers_up)"
-side_by_side "tcp" "0" "0"
+served_side_by_side
 echo "=== $(date -u +%T) done at ${SECONDS}s"

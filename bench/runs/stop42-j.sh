@@ -7,10 +7,9 @@
 # Carry [".dev6", ".dev4"].
 BIN=.dev6 source bench/runs/common.sh
 gen_models
-xz -dc .dev4/ferry.xz > /tmp/ferry-old && chmod +x /tmp/ferry-old
+old_binary .dev4/ferry.xz
 echo "=== $(date -u +%T) test_cuda"
 tests "*Replayed*:*StagedInputs*:*InPlace*:*Alternating*:*SameLogits*:*LongDecode*:*EarlyAttention*:*Chunked*:*Fused*:*CudaOracle*:-*/f32" $(cap 150)
-old() { F=/tmp/ferry-old bt "$@"; }
 echo "=== $(date -u +%T) graph stats: new, then cc0e900"
 for f in $F /tmp/ferry-old; do
   for m in $Q $H; do

@@ -7,8 +7,7 @@
 BIN=.dev4 source bench/runs/common.sh
 gen_models
 $F gen-model --preset llama-3.2-1b --type bf16 -o /tmp/bf16.gguf > /dev/null 2>&1
-xz -dc .devM/ferry.xz > /tmp/ferry-old && chmod +x /tmp/ferry-old
-old() { F=/tmp/ferry-old bt "$@"; }
+old_binary .devM/ferry.xz
 echo "=== $(date -u +%T) $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 echo "=== $(date -u +%T) tg128: new | before"
 for r in 1 2 3; do
@@ -25,8 +24,5 @@ done
 $F bench -m $T --device CUDA0 -p 0 -n 128 -r 5 2>&1 | grep -E "^\| llama"
 left 120 "served" || exit 0
 echo "=== $(date -u +%T) served"
-serve_unix
-serve_tcp 0
-echo "listening: $(servers_up)"
-side_by_side "tcp" "0" "0"
+served_side_by_side
 echo "=== $(date -u +%T) done at ${SECONDS}s"
