@@ -918,23 +918,29 @@ TEST(Cuda, EarlyAttentionLoadsGiveTheSameBits) {
     const std::string path = generated_f16_model(p, 7u, &toks);
     ASSERT_FALSE(path.empty());
     // Rows loaded after the wait; before it with the indices after it; with the indices
-    // before it too (the default: they are the graph's inputs); and the dependents' launch
-    // allowed only once the loads after the wait are issued.
+    // before it too (the default: they are the graph's inputs); the dependents' launch
+    // allowed only once the loads after the wait are issued (forms 0-3 without gate/up's
+    // weights asked for in L2); then with those asked for: an eighth (the default), 64 KiB
+    // and all of them.
     const std::vector<std::vector<std::string>> forms = {
         {"FERRY_CUDA_ATTN_EARLY=0"},
-        {"FERRY_CUDA_ATTN_EARLY=1", "FERRY_CUDA_ATTN_EARLY_IDX=0"},
+        {"FERRY_CUDA_ATTN_EARLY=1", "FERRY_CUDA_ATTN_EARLY_IDX=0", "FERRY_CUDA_L2_NEXT=0"},
+        {"FERRY_CUDA_ATTN_EARLY=1", "FERRY_CUDA_L2_NEXT=0"},
+        {"FERRY_CUDA_ATTN_EARLY=1", "FERRY_CUDA_ATTN_LATE_TRIGGER=1", "FERRY_CUDA_L2_NEXT=0"},
         {"FERRY_CUDA_ATTN_EARLY=1"},
-        {"FERRY_CUDA_ATTN_EARLY=1", "FERRY_CUDA_ATTN_LATE_TRIGGER=1"}};
+        {"FERRY_CUDA_ATTN_EARLY=1", "FERRY_CUDA_L2_NEXT=64"},
+        {"FERRY_CUDA_ATTN_EARLY=1", "FERRY_CUDA_L2_NEXT=65536"}};
     const int n = static_cast<int>(forms.size());
     for (const Type kv : {Type::F16, Type::BF16}) {
         std::vector<std::vector<float>> runs(forms.size());
-        std::vector<uint64_t> early(forms.size()), idx(forms.size());
+        std::vector<uint64_t> early(forms.size()), idx(forms.size()), asks(forms.size());
         for (int e = 0; e < n; e++) {
             const OpenSession os = open_session(path, {gpu()}, kv, forms[e]);
             ASSERT_TRUE(os.s);
             LlamaSession* s = os.s.get();
             const uint64_t before = cuda::early_attention_launches();
             const uint64_t before_idx = cuda::early_index_launches();
+            const uint64_t before_asks = cuda::l2_ask_launches();
             ASSERT_TRUE(s->decode(std::span<const int32_t>(toks.data(), 20), false));
             for (size_t i = 20; i < toks.size(); i++) {
                 const Status st = s->decode(std::span<const int32_t>(&toks[i], 1), false);
@@ -943,11 +949,16 @@ TEST(Cuda, EarlyAttentionLoadsGiveTheSameBits) {
             }
             early[e] = cuda::early_attention_launches() - before;
             idx[e] = cuda::early_index_launches() - before_idx;
+            asks[e] = cuda::l2_ask_launches() - before_asks;
         }
         EXPECT_EQ(early[0], 0u) << type_name(kv);
         EXPECT_EQ(idx[1], 0u) << type_name(kv);
         for (int e = 1; e < n; e++) EXPECT_GT(early[e], 0u) << type_name(kv) << " form " << e;
         for (int e = 2; e < n; e++) EXPECT_EQ(idx[e], early[e]) << type_name(kv) << " form " << e;
+        // Every layer's attention has wo and gate/up after it, so every early launch asks
+        // (none without the early form).
+        for (int e = 0; e < 4; e++) EXPECT_EQ(asks[e], 0u) << type_name(kv) << " form " << e;
+        for (int e = 4; e < n; e++) EXPECT_EQ(asks[e], early[e]) << type_name(kv) << " form " << e;
         for (int e = 1; e < n; e++) {
             ASSERT_EQ(runs[0].size(), runs[e].size());
             size_t first = runs[0].size();
@@ -956,9 +967,11 @@ TEST(Cuda, EarlyAttentionLoadsGiveTheSameBits) {
             }
             std::printf(
                 "[ cuda     ] %s cache, form %d: %llu early attention launches (%llu with the "
-                "indices before the wait); first differing logit %zu of %zu\n",
+                "indices before the wait, %llu asking for weights in L2); first differing "
+                "logit %zu of %zu\n",
                 type_name(kv), e, static_cast<unsigned long long>(early[e]),
-                static_cast<unsigned long long>(idx[e]), first, runs[0].size());
+                static_cast<unsigned long long>(idx[e]), static_cast<unsigned long long>(asks[e]),
+                first, runs[0].size());
             EXPECT_EQ(first, runs[0].size()) << type_name(kv) << " form " << e << ": decode step "
                                              << first / static_cast<size_t>(p.n_vocab);
         }

@@ -505,6 +505,10 @@ bool CudaBuffer::copy_tensor(const Tensor* src, Tensor* dst) {
 // ---------------------------------------------------------------------------------------------
 // The backend: a stream, the kernels, and CUDA-graph replay of repeated graphs.
 
+// The part of the product after wo that the early decode attention asks for in L2 by default
+// (CudaBackend::plan_l2_next): 1 / kL2NextPart of its bytes.
+constexpr int64_t kL2NextPart = 8;
+
 class CudaBackend : public Backend {
   public:
     CudaBackend(CudaDevice* dev, cudaStream_t s, DeviceError* err) : dev_(dev), stream_(s) {
@@ -527,6 +531,9 @@ class CudaBackend : public Backend {
         use_attn_early_ = !env_off("FERRY_CUDA_ATTN_EARLY");
         ctx_.attn_early_idx = !env_off("FERRY_CUDA_ATTN_EARLY_IDX");
         ctx_.attn_late_trigger = env_on("FERRY_CUDA_ATTN_LATE_TRIGGER");
+        if (const char* v = std::getenv("FERRY_CUDA_L2_NEXT")) {
+            l2_next_kib_ = std::clamp<int64_t>(std::atoll(v), 0, int64_t{1} << 20);
+        }
         ctx_.mv_stream = !env_off("FERRY_CUDA_MV_STREAM");
         if (const char* w = std::getenv("FERRY_CUDA_MV_STREAM_WIDE")) {
             ctx_.mv_stream_wide = w[0] == '0' ? 0 : (w[0] == '2' ? 2 : 1);
@@ -747,6 +754,7 @@ class CudaBackend : public Backend {
         bool has_early = false;
     };
     static bool early_rows(const std::vector<const Tensor*>& kn, size_t a, AttnEarly* e);
+    void plan_l2_next();
     bool fold_norm(const Step& s, Step* t) const;
     bool match_epilogue(const std::vector<const Tensor*>& kn, size_t i, EpilogueUnit* u,
                         size_t* len);
@@ -888,6 +896,10 @@ class CudaBackend : public Backend {
          use_qkv_ = true, use_norm_mv_ = true, use_fnorm_ = false;
     // FERRY_CUDA_ATTN_EARLY=0: decode attention loads its keys and values after the wait.
     bool use_attn_early_ = true;
+    // How much of the product after wo (gate and up) the early decode attention asks for in L2
+    // at its start (AttnEarly::next): FERRY_CUDA_L2_NEXT=KiB (0: none); by default (-1) an
+    // eighth of its weights.
+    int64_t l2_next_kib_ = -1;
     bool capturing_ = false;  // run_steps is recording a CUDA graph
     std::vector<Step> steps_;
     std::unordered_map<const Tensor*, int> consumers_;
@@ -1305,12 +1317,68 @@ Status CudaBackend::plan(Graph& g) {
             while (a < kn.size() && kn[a] != st.node) a++;
             st.has_early = a < kn.size() && early_rows(kn, a, &st.early);
         }
+        if (l2_next_kib_ != 0) plan_l2_next();
     }
     FERRY_TRY(ensure_scratch(scratch));
     if (cublas) FERRY_TRY(ensure_cublas());
     piece_step_ = -1;
     if (pieces_ > 0) FERRY_TRY(plan_pieces());
     return Status::ok();
+}
+
+// Each early decode attention asks at its start for the first part of the product after the
+// one that follows it: gate and up after wo, an eighth of their bytes (FERRY_CUDA_L2_NEXT=KiB:
+// that much), the same first fraction of each matrix, since a product's warps take their rows
+// in order. The attention starts during q/k/v, and from then until gate/up's copies go out
+// DRAM idles for much of the attention (wo's 8 MiB are all in flight at its wait); gate/up's
+// first copies then come from L2. Measured on an H100 (bench/results/cuda.md, stop 43): 1B
+// F16 tg128 +1.0-1.5% at 8 MiB; asked for after the attention's wait (its SMs' own loads then
+// came back behind the prefetch: the attention 1.7 -> 4.6 us) or by wo's blocks once their
+// copies were out, it lost or gained less; 16 MiB gained less, and Q4_0 lost 2.5% at 8 MiB
+// of its 19 MB. Stop 35 measured every such prefetch slower on the H200, when the
+// latency-bound loads beside it missed L2; since the weights stream evict-first (stop 42)
+// they hit it.
+void CudaBackend::plan_l2_next() {
+    // A decode product's weight matrices (q, k, v; gate and up), 16-byte aligned: how many.
+    auto weights = [](const Step& s, const Tensor* m[3]) {
+        int n = 0;
+        if (s.kind == 5) {
+            for (int u = 0; u < s.n_units; u++) m[n++] = s.units[static_cast<size_t>(u)].mm;
+        } else if ((s.kind == 0 || s.kind == 2 || s.kind == 3) && s.node->op == Op::MUL_MAT) {
+            m[n++] = s.node;
+            if (s.kind == 3) m[n++] = s.second;
+        }
+        for (int j = 0; j < n; j++) {
+            const char* p = m[j] ? device_ptr(m[j]->src[0]) : nullptr;
+            if (!p || reinterpret_cast<uintptr_t>(p) % 16 != 0 || m[j]->src[1]->ne[1] != 1) {
+                return 0;
+            }
+        }
+        return n;
+    };
+    for (size_t i = 0; i < steps_.size(); i++) {
+        if (!steps_[i].has_early) continue;
+        const Tensor* m[3] = {};
+        int n = 0, seen = 0;
+        for (size_t k = i + 1; k < steps_.size() && seen < 2; k++) {
+            n = weights(steps_[k], m);
+            seen += n > 0;
+        }
+        if (seen < 2) continue;
+        int64_t total = 0;
+        for (int j = 0; j < n; j++) total += static_cast<int64_t>(m[j]->src[0]->nbytes());
+        const int64_t ask = l2_next_kib_ < 0 ? total / kL2NextPart : l2_next_kib_ << 10;
+        const double f = std::min(
+            1.0, static_cast<double>(ask) / static_cast<double>(std::max<int64_t>(total, 1)));
+        L2Ask w;
+        for (int j = 0; j < n; j++) {
+            const int64_t b = static_cast<int64_t>(f * static_cast<double>(m[j]->src[0]->nbytes()));
+            w.p[j] = device_ptr(m[j]->src[0]);
+            w.bytes[j] = static_cast<uint32_t>(std::min<int64_t>(b / 256 * 256, int64_t{1} << 30));
+        }
+        w.n = n;
+        steps_[i].early.next = w;
+    }
 }
 
 Status CudaBackend::plan_pieces() {

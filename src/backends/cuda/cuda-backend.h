@@ -30,6 +30,8 @@ void set_declined_ops(const std::vector<Op>& ops);
 uint64_t early_attention_launches();
 // Of those, the launches that also read the cache rows' indices before the wait.
 uint64_t early_index_launches();
+// Of those, the launches that asked for weights in L2 (AttnEarly::next).
+uint64_t l2_ask_launches();
 
 // Device address of a tensor's element 0 (the tensor must be in a CUDA buffer), else nullptr.
 char* device_ptr(const Tensor* t);
@@ -59,11 +61,22 @@ struct AttnRowsWritten {
     int n = 0;
     int64_t j0 = 0;
 };
+// Weights asked for in L2 by a launch (one cp.async.bulk.prefetch.L2 a warp and range; the
+// ranges split evenly over the launch's warps): up to three ranges, each 16-byte aligned,
+// sizes multiples of 256 bytes (n == 0: none).
+struct L2Ask {
+    const char* p[3] = {nullptr, nullptr, nullptr};
+    uint32_t bytes[3] = {0, 0, 0};
+    int n = 0;
+};
 struct AttnEarly {
     AttnRowsWritten k, v;
     // No kernel of the graph writes the indices (they are its inputs, in place before its
     // first kernel starts): k_attn_row may read them before griddepcontrol.wait too.
     bool idx_ready = false;
+    // The first bytes of the product after the next one (gate and up, after wo), asked for in
+    // L2 by the attention at its start (CudaBackend::plan_l2_next; FERRY_CUDA_L2_NEXT=KiB).
+    L2Ask next;
 };
 
 // Progressive results (CudaBackend::read_in_pieces), the flagged mirror: a one-column

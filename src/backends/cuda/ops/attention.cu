@@ -46,6 +46,8 @@ struct AttnArgs {
     // dependents' launch allowed once the rows' and q's loads after it are issued (late) rather
     // than at the wait.
     bool early_idx, late_trigger;
+    // Early form: weights asked for in L2 at the start (AttnEarly::next; n == 0: none).
+    L2Ask pf;
     int trace_id;  // FERRY_CUDA_TRACE builds: the launch's number
 };
 
@@ -975,6 +977,13 @@ __global__ void __launch_bounds__(kRThreads) k_attn_row(AttnArgs g, int chunk) {
         tr1 = gtime();
 #endif
     };
+    // The next weights (g.pf), asked for by lane 0 of every warp before anything else.
+    if (g.pf.n > 0 && threadIdx.x % 32 == 0) {
+        const int64_t blk =
+            (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+        l2_ask(g.pf, blk * kRWarps + threadIdx.x / 32,
+               static_cast<int64_t>(gridDim.x) * gridDim.y * gridDim.z * kRWarps);
+    }
     if (!g.early) wait_prior();
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int64_t h = blockIdx.x, i3 = blockIdx.y;
@@ -1238,7 +1247,7 @@ int choose_split(const Tensor* node, int n_sm) {
     return static_cast<int>(std::max<int64_t>(s, 1));
 }
 
-std::atomic<uint64_t> g_early_launches{0}, g_early_idx_launches{0};
+std::atomic<uint64_t> g_early_launches{0}, g_early_idx_launches{0}, g_l2_ask_launches{0};
 
 }  // namespace
 
@@ -1247,6 +1256,9 @@ uint64_t early_attention_launches() {
 }
 uint64_t early_index_launches() {
     return g_early_idx_launches.load(std::memory_order_relaxed);
+}
+uint64_t l2_ask_launches() {
+    return g_l2_ask_launches.load(std::memory_order_relaxed);
 }
 
 size_t attn_scratch_size(const OpContext& ctx, const Tensor* node) {
@@ -1314,8 +1326,10 @@ Status op_flash_attn_ext(OpContext& ctx, const Tensor* dst) {
             g.early_v = e->v;
             g.early_idx = e->idx_ready && ctx.attn_early_idx;
             g.late_trigger = ctx.attn_late_trigger;
+            g.pf = e->next;
             g_early_launches.fetch_add(1, std::memory_order_relaxed);
             if (g.early_idx) g_early_idx_launches.fetch_add(1, std::memory_order_relaxed);
+            if (g.pf.n > 0) g_l2_ask_launches.fetch_add(1, std::memory_order_relaxed);
         }
         const dim3 grid(static_cast<unsigned>(q->ne[2]), static_cast<unsigned>(q->ne[3]),
                         static_cast<unsigned>(chunks));

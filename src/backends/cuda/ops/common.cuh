@@ -70,6 +70,23 @@ __device__ __forceinline__ void prefetch_l2(const char* p, int64_t n, int lane) 
     }
 }
 
+// Weights asked for in L2 (L2Ask) by warp gw of a launch's W: the gw-th of W runs of each
+// range, a multiple of 256 bytes, with one bulk prefetch (nothing comes back to the SM). Lane 0.
+__device__ __forceinline__ void l2_ask(const L2Ask& a, int64_t gw, int64_t W) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#pragma unroll
+    for (int j = 0; j < 3; j++) {
+        if (j >= a.n) break;
+        const int64_t per = (static_cast<int64_t>(a.bytes[j]) / 256 + W - 1) / W * 256;
+        const int64_t o0 = gw * per, o1 = min(static_cast<int64_t>(a.bytes[j]), o0 + per);
+        if (o0 >= o1) continue;
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a.p[j] + o0),
+                     "r"(static_cast<uint32_t>(o1 - o0))
+                     : "memory");
+    }
+#endif
+}
+
 bool pdl_enabled();
 
 // Bulk copies from global into shared memory on the copy engine of the multiprocessor (sm_90
