@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <span>
 #include <string>
 #include <vector>
@@ -46,14 +47,14 @@ struct Lcg {
 };
 
 // Two weight matrices (e.g. gate and up) of M rows of K random values, quantized to t.
-bool random_weight_pair(Type t, int64_t K, int64_t M, Lcg& rnd, std::vector<uint8_t> (&wb)[2]) {
+bool random_weights(Type t, int64_t K, int64_t M, Lcg& rnd, std::vector<uint8_t>& w) {
     std::vector<float> wf(static_cast<size_t>(K * M));
-    for (auto& w : wb) {
-        for (float& v : wf) v = rnd();
-        w.resize(static_cast<size_t>(M) * row_size(t, K));
-        if (!from_float_row(t, wf.data(), w.data(), K * M)) return false;
-    }
-    return true;
+    for (float& v : wf) v = rnd();
+    w.resize(static_cast<size_t>(M) * row_size(t, K));
+    return static_cast<bool>(from_float_row(t, wf.data(), w.data(), K * M));
+}
+bool random_weight_pair(Type t, int64_t K, int64_t M, Lcg& rnd, std::vector<uint8_t> (&wb)[2]) {
+    return random_weights(t, K, M, rnd, wb[0]) && random_weights(t, K, M, rnd, wb[1]);
 }
 
 // y = W0 x (or SWIGLU(W0 x, W1 x)) [+ r] for one column x, computed by `be` in buffers of
@@ -1566,6 +1567,12 @@ TEST(Cuda, ProgressiveResultsGiveTheUsualBytes) {
     Lcg rnd{21u};
     const int64_t K = 2048, M = 40000, M32 = 20000, K32 = 256;
     const size_t bytes = static_cast<size_t>(M) * 4;
+    // Each type's weights, made once (quantizing 82M values on the CPU took most of the test's
+    // ~130 s when every case made its own).
+    std::map<Type, std::vector<uint8_t>> weights;
+    for (const Type t : {Type::F16, Type::Q6_K, Type::Q8_0}) {
+        ASSERT_TRUE(random_weights(t, K, M, rnd, weights[t])) << type_name(t);
+    }
     // The host mirror (the default: F16 in the streaming form's bulk form, Q6_K in its
     // register form), the cut form (FERRY_CUDA_PIECE_CUT=1), and the mirror of each type's
     // other form (FERRY_CUDA_MV_BULK=0, FERRY_CUDA_MV_BULK_Q=8).
@@ -1586,8 +1593,7 @@ TEST(Cuda, ProgressiveResultsGiveTheUsualBytes) {
             // The streaming kernel's products are mirrored unless the cut form is asked for;
             // the int8 kernel's (Q8_0) are cut either way.
             const bool mirrored = !cut && t != Type::Q8_0;
-            std::vector<uint8_t> wb[2];
-            ASSERT_TRUE(random_weight_pair(t, K, M, rnd, wb));
+            const std::vector<uint8_t>& wb = weights[t];
             std::vector<float> nv(static_cast<size_t>(K)), xv(nv.size());
             for (float& v : nv) v = rnd() + 1.5f;
             BackendOptions po;
@@ -1613,7 +1619,7 @@ TEST(Cuda, ProgressiveResultsGiveTheUsualBytes) {
             Tensor* x32 = in.new_tensor(Type::F32, {K32, 1});
             Expected<std::unique_ptr<Buffer>> buf = allocate_context_tensors(in, bt);
             ASSERT_TRUE(buf) << buf.message();
-            ASSERT_TRUE(tensor_set(w, wb[0].data(), wb[0].size()));
+            ASSERT_TRUE(tensor_set(w, wb.data(), wb.size()));
             ASSERT_TRUE(tensor_set(nw, nv.data(), nv.size() * 4));
             {
                 std::vector<float> v32(static_cast<size_t>(K32 * (M32 + 1)));
