@@ -195,9 +195,18 @@ class CudaDevice : public Device {
         : index_(index), buffer_type_(this), pinned_type_(this) {
         name_ = "CUDA" + std::to_string(index);
         pinned_type_.name_ = name_ + "_Host";
-        desc_ = strfmt("%s (sm_%d%d, %d SMs)", prop.name, prop.major, prop.minor,
-                       prop.multiProcessorCount);
         n_sm_ = prop.multiProcessorCount;
+        // Peak DRAM bandwidth: two transfers a memory clock (kHz) over the bus (bits).
+        int mem_khz = 0, bus_bits = 0;
+        if (cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, index) == cudaSuccess &&
+            cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, index) ==
+                cudaSuccess) {
+            peak_bw_ = 2.0 * mem_khz * 1e3 * bus_bits / 8.0;
+        }
+        desc_ = strfmt("%s (sm_%d%d, %d SMs", prop.name, prop.major, prop.minor,
+                       prop.multiProcessorCount);
+        if (peak_bw_ > 0.0) desc_ += strfmt(", %.2f TB/s peak", peak_bw_ / 1e12);
+        desc_ += ")";
     }
     ~CudaDevice() override {
         if (err_host_) cudaFreeHost(err_host_);
@@ -259,6 +268,7 @@ class CudaDevice : public Device {
 
     int index() const { return index_; }
     int n_sm() const { return n_sm_; }
+    double peak_bandwidth() const { return peak_bw_; }  // bytes/s (0: unknown)
     Status activate() const {
         CUDA_TRY(cudaSetDevice(index_), "%s: cudaSetDevice", name_.c_str());
         return Status::ok();
@@ -377,6 +387,7 @@ class CudaDevice : public Device {
     size_t read_size_ = 0;
     int index_;
     int n_sm_ = 1;
+    double peak_bw_ = 0.0;
     std::string name_, desc_;
     CudaBufferType buffer_type_;
     PinnedBufferType pinned_type_;
@@ -506,8 +517,12 @@ bool CudaBuffer::copy_tensor(const Tensor* src, Tensor* dst) {
 // The backend: a stream, the kernels, and CUDA-graph replay of repeated graphs.
 
 // The part of the product after wo that the early decode attention asks for in L2 by default
-// (CudaBackend::plan_l2_next): 1 / kL2NextPart of its bytes.
+// (CudaBackend::plan_l2_next): 1 / kL2NextPart of its bytes, on devices whose DRAM peaks
+// below kL2NextMaxBandwidth bytes/s. Measured (bench/results/cuda.md, stop 43), 1B tg128
+// side by side: an H100 (3.35 TB/s) +0.9-1.1% for F16, BF16 and Q4_0; an H200 (4.8 TB/s)
+// F16 -0.3 to -0.5% (4 MiB: within the spread), Q4_0 and BF16 within the spread.
 constexpr int64_t kL2NextPart = 8;
+constexpr double kL2NextMaxBandwidth = 4.0e12;
 
 class CudaBackend : public Backend {
   public:
@@ -532,7 +547,9 @@ class CudaBackend : public Backend {
         ctx_.attn_early_idx = !env_off("FERRY_CUDA_ATTN_EARLY_IDX");
         ctx_.attn_late_trigger = env_on("FERRY_CUDA_ATTN_LATE_TRIGGER");
         if (const char* v = std::getenv("FERRY_CUDA_L2_NEXT")) {
-            l2_next_kib_ = std::clamp<int64_t>(std::atoll(v), 0, int64_t{1} << 20);
+            l2_next_kib_ = std::clamp<int64_t>(std::atoll(v), -1, int64_t{1} << 20);
+        } else if (!(dev->peak_bandwidth() > 0.0 && dev->peak_bandwidth() < kL2NextMaxBandwidth)) {
+            l2_next_kib_ = 0;
         }
         ctx_.mv_stream = !env_off("FERRY_CUDA_MV_STREAM");
         if (const char* w = std::getenv("FERRY_CUDA_MV_STREAM_WIDE")) {
@@ -897,8 +914,9 @@ class CudaBackend : public Backend {
     // FERRY_CUDA_ATTN_EARLY=0: decode attention loads its keys and values after the wait.
     bool use_attn_early_ = true;
     // How much of the product after wo (gate and up) the early decode attention asks for in L2
-    // at its start (AttnEarly::next): FERRY_CUDA_L2_NEXT=KiB (0: none); by default (-1) an
-    // eighth of its weights.
+    // at its start (AttnEarly::next): FERRY_CUDA_L2_NEXT=KiB (0: none; -1: an eighth of its
+    // weights on any device); by default an eighth where the DRAM peaks below
+    // kL2NextMaxBandwidth, else none.
     int64_t l2_next_kib_ = -1;
     bool capturing_ = false;  // run_steps is recording a CUDA graph
     std::vector<Step> steps_;
@@ -1327,17 +1345,17 @@ Status CudaBackend::plan(Graph& g) {
 }
 
 // Each early decode attention asks at its start for the first part of the product after the
-// one that follows it: gate and up after wo, an eighth of their bytes (FERRY_CUDA_L2_NEXT=KiB:
-// that much), the same first fraction of each matrix, since a product's warps take their rows
-// in order. The attention starts during q/k/v, and from then until gate/up's copies go out
-// DRAM idles for much of the attention (wo's 8 MiB are all in flight at its wait); gate/up's
-// first copies then come from L2. Measured on an H100 (bench/results/cuda.md, stop 43): 1B
-// F16 tg128 +1.0-1.5% at 8 MiB; asked for after the attention's wait (its SMs' own loads then
-// came back behind the prefetch: the attention 1.7 -> 4.6 us) or by wo's blocks once their
-// copies were out, it lost or gained less; 16 MiB gained less, and Q4_0 lost 2.5% at 8 MiB
-// of its 19 MB. Stop 35 measured every such prefetch slower on the H200, when the
-// latency-bound loads beside it missed L2; since the weights stream evict-first (stop 42)
-// they hit it.
+// one that follows it: gate and up after wo, an eighth of their bytes by default where the DRAM
+// peaks below kL2NextMaxBandwidth (FERRY_CUDA_L2_NEXT=KiB: that much), the same first fraction
+// of each matrix, since a product's warps take their rows in order. The attention starts during
+// q/k/v, and from then until gate/up's copies go out DRAM idles for much of the attention (wo's 8
+// MiB are all in flight at its wait); gate/up's first copies then come from L2. Measured on an H100
+// (bench/results/cuda.md, stop 43): 1B F16 tg128 +1.0-1.5% at 8 MiB (an H200: nothing, the eighth
+// -0.3 to -0.5%); asked for after the attention's wait (its SMs' own loads then came back behind
+// the prefetch: the attention 1.7 -> 4.6 us) or by wo's blocks once their copies were out, it lost
+// or gained less; 16 MiB gained less, and Q4_0 lost 2.5% at 8 MiB of its 19 MB. Stop 35 measured
+// every such prefetch slower on the H200, when the latency-bound loads beside it missed L2; with
+// the weights evict-first (stop 42) they hit it, and this one pays on the H100 only.
 void CudaBackend::plan_l2_next() {
     // A decode product's weight matrices (q, k, v; gate and up), 16-byte aligned: how many.
     auto weights = [](const Step& s, const Tensor* m[3]) {
