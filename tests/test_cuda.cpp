@@ -13,6 +13,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backends/cpu/cpu-backend.h"
@@ -47,11 +48,37 @@ struct Lcg {
 };
 
 // Two weight matrices (e.g. gate and up) of M rows of K random values, quantized to t.
+// Threads for the CPU's share of a test (the device machine has 16 cores; the tests skip
+// where there is no GPU): quantizing the random weights and the CPU backend's reference
+// products took most of the product tests' time (stop 43).
+int host_threads() {
+    return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 2u, 16u));
+}
+std::unique_ptr<Backend> reference_cpu() {
+    return cpu::make_cpu_backend(host_threads());
+}
+
+// M rows of K random values (one Lcg sequence, row by row) in type t; the rows are quantized
+// on host_threads() threads, each row alone, so the bytes do not depend on their number.
 bool random_weights(Type t, int64_t K, int64_t M, Lcg& rnd, std::vector<uint8_t>& w) {
     std::vector<float> wf(static_cast<size_t>(K * M));
     for (float& v : wf) v = rnd();
-    w.resize(static_cast<size_t>(M) * row_size(t, K));
-    return static_cast<bool>(from_float_row(t, wf.data(), w.data(), K * M));
+    const size_t rs = row_size(t, K);
+    w.resize(static_cast<size_t>(M) * rs);
+    const int64_t n = std::min<int64_t>(host_threads(), M), per = (M + n - 1) / n;
+    std::vector<char> ok(static_cast<size_t>(n), 0);
+    std::vector<std::thread> th;
+    for (int64_t i = 0; i < n; i++) {
+        th.emplace_back([&, i] {
+            const int64_t r0 = i * per, r1 = std::min(M, r0 + per);
+            ok[static_cast<size_t>(i)] =
+                r0 >= r1 ||
+                static_cast<bool>(from_float_row(
+                    t, wf.data() + r0 * K, w.data() + static_cast<size_t>(r0) * rs, (r1 - r0) * K));
+        });
+    }
+    for (std::thread& x : th) x.join();
+    return std::all_of(ok.begin(), ok.end(), [](char c) { return c != 0; });
 }
 bool random_weight_pair(Type t, int64_t K, int64_t M, Lcg& rnd, std::vector<uint8_t> (&wb)[2]) {
     return random_weights(t, K, M, rnd, wb[0]) && random_weights(t, K, M, rnd, wb[1]);
@@ -991,7 +1018,7 @@ TEST(Cuda, ModelShapedProductsMatchTheCpu) {
     REQUIRE_GPU();
     Expected<std::unique_ptr<Backend>> gbe = gpu()->make_backend();
     ASSERT_TRUE(gbe) << gbe.message();
-    std::unique_ptr<Backend> cbe = cpu::make_cpu_backend(2);
+    std::unique_ptr<Backend> cbe = reference_cpu();
     const int64_t shapes[][2] = {{256, 768}, {768, 256}, {256, 1024}, {2048, 512}, {8192, 64}};
     Lcg rnd{1u};
     for (Type t : {Type::F32, Type::F16, Type::Q8_0, Type::Q4_0, Type::Q6_K, Type::Q5_0, Type::Q3_K,
@@ -1058,7 +1085,7 @@ TEST(Cuda, FusedKernelsNeverOverwriteWhatTheyRead) {
     REQUIRE_GPU();
     Expected<std::unique_ptr<Backend>> gbe = gpu()->make_backend();
     ASSERT_TRUE(gbe) << gbe.message();
-    std::unique_ptr<Backend> cbe = cpu::make_cpu_backend(2);
+    std::unique_ptr<Backend> cbe = reference_cpu();
     Lcg rnd{7u};
     // K > M: the result fits in the freed activation's place. Enough blocks for several
     // waves, so that late blocks read b after early ones wrote.
@@ -1136,7 +1163,7 @@ TEST(Cuda, FusedKernelsNeverOverwriteWhatTheyRead) {
 // measured on the H200, against a 1e-4 bound set for uniform inputs).
 TEST(Cuda, FoldedNormMatchesTheUnfusedKernels) {
     REQUIRE_GPU();
-    std::unique_ptr<Backend> cbe = cpu::make_cpu_backend(2);
+    std::unique_ptr<Backend> cbe = reference_cpu();
     Lcg rnd{11u};
     const int64_t M = 1024;
     // Q4_0, Q6_K: the int8 kernel; F16, BF16: the streaming form; F32: the float kernel (b in
@@ -1225,7 +1252,7 @@ TEST(Cuda, FoldedNormMatchesTheUnfusedKernels) {
 // test-ops check against the CPU and float64; a CPU bound here keeps the comparison honest.
 TEST(Cuda, RingProductsEqualTheRegisterForm) {
     REQUIRE_GPU();
-    std::unique_ptr<Backend> cbe = cpu::make_cpu_backend(2);
+    std::unique_ptr<Backend> cbe = reference_cpu();
     Lcg rnd{23u};
     struct Shape {
         int64_t K, M;
@@ -1272,7 +1299,7 @@ TEST(Cuda, RingProductsEqualTheRegisterForm) {
 // and 2 bytes off (every row here) take both realignments.
 TEST(Cuda, BlockLaneProductsMatchTheOtherForm) {
     REQUIRE_GPU();
-    std::unique_ptr<Backend> cbe = cpu::make_cpu_backend(2);
+    std::unique_ptr<Backend> cbe = reference_cpu();
     Lcg rnd{29u};
     struct Shape {
         Type t;
@@ -1322,7 +1349,7 @@ TEST(Cuda, BlockLaneProductsMatchTheOtherForm) {
 // group and of several (K = 2048 and 4096), and long rows split between warps (K = 8192).
 TEST(Cuda, RawFloatProductsEqualTheDecodedForm) {
     REQUIRE_GPU();
-    std::unique_ptr<Backend> cbe = cpu::make_cpu_backend(2);
+    std::unique_ptr<Backend> cbe = reference_cpu();
     Lcg rnd{31u};
     for (Type t : {Type::F16, Type::BF16, Type::F32}) {
         for (int64_t K : {int64_t{2048}, int64_t{2056}, int64_t{4096}, int64_t{8192}}) {
@@ -1360,7 +1387,7 @@ TEST(Cuda, RawFloatProductsEqualTheDecodedForm) {
 // Q6_K rows here alternate word-aligned and 2-bytes-off super-blocks: both realignments.
 TEST(Cuda, StreamProductsMatchTheCpuAndTheOtherKernels) {
     REQUIRE_GPU();
-    std::unique_ptr<Backend> cbe = cpu::make_cpu_backend(2);
+    std::unique_ptr<Backend> cbe = reference_cpu();
     Lcg rnd{37u};
     struct Shape {
         Type t;
@@ -1417,7 +1444,7 @@ TEST(Cuda, StreamProductsMatchTheCpuAndTheOtherKernels) {
 // blocks (FERRY_CUDA_MV_STREAM_WIDE=0) do: the same bits, in products and in decode.
 TEST(Cuda, WideStreamBlocksEqualTheDefault) {
     REQUIRE_GPU();
-    std::unique_ptr<Backend> cbe = cpu::make_cpu_backend(2);
+    std::unique_ptr<Backend> cbe = reference_cpu();
     Lcg rnd{43u};
     for (auto [t, K, M] : {std::tuple<Type, int64_t, int64_t>{Type::F16, 264, 5},
                            {Type::F16, 8192, 2048},
@@ -1466,7 +1493,7 @@ TEST(Cuda, WideStreamBlocksEqualTheDefault) {
 // gate/up; down; the output product).
 TEST(Cuda, BulkStreamEqualsTheRegisterForm) {
     REQUIRE_GPU();
-    std::unique_ptr<Backend> cbe = cpu::make_cpu_backend(2);
+    std::unique_ptr<Backend> cbe = reference_cpu();
     Lcg rnd{47u};
     for (auto [t, K, M] : {std::tuple<Type, int64_t, int64_t>{Type::F16, 264, 5},
                            {Type::F16, 2048, 3000},
