@@ -18,6 +18,7 @@
 
 #include "backends/cpu/cpu-backend.h"
 #include "core/json.h"
+#include "core/parallel.h"
 #include "core/top-k.h"
 #include "device-checks.h"
 #include "ferry/backend.h"
@@ -59,26 +60,15 @@ std::unique_ptr<Backend> reference_cpu() {
 }
 
 // M rows of K random values (one Lcg sequence, row by row) in type t; the rows are quantized
-// on host_threads() threads, each row alone, so the bytes do not depend on their number.
+// on host_threads() threads, each alone, so the bytes do not depend on their number.
 bool random_weights(Type t, int64_t K, int64_t M, Lcg& rnd, std::vector<uint8_t>& w) {
     std::vector<float> wf(static_cast<size_t>(K * M));
     for (float& v : wf) v = rnd();
     const size_t rs = row_size(t, K);
     w.resize(static_cast<size_t>(M) * rs);
-    const int64_t n = std::min<int64_t>(host_threads(), M), per = (M + n - 1) / n;
-    std::vector<char> ok(static_cast<size_t>(n), 0);
-    std::vector<std::thread> th;
-    for (int64_t i = 0; i < n; i++) {
-        th.emplace_back([&, i] {
-            const int64_t r0 = i * per, r1 = std::min(M, r0 + per);
-            ok[static_cast<size_t>(i)] =
-                r0 >= r1 ||
-                static_cast<bool>(from_float_row(
-                    t, wf.data() + r0 * K, w.data() + static_cast<size_t>(r0) * rs, (r1 - r0) * K));
-        });
-    }
-    for (std::thread& x : th) x.join();
-    return std::all_of(ok.begin(), ok.end(), [](char c) { return c != 0; });
+    return static_cast<bool>(parallel_items(M, host_threads(), [&](int64_t r) {
+        return from_float_row(t, wf.data() + r * K, w.data() + static_cast<size_t>(r) * rs, K);
+    }));
 }
 bool random_weight_pair(Type t, int64_t K, int64_t M, Lcg& rnd, std::vector<uint8_t> (&wb)[2]) {
     return random_weights(t, K, M, rnd, wb[0]) && random_weights(t, K, M, rnd, wb[1]);

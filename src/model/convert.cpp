@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "core/json.h"
+#include "core/parallel.h"
 #include "model/safetensors.h"
 
 namespace ferry {
@@ -455,23 +456,10 @@ Status convert_hf_to_gguf(const ConvertOptions& o) {
         bytes.resize(*rs * static_cast<size_t>(ne1));
         // Rows are independent: quantize them on every core (K-quants of a 1B model take
         // minutes on one).
-        const int nth = static_cast<int>(std::min<int64_t>(n_threads, ne1));
-        std::vector<Status> results(static_cast<size_t>(nth));
-        std::vector<std::thread> threads;
-        for (int th = 0; th < nth; th++) {
-            threads.emplace_back([&, th] {
-                for (int64_t r = th; r < ne1; r += nth) {
-                    Status st = from_float_row(type, f32.data() + r * ne0,
-                                               bytes.data() + static_cast<size_t>(r) * *rs, ne0);
-                    if (!st) {
-                        results[static_cast<size_t>(th)] = st;
-                        return;
-                    }
-                }
-            });
-        }
-        for (std::thread& th : threads) th.join();
-        for (const Status& st : results) FERRY_TRY(st.context(hf));
+        FERRY_TRY(parallel_items(ne1, n_threads, [&](int64_t r) {
+                      return from_float_row(type, f32.data() + r * ne0,
+                                            bytes.data() + static_cast<size_t>(r) * *rs, ne0);
+                  }).context(hf));
         const int64_t ne[2] = {ne0, ne1};
         FERRY_TRY(w.add_tensor(wt.gguf, type, static_cast<int>(t.shape.size()), ne, bytes.data(),
                                bytes.size()));

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <thread>
 
+#include "core/parallel.h"
 #include "ferry/convert.h"
 #include "ferry/gguf.h"
 #include "model/tokenizer-json.h"
@@ -69,25 +70,13 @@ Status add_random_tensor(GgufWriter& w, const std::string& name, Type want, int6
     Expected<size_t> rs = row_size_checked(type, ne0);
     if (!rs) return rs.status().context(name);
     std::vector<uint8_t> data(*rs * static_cast<size_t>(ne1));
-    const int nth = std::max(1, std::min<int>(n_threads, static_cast<int>(ne1)));
-    std::vector<std::thread> threads;
-    std::vector<Status> results(static_cast<size_t>(nth));
-    for (int t = 0; t < nth; t++) {
-        threads.emplace_back([&, t] {
-            std::vector<float> row(static_cast<size_t>(ne0));
-            for (int64_t r = t; r < ne1; r += nth) {
-                fill_row(row.data(), ne0, mix(seed ^ mix(static_cast<uint64_t>(r))), 0.02f);
-                Status st = from_float_row(type, row.data(),
-                                           data.data() + static_cast<size_t>(r) * *rs, ne0);
-                if (!st) {
-                    results[static_cast<size_t>(t)] = st;
-                    return;
-                }
-            }
-        });
-    }
-    for (auto& th : threads) th.join();
-    for (const Status& st : results) FERRY_TRY(st.context(name));
+    FERRY_TRY(parallel_items(ne1, n_threads, [&](int64_t r) {
+                  thread_local std::vector<float> row;
+                  row.resize(static_cast<size_t>(ne0));
+                  fill_row(row.data(), ne0, mix(seed ^ mix(static_cast<uint64_t>(r))), 0.02f);
+                  return from_float_row(type, row.data(),
+                                        data.data() + static_cast<size_t>(r) * *rs, ne0);
+              }).context(name));
     const int64_t ne[2] = {ne0, ne1};
     return w.add_tensor(name, type, ne1 == 1 ? 1 : 2, ne, data.data(), data.size());
 }
