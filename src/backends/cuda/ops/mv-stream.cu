@@ -533,6 +533,9 @@ __global__ void __launch_bounds__(32 * kMvWarps, kBulkMinBlocks)
     const uint64_t tr1 = gtime();
 #endif
     if (!x_global) {
+        // stream_put_b's dispatch, kept apart: one helper for both (the norm's weights loaded
+        // by the caller, this hook passed in) rescheduled all 24 kernels and ran 1B F16 tg128
+        // 1.0-1.5% slower on an H100 (bench/results/cuda.md, stop 44 call I).
         auto put = [&](int64_t i, float4 v) { P::put(smem_b, i, v, K); };
         auto rest = [&] { c = bulk_slots<T>(w, bw, c, pre, S, lane); };
         if (fast) {
