@@ -1679,18 +1679,12 @@ Expected<size_t> CudaBackend::wait_piece(size_t lo, size_t size, size_t have) {
 bool CudaBackend::early_rows(const std::vector<const Tensor*>& kn, size_t a, AttnEarly* e) {
     const Tensor* att = kn[a];
     bool ready = true;
-    // Whether x's and y's bytes overlap in device memory.
-    auto overlap = [](const Tensor* x, const Tensor* y) {
-        const char* xlo = device_ptr(x);
-        const char* ylo = device_ptr(y);
-        return xlo < ylo + y->nbytes() && ylo < xlo + x->nbytes();
-    };
     for (int which = 0; which < 2; which++) {
         const Tensor* view = att->src[1 + which];
         if (!view || view->ne[3] != 1) return false;
         const Tensor* writer = nullptr;
         for (size_t i = 0; i < a; i++) {
-            if (!overlap(kn[i], view)) continue;
+            if (!overlaps(kn[i], view)) continue;
             if (writer || kn[i]->op != Op::SET_ROWS) return false;
             writer = kn[i];
         }
@@ -1718,7 +1712,7 @@ bool CudaBackend::early_rows(const std::vector<const Tensor*>& kn, size_t a, Att
         // Indices no node before the attention writes: the graph's inputs. (Written by a node,
         // they could still be in the making when the attention starts: a launch may start
         // before the one two places before it has ended.)
-        for (size_t i = 0; i < a && ready; i++) ready = !overlap(kn[i], idx);
+        for (size_t i = 0; i < a && ready; i++) ready = !overlaps(kn[i], idx);
     }
     e->idx_ready = ready;
     return true;
