@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <span>
@@ -922,6 +923,165 @@ TEST(Cuda, LongDecodeIsTheSameWithEveryPad) {
     std::printf("[ cuda     ] positions 250-299, f32 cache, pad 256 vs pad 1: nmse %.2e\n", e);
     EXPECT_LE(e, 1e-12);
 }
+
+#ifdef FERRY_HAVE_CUDA
+// Runs decode steps through every way into and out of steps queued ahead (Backend::
+// compute_ahead): 40 one-token steps after a prompt, a prompt chunk after a queued step (the
+// queued graph runs again with its last inputs first), a truncated session going on at earlier
+// positions (the same graph, other inputs), device TOP_K on and off (other graphs), the KV
+// length crossing the 256 pad, a reset with a new prompt. Returns every step's logits (or top
+// values and ids); empty after a failure (recorded).
+std::vector<float> ahead_script(LlamaSession* s, const std::vector<int32_t>& toks, int n_vocab) {
+    std::vector<float> out;
+    auto tok = [&](int i) { return toks[static_cast<size_t>(i) % toks.size()]; };
+    auto keep = [&]() {
+        if (s->n_top() > 0) {
+            out.insert(out.end(), s->top_logits(), s->top_logits() + s->n_top());
+            for (int j = 0; j < s->n_top(); j++) out.push_back(static_cast<float>(s->top_ids()[j]));
+        } else {
+            out.insert(out.end(), s->logits(0), s->logits(0) + n_vocab);
+        }
+    };
+    auto chunk = [&](std::vector<int32_t> c) {
+        const Status st = s->decode(c, false);
+        EXPECT_TRUE(st) << st.message();
+        if (st) keep();
+        return st.is_ok();
+    };
+    auto steps = [&](int from, int to) {
+        for (int i = from; i < to; i++) {
+            const int32_t t = tok(i);
+            const Status st = s->decode(std::span<const int32_t>(&t, 1), false);
+            EXPECT_TRUE(st) << "step " << i << ": " << st.message();
+            if (!st) return false;
+            keep();
+        }
+        return true;
+    };
+    // A pause longer than a queued step waits (CudaBackend's watcher releases it).
+    auto pause = [] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(60));
+        return true;
+    };
+    const bool ok = chunk({tok(0), tok(1), tok(2), tok(3), tok(4)}) && steps(5, 45) &&
+                    chunk({tok(45), tok(46), tok(47)}) && steps(48, 52) &&
+                    (s->truncate(s->n_past() - 10), steps(52, 60)) &&
+                    (s->set_top_k(8), steps(60, 66)) && (s->set_top_k(0), steps(66, 100)) &&
+                    pause() && steps(100, 300) && (s->reset(), chunk({tok(7), tok(5), tok(3)})) &&
+                    steps(300, 310);
+    if (!ok) out.clear();
+    return out;
+}
+
+// The index of the first value where a and b differ (a.size() when none).
+size_t first_difference(const std::vector<float>& a, const std::vector<float>& b) {
+    for (size_t i = 0; i < std::min(a.size(), b.size()); i++) {
+        if (std::memcmp(&a[i], &b[i], 4) != 0) return i;
+    }
+    return a.size() == b.size() ? a.size() : std::min(a.size(), b.size());
+}
+
+// A session queues each one-token step on the device while it reads the step before's logits
+// (Scheduler::get_tensor_then), and the next step's inputs start it: ahead_script gives the
+// logits of a session that never queues ahead (FERRY_AHEAD=0) bit for bit, most steps start
+// queued, some queued steps ran again with their last inputs, and the session is destroyed with
+// a step still queued.
+TEST(Cuda, StepsQueuedAheadGiveTheSameBits) {
+    REQUIRE_GPU();
+    const std::vector<int32_t>& toks = cases()[0].tokens;
+    ASSERT_GE(toks.size(), 8u);
+    std::vector<float> runs[2];
+    cuda::AheadCounts counts[2];
+    for (int mode = 0; mode < 2; mode++) {
+        Expected<std::unique_ptr<LlamaModel>> m = load("f16", gpu());
+        ASSERT_TRUE(m) << m.message();
+        if (mode == 0) setenv("FERRY_AHEAD", "0", 1);
+        SessionOptions so;
+        so.n_ctx = 512;
+        Expected<std::unique_ptr<LlamaSession>> s = LlamaSession::create(**m, so);
+        unsetenv("FERRY_AHEAD");
+        ASSERT_TRUE(s) << s.message();
+        ASSERT_EQ((*s)->kv_pad(), 256);
+        const cuda::AheadCounts before = cuda::ahead_counts();
+        runs[mode] = ahead_script(s->get(), toks, kVocab);
+        ASSERT_FALSE(runs[mode].empty());
+        s->reset();  // destroyed with a step queued
+        const cuda::AheadCounts after = cuda::ahead_counts();
+        counts[mode] = {after.queued - before.queued, after.started - before.started,
+                        after.idle - before.idle};
+    }
+    std::printf(
+        "[ cuda     ] queued ahead: %llu steps, %llu started by their inputs, %llu released "
+        "idle (%llu queued with FERRY_AHEAD=0)\n",
+        static_cast<unsigned long long>(counts[1].queued),
+        static_cast<unsigned long long>(counts[1].started),
+        static_cast<unsigned long long>(counts[1].idle),
+        static_cast<unsigned long long>(counts[0].queued));
+    EXPECT_EQ(counts[0].queued, 0u);
+    EXPECT_EQ(counts[1].idle, 1u);  // the pause
+    EXPECT_GT(counts[1].started, 250u);
+    EXPECT_LT(counts[1].started, counts[1].queued);  // some ran again with their last inputs
+    const size_t first = first_difference(runs[0], runs[1]);
+    EXPECT_EQ(first, runs[0].size())
+        << "first differing value " << first << " of " << runs[0].size();
+}
+
+// A server queues a session's decode step ahead once its logits are read (unix: no
+// progressive reads), and the next GRAPH_COMPUTE of that graph starts it: ahead_script through
+// servers over unix and tcp, with and without FERRY_SERVE_AHEAD=0, gives a local session's
+// logits bit for bit.
+TEST(Cuda, ServedStepsQueuedAheadGiveTheSameBits) {
+    REQUIRE_GPU();
+    const std::vector<int32_t>& toks = cases()[0].tokens;
+    ASSERT_GE(toks.size(), 8u);
+    std::vector<float> local;
+    {
+        Expected<std::unique_ptr<LlamaModel>> m = load("f16", gpu());
+        ASSERT_TRUE(m) << m.message();
+        setenv("FERRY_AHEAD", "0", 1);
+        SessionOptions so;
+        so.n_ctx = 512;
+        Expected<std::unique_ptr<LlamaSession>> s = LlamaSession::create(**m, so);
+        unsetenv("FERRY_AHEAD");
+        ASSERT_TRUE(s) << s.message();
+        local = ahead_script(s->get(), toks, kVocab);
+        ASSERT_FALSE(local.empty());
+    }
+    const std::string dir = make_temp_dir();
+    for (const char* listen : {"unix", "tcp"}) {
+        for (const bool off : {false, true}) {
+            SCOPED_TRACE(std::string(listen) + (off ? " FERRY_SERVE_AHEAD=0" : ""));
+            if (off) setenv("FERRY_SERVE_AHEAD", "0", 1);
+            ServerProcess srv;
+            std::string err;
+            const std::string addr = std::string(listen) == "unix"
+                                         ? "unix:" + dir + "/s" + (off ? "0" : "1")
+                                         : std::string("tcp:127.0.0.1:0");
+            const bool up = srv.start(addr, {"-d", "CUDA0"}, &err);
+            unsetenv("FERRY_SERVE_AHEAD");
+            ASSERT_TRUE(up) << err;
+            Expected<std::unique_ptr<Registry>> reg = remote_open(srv.addr());
+            ASSERT_TRUE(reg) << reg.message();
+            ASSERT_FALSE((*reg)->devices().empty());
+            Expected<std::unique_ptr<LlamaModel>> m = load("f16", (*reg)->devices()[0]);
+            ASSERT_TRUE(m) << m.message();
+            SessionOptions so;
+            so.n_ctx = 512;
+            Expected<std::unique_ptr<LlamaSession>> s = LlamaSession::create(**m, so);
+            ASSERT_TRUE(s) << s.message();
+            const std::vector<float> served = ahead_script(s->get(), toks, kVocab);
+            ASSERT_FALSE(served.empty());
+            const size_t first = first_difference(local, served);
+            EXPECT_EQ(first, local.size())
+                << "first differing value " << first << " of " << local.size();
+            Expected<RemoteStats> st = remote_stats(reg->get());
+            ASSERT_TRUE(st) << st.message();
+            EXPECT_EQ(st->errors, 0u);
+        }
+    }
+    std::filesystem::remove_all(dir);
+}
+#endif
 
 #ifdef FERRY_HAVE_CUDA
 // Decode attention with a head size of 64 (k_attn_row) inside a captured graph loads the

@@ -183,6 +183,30 @@ class Backend {
     // Runs every node of the graph (view nodes are no-ops). All tensors must have storage
     // on buffers this device can use.
     virtual Status compute(Graph& g) = 0;
+    // Launch ahead: queues g, the graph this backend computed last (same structure, same
+    // storage), to run again once run_ahead gives it its inputs, so that a decode step is
+    // launched while the device still computes the one before and starts the moment its token
+    // is known (no graph check, launch or launch latency in between). false: not offered
+    // (nothing queued; compute as usual). While it waits, synchronize() waits for everything
+    // queued before it, and every other call on this backend first releases it with the
+    // inputs it last had (the step before, repeated: the same writes land again). A caller
+    // that is about to change what g reads by any other path (a buffer's own calls) calls
+    // settle_ahead first.
+    virtual Expected<bool> compute_ahead(Graph& g) {
+        (void)g;
+        return false;
+    }
+    // Starts the graph queued by compute_ahead with these inputs (set_tensors_async then
+    // compute, in one). false: nothing was queued, or the inputs did not fit what it was
+    // queued with (then it was released with its last inputs); the writes are set as by
+    // set_tensors_async either way, and the caller computes as usual.
+    virtual Expected<bool> run_ahead(std::span<const TensorWrite> inputs) {
+        FERRY_TRY(set_tensors_async(inputs));
+        return false;
+    }
+    // Releases a graph queued by compute_ahead with the inputs it last had, and waits for the
+    // backend's work.
+    virtual Status settle_ahead() { return synchronize(); }
     virtual Status synchronize() { return Status::ok(); }
     virtual Status record_event(Event* e) {
         (void)e;

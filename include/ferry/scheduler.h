@@ -52,6 +52,18 @@ class Scheduler {
     // Reads a tensor after compute: through the backend that wrote it, then waits for that
     // backend. Whole tensor: size must be t->nbytes().
     Status get_tensor(const Tensor* t, void* dst, size_t size);
+    // get_tensor, and before it waits, `then` queued ahead on its backend
+    // (Backend::compute_ahead) to run again once run_ahead gives it its inputs: a decode
+    // step launched while the device computes the one before. `then` must be the graph
+    // computed last, run whole by the backend that writes t. *queued: whether it was (a
+    // graph of several splits, or a backend that does not offer it: not).
+    Status get_tensor_then(const Tensor* t, void* dst, size_t size, Graph& then, bool* queued);
+    // Starts the graph queued by get_tensor_then with these inputs (set_tensors and compute
+    // in one). false: it could not (nothing queued, or the inputs are not all that graph's),
+    // the inputs were set as by set_tensors, and the caller calls compute() as usual. Any
+    // other call releases a queued graph with the inputs it last had; synchronize() and
+    // alloc() wait for it then.
+    Expected<bool> run_ahead(std::span<const TensorWrite> inputs);
 
     // After alloc: which backend runs node i, the number of splits, and each split's graph
     // as its backend receives it.

@@ -62,6 +62,9 @@ struct Scheduler::Impl {
     size_t allocated_nodes = 0;
     const Tensor* allocated_last = nullptr;
     bool single = true;  // one split, nothing copied: the backend runs the caller's graph
+    // The backend holding a graph queued ahead (get_tensor_then), until run_ahead starts it or
+    // another call releases it.
+    Backend* ahead = nullptr;
 
     int backend_index_for_buffer(const Buffer* b) const {
         if (!b) return -1;
@@ -471,6 +474,7 @@ Status Scheduler::Impl::copy_in(CopyIn& c, Backend* be) {
 
 Status Scheduler::compute(Graph& g) {
     Impl& m = *impl_;
+    m.ahead = nullptr;  // a graph queued ahead is released by the backend's next call
     if (m.allocated != &g || m.allocated_nodes != g.nodes.size() ||
         m.allocated_last != (g.nodes.empty() ? nullptr : g.nodes.back())) {
         FERRY_TRY(alloc(g));
@@ -496,6 +500,11 @@ Status Scheduler::compute(Graph& g) {
 
 Status Scheduler::synchronize() {
     Status result;
+    if (Backend* a = impl_->ahead) {
+        // The queued graph runs with its last inputs: then nothing waits for inputs.
+        impl_->ahead = nullptr;
+        result = a->settle_ahead();
+    }
     for (Backend* b : impl_->backends) {
         Status st = b->synchronize();
         if (result && !st) result = st;
@@ -509,6 +518,7 @@ Status Scheduler::set_tensor(Tensor* t, const void* src, size_t size) {
 }
 
 Status Scheduler::set_tensors(std::span<const TensorWrite> writes) {
+    impl_->ahead = nullptr;  // released by the backend's next call
     for (const TensorWrite& w : writes) {
         if (w.offset != 0 || w.size != w.t->nbytes()) {
             return Status::errorf(ErrorCode::InvalidArgument,
@@ -551,8 +561,46 @@ Status Scheduler::get_tensor(const Tensor* t, void* dst, size_t size) {
     const int bi = impl_->writer_of(t);
     if (bi < 0) return tensor_get(t, dst, size);
     Backend* be = impl_->backends[static_cast<size_t>(bi)];
+    impl_->ahead = nullptr;  // released by the backend's next call
     FERRY_TRY(be->get_tensor_async(t, dst, 0, size));
     return be->synchronize();
+}
+
+Status Scheduler::get_tensor_then(const Tensor* t, void* dst, size_t size, Graph& then,
+                                  bool* queued) {
+    *queued = false;
+    Impl& m = *impl_;
+    const int bi = m.writer_of(t);
+    const bool one = m.single && m.splits.size() == 1 && bi == m.splits[0].backend &&
+                     m.allocated == &then && m.allocated_nodes == then.nodes.size() &&
+                     m.allocated_last == (then.nodes.empty() ? nullptr : then.nodes.back());
+    if (!one || size != t->nbytes()) return get_tensor(t, dst, size);
+    Backend* be = m.backends[static_cast<size_t>(bi)];
+    m.ahead = nullptr;
+    FERRY_TRY(be->get_tensor_async(t, dst, 0, size));
+    Expected<bool> q = be->compute_ahead(then);
+    const Status waited = be->synchronize();  // not for the graph queued ahead
+    if (!q) {
+        (void)be->settle_ahead();  // whatever it left queued
+        return q.status();
+    }
+    if (*q) m.ahead = be;
+    *queued = *q;
+    return waited;
+}
+
+Expected<bool> Scheduler::run_ahead(std::span<const TensorWrite> writes) {
+    Backend* be = impl_->ahead;
+    impl_->ahead = nullptr;
+    bool mine = be != nullptr;
+    for (const TensorWrite& w : writes) {
+        mine = mine && w.offset == 0 && w.size == w.t->nbytes() && backend_of(w.t) == be;
+    }
+    if (!mine) {
+        FERRY_TRY(set_tensors(writes));  // releases a queued graph on its backend's next call
+        return false;
+    }
+    return be->run_ahead(writes);
 }
 
 Backend* Scheduler::backend_of(const Tensor* node) const {

@@ -47,6 +47,11 @@ struct LlamaSession::Impl {
     std::vector<float> logits_vec;
     bool host_logits_refused = false;
     int32_t n_rows = 0;
+    // A decode step of g queued ahead on the device while the last one's logits were read
+    // (Scheduler::get_tensor_then): the next one-token step of the same graph starts it with
+    // its inputs (run_ahead) instead of launching it. FERRY_AHEAD=0: never (before/after).
+    bool ahead = false;
+    bool ahead_on = !env_off("FERRY_AHEAD");
     // set_top_k: the k best of the last row come back instead of the row (0: the row). n_top
     // is the k of the last decode (0 when it read logits); top_ids their ids.
     int32_t top_k = 0;
@@ -219,6 +224,7 @@ Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bo
     // A graph is reused only when its inputs keep their storage (alloc was its last plan).
     if (!g.valid || g.n_tokens != n_tokens || g.n_kv != n_kv || g.n_out != n_out ||
         g.top_k != top_k) {
+        ahead = false;  // build's alloc runs a graph queued ahead with its last inputs first
         FERRY_TRY(build(n_tokens, n_kv, n_out, top_k));
         if (prof.on) prof.builds++;
     }
@@ -249,17 +255,40 @@ Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bo
             g.mask_out, mask_host.data() + static_cast<size_t>(first) * static_cast<size_t>(n_kv),
             0, sizeof(fp16_t) * static_cast<size_t>(n_kv) * static_cast<size_t>(n_out)};
     }
-    FERRY_TRY(sched->set_tensors(std::span<const TensorWrite>(writes, n_writes)));
+    const std::span<const TensorWrite> inputs(writes, n_writes);
+    bool started = false;  // by its inputs: the step was queued ahead
+    if (ahead) {
+        ahead = false;
+        Expected<bool> r = sched->run_ahead(inputs);
+        if (!r) {
+            g.valid = false;
+            return r.status();
+        }
+        started = *r;
+    } else {
+        FERRY_TRY(sched->set_tensors(inputs));
+    }
     const clock::time_point t2 = prof.on ? clock::now() : clock::time_point{};
-    Status st = sched->compute(g.graph);
+    Status st = started ? Status::ok() : sched->compute(g.graph);
     if (!st) {
         g.valid = false;
         return st;
     }
     const clock::time_point t3 = prof.on ? clock::now() : clock::time_point{};
-    // Read through the backend that wrote the logits: it waits for that device's work.
-    st = sched->get_tensor(g.out, out_rows,
-                           sizeof(float) * out_row(top_k) * static_cast<size_t>(n_out));
+    // Read through the backend that wrote the logits: it waits for that device's work. When
+    // the next one-token step will be this graph again (the same padded KV length), it is
+    // queued on the device first, to start as soon as its inputs come.
+    const size_t out_bytes = sizeof(float) * out_row(top_k) * static_cast<size_t>(n_out);
+    const int32_t next_kv = std::min(n_ctx, (n_end + 1 + kv_pad - 1) / kv_pad * kv_pad);
+    if (ahead_on && n_tokens == 1 && n_out == 1 && n_end < n_ctx && next_kv == n_kv) {
+        st = sched->get_tensor_then(g.out, out_rows, out_bytes, g.graph, &ahead);
+        if (!st && ahead) {
+            ahead = false;
+            (void)sched->synchronize();
+        }
+    } else {
+        st = sched->get_tensor(g.out, out_rows, out_bytes);
+    }
     if (prof.on && n_tokens == 1) {  // decode steps only
         const clock::time_point t4 = clock::now();
         if (prof.steps > 0) prof.between_us += us(prof.last_end, t0);

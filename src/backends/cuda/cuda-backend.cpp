@@ -4,10 +4,12 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -524,6 +526,8 @@ bool CudaBuffer::copy_tensor(const Tensor* src, Tensor* dst) {
 constexpr int64_t kL2NextPart = 8;
 constexpr double kL2NextMaxBandwidth = 4.0e12;
 
+std::atomic<uint64_t> g_ahead_queued{0}, g_ahead_started{0}, g_ahead_idle{0};  // ahead_counts
+
 class CudaBackend : public Backend {
   public:
     CudaBackend(CudaDevice* dev, cudaStream_t s, DeviceError* err) : dev_(dev), stream_(s) {
@@ -580,9 +584,21 @@ class CudaBackend : public Backend {
         const char* p = std::getenv("FERRY_CUDA_PROFILE");
         profile_ = p && std::strcmp(p, "1") == 0;
         gstats_.on = env_on("FERRY_CUDA_GRAPH_STATS");
+        if (const char* v = std::getenv("FERRY_CUDA_AHEAD_IDLE_US")) {
+            ahead_idle_ = std::chrono::microseconds(std::clamp(std::atoi(v), 100, 10000000));
+        }
     }
     ~CudaBackend() override {
+        if (ahead_watch_.joinable()) {
+            {
+                std::lock_guard<std::mutex> lock(ahead_mu_);
+                watch_stop_ = true;
+            }
+            ahead_cv_.notify_all();
+            ahead_watch_.join();
+        }
         if (!dev_->activate()) return;
+        if (in_host_) release_ahead();
         cudaStreamSynchronize(stream_);
         if (ctx_.counters) cudaFree(ctx_.counters);
         if (profile_) print_profile();
@@ -593,6 +609,8 @@ class CudaBackend : public Backend {
         if (cublas_ws_) cudaFree(cublas_ws_);
         if (scratch_) cudaFree(scratch_);
         if (in_host_) cudaFreeHost(in_host_);
+        if (in_last_) cudaFree(in_last_);
+        if (ahead_ev_) cudaEventDestroy(ahead_ev_);
         if (fork_ev_) cudaEventDestroy(fork_ev_);
         if (join_ev_) cudaEventDestroy(join_ev_);
         if (side_) cudaStreamDestroy(side_);
@@ -638,51 +656,28 @@ class CudaBackend : public Backend {
     // the stream issues staged inputs first (issue_inputs), so the order is the caller's.
     // FERRY_CUDA_STAGE=0: one cudaMemcpyAsync per write.
     Status set_tensors_async(std::span<const TensorWrite> writes) override {
+        Expected<uint32_t> bytes = stage_size(writes);
+        if (!bytes) return bytes.status();
         // Anything not staged goes one write at a time (set_tensor_async issues what was
         // staged before it first).
-        if (!use_stage_ || writes.empty() || writes.size() > kInputDescs) {
-            return Backend::set_tensors_async(writes);
-        }
-        size_t total = 16, nz = 0;  // header, descriptors, data
-        for (const TensorWrite& w : writes) {
-            CudaBuffer* b = cuda_buffer(w.t);
-            if (!b || b->cuda_device() != dev_) return Backend::set_tensors_async(writes);
-            FERRY_TRY(b->check_range(w.t, w.offset, w.size));
-            if (w.size == 0) continue;
-            nz++;
-            total += sizeof(UploadDesc) + (w.size + 15) / 16 * 16;
-        }
-        if (nz == 0) return Status::ok();
-        if (total > kInputAreaBytes) return Backend::set_tensors_async(writes);
+        if (*bytes == 0) return Backend::set_tensors_async(writes);
         FERRY_TRY(dev_->activate());
         FERRY_TRY(issue_inputs());  // inputs staged before, and not yet issued
-        if (!in_host_) {
-            CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&in_host_), kInputAreaBytes + 16,
-                                   cudaHostAllocMapped),
-                     "%s: input staging memory", name());
-            CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&in_dev_), in_host_, 0),
-                     "%s: input staging memory", name());
-            std::memset(in_host_, 0, kInputAreaBytes + 16);
-        }
+        FERRY_TRY(ensure_staging());
         // The area is free once the kernel that read the last inputs has run (the caller has
         // almost always waited for that step's results); else wait for it.
         if (__atomic_load_n(consumed_host(), __ATOMIC_ACQUIRE) != in_seq_) {
             CUDA_TRY(cudaStreamSynchronize(stream_), "%s: input staging", name());
         }
-        auto* desc = reinterpret_cast<UploadDesc*>(in_host_ + 16);
-        uint32_t off = static_cast<uint32_t>(16 + nz * sizeof(UploadDesc));
-        uint32_t n = 0;
-        for (const TensorWrite& w : writes) {
-            if (w.size == 0) continue;
-            std::memcpy(in_host_ + off, w.src, w.size);
-            desc[n++] = {cuda_buffer(w.t)->dev_ptr() + w.t->offs + w.offset, off,
-                         static_cast<uint32_t>(w.size)};
-            off += static_cast<uint32_t>((w.size + 15) / 16 * 16);
-        }
-        const uint32_t head[4] = {n, ++in_seq_, 0, 0};
-        std::memcpy(in_host_, head, sizeof(head));
-        in_bytes_ = off;
+        stage(writes, false);
         return Status::ok();
+    }
+    Expected<bool> compute_ahead(Graph& g) override;
+    Expected<bool> run_ahead(std::span<const TensorWrite> inputs) override;
+    Status settle_ahead() override {
+        FERRY_TRY(dev_->activate());
+        release_ahead();
+        return synchronize();
     }
     Status get_tensor_async(const Tensor* t, void* dst, size_t offset, size_t size) override {
         CudaBuffer* b = cuda_buffer(t);
@@ -723,6 +718,11 @@ class CudaBackend : public Backend {
 
     Status synchronize() override {
         FERRY_TRY(dev_->activate());
+        if (ahead_) {
+            // Everything but the launch queued ahead, which waits for its inputs.
+            CUDA_TRY(cudaEventSynchronize(ahead_ev_), "%s: synchronize", name());
+            return dev_->take_error();
+        }
         FERRY_TRY(issue_inputs());
         CUDA_TRY(cudaStreamSynchronize(stream_), "%s: synchronize", name());
         pieces_pending_ = false;
@@ -794,12 +794,110 @@ class CudaBackend : public Backend {
     // Launches the kernel that copies the staged inputs, if any (on the stream, or into a
     // graph being captured).
     Status issue_inputs() {
+        release_ahead();
         if (!in_bytes_) return Status::ok();
         const uint32_t bytes = in_bytes_;
         in_bytes_ = 0;
         return launch_stage_inputs(stream_, in_dev_, bytes,
-                                   reinterpret_cast<uint32_t*>(in_dev_ + kInputAreaBytes));
+                                   reinterpret_cast<uint32_t*>(in_dev_ + kInputAreaBytes),
+                                   in_last_);
     }
+    // The staging area's bytes for these writes (header, descriptors, data), or 0 when they
+    // are not staged (staging off, too many or too large, or not all on this device).
+    Expected<uint32_t> stage_size(std::span<const TensorWrite> writes) const {
+        if (!use_stage_ || writes.empty() || writes.size() > kInputDescs) return 0u;
+        size_t total = 16, nz = 0;
+        for (const TensorWrite& w : writes) {
+            CudaBuffer* b = cuda_buffer(w.t);
+            if (!b || b->cuda_device() != dev_) return 0u;
+            FERRY_TRY(b->check_range(w.t, w.offset, w.size));
+            if (w.size == 0) continue;
+            nz++;
+            total += sizeof(UploadDesc) + (w.size + 15) / 16 * 16;
+        }
+        if (nz == 0 || total > kInputAreaBytes) return 0u;
+        return static_cast<uint32_t>(total);
+    }
+    Status ensure_staging() {
+        if (in_host_) return Status::ok();
+        CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&in_host_), kInputAreaBytes + 16,
+                               cudaHostAllocMapped),
+                 "%s: input staging memory", name());
+        CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&in_dev_), in_host_, 0),
+                 "%s: input staging memory", name());
+        std::memset(in_host_, 0, kInputAreaBytes + 16);
+        CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&in_last_), sizeof(uint32_t)),
+                 "%s: input staging memory", name());
+        CUDA_TRY(cudaMemset(in_last_, 0, sizeof(uint32_t)), "%s: input staging memory", name());
+        return Status::ok();
+    }
+    // Writes the batch (stage_size's bytes) into the area, its sequence number last;
+    // `gated`: a launch may be reading the area now (it then reads it again).
+    void stage(std::span<const TensorWrite> writes, bool gated) {
+        size_t nz = 0;
+        for (const TensorWrite& w : writes) nz += w.size != 0;
+        auto* desc = reinterpret_cast<UploadDesc*>(in_host_ + 16);
+        uint32_t off = static_cast<uint32_t>(16 + nz * sizeof(UploadDesc));
+        uint32_t n = 0;
+        for (const TensorWrite& w : writes) {
+            if (w.size == 0) continue;
+            std::memcpy(in_host_ + off, w.src, w.size);
+            desc[n++] = {cuda_buffer(w.t)->dev_ptr() + w.t->offs + w.offset, off,
+                         static_cast<uint32_t>(w.size)};
+            off += static_cast<uint32_t>((w.size + 15) / 16 * 16);
+        }
+        publish(n, gated);
+        in_bytes_ = off;
+    }
+    // The header: count and flag, then the sequence number (what a waiting launch polls).
+    void publish(uint32_t n, bool gated) {
+        auto* head = reinterpret_cast<uint32_t*>(in_host_);
+        head[0] = n;
+        head[2] = gated ? 1u : 0u;
+        __atomic_store_n(&head[1], ++in_seq_, __ATOMIC_RELEASE);
+    }
+    // A launch queued ahead (compute_ahead) that no inputs came for runs with the last ones:
+    // the step before, again.
+    void release_ahead() {
+        if (!ahead_.load(std::memory_order_acquire)) return;
+        std::lock_guard<std::mutex> lock(ahead_mu_);
+        release_locked();
+    }
+    void release_locked() {
+        if (!ahead_) return;
+        ahead_ = false;
+        publish(reinterpret_cast<const uint32_t*>(in_host_)[0], true);
+    }
+    // A launch queued ahead that no inputs come for within ahead_idle_ is released by a watcher
+    // thread (made with the first one), so that an idle session leaves no kernel waiting on the
+    // GPU (a block held on an SM, and time slices another process's kernels would have had);
+    // the next kAheadSkip launches are then not queued (a caller that slow gains nothing).
+    // FERRY_CUDA_AHEAD_IDLE_US=N sets the time.
+    void watch_ahead() {
+        std::unique_lock<std::mutex> lock(ahead_mu_);
+        while (!watch_stop_) {
+            if (ahead_ && std::chrono::steady_clock::now() - ahead_since_ >= ahead_idle_) {
+                release_locked();
+                ahead_skip_ = kAheadSkip;
+                g_ahead_idle.fetch_add(1, std::memory_order_relaxed);
+            }
+            ahead_cv_.wait_for(lock, ahead_idle_ / 2);
+        }
+    }
+    static constexpr int kAheadSkip = 16;
+    std::mutex ahead_mu_;  // ahead_'s changes, and the staging area while a launch waits
+    std::condition_variable ahead_cv_;
+    std::thread ahead_watch_;
+    bool watch_stop_ = false;
+    int ahead_skip_ = 0;
+    std::chrono::steady_clock::time_point ahead_since_;
+    std::chrono::microseconds ahead_idle_{20000};
+    // compute_ahead's launch: queued behind ahead_ev_, waiting for a batch of ahead_bytes_
+    // (the size its captured graph copies).
+    std::atomic<bool> ahead_{false};
+    uint32_t ahead_bytes_ = 0;
+    cudaEvent_t ahead_ev_ = nullptr;
+    uint32_t* in_last_ = nullptr;  // device memory: the sequence number the kernel read last
     // The words that describe a graph's structure (quick_key), in a buffer that keeps its
     // capacity: building one is plain stores, comparing one a memcmp.
     class Key {
@@ -877,6 +975,7 @@ class CudaBackend : public Backend {
     uint32_t* hm_count_ = nullptr;  // device memory: kMirrorSteps step counters
     bool hm_reset_ = false;         // a run may have stopped short: zero the counters
     void pieces_failed();
+    Status clear_pieces();
     Status launch_exec();
     int pieces_ = 0;            // pieces a progressive result is cut into (0: off)
     bool piece_copies_ = true;  // FERRY_CUDA_PIECE_COPIES=0: cut, not copied (what a cut costs)
@@ -1450,6 +1549,27 @@ Status CudaBackend::plan_pieces() {
     return Status::ok();
 }
 
+// Before a run: no progressive product's pieces are handed out. An earlier one may still be
+// running when it was not waited for (a prompt chunk whose logits nobody read, or a mirrored
+// read, which does not wait): then wait, so that its copies are done and no late flag or row
+// of it lands after the clear. Then the flags are cleared (and the mirror's step counters
+// zeroed, on the stream, when a run may have stopped short).
+Status CudaBackend::clear_pieces() {
+    live_.on = false;
+    if (pieces_pending_) {
+        CUDA_TRY(cudaStreamSynchronize(stream_), "%s: pieces", name());
+        pieces_pending_ = false;
+    }
+    if (piece_flags_) std::memset(piece_flags_, 0, kMaxPieces * sizeof(uint64_t));
+    if (hm_flags_) std::memset(hm_flags_, 0, kMirrorSteps * sizeof(uint32_t));
+    if (hm_reset_) {
+        CUDA_TRY(cudaMemsetAsync(hm_count_, 0, kMirrorSteps * sizeof(uint32_t), stream_),
+                 "%s: mirror counters", name());
+        hm_reset_ = false;
+    }
+    return Status::ok();
+}
+
 // Launches the captured graph (a failed launch may have run in part).
 Status CudaBackend::launch_exec() {
     const cudaError_t e = cudaGraphLaunch(exec_, stream_);
@@ -1830,6 +1950,7 @@ bool CudaBackend::sources_listed(const Graph& g) {
 
 Status CudaBackend::compute(Graph& g) {
     FERRY_TRY(dev_->activate());
+    release_ahead();  // runs before this one, with the inputs it last had
     if (!ctx_.counters) {
         // The attention splits' counters.
         constexpr size_t kCounterBytes = sizeof(int32_t) << 16;
@@ -1841,23 +1962,7 @@ Status CudaBackend::compute(Graph& g) {
     Expected<DeviceError*> err = dev_->error_word();
     if (!err) return err.status();
     ctx_.err = *err;
-    live_.on = false;
-    // An earlier progressive product may still be running when it was not waited for (a
-    // prompt chunk whose logits nobody read, or a mirrored read, which does not wait): then
-    // wait, so that its copies are done and no late flag or row of it lands after the clear.
-    // Then the flags are cleared (and the mirror's step counters zeroed when a run may have
-    // stopped short).
-    if (pieces_pending_) {
-        CUDA_TRY(cudaStreamSynchronize(stream_), "%s: pieces", name());
-        pieces_pending_ = false;
-    }
-    if (piece_flags_) std::memset(piece_flags_, 0, kMaxPieces * sizeof(uint64_t));
-    if (hm_flags_) std::memset(hm_flags_, 0, kMirrorSteps * sizeof(uint32_t));
-    if (hm_reset_) {
-        CUDA_TRY(cudaMemset(hm_count_, 0, kMirrorSteps * sizeof(uint32_t)), "%s: mirror counters",
-                 name());
-        hm_reset_ = false;
-    }
+    FERRY_TRY(clear_pieces());
     using clock = std::chrono::steady_clock;
     auto since = [](clock::time_point a) {
         return std::chrono::duration<double, std::micro>(clock::now() - a).count();
@@ -1973,6 +2078,75 @@ Status CudaBackend::compute(Graph& g) {
     return Status::ok();
 }
 
+// Queues a replay of the captured graph when g is the graph it was captured from and the last
+// one computed (its structure key unchanged, every address it bakes in the same), its inputs
+// staged: the replay's first node, the staged-input kernel, then waits for the next batch
+// (k_stage_inputs), which run_ahead writes. A progressive product's flags are cleared and its
+// pieces handed out for this run, as compute() does (read_in_pieces reads them once it runs).
+// Not with a profile or graphs off.
+Expected<bool> CudaBackend::compute_ahead(Graph& g) {
+    if (ahead_ || !use_graphs_ || profile_ || !exec_ || in_bytes_ != 0 || !in_host_ ||
+        exec_seen_.inputs == 0) {
+        return false;
+    }
+    FERRY_TRY(dev_->activate());
+    quick_key(g, key_, planned_compact_);
+    if (!(key_ == planned_key_)) return false;
+    const Seen now{plan_gen_, scratch_, cublas_ws_,
+                   piece_step_ < 0 ? nullptr
+                   : piece_mirror_ ? static_cast<void*>(hm_flags_)
+                                   : static_cast<void*>(mirror_),
+                   exec_seen_.inputs};
+    if (!(exec_seen_ == now) || !(last_ == now)) return false;
+    {
+        std::lock_guard<std::mutex> lock(ahead_mu_);
+        if (ahead_skip_ > 0) {
+            ahead_skip_--;
+            return false;
+        }
+    }
+    FERRY_TRY(clear_pieces());
+    if (!ahead_ev_) {
+        CUDA_TRY(cudaEventCreateWithFlags(&ahead_ev_, cudaEventDisableTiming), "%s: ahead event",
+                 name());
+    }
+    CUDA_TRY(cudaEventRecord(ahead_ev_, stream_), "%s: ahead event", name());
+    FERRY_TRY(launch_exec());
+    pieces_issued(exec_layout_);
+    {
+        std::lock_guard<std::mutex> lock(ahead_mu_);
+        ahead_ = true;
+        ahead_bytes_ = now.inputs;
+        ahead_since_ = std::chrono::steady_clock::now();
+    }
+    if (!ahead_watch_.joinable()) ahead_watch_ = std::thread([this] { watch_ahead(); });
+    if (gstats_.on) gstats_.n[kReplay]++;
+    g_ahead_queued.fetch_add(1, std::memory_order_relaxed);
+    return true;
+}
+
+Expected<bool> CudaBackend::run_ahead(std::span<const TensorWrite> inputs) {
+    Expected<uint32_t> bytes = stage_size(inputs);
+    if (!bytes) return bytes.status();
+    FERRY_TRY(dev_->activate());
+    {
+        std::lock_guard<std::mutex> lock(ahead_mu_);
+        // The kernel of the step before has read the area (its results were waited for).
+        if (ahead_ && *bytes == ahead_bytes_ &&
+            __atomic_load_n(consumed_host(), __ATOMIC_ACQUIRE) == in_seq_) {
+            ahead_ = false;
+            stage(inputs, true);
+            in_bytes_ = 0;  // copied by the queued graph's first node
+            g_ahead_started.fetch_add(1, std::memory_order_relaxed);
+            return true;
+        }
+    }
+    // Nothing queued (or released while idle), or not the batch the queued graph copies: it
+    // runs with its last inputs first, and these are set as usual.
+    FERRY_TRY(set_tensors_async(inputs));
+    return false;
+}
+
 Status CudaBackend::run_profiled() {
     while (prof_ev_.size() < steps_.size() + 1) {
         cudaEvent_t e;
@@ -2075,6 +2249,12 @@ class CudaRegistry : public Registry {
 };
 
 }  // namespace
+
+AheadCounts ahead_counts() {
+    return {g_ahead_queued.load(std::memory_order_relaxed),
+            g_ahead_started.load(std::memory_order_relaxed),
+            g_ahead_idle.load(std::memory_order_relaxed)};
+}
 
 void set_declined_ops(const std::vector<Op>& ops) {
     std::lock_guard<std::mutex> lock(g_declined_mu);

@@ -33,6 +33,14 @@ uint64_t early_index_launches();
 // Of those, the launches that asked for weights in L2 (AttnEarly::next).
 uint64_t l2_ask_launches();
 
+// Test hook: decode steps queued ahead (CudaBackend::compute_ahead) since the process started;
+// of those, the ones started by their inputs (run_ahead; the rest ran again with the inputs of
+// the step before), and the ones released because no inputs came in time.
+struct AheadCounts {
+    uint64_t queued = 0, started = 0, idle = 0;
+};
+AheadCounts ahead_counts();
+
 // Device address of a tensor's element 0 (the tensor must be in a CUDA buffer), else nullptr.
 char* device_ptr(const Tensor* t);
 

@@ -145,12 +145,29 @@ namespace {
 // area from host-mapped pinned memory in 16-byte loads that bypass the caches (one PCIe round
 // trip, and never a line left over from the last replay of a captured graph), then copies each
 // write from shared memory to its place, and stores the area's sequence number where the host
-// looks for it (the area may then be written again).
+// looks for it (the area may then be written again). A launch queued ahead of its inputs
+// (CudaBackend::compute_ahead) finds the number it copied last (*last, device memory) still in
+// the area: it waits until the host writes the next batch (its number last), then reads again.
 __global__ void __launch_bounds__(256)
-    k_stage_inputs(const uint4* area, uint32_t n16, uint32_t* consumed) {
+    k_stage_inputs(const uint4* area, uint32_t n16, uint32_t* consumed, uint32_t* last) {
     __shared__ uint4 sm[kInputAreaBytes / 16];
+    const uint32_t before = *reinterpret_cast<volatile uint32_t*>(last);
     for (uint32_t i = threadIdx.x; i < n16; i += blockDim.x) sm[i] = __ldcv(area + i);
     __syncthreads();
+    // The header's third word is set on a batch written while a launch may already be
+    // reading the area (one queued ahead): this read may have caught it half written, so it
+    // reads again once the number, written last, has been seen.
+    const uint4 head = sm[0];
+    __syncthreads();
+    if (head.y == before || head.z != 0) {
+        if (threadIdx.x == 0 && head.y == before) {
+            const unsigned int* seq = reinterpret_cast<const unsigned int*>(area) + 1;
+            while (__ldcv(seq) == before) __nanosleep(256);
+        }
+        __syncthreads();
+        for (uint32_t i = threadIdx.x; i < n16; i += blockDim.x) sm[i] = __ldcv(area + i);
+        __syncthreads();
+    }
     const uint32_t n = sm[0].x, seq = sm[0].y;
     const char* bytes = reinterpret_cast<const char*>(sm);
     const uint32_t limit = n16 * 16;
@@ -168,6 +185,7 @@ __global__ void __launch_bounds__(256)
     }
     __syncthreads();
     if (threadIdx.x == 0) {
+        *last = seq;
         __threadfence_system();
         *reinterpret_cast<volatile uint32_t*>(consumed) = seq;
     }
@@ -175,12 +193,13 @@ __global__ void __launch_bounds__(256)
 
 }  // namespace
 
-Status launch_stage_inputs(cudaStream_t st, const void* area, uint32_t bytes, uint32_t* consumed) {
+Status launch_stage_inputs(cudaStream_t st, const void* area, uint32_t bytes, uint32_t* consumed,
+                           uint32_t* last) {
     if (bytes < 16 || bytes % 16 != 0 || bytes > kInputAreaBytes) {
         return Status::errorf("staged inputs of %u bytes (16..%zu, a multiple of 16)", bytes,
                               kInputAreaBytes);
     }
-    k_stage_inputs<<<1, 256, 0, st>>>(static_cast<const uint4*>(area), bytes / 16, consumed);
+    k_stage_inputs<<<1, 256, 0, st>>>(static_cast<const uint4*>(area), bytes / 16, consumed, last);
     return launch_status("stage inputs");
 }
 

@@ -57,16 +57,20 @@ constexpr int kTopKMaxK = 1024;
 constexpr int64_t kTopKMaxRows = 65535;
 // A step's small host-to-device writes in one launch (CudaBackend::set_tensors_async). The
 // staging area (host-mapped pinned memory, 16-byte aligned, `bytes` of at most
-// kInputAreaBytes) holds a header (u32 count, u32 sequence number, 8 unused bytes), `count`
+// kInputAreaBytes) holds a header (u32 count, u32 sequence number, u32 "written while a
+// launch may read" (nonzero: the kernel reads the area again), 4 unused bytes), `count`
 // descriptors, then the data (each write at a 16-byte aligned `off` from the area's start);
-// after the copies the kernel stores the sequence number into *consumed (host-mapped).
+// after the copies the kernel stores the sequence number into *consumed (host-mapped) and
+// *last (device memory). A launch that finds the area's number equal to *last waits until the
+// host writes a new one (a launch queued ahead of its inputs: CudaBackend::compute_ahead).
 constexpr size_t kInputAreaBytes = 16 << 10;
 struct UploadDesc {
     char* dst;
     uint32_t off, size;
 };
 static_assert(sizeof(UploadDesc) == 16);
-Status launch_stage_inputs(cudaStream_t st, const void* area, uint32_t bytes, uint32_t* consumed);
+Status launch_stage_inputs(cudaStream_t st, const void* area, uint32_t bytes, uint32_t* consumed,
+                           uint32_t* last);
 
 // Whether a node calls cuBLAS (the backend creates its handle before running it).
 bool needs_cublas(const Tensor* node);
