@@ -6,6 +6,7 @@
 // the compute's. The CPU device cannot show either (its compute is synchronous).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -74,6 +75,7 @@ class FakeType : public BufferType {
 // What the stream did, for the test to count.
 struct StreamLog {
     int computes = 0, syncs = 0, async_reads = 0;
+    int ahead_queued = 0, ahead_started = 0, ahead_settled = 0;
     int fail_next_sync = 0;  // > 0: the next synchronize fails
     uint8_t generation = 0;  // written into every node's bytes by a compute
 };
@@ -85,6 +87,10 @@ class FakeBackend : public Backend {
     Device* device() const override { return dev_; }
     // Queued: every node's bytes become the next generation when the stream runs.
     Status compute(Graph& g) override {
+        release();
+        return queue_compute(g);
+    }
+    Status queue_compute(Graph& g) {
         log_->computes++;
         std::vector<std::pair<uint8_t*, size_t>> outs;
         for (Tensor* n : g.nodes) {
@@ -96,13 +102,44 @@ class FakeBackend : public Backend {
         });
         return Status::ok();
     }
+    // A graph queued ahead: its compute joins the stream once run_ahead writes its inputs
+    // (or settle_ahead releases it); until then the stream runs what was queued before it.
+    Expected<bool> compute_ahead(Graph& g) override {
+        if (ahead_) return false;
+        release();
+        ahead_ = &g;
+        log_->ahead_queued++;
+        return true;
+    }
+    Expected<bool> run_ahead(std::span<const TensorWrite> inputs) override {
+        if (!ahead_) {
+            FERRY_TRY(set_tensors_async(inputs));
+            return false;
+        }
+        Graph* g = ahead_;
+        ahead_ = nullptr;
+        FERRY_TRY(Backend::set_tensors_async(inputs));
+        log_->ahead_started++;
+        FERRY_TRY(queue_compute(*g));
+        return true;
+    }
+    Status settle_ahead() override {
+        if (ahead_) log_->ahead_settled++;
+        release();
+        return synchronize();
+    }
+    Status set_tensor_async(Tensor* t, const void* src, size_t offset, size_t size) override {
+        release();
+        return Backend::set_tensor_async(t, src, offset, size);
+    }
     Status get_tensor_async(const Tensor* t, void* dst, size_t offset, size_t size) override {
+        release();
         log_->async_reads++;
         const uint8_t* src = static_cast<FakeBuffer*>(t->buffer)->bytes() + t->offs + offset;
         queue_.push_back([=] { std::memcpy(dst, src, size); });
         return Status::ok();
     }
-    Status synchronize() override {
+    Status synchronize() override {  // not for a graph queued ahead
         log_->syncs++;
         while (!queue_.empty()) {
             queue_.front()();
@@ -116,9 +153,17 @@ class FakeBackend : public Backend {
     }
 
   private:
+    // A graph still queued ahead runs with the inputs it last had (what any other call does).
+    void release() {
+        if (!ahead_) return;
+        Graph* g = ahead_;
+        ahead_ = nullptr;
+        (void)queue_compute(*g);
+    }
     Device* dev_;
     StreamLog* log_;
     std::deque<std::function<void()>> queue_;
+    Graph* ahead_ = nullptr;
 };
 
 class FakeDevice : public Device {
@@ -366,6 +411,79 @@ TEST_F(Deferred, AComputeFollowedByAPartFrameIsAnsweredBeforeTheSessionEnds) {
     EXPECT_EQ(f.out[0].first.flags, remote::kFlagReply);
     EXPECT_EQ(log_.syncs, 1);
     EXPECT_EQ(log_.generation, 1);
+}
+
+// A compute with input writes whose result is read, as a decode step sends them (version 4:
+// the writes in the GRAPH_COMPUTE frame): x (offset 0, 16 bytes) gets `v` in every byte.
+std::vector<uint8_t> step_with_inputs(uint64_t dev_h, const std::vector<uint8_t>& compute,
+                                      uint8_t v) {
+    return payload([&](wire::Writer& w) {
+        w.u32(0);
+        w.u8(static_cast<uint8_t>(remote::kGraphFull | remote::kGraphInputs));
+        w.u32(1);
+        w.u64(dev_h);
+        w.u64(0);
+        w.u64(16);
+        for (int i = 0; i < 16; i++) w.u8(v);
+        w.bytes(compute.data() + 5, compute.size() - 5);  // the table after dev and mode
+    });
+}
+
+// Once a step's result has been read and no request follows, the server queues the step's
+// graph ahead (Session::replied); the next GRAPH_COMPUTE of that graph with its inputs starts
+// it, and anything else releases it first with the inputs it last had. Every read still sees
+// its own step.
+TEST_F(Deferred, AStepQueuedAheadStartsWithTheNextInputsOrIsReleased) {
+    for (int s = 1; s <= 3; s++) {
+        Frames f;
+        f.add(Cmd::GRAPH_COMPUTE, step_with_inputs(dev_h_, compute_, static_cast<uint8_t>(s)));
+        f.add(Cmd::TENSOR_COPY, copy_to_host());
+        f = run(std::move(f));
+        ASSERT_EQ(f.out.size(), 2u);
+        EXPECT_EQ(f.out[0].first.flags, remote::kFlagReply) << message(f.out[0].second);
+        EXPECT_EQ(f.out[1].first.flags, remote::kFlagReply) << message(f.out[1].second);
+        EXPECT_EQ(log_.ahead_queued, s) << "step " << s;
+        EXPECT_EQ(log_.ahead_started, s - 1) << "step " << s;
+        EXPECT_EQ(log_.ahead_settled, 0) << "step " << s;
+        EXPECT_EQ(log_.computes, s);
+        EXPECT_EQ(log_.generation, s);
+    }
+    // Another request (a PING) releases the queued step: it runs again with step 3's inputs.
+    Frames f;
+    f.add(Cmd::PING, {});
+    f = run(std::move(f));
+    ASSERT_EQ(f.out.size(), 1u);
+    EXPECT_EQ(log_.ahead_settled, 1);
+    EXPECT_EQ(log_.computes, 4);
+    EXPECT_EQ(log_.generation, 4);
+    EXPECT_EQ(host_bytes(), std::vector<uint8_t>(256, 3));  // the last read's bytes stay
+    // With a request already waiting behind the read, nothing is queued; the read sees its
+    // step.
+    Frames h;
+    h.add(Cmd::GRAPH_COMPUTE, step_with_inputs(dev_h_, compute_, 9));
+    h.add(Cmd::TENSOR_COPY, copy_to_host());
+    h.add(Cmd::PING, {});
+    h = run(std::move(h));
+    ASSERT_EQ(h.out.size(), 3u);
+    EXPECT_EQ(log_.ahead_queued, 3);
+    EXPECT_EQ(log_.computes, 5);
+    EXPECT_EQ(host_bytes(), std::vector<uint8_t>(256, 5));
+}
+
+TEST_F(Deferred, FerryServeAheadOffNeverQueues) {
+    setenv("FERRY_SERVE_AHEAD", "0", 1);
+    SetUp();  // a session made with it
+    unsetenv("FERRY_SERVE_AHEAD");
+    for (int s = 1; s <= 2; s++) {
+        Frames f;
+        f.add(Cmd::GRAPH_COMPUTE, step_with_inputs(dev_h_, compute_, static_cast<uint8_t>(s)));
+        f.add(Cmd::TENSOR_COPY, copy_to_host());
+        f = run(std::move(f));
+        ASSERT_EQ(f.out.size(), 2u);
+    }
+    EXPECT_EQ(log_.ahead_queued, 0);
+    EXPECT_EQ(log_.computes, 2);
+    EXPECT_EQ(host_bytes(), std::vector<uint8_t>(256, 2));
 }
 
 }  // namespace

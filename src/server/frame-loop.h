@@ -269,6 +269,7 @@ void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t ke
             }
         }
         const Status st = io.reply(h, reply);
+        if (st) session.replied(io.more_input());
         prof.mark(FrameProfile::kReply);
         if (reply.pass_fd >= 0) ::close(reply.pass_fd);
         if (!st) {

@@ -132,9 +132,11 @@ Session::Session(const ServerOptions& opts, ServerCounters* counters, bool share
       next_handle_((id_ << 32) | 1u) {
     counters_->sessions.fetch_add(1);
     backends_.resize(opts_.devices.size());
+    ahead_on_ = !env_off("FERRY_SERVE_AHEAD");
 }
 
 Session::~Session() {
+    settle_ahead();
     settle_now();     // a deferred compute may still use the buffers freed below
     events_.clear();  // before the backends and buffers they may refer to
     cache_.clear();   // holds pointers to buffers
@@ -206,9 +208,15 @@ void Session::handle(uint16_t cmd, const uint8_t* payload, size_t len, Reply* ou
     // compute of its own running: see sync_pending).
     const bool read = cmd == static_cast<uint16_t>(Cmd::TENSOR_COPY) ||
                       cmd == static_cast<uint16_t>(Cmd::TENSOR_GET);
+    // A step queued ahead waits for a GRAPH_COMPUTE of its graph (run_cached); anything else
+    // releases it first, and waits for it.
+    if (cmd != static_cast<uint16_t>(Cmd::GRAPH_COMPUTE)) settle_ahead();
     if (!read) settle_now();
     Status st = dispatch(cmd, payload, len, out);
     if (read) settle_now();
+    // A step's result read: once its reply is sent, its graph may be queued (replied()).
+    ahead_due_ = read && st && settled_ && last_step_;
+    if (cmd != static_cast<uint16_t>(Cmd::GRAPH_COMPUTE) && !ahead_due_) last_step_ = nullptr;
     more_input_ = false;
     if (!st) {
         errors_++;
@@ -242,6 +250,41 @@ Status Session::take_settled() {
 Status Session::settle() {
     settle_now();
     return take_settled();
+}
+
+void Session::settle_ahead() {
+    if (!ahead_graph_) return;
+    ahead_graph_ = nullptr;
+    const Status st = backends_[ahead_dev_]->settle_ahead();
+    if (!st && settled_) settled_ = st;  // reported by the next wait, as a deferred compute's
+}
+
+void Session::replied(bool next_waiting) {
+    if (!ahead_due_) return;
+    ahead_due_ = false;
+    // No request has followed yet: the step's graph is queued to run again as soon as the
+    // next step's inputs come (while the client reads this one's result).
+    if (!next_waiting) {
+        queue_ahead();
+    } else {
+        last_step_ = nullptr;
+    }
+}
+
+void Session::queue_ahead() {
+    const Graph* g = last_step_;
+    last_step_ = nullptr;
+    if (!ahead_on_ || !g || ahead_graph_ || cache_.empty() || &cache_.front().graph != g) return;
+    Expected<bool> q = backends_[last_step_dev_]->compute_ahead(cache_.front().graph);
+    if (!q) {
+        (void)backends_[last_step_dev_]->settle_ahead();
+        settled_ = q.status();
+        return;
+    }
+    if (*q) {
+        ahead_graph_ = g;
+        ahead_dev_ = last_step_dev_;
+    }
 }
 
 Backend* Session::pending_reader(const SrvBuffer& b) const {
@@ -1069,14 +1112,17 @@ Status Session::cmd_graph_compute(const uint8_t* p, size_t n, Reply* out) {
             if (!st) st = st.context(strfmt("input %zu", i));
         }
     }
+    // run_cached gives them to the backend (starting the graph queued ahead with them when it
+    // is that graph); a table that fails before it still gets them written.
     const bool queued = !input_writes_.empty();
-    if (st && queued) {
-        const auto t0 = time_validation_ ? std::chrono::steady_clock::now()
-                                         : std::chrono::steady_clock::time_point();
-        st = (*be)->set_tensors_async(input_writes_);
-        if (time_validation_) inputs_ns_ += since_ns(t0);
-    }
+    pending_inputs_ = st && queued;
     if (st) st = compute_table(dev, static_cast<uint8_t>(mode & ~remote::kGraphInputs), r, out);
+    if (pending_inputs_) {
+        pending_inputs_ = false;
+        settle_ahead();
+        const Status in = (*be)->set_tensors_async(input_writes_);
+        if (st) st = in;
+    }
     if (!st && queued) (void)(*be)->synchronize();
     return st;
 }
@@ -1231,13 +1277,37 @@ Status Session::run_cached(uint32_t dev, Reply* out) {
     }
     if (opts_.max_scratch) lim.max_scratch = std::min<uint64_t>(lim.max_scratch, opts_.max_scratch);
     (*b)->set_compute_limits(std::move(lim));
+    // The step's input writes; with them, the graph queued ahead starts, when it is this one
+    // (compute_table found it cached and unchanged).
+    const bool step = pending_inputs_;
+    bool started = false;
+    if (pending_inputs_) {
+        pending_inputs_ = false;
+        const bool mine = ahead_graph_ == &cache_.front().graph && ahead_dev_ == dev;
+        if (!mine) settle_ahead();
+        ahead_graph_ = nullptr;
+        const auto t0 = time_validation_ ? std::chrono::steady_clock::now()
+                                         : std::chrono::steady_clock::time_point();
+        if (mine) {
+            Expected<bool> ran = (*b)->run_ahead(input_writes_);
+            if (!ran) return ran.status();
+            started = *ran;
+        } else {
+            FERRY_TRY((*b)->set_tensors_async(input_writes_));
+        }
+        if (time_validation_) inputs_ns_ += since_ns(t0);
+    } else {
+        settle_ahead();
+    }
     const auto t0 = time_validation_ ? std::chrono::steady_clock::now()
                                      : std::chrono::steady_clock::time_point();
-    FERRY_TRY((*b)->compute(cache_.front().graph));
+    if (!started) FERRY_TRY((*b)->compute(cache_.front().graph));
     if (time_validation_) {
         backend_ns_ += since_ns(t0);
         computes_++;
     }
+    last_step_ = step ? &cache_.front().graph : nullptr;
+    last_step_dev_ = dev;
     if (more_input_ && !defer_off()) {
         unsynced_ = dev + 1;  // waited for by the next request (see sync_pending)
     } else {

@@ -102,6 +102,11 @@ class Session {
     // there turns the compute's held reply into an error reply. Without set_more_input
     // (the fuzzer, HELLO) every compute is waited for before its reply, as before.
     void set_more_input(bool more) { more_input_ = more; }
+    // After the reply to the last request went out (whole, a progressive one included);
+    // next_waiting: bytes of another request have arrived. A read of a decode step's result
+    // then queues the step's graph on its device to run again once the next step's inputs
+    // come (Backend::compute_ahead; FERRY_SERVE_AHEAD=0: never).
+    void replied(bool next_waiting);
     bool sync_pending() const { return unsynced_ != 0; }
     Status take_settled();
     Status settle();
@@ -268,7 +273,21 @@ class Session {
     bool time_validation_ = false;
     bool more_input_ = false;
     uint32_t unsynced_ = 0;  // device index + 1 of a compute not waited for (0: none)
-    Status settled_;         // how the last deferred compute's wait ended
+    // Decode steps queued ahead (Backend::compute_ahead): once a step's result has been read
+    // and no request follows yet, the step's cached graph is queued on its device to run
+    // again; the next GRAPH_COMPUTE of that graph unchanged starts it with its input writes
+    // (run_ahead), and any other request first releases it with the inputs it last had
+    // (settle_ahead: the step before, repeated). FERRY_SERVE_AHEAD=0: never.
+    const Graph* ahead_graph_ = nullptr;  // queued on backends_[ahead_dev_]
+    uint32_t ahead_dev_ = 0;
+    const Graph* last_step_ = nullptr;  // the last compute with input writes, until read
+    uint32_t last_step_dev_ = 0;
+    bool pending_inputs_ = false;  // input_writes_ not given to the backend yet (run_cached)
+    bool ahead_on_ = true;
+    bool ahead_due_ = false;  // the last request read a step's result (replied() may queue)
+    void settle_ahead();
+    void queue_ahead();
+    Status settled_;  // how the last deferred compute's wait ended
     uint64_t validation_ns_ = 0;
     uint64_t inputs_ns_ = 0, backend_ns_ = 0, computes_ = 0;
     uint64_t since_ns(std::chrono::steady_clock::time_point t0) const {
