@@ -817,11 +817,13 @@ class RemoteBackend : public Backend {
     Device* device() const override { return dev_; }
 
     Status set_tensor_async(Tensor* t, const void* src, size_t offset, size_t size) override {
+        ahead_ = nullptr;
         auto* b = dynamic_cast<RemoteBuffer*>(t->buffer);
         if (!b || b->conn() != conn_) return Backend::set_tensor_async(t, src, offset, size);
         return b->write(t, src, offset, size);
     }
     Status get_tensor_async(const Tensor* t, void* dst, size_t offset, size_t size) override {
+        ahead_ = nullptr;
         auto* b = dynamic_cast<RemoteBuffer*>(t->buffer);
         if (!b || b->conn() != conn_) return Backend::get_tensor_async(t, dst, offset, size);
         return b->read(t, dst, offset, size);
@@ -831,27 +833,55 @@ class RemoteBackend : public Backend {
     }
 
     Status compute(Graph& g) override {
+        ahead_ = nullptr;
         // A decode step recomputes the graph it computed last time, unchanged: then the
         // server still holds its table (the newest one sent) and only "same as before" goes
         // out, without serializing and hashing the table again (measured: that work was a
         // third of the client's time per tiny-llama token).
         if (unchanged_since_last(g)) {
-            std::lock_guard<std::recursive_mutex> lock(conn_->mutex());
-            std::list<Connection::SentGraph>& sent = conn_->sent_graphs();
-            if (!sent.empty() && sent.front().hash == last_hash_) {
-                wire::Writer w;
-                w.u64(last_hash_);
-                w.u32(last_count_);
-                w.u32(0);
-                return conn_->send_compute(dev_->index(), kGraphDelta, w);
-            }
+            Expected<bool> sent = send_same();
+            if (!sent) return sent.status();
+            if (*sent) return Status::ok();
         }
         Status st = compute_full(g);
         remember(g, st.is_ok());
         return st;
     }
+    // Launch ahead, on the client: nothing can go to the server before the step's inputs (a
+    // server queues the step ahead on its own once it has sent the step before's result), so
+    // what is done ahead is compute()'s check that the graph is the one computed last (a
+    // compare of every tensor's image), while the server still computes the step before.
+    // Nothing is queued, so releasing it is forgetting it.
+    Expected<bool> compute_ahead(Graph& g) override {
+        ahead_ = unchanged_since_last(g) ? &g : nullptr;
+        return ahead_ != nullptr;
+    }
+    Expected<bool> run_ahead(std::span<const TensorWrite> inputs) override {
+        const bool checked = ahead_ != nullptr;
+        FERRY_TRY(Backend::set_tensors_async(inputs));
+        if (!checked) return false;
+        return send_same();
+    }
+    Status settle_ahead() override {
+        ahead_ = nullptr;
+        return synchronize();
+    }
 
   private:
+    // The compute of the graph the server holds as its newest table ("same as before"); false
+    // when that is not the remembered one (then nothing was sent).
+    Expected<bool> send_same() {
+        std::lock_guard<std::recursive_mutex> lock(conn_->mutex());
+        std::list<Connection::SentGraph>& sent = conn_->sent_graphs();
+        if (sent.empty() || sent.front().hash != last_hash_) return false;
+        wire::Writer w;
+        w.u64(last_hash_);
+        w.u32(last_count_);
+        w.u32(0);
+        FERRY_TRY(conn_->send_compute(dev_->index(), kGraphDelta, w));
+        return true;
+    }
+    const Graph* ahead_ = nullptr;  // compute_ahead found it unchanged since the last compute
     // Byte images of the last computed graph's tensors (leaves, then nodes) and their
     // addresses: equal images mean an identical table (it is made from these fields alone).
     // An image ends before the name: the table never carries a name, its dynamic-dimension
@@ -960,6 +990,7 @@ class RemoteBackend : public Backend {
     // Posted (pipelined): the server records the event on this device's stream of the session,
     // after every request sent before it.
     Status record_event(Event* e) override {
+        ahead_ = nullptr;
         auto* re = dynamic_cast<RemoteEvent*>(e);
         if (!re || re->device() != dev_) {
             return conn_->error(
@@ -976,6 +1007,7 @@ class RemoteBackend : public Backend {
     // does not. Any other event (another device, session or server, or a local one): a host
     // wait for its recorded point.
     Status wait_event(Event* e) override {
+        ahead_ = nullptr;
         if (!e) return Status::ok();
         auto* re = dynamic_cast<RemoteEvent*>(e);
         if (re && re->conn() == conn_ && re->device() == dev_) {
