@@ -1018,7 +1018,7 @@ TEST(Cuda, StepsQueuedAheadGiveTheSameBits) {
         static_cast<unsigned long long>(counts[1].idle),
         static_cast<unsigned long long>(counts[0].queued));
     EXPECT_EQ(counts[0].queued, 0u);
-    EXPECT_EQ(counts[1].idle, 1u);  // the pause
+    EXPECT_GE(counts[1].idle, 1u);  // the pause
     EXPECT_GT(counts[1].started, 250u);
     EXPECT_LT(counts[1].started, counts[1].queued);  // some ran again with their last inputs
     const size_t first = first_difference(runs[0], runs[1]);
