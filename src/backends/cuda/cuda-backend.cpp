@@ -873,13 +873,20 @@ class CudaBackend : public Backend {
     // GPU (a block held on an SM, and time slices another process's kernels would have had);
     // the next kAheadSkip launches are then not queued (a caller that slow gains nothing).
     // FERRY_CUDA_AHEAD_IDLE_US=N sets the time.
+    // With nothing queued for a second it sleeps until compute_ahead wakes it (watch_parked_).
     void watch_ahead() {
         std::unique_lock<std::mutex> lock(ahead_mu_);
         while (!watch_stop_) {
-            if (ahead_ && std::chrono::steady_clock::now() - ahead_since_ >= ahead_idle_) {
+            const auto now = std::chrono::steady_clock::now();
+            if (ahead_ && now - ahead_since_ >= ahead_idle_) {
                 release_locked();
                 ahead_skip_ = kAheadSkip;
                 g_ahead_idle.fetch_add(1, std::memory_order_relaxed);
+            }
+            if (!ahead_ && now - ahead_since_ >= std::chrono::seconds(1)) {
+                watch_parked_ = true;
+                ahead_cv_.wait(lock, [this] { return watch_stop_ || !watch_parked_; });
+                continue;
             }
             ahead_cv_.wait_for(lock, ahead_idle_ / 2);
         }
@@ -889,6 +896,7 @@ class CudaBackend : public Backend {
     std::condition_variable ahead_cv_;
     std::thread ahead_watch_;
     bool watch_stop_ = false;
+    bool watch_parked_ = false;
     int ahead_skip_ = 0;
     std::chrono::steady_clock::time_point ahead_since_;
     std::chrono::microseconds ahead_idle_{20000};
@@ -2118,6 +2126,10 @@ Expected<bool> CudaBackend::compute_ahead(Graph& g) {
         ahead_ = true;
         ahead_bytes_ = now.inputs;
         ahead_since_ = std::chrono::steady_clock::now();
+        if (watch_parked_) {
+            watch_parked_ = false;
+            ahead_cv_.notify_all();
+        }
     }
     if (!ahead_watch_.joinable()) ahead_watch_ = std::thread([this] { watch_ahead(); });
     if (gstats_.on) gstats_.n[kReplay]++;
