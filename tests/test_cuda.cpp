@@ -1142,10 +1142,7 @@ TEST(Cuda, EarlyAttentionLoadsGiveTheSameBits) {
         for (int e = 5; e < n; e++) EXPECT_EQ(asks[e], early[e]) << type_name(kv) << " form " << e;
         for (int e = 1; e < n; e++) {
             ASSERT_EQ(runs[0].size(), runs[e].size());
-            size_t first = runs[0].size();
-            for (size_t i = 0; i < runs[0].size() && first == runs[0].size(); i++) {
-                if (std::memcmp(&runs[0][i], &runs[e][i], 4) != 0) first = i;
-            }
+            const size_t first = first_difference(runs[0], runs[e]);
             std::printf(
                 "[ cuda     ] %s cache, form %d: %llu early attention launches (%llu with the "
                 "indices before the wait, %llu asking for weights in L2); first differing "

@@ -62,6 +62,11 @@ struct Scheduler::Impl {
     size_t allocated_nodes = 0;
     const Tensor* allocated_last = nullptr;
     bool single = true;  // one split, nothing copied: the backend runs the caller's graph
+    // The current plan is g's (the same Graph object, unchanged in its nodes).
+    bool planned_for(const Graph& g) const {
+        return allocated == &g && allocated_nodes == g.nodes.size() &&
+               allocated_last == (g.nodes.empty() ? nullptr : g.nodes.back());
+    }
     // The backend holding a graph queued ahead (get_tensor_then), until run_ahead starts it or
     // another call releases it.
     Backend* ahead = nullptr;
@@ -475,10 +480,7 @@ Status Scheduler::Impl::copy_in(CopyIn& c, Backend* be) {
 Status Scheduler::compute(Graph& g) {
     Impl& m = *impl_;
     m.ahead = nullptr;  // a graph queued ahead is released by the backend's next call
-    if (m.allocated != &g || m.allocated_nodes != g.nodes.size() ||
-        m.allocated_last != (g.nodes.empty() ? nullptr : g.nodes.back())) {
-        FERRY_TRY(alloc(g));
-    }
+    if (!m.planned_for(g)) FERRY_TRY(alloc(g));
     if (m.splits.empty()) return Status::ok();
     if (m.single) {
         // One backend, nothing to hand over: no wait here. Reading an output (get_tensor)
@@ -571,9 +573,8 @@ Status Scheduler::get_tensor_then(const Tensor* t, void* dst, size_t size, Graph
     *queued = false;
     Impl& m = *impl_;
     const int bi = m.writer_of(t);
-    const bool one = m.single && m.splits.size() == 1 && bi == m.splits[0].backend &&
-                     m.allocated == &then && m.allocated_nodes == then.nodes.size() &&
-                     m.allocated_last == (then.nodes.empty() ? nullptr : then.nodes.back());
+    const bool one =
+        m.single && m.splits.size() == 1 && bi == m.splits[0].backend && m.planned_for(then);
     if (!one || size != t->nbytes()) return get_tensor(t, dst, size);
     Backend* be = m.backends[static_cast<size_t>(bi)];
     m.ahead = nullptr;

@@ -214,7 +214,9 @@ Status LlamaSession::Impl::build(int32_t n_tokens, int32_t n_kv, int32_t n_out, 
 Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bool all_logits,
                                      int32_t top_k, float* out_rows) {
     const int32_t n_end = n_past + n_tokens;
-    const int32_t n_kv = std::min(n_ctx, (n_end + kv_pad - 1) / kv_pad * kv_pad);
+    // The attended KV length of a step that ends at position n (padded: kv_pad steps share it).
+    auto padded = [&](int32_t n) { return std::min(n_ctx, (n + kv_pad - 1) / kv_pad * kv_pad); };
+    const int32_t n_kv = padded(n_end);
     const int32_t n_out = all_logits ? n_tokens : 1;
     using clock = std::chrono::steady_clock;
     auto us = [](clock::time_point a, clock::time_point b) {
@@ -279,8 +281,7 @@ Status LlamaSession::Impl::run_chunk(const int32_t* tokens, int32_t n_tokens, bo
     // the next one-token step will be this graph again (the same padded KV length), it is
     // queued on the device first, to start as soon as its inputs come.
     const size_t out_bytes = sizeof(float) * out_row(top_k) * static_cast<size_t>(n_out);
-    const int32_t next_kv = std::min(n_ctx, (n_end + 1 + kv_pad - 1) / kv_pad * kv_pad);
-    if (ahead_on && n_tokens == 1 && n_out == 1 && n_end < n_ctx && next_kv == n_kv) {
+    if (ahead_on && n_tokens == 1 && n_out == 1 && n_end < n_ctx && padded(n_end + 1) == n_kv) {
         st = sched->get_tensor_then(g.out, out_rows, out_bytes, g.graph, &ahead);
         if (!st && ahead) {
             ahead = false;

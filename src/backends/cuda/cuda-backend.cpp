@@ -666,7 +666,7 @@ class CudaBackend : public Backend {
         FERRY_TRY(ensure_staging());
         // The area is free once the kernel that read the last inputs has run (the caller has
         // almost always waited for that step's results); else wait for it.
-        if (__atomic_load_n(consumed_host(), __ATOMIC_ACQUIRE) != in_seq_) {
+        if (!area_read()) {
             CUDA_TRY(cudaStreamSynchronize(stream_), "%s: input staging", name());
         }
         stage(writes, false);
@@ -791,6 +791,8 @@ class CudaBackend : public Backend {
     uint32_t* consumed_host() const {
         return reinterpret_cast<uint32_t*>(in_host_ + kInputAreaBytes);
     }
+    // The kernel has read the last batch staged (the area may be written again).
+    bool area_read() const { return __atomic_load_n(consumed_host(), __ATOMIC_ACQUIRE) == in_seq_; }
     // Launches the kernel that copies the staged inputs, if any (on the stream, or into a
     // graph being captured).
     Status issue_inputs() {
@@ -1050,6 +1052,14 @@ class CudaBackend : public Backend {
         bool operator==(const Seen&) const = default;
     };
     Seen last_, exec_seen_;
+    // The planned graph as a run with `inputs` bytes of staged inputs would see it.
+    Seen seen(uint32_t inputs) const {
+        return {plan_gen_, scratch_, cublas_ws_,
+                piece_step_ < 0 ? nullptr
+                : piece_mirror_ ? static_cast<const void*>(hm_flags_)
+                                : static_cast<const void*>(mirror_),
+                inputs};
+    }
     cudaGraphExec_t exec_ = nullptr;
     // FERRY_CUDA_PROFILE=1: every step timed with events (no graphs), a table at the end.
     bool profile_ = false;
@@ -2006,11 +2016,7 @@ Status CudaBackend::compute(Graph& g) {
     if (steps_.empty()) return Status::ok();
     // This graph: its structure's generation, and what a captured graph also bakes in, the
     // scratch and cuBLAS workspace addresses and the size of the staged inputs it copies first.
-    const Seen now{plan_gen_, scratch_, cublas_ws_,
-                   piece_step_ < 0 ? nullptr
-                   : piece_mirror_ ? static_cast<void*>(hm_flags_)
-                                   : static_cast<void*>(mirror_),
-                   in_bytes_};
+    const Seen now = seen(in_bytes_);
     if (profile_) {
         FERRY_TRY(issue_inputs());
         return run_profiled();
@@ -2100,11 +2106,7 @@ Expected<bool> CudaBackend::compute_ahead(Graph& g) {
     FERRY_TRY(dev_->activate());
     quick_key(g, key_, planned_compact_);
     if (!(key_ == planned_key_)) return false;
-    const Seen now{plan_gen_, scratch_, cublas_ws_,
-                   piece_step_ < 0 ? nullptr
-                   : piece_mirror_ ? static_cast<void*>(hm_flags_)
-                                   : static_cast<void*>(mirror_),
-                   exec_seen_.inputs};
+    const Seen now = seen(exec_seen_.inputs);
     if (!(exec_seen_ == now) || !(last_ == now)) return false;
     {
         std::lock_guard<std::mutex> lock(ahead_mu_);
@@ -2144,8 +2146,7 @@ Expected<bool> CudaBackend::run_ahead(std::span<const TensorWrite> inputs) {
     {
         std::lock_guard<std::mutex> lock(ahead_mu_);
         // The kernel of the step before has read the area (its results were waited for).
-        if (ahead_ && *bytes == ahead_bytes_ &&
-            __atomic_load_n(consumed_host(), __ATOMIC_ACQUIRE) == in_seq_) {
+        if (ahead_ && *bytes == ahead_bytes_ && area_read()) {
             ahead_ = false;
             stage(inputs, true);
             in_bytes_ = 0;  // copied by the queued graph's first node
