@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -409,6 +410,69 @@ TEST(RemoteFaults, ServerKilledMidGeneration) {
         EXPECT_NE(WEXITSTATUS(status), 0);
         const std::string msg = slurp(errfile);
         EXPECT_NE(msg.find(srv.addr()), std::string::npos) << msg;
+    }
+}
+
+// FERRY_STEP_TRACE: a client and its server each write their frames' events on one clock,
+// and they line up: as many computes on both sides, and each compute's header reaches the
+// server after a send of the client and before the client has its reply
+// (bench/tools/step-trace.py reads the same files).
+TEST(RemoteStepTrace, ClientAndServerEventsLineUpOnOneClock) {
+    ASSERT_TRUE(have_fixtures()) << "missing " << kTiny << "/tiny-llama-q4_0.gguf";
+    const std::string dir = ferry::test::make_temp_dir();
+    ServerProcess srv;
+    std::string err;
+    ::setenv("FERRY_STEP_TRACE", dir.c_str(), 1);  // inherited by the server
+    const bool up = srv.start("tcp:127.0.0.1:0", {"--device", "CPU"}, &err);
+    ::unsetenv("FERRY_STEP_TRACE");
+    ASSERT_TRUE(up) << err;
+    Proc p = sh("FERRY_STEP_TRACE=" + dir + " " + std::string(FERRY_BIN) + " bench -m " + kTiny +
+                "/tiny-llama-q8_0.gguf -p 0 -n 16 -r 1 --remote " + srv.addr() + " 2>&1");
+    ASSERT_EQ(p.rc, 0) << p.out;
+    // The server writes its connection's file (whole, by a rename) once the session ends.
+    auto server_file = [&] {
+        for (const auto& e : std::filesystem::directory_iterator(dir)) {
+            const std::string n = e.path().filename().string();
+            if (n.rfind("server-", 0) == 0 && n.find(".part") == std::string::npos) return true;
+        }
+        return false;
+    };
+    for (int i = 0; i < 500 && !server_file(); i++) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    struct Ev {
+        int64_t t;
+        char k;
+        unsigned cmd;
+    };
+    std::map<std::string, std::vector<Ev>> files;  // "client" / "server" -> events
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+        const std::string name = e.path().filename().string();
+        if (name.find(".part") != std::string::npos) continue;
+        const std::string role = name.substr(0, name.find('-'));
+        std::ifstream in(e.path());
+        long long t = 0;
+        char k = 0;
+        unsigned c = 0;
+        while (in >> t >> k >> c) files[role].push_back({t, k, c});
+    }
+    ASSERT_EQ(files.size(), 2u) << "expected one client and one server file in " << dir;
+    const std::vector<Ev>& c = files["client"];
+    const std::vector<Ev>& s = files["server"];
+    constexpr unsigned kCompute = 12;  // GRAPH_COMPUTE
+    std::vector<int64_t> sends, replies, arrivals;
+    for (const Ev& e : c) {
+        if (e.k == 'S') sends.push_back(e.t);
+        if (e.k == 'E' && e.cmd == kCompute) replies.push_back(e.t);
+    }
+    for (const Ev& e : s) {
+        if (e.k == 'H' && e.cmd == kCompute) arrivals.push_back(e.t);
+    }
+    ASSERT_GE(replies.size(), 16u);
+    ASSERT_EQ(arrivals.size(), replies.size());
+    for (size_t i = 0; i < arrivals.size(); i++) {
+        EXPECT_TRUE(!sends.empty() && sends.front() <= arrivals[i]) << "compute " << i;
+        EXPECT_LT(arrivals[i], replies[i]) << "compute " << i;
     }
 }
 

@@ -16,6 +16,7 @@
 
 #include "core/env.h"
 #include "remote-proto/protocol.h"
+#include "remote-proto/step-trace.h"
 #include "server/server.h"
 
 namespace ferry::server {
@@ -131,6 +132,8 @@ void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t ke
         (void)io.reply(h, error_reply(msg));
     };
     FrameProfile prof(session);
+    remote::StepTrace steps("server");
+    if constexpr (requires { io.set_step_trace(&steps); }) io.set_step_trace(&steps);
     for (;;) {
         uint8_t hdr[remote::kHeaderSize];
         size_t hdr_got = 0;
@@ -148,6 +151,7 @@ void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t ke
         }
         // The header is in private memory now: what is checked is what is used.
         const Header h = remote::read_header(hdr);
+        steps.ev('H', h.cmd);
         if (Status st = check_frame(h); !st) return fatal(h, st.message());
         Status rst;  // how receiving the payload failed (closed, timed out, detached)
         uint64_t got = 0;
@@ -250,6 +254,7 @@ void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t ke
                     reply = error_reply(strfmt("%s: %s", remote::cmd_name(h.cmd), e.what()));
                 }
                 prof.mark(h.cmd);
+                steps.ev('D', h.cmd);
                 // The held compute was waited for in this request (before it, or with its
                 // read): its reply goes first.
                 if (holding) {
@@ -269,6 +274,7 @@ void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t ke
             }
         }
         const Status st = io.reply(h, reply);
+        steps.ev('R', h.cmd);
         if (st) session.replied(io.more_input());
         prof.mark(FrameProfile::kReply);
         if (reply.pass_fd >= 0) ::close(reply.pass_fd);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "remote-proto/protocol.h"
+#include "remote-proto/step-trace.h"
 #include "remote-proto/stripes.h"
 #include "server/frame-loop.h"
 
@@ -167,6 +168,8 @@ class Stream {
 
     // The session's stripe connections (tcp sessions that offer them).
     void set_stripes(StripeSlot* slot) { stripes_ = slot; }
+    // Where a progressive reply stamps its pieces (FERRY_STEP_TRACE).
+    void set_step_trace(remote::StepTrace* t) { steps_ = t; }
 
     // Sends (or, while more requests are waiting or another reply follows at once, holds)
     // the reply to `req`.
@@ -227,6 +230,7 @@ class Stream {
         const bool striped = n >= 2;
         const bool tr = trace_.on() && r.more;
         if (tr) trace_.begin();
+        if (steps_ && r.more) steps_->ev('F', req.cmd);
         int64_t t_last = -1;
         size_t ready = r.more ? std::min(r.data_ready, len) : len;
         // Stripe 0 (all of it without stripes) is this connection's: its parts below `ready`
@@ -255,6 +259,7 @@ class Stream {
                 trace_.piece();
                 if (ready == len) t_last = trace_.since();
             }
+            if (steps_ && ready == len) steps_->ev('L', req.cmd);
             if (striped) stripes_->lanes.advance(ready);
             st = remote::send_stripe(sock_, body, len, n, 0, prev, ready);
         }
@@ -266,6 +271,7 @@ class Stream {
             return st;
         }
         const Status lanes = stripes_->lanes.finish();
+        if (steps_) steps_->ev('A', req.cmd);
         if (tr) trace_.end(t_last, t_sent, trace_.since());
         return st ? lanes : st;
     }
@@ -275,6 +281,7 @@ class Stream {
     remote::HeldFrames out_;
     StripeSlot* stripes_ = nullptr;
     PieceTrace trace_;
+    remote::StepTrace* steps_ = nullptr;
 };
 
 }  // namespace

@@ -338,6 +338,7 @@ Status Connection::write_parts(const uint8_t** parts, size_t* left, int n_parts)
         msg.msg_iov = iov;
         msg.msg_iovlen = static_cast<size_t>(n);
         sends_++;
+        trace_.ev('S', 0);
         const ssize_t sent = ::sendmsg(sock_.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (sent < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) full = true;
@@ -413,6 +414,7 @@ Status Connection::read_reply(Result* sync_result, Status* sync_status) {
     Status st = read_in(hdr, sizeof(hdr));
     if (!st) return fail(st.message());
     const Header h = read_header(hdr);
+    trace_.ev('H', h.cmd);
     auto bad = [&](const std::string& why) { return fail("protocol error: " + why); };
     if (h.magic != kMagic) return bad("bad magic in reply");
     if (h.len > kMaxPayload) return bad("oversized reply");
@@ -457,6 +459,7 @@ Status Connection::read_reply(Result* sync_result, Status* sync_status) {
         if (!st) return fail(st.message());
         if (!lanes) return fail(lanes.message());
         striped_++;
+        trace_.ev('E', p.cmd);
         run_local_actions();
         return Status::ok();
     }
@@ -467,6 +470,7 @@ Status Connection::read_reply(Result* sync_result, Status* sync_status) {
         st = read_in(payload.data(), payload.size());
     }
     if (!st) return fail(st.message());
+    trace_.ev('E', p.cmd);
     Status result;
     if (is_error) {
         wire::Reader r(payload.data(), payload.size());

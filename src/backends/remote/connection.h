@@ -22,6 +22,7 @@
 #include "backends/remote/transport-ivshmem.h"
 #include "ferry/status.h"
 #include "remote-proto/protocol.h"
+#include "remote-proto/step-trace.h"
 #include "remote-proto/stripes.h"
 #include "remote-proto/transport.h"
 
@@ -153,6 +154,7 @@ class Connection {
     // Client-side counters, printed at exit when FERRY_REMOTE_STATS is set.
     uint64_t sent_[kCmdMax + 1] = {};
     uint64_t bytes_out_ = 0, bytes_in_ = 0, waits_ = 0, sends_ = 0, folded_ = 0;
+    remote::StepTrace trace_{"client"};  // FERRY_STEP_TRACE
 };
 
 }  // namespace ferry::remote
