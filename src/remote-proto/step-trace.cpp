@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 
@@ -38,12 +37,6 @@ StepTrace::~StepTrace() {
     if (std::fclose(f) != 0 || std::rename(tmp.c_str(), path_.c_str()) != 0) {
         std::fprintf(stderr, "ferry: step trace %s: cannot write\n", path_.c_str());
     }
-}
-
-int64_t StepTrace::stamp() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
 }
 
 }  // namespace ferry::remote

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "remote-proto/transport.h"
+
 namespace ferry::remote {
 
 class StepTrace {
@@ -20,9 +22,8 @@ class StepTrace {
     ~StepTrace();
     StepTrace(const StepTrace&) = delete;
     StepTrace& operator=(const StepTrace&) = delete;
-    bool on() const { return on_; }
     void ev(char kind, uint16_t cmd) {
-        if (on_ && events_.size() < kMaxEvents) events_.push_back({stamp(), kind, cmd});
+        if (on_ && events_.size() < kMaxEvents) events_.push_back({now_ns(), kind, cmd});
     }
 
   private:
@@ -32,7 +33,6 @@ class StepTrace {
         char kind;
         uint16_t cmd;
     };
-    static int64_t stamp();
     bool on_ = false;
     std::string path_;
     std::vector<Event> events_;
