@@ -3,7 +3,7 @@
 # (FERRY_STEP_TRACE, bench/tools/step-trace.py): 1B Q4_0 tg128 clients over unix and tcp, each
 # against its own server, plus session profiles (local | unix | tcp) beside them.
 # Carry [".dev21"].
-BIN=.dev21 source bench/runs/common.sh
+BIN=${BIN:-.dev21} source bench/runs/common.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 gen_models
 TR=$OUT/trace && mkdir -p $TR/u $TR/t

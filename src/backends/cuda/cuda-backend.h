@@ -91,13 +91,14 @@ struct AttnEarly {
 // product's rows also go, as they are summed, into host-mapped memory. The streaming kernel's
 // warps then take runs of kMirrorGroup (G) rows (warp gw's k-th run: rows (k W + gw) G ...,
 // so step k, every warp's k-th run, is rows [k W G, (k + 1) W G)). After each run a warp writes
-// its G rows as one line, fences at system scope and counts itself into step k's counter; the
-// warp that completes a step resets the counter and sets the step's host flag. The host clears
-// the flags before a run and sends a step once its flag is set: no scan of the rows, no copy,
-// no extra launch. Measured on the H200 (bench/results/cuda.md, stop 31): single 4-byte stores
-// to host memory cost ~90 us a step for 128K rows, 32-byte writes ~13 us, 64-byte lines nothing
-// measurable; a reader that scanned the rows for a sentinel instead of flags lost to the cut
-// form served over tcp.
+// its G rows as one line and counts itself into step k's counter (a gpu-scope release); the
+// warp that completes a step resets the counter, fences at system scope and sets the step's
+// host flag (one system fence a step: mv-stream.cu's mirror_row says why that is enough). The host
+// clears the flags before a run and sends a step once its flag is set: no scan of the rows, no
+// copy, no extra launch. Measured on the H200 (bench/results/cuda.md, stop 31): single 4-byte
+// stores to host memory cost ~90 us a step for 128K rows, 32-byte writes ~13 us, 64-byte lines
+// nothing measurable; a reader that scanned the rows for a sentinel instead of flags lost to the
+// cut form served over tcp.
 constexpr int kMirrorGroup = 8;
 constexpr int kMirrorSteps = 64;  // at most this many steps (W G rows each) a product
 struct HostMirror {
