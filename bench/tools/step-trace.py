@@ -18,6 +18,7 @@ import statistics
 import sys
 
 GRAPH_COMPUTE, TENSOR_GET, TENSOR_COPY = 12, 9, 11
+MAX_PIECES = 16  # the pieces between the first and the last shown, at most
 
 
 def load(path):
@@ -33,11 +34,14 @@ def steps(client, server):
     c_h = [e for e in client if e[1] == "H" and e[2] != 1]  # HELLO is not the frame loop's
     c_e = [e for e in client if e[1] == "E" and e[2] != 1]
     c_s = [e[0] for e in client if e[1] == "S"]
-    # The server's events grouped by request: H, then D, R and a progressive reply's F/L/A.
+    # The server's events grouped by request: H, then D, R and a progressive reply's F, its
+    # later pieces P (a list), L, stripe 0 sent (0) and all stripes sent (A).
     reqs = []
     for t, k, c in server:
         if k == "H":
-            reqs.append({"cmd": c, "H": t})
+            reqs.append({"cmd": c, "H": t, "P": []})
+        elif reqs and k == "P":
+            reqs[-1]["P"].append(t)
         elif reqs and k not in reqs[-1]:
             reqs[-1][k] = t
     # The client's replies are a subsequence of the server's requests (a request of the
@@ -68,7 +72,10 @@ def steps(client, server):
         r = {"server: compute header": a["H"], "server: compute handled": a.get("D")}
         if "F" in b:
             r["server: first piece"] = b["F"]
+            for n, t in enumerate(b["P"][:MAX_PIECES]):
+                r[f"server: piece {n + 2}"] = t
             r["server: last piece"] = b.get("L")
+            r["server: stripe 0 sent"] = b.get("0")
             r["server: stripes sent"] = b.get("A")
         r["server: read handled"] = b.get("D")
         r["server: read reply sent"] = b.get("R")
@@ -100,7 +107,9 @@ def main():
             continue
         sp, rows = best
         rows = rows[len(rows) // 8:]  # past the warm-up
-        keys = list(rows[-1][1].keys())
+        keys = []
+        for r in rows:
+            keys += [k for k in r[1] if k not in keys]
         period = [b[0] - a[0] for a, b in zip(rows, rows[1:])]
         print(f"{os.path.basename(cp)} <-> {os.path.basename(sp)}: {len(rows)} steps, "
               f"period median {statistics.median(period) / 1e3:.1f} us")

@@ -17,7 +17,8 @@ class StepTrace {
   public:
     // Kinds: what happened when. Client: 'S' a send of frames, 'H' a reply's header read, 'E'
     // the reply all in. Server: 'H' a request's header read, 'D' the request handled, 'R' its
-    // reply sent; a progressive reply's first piece 'F', last piece 'L', stripes all sent 'A'.
+    // reply sent; a progressive reply's first piece 'F', each later piece 'P', the last 'L',
+    // its stripe 0 sent by the connection itself '0', every stripe sent 'A'.
     explicit StepTrace(const char* role);
     ~StepTrace();
     StepTrace(const StepTrace&) = delete;

@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -17,7 +16,6 @@
 #include <map>
 #include <memory>
 #include <thread>
-#include <vector>
 
 #include "remote-proto/protocol.h"
 #include "remote-proto/step-trace.h"
@@ -99,58 +97,6 @@ struct StripeSlot {
 // that are followed by requests already received are held and go out together, in one send,
 // when the server is about to wait for input (or has much to send): a pipelined step is then
 // one receive and one send on each side.
-// FERRY_SERVE_PIECE_TRACE=1: each connection prints, when it ends, the medians of its
-// progressive replies' timeline (us from the reply's start: when each of the first pieces was
-// handed over, when the last was, when stripe 0 and the lanes had sent everything).
-class PieceTrace {
-  public:
-    static constexpr int kPieces = 12;
-    using clock = std::chrono::steady_clock;
-    bool on() const { return on_; }
-    void begin() { t0_ = clock::now(), n_ = 0, cur_.fill(-1); }
-    void piece() {
-        if (n_ < kPieces) cur_[static_cast<size_t>(n_)] = since();
-        n_++;
-    }
-    void end(int64_t last, int64_t sent0, int64_t lanes) {
-        cur_[kPieces] = last, cur_[kPieces + 1] = sent0, cur_[kPieces + 2] = lanes;
-        cur_[kPieces + 3] = n_;
-        rows_.push_back(cur_);
-    }
-    int64_t since() const {
-        return std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - t0_).count();
-    }
-    ~PieceTrace() {
-        if (!on_ || rows_.size() < 4) return;
-        auto med = [&](size_t c) {
-            std::vector<int64_t> v;
-            for (const auto& r : rows_) {
-                if (r[c] >= 0) v.push_back(r[c]);
-            }
-            if (v.empty()) return -1.0;
-            std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
-            return static_cast<double>(v[v.size() / 2]) / 1000.0;
-        };
-        std::string pieces;
-        for (size_t c = 0; c < kPieces; c++) {
-            if (const double m = med(c); m >= 0) pieces += strfmt(" %.1f", m);
-        }
-        std::fprintf(stderr,
-                     "ferry serve: %zu progressive replies, medians (us from the reply's start): "
-                     "pieces handed over%s (%.0f calls); last %.1f; stripe 0 sent %.1f; lanes "
-                     "sent %.1f\n",
-                     rows_.size(), pieces.c_str(), med(kPieces + 3) * 1000.0, med(kPieces),
-                     med(kPieces + 1), med(kPieces + 2));
-    }
-
-  private:
-    bool on_ = env_on("FERRY_SERVE_PIECE_TRACE");
-    clock::time_point t0_;
-    int n_ = 0;
-    std::array<int64_t, kPieces + 4> cur_{};
-    std::vector<std::array<int64_t, kPieces + 4>> rows_;
-};
-
 class Stream {
   public:
     explicit Stream(Socket& sock) : sock_(sock), in_(sock) {}
@@ -228,10 +174,7 @@ class Stream {
     Status reply_in_order(uint8_t* hdr, const Header& req, const Reply& r, const uint8_t* body,
                           size_t len, int n) {
         const bool striped = n >= 2;
-        const bool tr = trace_.on() && r.more;
-        if (tr) trace_.begin();
         if (steps_ && r.more) steps_->ev('F', req.cmd);
-        int64_t t_last = -1;
         size_t ready = r.more ? std::min(r.data_ready, len) : len;
         // Stripe 0 (all of it without stripes) is this connection's: its parts below `ready`
         // go out now, the rest as they come.
@@ -255,24 +198,16 @@ class Stream {
             }
             const size_t prev = ready;
             ready = *now;
-            if (tr) {
-                trace_.piece();
-                if (ready == len) t_last = trace_.since();
-            }
-            if (steps_ && ready == len) steps_->ev('L', req.cmd);
+            if (steps_) steps_->ev(ready == len ? 'L' : 'P', req.cmd);
             if (striped) stripes_->lanes.advance(ready);
             st = remote::send_stripe(sock_, body, len, n, 0, prev, ready);
         }
         // When a progressive read failed, the lanes wait for bytes that will not come: the
         // session ends, and its lanes with it.
-        const int64_t t_sent = tr ? trace_.since() : -1;
-        if (!striped || ready < len) {
-            if (tr) trace_.end(t_last, t_sent, t_sent);
-            return st;
-        }
+        if (!striped || ready < len) return st;
+        if (steps_) steps_->ev('0', req.cmd);
         const Status lanes = stripes_->lanes.finish();
         if (steps_) steps_->ev('A', req.cmd);
-        if (tr) trace_.end(t_last, t_sent, trace_.since());
         return st ? lanes : st;
     }
 
@@ -280,7 +215,6 @@ class Stream {
     remote::BufferedReader in_;
     remote::HeldFrames out_;
     StripeSlot* stripes_ = nullptr;
-    PieceTrace trace_;
     remote::StepTrace* steps_ = nullptr;
 };
 
