@@ -18,6 +18,7 @@
 #include "ferry/backend.h"
 #include "ferry/llama.h"
 #include "ferry/op-tests.h"
+#include "oracle.h"
 
 namespace ferry::test {
 
@@ -45,58 +46,6 @@ inline OpSuiteCounts run_op_suite(Backend* be, const char* tag) {
     std::printf("[ %-8s ] op cases: %d passed, %d failed, %d declined (run on the CPU)\n", tag,
                 n.passed, n.failed, n.declined);
     return n;
-}
-
-inline const std::string kDir = std::string(FERRY_FIXTURES_DIR) + "/tiny-llama";
-constexpr int kVocab = 1024;
-
-struct Case {
-    std::vector<int32_t> tokens;
-    std::vector<float> logits;  // [tokens, kVocab], the oracle's (float64 made float32)
-};
-
-inline const std::vector<Case>& cases() {
-    static const std::vector<Case> all = [] {
-        std::vector<Case> out;
-        Expected<json::Value> ref = json::parse_file(kDir + "/reference.json");
-        if (!ref) {
-            ADD_FAILURE() << ref.message();
-            return out;
-        }
-        for (const json::Value& c : (*ref)["cases"].as_array()) {
-            Case k;
-            for (const json::Value& t : c["tokens"].as_array()) {
-                k.tokens.push_back(static_cast<int32_t>(t.as_int()));
-            }
-            std::ifstream f(kDir + "/" + c["logits_file"].as_string(), std::ios::binary);
-            k.logits.resize(k.tokens.size() * kVocab);
-            f.read(reinterpret_cast<char*>(k.logits.data()),
-                   static_cast<std::streamsize>(k.logits.size() * sizeof(float)));
-            EXPECT_TRUE(f.good()) << c["logits_file"].as_string();
-            out.push_back(std::move(k));
-        }
-        return out;
-    }();
-    return all;
-}
-
-// KL(p || q) of two rows of logits, natural log.
-inline double kl_row(const float* p_logits, const float* q_logits, int n) {
-    auto lsm = [n](const float* x, std::vector<double>& out) {
-        double mx = -INFINITY;
-        for (int i = 0; i < n; i++) mx = std::max(mx, static_cast<double>(x[i]));
-        double s = 0.0;
-        for (int i = 0; i < n; i++) s += std::exp(x[i] - mx);
-        const double lse = mx + std::log(s);
-        out.resize(static_cast<size_t>(n));
-        for (int i = 0; i < n; i++) out[static_cast<size_t>(i)] = x[i] - lse;
-    };
-    std::vector<double> lp, lq;
-    lsm(p_logits, lp);
-    lsm(q_logits, lq);
-    double kl = 0.0;
-    for (size_t i = 0; i < lp.size(); i++) kl += std::exp(lp[i]) * (lp[i] - lq[i]);
-    return kl;
 }
 
 struct Metrics {

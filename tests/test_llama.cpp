@@ -20,69 +20,19 @@
 #include "ferry/gguf.h"
 #include "ferry/llama.h"
 #include "ferry/sampler.h"
+#include "oracle.h"
 
 namespace ferry {
 namespace {
 
-const std::string kDir = std::string(FERRY_FIXTURES_DIR) + "/tiny-llama";
+using test::Case;
+using test::cases;
+using test::kDir;
+using test::kl_row;
+using test::kVocab;
 
 std::string model_path(const std::string& enc) {
     return kDir + "/tiny-llama-" + enc + ".gguf";
-}
-
-struct Case {
-    std::vector<int32_t> tokens;
-    std::vector<int32_t> greedy;
-    std::vector<float> logits;  // [n_tokens, n_vocab]
-};
-
-constexpr int kVocab = 1024;
-
-const std::vector<Case>& cases() {
-    static const std::vector<Case> all = [] {
-        std::vector<Case> out;
-        Expected<json::Value> ref = json::parse_file(kDir + "/reference.json");
-        if (!ref) {
-            ADD_FAILURE() << ref.message();
-            return out;
-        }
-        for (const json::Value& c : (*ref)["cases"].as_array()) {
-            Case k;
-            for (const json::Value& t : c["tokens"].as_array()) {
-                k.tokens.push_back(static_cast<int32_t>(t.as_int()));
-            }
-            for (const json::Value& t : c["greedy_tokens"].as_array()) {
-                k.greedy.push_back(static_cast<int32_t>(t.as_int()));
-            }
-            std::ifstream f(kDir + "/" + c["logits_file"].as_string(), std::ios::binary);
-            k.logits.resize(k.tokens.size() * kVocab);
-            f.read(reinterpret_cast<char*>(k.logits.data()),
-                   static_cast<std::streamsize>(k.logits.size() * sizeof(float)));
-            EXPECT_TRUE(f.good()) << c["logits_file"].as_string();
-            out.push_back(std::move(k));
-        }
-        return out;
-    }();
-    return all;
-}
-
-// Natural-log KL(p || q) between the softmaxes of two logit rows.
-double kl_row(const float* oracle, const float* run, int n) {
-    auto log_softmax = [n](const float* x, std::vector<double>& out) {
-        double mx = -INFINITY;
-        for (int i = 0; i < n; i++) mx = std::max(mx, static_cast<double>(x[i]));
-        double sum = 0.0;
-        for (int i = 0; i < n; i++) sum += std::exp(x[i] - mx);
-        const double lse = mx + std::log(sum);
-        out.resize(static_cast<size_t>(n));
-        for (int i = 0; i < n; i++) out[static_cast<size_t>(i)] = x[i] - lse;
-    };
-    std::vector<double> lp, lq;
-    log_softmax(oracle, lp);
-    log_softmax(run, lq);
-    double kl = 0.0;
-    for (size_t i = 0; i < lp.size(); i++) kl += std::exp(lp[i]) * (lp[i] - lq[i]);
-    return kl;
 }
 
 int argmax(const float* x, int n) {
