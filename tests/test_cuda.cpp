@@ -1924,8 +1924,9 @@ ProgressiveTrace read_progressive_trace(const std::string& dir) {
 
 // The same through `ferry serve` over tcp (a child process serving CUDA0): a generated model
 // whose 20,000-entry vocabulary makes its logits a progressive product. Every decode step's
-// logits are the local GPU's bit for bit, with the server's pieces on (8 by default, 2, 16, and
-// on one connection) and off (FERRY_CUDA_PIECES=0), over graph rebuilds (KV length 256 -> 512).
+// logits are the local GPU's bit for bit, with the server's pieces on (the kernel's host mirror
+// by default, the cut form, and on one connection) and off (FERRY_CUDA_PIECES=0), over graph
+// rebuilds (KV length 256 -> 512).
 // The server's step trace shows the decode steps' logits sent in pieces (none with them off),
 // its events in order.
 TEST(Cuda, ServedTcpLogitsEqualLocalWithProgressiveReads) {
@@ -1944,8 +1945,10 @@ TEST(Cuda, ServedTcpLogitsEqualLocalWithProgressiveReads) {
             local.insert(local.end(), os.s->logits(0), os.s->logits(0) + p.n_vocab);
         }
     }
-    // The server's environment: the default pieces (8; striped when the client joins stripe
-    // connections, as it does on hosts of 8+ threads), none, 2, 16, and on one connection.
+    // The server's environment: the default (the mirror; striped when the client joins stripe
+    // connections, as it does on hosts of 8+ threads), none, 2 pieces (the cut form's count:
+    // the mirror's steps are the kernel's, so still the mirror), the cut form (8 launches), and
+    // on one connection.
     for (const char* env : {"FERRY_CUDA_PIECES=8", "FERRY_CUDA_PIECES=0", "FERRY_CUDA_PIECES=2",
                             "FERRY_CUDA_PIECE_CUT=1", "FERRY_SERVE_PIECE_STRIPES=0"}) {
         SCOPED_TRACE(env);
