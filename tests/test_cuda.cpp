@@ -924,6 +924,14 @@ TEST(Cuda, LongDecodeIsTheSameWithEveryPad) {
     EXPECT_LE(e, 1e-12);
 }
 
+// The index of the first value where a and b differ (a.size() when none).
+size_t first_difference(const std::vector<float>& a, const std::vector<float>& b) {
+    for (size_t i = 0; i < std::min(a.size(), b.size()); i++) {
+        if (std::memcmp(&a[i], &b[i], 4) != 0) return i;
+    }
+    return a.size() == b.size() ? a.size() : std::min(a.size(), b.size());
+}
+
 #ifdef FERRY_HAVE_CUDA
 // Runs decode steps through every way into and out of steps queued ahead (Backend::
 // compute_ahead): 40 one-token steps after a prompt, a prompt chunk after a queued step (the
@@ -971,14 +979,6 @@ std::vector<float> ahead_script(LlamaSession* s, const std::vector<int32_t>& tok
                     steps(300, 310);
     if (!ok) out.clear();
     return out;
-}
-
-// The index of the first value where a and b differ (a.size() when none).
-size_t first_difference(const std::vector<float>& a, const std::vector<float>& b) {
-    for (size_t i = 0; i < std::min(a.size(), b.size()); i++) {
-        if (std::memcmp(&a[i], &b[i], 4) != 0) return i;
-    }
-    return a.size() == b.size() ? a.size() : std::min(a.size(), b.size());
 }
 
 // A session queues each one-token step on the device while it reads the step before's logits
@@ -1896,22 +1896,21 @@ struct ProgressiveTrace {
 ProgressiveTrace read_progressive_trace(const std::string& dir) {
     constexpr unsigned kCompute = 12;  // GRAPH_COMPUTE
     ProgressiveTrace r;
-    for (const auto& e : std::filesystem::directory_iterator(dir)) {
-        const std::string name = e.path().filename().string();
-        if (name.rfind("server-", 0) != 0 || name.find(".part") != std::string::npos) continue;
-        std::ifstream in(e.path());
-        long long t = 0, prev = 0;
-        char k = 0, last = 0;
-        unsigned cmd = 0;
-        while (in >> t >> k >> cmd) {
-            r.computes += k == 'H' && cmd == kCompute;
+    for (const TraceFile& f : read_step_traces(dir)) {
+        if (f.role != "server") continue;
+        int64_t prev = 0;
+        char last = 0;
+        for (const TraceEvent& e : f.events) {
+            const int64_t t = e.t;
+            const char k = e.kind;
+            r.computes += k == 'H' && e.cmd == kCompute;
             if (k != 'F' && k != 'P' && k != 'L' && k != '0' && k != 'A') continue;
             const bool ok = k == 'F'   ? last != 'P'
                             : k == '0' ? last != 'P' && last != '0'
                             : k == 'A' ? last == '0'
                                        : last == 'F' || last == 'P';
             if ((!ok || t < prev) && r.disorder.empty()) {
-                r.disorder = strfmt("%s: '%c' after '%c' (reply %d)", name.c_str(), k,
+                r.disorder = strfmt("%s: '%c' after '%c' (reply %d)", f.name.c_str(), k,
                                     last ? last : '-', r.replies);
             }
             r.replies += k == 'F';
@@ -1973,16 +1972,13 @@ TEST(Cuda, ServedTcpLogitsEqualLocalWithProgressiveReads) {
             const OpenSession os = open_session(path, {rdev}, Type::F16);
             ASSERT_TRUE(os.s);
             ASSERT_TRUE(os.s->decode(std::span<const int32_t>(toks.data(), 8), false));
-            size_t first = local.size();
+            std::vector<float> served;
             for (size_t i = 8; i < toks.size(); i++) {
                 const Status st = os.s->decode(std::span<const int32_t>(&toks[i], 1), false);
                 ASSERT_TRUE(st) << st.message();
-                const size_t at = (i - 8) * static_cast<size_t>(p.n_vocab);
-                if (first == local.size() && std::memcmp(os.s->logits(0), &local[at],
-                                                         static_cast<size_t>(p.n_vocab) * 4) != 0) {
-                    first = at;
-                }
+                served.insert(served.end(), os.s->logits(0), os.s->logits(0) + p.n_vocab);
             }
+            const size_t first = first_difference(local, served);
             EXPECT_EQ(first, local.size())
                 << "decode step " << first / static_cast<size_t>(p.n_vocab);
             Expected<RemoteStats> st = remote_stats(reg->get());

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -16,7 +15,10 @@
 #include "test_remote_util.h"
 
 using namespace ferry;
+using ferry::test::read_step_traces;
 using ferry::test::ServerProcess;
+using ferry::test::TraceEvent;
+using ferry::test::TraceFile;
 
 namespace {
 
@@ -430,43 +432,26 @@ TEST(RemoteStepTrace, ClientAndServerEventsLineUpOnOneClock) {
                 "/tiny-llama-q8_0.gguf -p 0 -n 16 -r 1 --remote " + srv.addr() + " 2>&1");
     ASSERT_EQ(p.rc, 0) << p.out;
     // The server writes its connection's file (whole, by a rename) once the session ends.
-    auto server_file = [&] {
-        for (const auto& e : std::filesystem::directory_iterator(dir)) {
-            const std::string n = e.path().filename().string();
-            if (n.rfind("server-", 0) == 0 && n.find(".part") == std::string::npos) return true;
+    std::map<std::string, std::vector<TraceEvent>> files;  // "client" / "server" -> events
+    for (int i = 0; i < 500 && !files.count("server"); i++) {
+        if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        files.clear();
+        for (TraceFile& f : read_step_traces(dir)) {
+            std::vector<TraceEvent>& to = files[f.role];
+            to.insert(to.end(), f.events.begin(), f.events.end());
         }
-        return false;
-    };
-    for (int i = 0; i < 500 && !server_file(); i++) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    struct Ev {
-        int64_t t;
-        char k;
-        unsigned cmd;
-    };
-    std::map<std::string, std::vector<Ev>> files;  // "client" / "server" -> events
-    for (const auto& e : std::filesystem::directory_iterator(dir)) {
-        const std::string name = e.path().filename().string();
-        if (name.find(".part") != std::string::npos) continue;
-        const std::string role = name.substr(0, name.find('-'));
-        std::ifstream in(e.path());
-        long long t = 0;
-        char k = 0;
-        unsigned c = 0;
-        while (in >> t >> k >> c) files[role].push_back({t, k, c});
     }
     ASSERT_EQ(files.size(), 2u) << "expected one client and one server file in " << dir;
-    const std::vector<Ev>& c = files["client"];
-    const std::vector<Ev>& s = files["server"];
+    const std::vector<TraceEvent>& c = files["client"];
+    const std::vector<TraceEvent>& s = files["server"];
     constexpr unsigned kCompute = 12;  // GRAPH_COMPUTE
     std::vector<int64_t> sends, replies, arrivals;
-    for (const Ev& e : c) {
-        if (e.k == 'S') sends.push_back(e.t);
-        if (e.k == 'E' && e.cmd == kCompute) replies.push_back(e.t);
+    for (const TraceEvent& e : c) {
+        if (e.kind == 'S') sends.push_back(e.t);
+        if (e.kind == 'E' && e.cmd == kCompute) replies.push_back(e.t);
     }
-    for (const Ev& e : s) {
-        if (e.k == 'H' && e.cmd == kCompute) arrivals.push_back(e.t);
+    for (const TraceEvent& e : s) {
+        if (e.kind == 'H' && e.cmd == kCompute) arrivals.push_back(e.t);
     }
     ASSERT_GE(replies.size(), 16u);
     ASSERT_EQ(arrivals.size(), replies.size());

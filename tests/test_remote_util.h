@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,34 @@ inline std::string make_temp_dir() {
     char tmpl[] = "/tmp/ferry-remote-XXXXXX";
     const char* d = mkdtemp(tmpl);
     return d ? d : "/tmp";
+}
+
+// The files FERRY_STEP_TRACE=dir left (remote-proto/step-trace.h: DIR/ROLE-PID-N.txt, "T_NS
+// KIND CMD" a line; one a connection, written whole by a rename, so a .part is not one yet).
+struct TraceEvent {
+    int64_t t;
+    char kind;
+    unsigned cmd;
+};
+struct TraceFile {
+    std::string name, role;  // role: "client" or "server"
+    std::vector<TraceEvent> events;
+};
+inline std::vector<TraceFile> read_step_traces(const std::string& dir) {
+    std::vector<TraceFile> out;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+        TraceFile f;
+        f.name = e.path().filename().string();
+        if (f.name.find(".part") != std::string::npos) continue;
+        f.role = f.name.substr(0, f.name.find('-'));
+        std::ifstream in(e.path());
+        long long t = 0;
+        char k = 0;
+        unsigned c = 0;
+        while (in >> t >> k >> c) f.events.push_back({t, k, c});
+        out.push_back(std::move(f));
+    }
+    return out;
 }
 
 // The ferry binary the tests run: FERRY_TEST_BIN when set (test binaries copied to another
