@@ -10,7 +10,6 @@
 BIN=.dev23 source bench/runs/common.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 gen_models
-be() { (export "$@"; bt $Q --device CUDA0); }
 M=FERRY_CUDA_PIECES=8
 echo "--- local, nobody reading: none | F0 G8 | F3 G8 | F4 G8 | F5 G8 | F2 G8 | F4 G16"
 bt $Q --device CUDA0 > /dev/null

@@ -8,7 +8,6 @@
 BIN=.dev24 source bench/runs/common.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 gen_models
-be() { (export "$@"; bt $Q --device CUDA0); }
 M=FERRY_CUDA_PIECES=8
 echo "--- local, nobody reading: none | mirrored | probe 1 (no stores) | 2 (no counts) | 3 (walk alone) | cut"
 bt $Q --device CUDA0 > /dev/null

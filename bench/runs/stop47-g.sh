@@ -13,7 +13,6 @@ tests "*Served*:*Progressive*" $(cap 100)
 FERRY_CUDA_MIRROR_TAIL=2 tests "*Progressive*:*ServedTcp*" $(cap 60)
 FERRY_CUDA_MIRROR_TAIL=1 tests "*Progressive*:*ServedTcp*" $(cap 60)
 gen_models
-be() { (export "$@"; bt $Q --device CUDA0); }
 M=FERRY_CUDA_PIECES=8
 echo "--- local, nobody reading: none | mirrored | T 1 | T 2 | T 4"
 bt $Q --device CUDA0 > /dev/null
