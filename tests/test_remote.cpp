@@ -1188,6 +1188,85 @@ TEST(RemoteStripes, ProgressiveSendsOnlyWhatIsReady) {
     }
 }
 
+// FERRY_STEP_TRACE: each stripe lane writes its own file when the lanes end (lane-send-PID-N,
+// lane-receive-PID-N), so that a step's trace shows when the lanes' parts of a striped reply
+// went out and came in (bench/tools/step-trace.py). A progressive transfer in three pieces
+// over two lanes: every sending lane's sends begin ('w') and return ('s') in turn, at least
+// one send a lane, none after its receiver had the whole stripe ('r', one a lane).
+TEST(RemoteStripes, LanesTraceTheirSendsAndReceives) {
+    const std::string dir = ferry::test::make_temp_dir();
+    ::setenv("FERRY_STEP_TRACE", dir.c_str(), 1);  // read by each lane's trace as add() makes it
+    struct Unset {
+        ~Unset() { ::unsetenv("FERRY_STEP_TRACE"); }
+    } unset;
+    const std::vector<uint8_t> data = random_bytes((1u << 20) + 17, 5);
+    const uint64_t len = data.size();
+    constexpr int kLanes = 2, kN = kLanes + 1;
+    {
+        remote::StripeLanes send(remote::StripeLanes::Dir::Send, 1000000, 20000000, 0);
+        remote::StripeLanes recv(remote::StripeLanes::Dir::Receive, 1000000, 20000000, 0);
+        int own[2];
+        ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, own), 0);
+        remote::Socket own_send(own[0]), own_recv(own[1]);
+        for (int i = 0; i < kLanes; i++) {
+            int sv[2];
+            ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+            ASSERT_TRUE(send.add(remote::Socket(sv[0])));
+            ASSERT_TRUE(recv.add(remote::Socket(sv[1])));
+        }
+        std::vector<uint8_t> got(len, 0);
+        Status rst;
+        std::thread reader([&] {
+            recv.start(got.data(), len);
+            remote::stripe_parts(len, kN, 0, 0, len, [&](uint64_t off, uint64_t size) {
+                if (rst) rst = own_recv.recv_exact(got.data() + off, size, nullptr);
+            });
+            const Status f = recv.finish();
+            if (rst) rst = f;
+        });
+        uint64_t ready = len / 3;
+        send.start(const_cast<uint8_t*>(data.data()), len, ready);
+        Status st = remote::send_stripe(own_send, data.data(), len, kN, 0, 0, ready);
+        for (uint64_t next : {2 * len / 3, len}) {
+            std::this_thread::sleep_for(std::chrono::microseconds(300));
+            if (!st) break;
+            const uint64_t prev = ready;
+            ready = next;
+            send.advance(ready);
+            st = remote::send_stripe(own_send, data.data(), len, kN, 0, prev, ready);
+        }
+        const Status f = send.finish();
+        reader.join();
+        ASSERT_TRUE(st) << st.message();
+        ASSERT_TRUE(f) << f.message();
+        ASSERT_TRUE(rst) << rst.message();
+        ASSERT_EQ(std::memcmp(got.data(), data.data(), len), 0);
+    }  // the lanes end here and write their files
+    int sending = 0, receiving = 0;
+    std::vector<int64_t> received;
+    for (const ferry::test::TraceFile& f : ferry::test::read_step_traces(dir)) {
+        if (f.role == "lane-receive") {
+            receiving++;
+            ASSERT_EQ(f.events.size(), 1u) << f.name;
+            EXPECT_EQ(f.events[0].kind, 'r') << f.name;
+            received.push_back(f.events[0].t);
+            continue;
+        }
+        ASSERT_EQ(f.role, "lane-send") << f.name;
+        sending++;
+        ASSERT_GE(f.events.size(), 2u) << f.name;
+        ASSERT_EQ(f.events.size() % 2, 0u) << f.name;
+        for (size_t i = 0; i < f.events.size(); i++) {
+            EXPECT_EQ(f.events[i].kind, i % 2 == 0 ? 'w' : 's') << f.name << " event " << i;
+            if (i > 0) {
+                EXPECT_LE(f.events[i - 1].t, f.events[i].t) << f.name << " event " << i;
+            }
+        }
+    }
+    EXPECT_EQ(sending, kLanes);
+    EXPECT_EQ(receiving, kLanes);
+}
+
 TEST(RemoteServer, FourConcurrentClientsThenMemoryReturnsToBaseline) {
     for (const std::string transport : {"unix", "tcp"}) {
         SCOPED_TRACE(transport);

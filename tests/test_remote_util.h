@@ -31,14 +31,15 @@ inline std::string make_temp_dir() {
 }
 
 // The files FERRY_STEP_TRACE=dir left (remote-proto/step-trace.h: DIR/ROLE-PID-N.txt, "T_NS
-// KIND CMD" a line; one a connection, written whole by a rename, so a .part is not one yet).
+// KIND CMD" a line; one a connection or stripe lane, written whole by a rename, so a .part is
+// not one yet).
 struct TraceEvent {
     int64_t t;
     char kind;
     unsigned cmd;
 };
 struct TraceFile {
-    std::string name, role;  // role: "client" or "server"
+    std::string name, role;  // role: "client", "server", "lane-send" or "lane-receive"
     std::vector<TraceEvent> events;
 };
 inline std::vector<TraceFile> read_step_traces(const std::string& dir) {
@@ -47,7 +48,10 @@ inline std::vector<TraceFile> read_step_traces(const std::string& dir) {
         TraceFile f;
         f.name = e.path().filename().string();
         if (f.name.find(".part") != std::string::npos) continue;
-        f.role = f.name.substr(0, f.name.find('-'));
+        // ROLE is what comes before "-PID-N.txt".
+        const size_t n_at = f.name.rfind('-');
+        const size_t pid_at = n_at == std::string::npos ? n_at : f.name.rfind('-', n_at - 1);
+        f.role = f.name.substr(0, pid_at);
         std::ifstream in(e.path());
         long long t = 0;
         char k = 0;

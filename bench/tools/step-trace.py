@@ -10,8 +10,12 @@ client's replies pair with the server's requests in order. A decode step is a GR
 followed by the read of its result (TENSOR_GET over tcp, TENSOR_COPY into shared memory over
 unix), or, where the result lies in memory the client maps (a CPU device over unix), the
 compute alone (its reply then stands for the read's). Prints, per client/server pair, the medians (us) of each event
-after the client's send that carried the step's compute, and the step period.
+after the client's send that carried the step's compute, and the step period. Striped tcp
+replies add the lanes' files (lane-send-*, lane-receive-*: a thread each, moving stripes
+1..n-1): the last of a step's lane sends to start ('w') and to return ('s') on the server, and
+the last stripe all received ('r') on the client, each the latest over the lanes.
 """
+import bisect
 import glob
 import os
 import statistics
@@ -85,8 +89,31 @@ def steps(client, server):
     return rows
 
 
+def lane_events(d):
+    """Each lane event kind ('w', 's', 'r') with its times over every lane file, sorted."""
+    ev = {}
+    for p in glob.glob(os.path.join(d, "lane-*.txt")):
+        for t, k, _ in load(p):
+            ev.setdefault(k, []).append(t)
+    return {k: sorted(v) for k, v in ev.items()}
+
+
+def add_lanes(rows, lanes):
+    """Adds to each step the last lane event of each kind before the next step's send."""
+    names = {"w": "lane: last send starts", "s": "lane: last send returns",
+             "r": "client lane: stripe in"}
+    for n, (t0, r) in enumerate(rows):
+        t1 = rows[n + 1][0] if n + 1 < len(rows) else float("inf")
+        for k, name in names.items():
+            ts = lanes.get(k, [])
+            i = bisect.bisect_left(ts, t1)
+            if i > 0 and ts[i - 1] > t0:
+                r[name] = (ts[i - 1] - t0) / 1e3
+
+
 def main():
     d = sys.argv[1]
+    lanes = lane_events(d)
     clients = sorted(glob.glob(os.path.join(d, "client-*.txt")))
     servers = sorted(glob.glob(os.path.join(d, "server-*.txt")))
     sv = [(p, load(p)) for p in servers]
@@ -106,6 +133,7 @@ def main():
             print(f"{os.path.basename(cp)}: no server connection lines up")
             continue
         sp, rows = best
+        add_lanes(rows, lanes)
         rows = rows[len(rows) // 8:]  # past the warm-up
         keys = []
         for r in rows:

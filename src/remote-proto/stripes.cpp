@@ -46,6 +46,7 @@ Status StripeLanes::add(Socket sock) {
     l->sock = std::move(sock);
     l->sock.set_spin_ns(spin_ns_);
     l->sock.set_frame_timeout(frame_ms_);
+    l->trace = std::make_unique<StepTrace>(dir_ == Dir::Send ? "lane-send" : "lane-receive");
     const int index = lanes() + 1;
     Lane* lane = l.get();
     lanes_.push_back(std::move(l));
@@ -109,6 +110,7 @@ void StripeLanes::run(Lane& me, int index) {
             st = stripe_io(data, len, n, index, 0, len, [&](const iovec* parts, int k) {
                 return me.sock.recv_exact_parts(parts, k);
             });
+            me.trace->ev('r', 0);
             me.sock.end_frame();
         } else if (ok && first < len) {
             // What of the stripe is in place, as it comes (all of it at once, but for a
@@ -119,7 +121,9 @@ void StripeLanes::run(Lane& me, int index) {
                     return;
                 }
                 const uint64_t upto = std::min(len, ready_.load(std::memory_order_acquire));
+                me.trace->ev('w', 0);
                 st = send_stripe(me.sock, data, len, n, index, at, upto);
+                me.trace->ev('s', 0);
                 at = stripe_next(len, n, index, upto);
             }
             me.sock.end_frame();

@@ -17,6 +17,7 @@
 
 #include "ferry/status.h"
 #include "remote-proto/protocol.h"
+#include "remote-proto/step-trace.h"
 #include "remote-proto/transport.h"
 
 namespace ferry::remote {
@@ -88,6 +89,10 @@ class StripeLanes {
     struct Lane {
         Socket sock;
         std::thread thread;
+        // FERRY_STEP_TRACE: the lane's own events (a file per lane, "lane-send" or
+        // "lane-receive"): 'w' it found bytes of its stripe in place and sends them, 's' that
+        // send returned, 'r' its stripe of a transfer all received.
+        std::unique_ptr<StepTrace> trace;
     };
     void run(Lane& me, int index);
     // Waits until `pred` or stop_; polls for spin_ns first. Returns false on stop. (The
