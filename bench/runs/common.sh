@@ -7,7 +7,8 @@
 # T (tiny-llama Q8_0) and defines tg MODEL N [ARGS or FERRY_*=V ...]: the tg t/s column, and
 # bt MODEL [ARGS]: the tg128 t/s alone (3 repetitions; ARGS pick the device or --remote ADDR).
 # be FERRY_*=V ...: that tg128 for 1B Q4_0 on CUDA0 with those variables set.
-# Served runs side by side: serve_unix, serve_tcp, servers_up, side_by_side, logits_reads (below).
+# Served runs side by side: serve_unix, serve_tcp, servers_up, side_by_side, served_rounds,
+# tcp_step_trace, logits_reads (below).
 # tests FILTER [SECONDS]: test_cuda with that filter into $OUT/test_cuda.RUN.N.txt (RUN: the run
 # script's name, N: the call), its exit status (124: timed out), summary lines and the context
 # of any failure (TESTS_RC: that exit status). profiles ADDR...: session profiles (below).
@@ -15,6 +16,9 @@
 # whether SECS more fit before it (else that WHAT was skipped), cap SECS bounds a step's own
 # timeout by half the time left (a hung step leaves the later ones theirs).
 set -u
+# Everything a run script prints also goes to $OUT/run.log as it is printed: a call killed at
+# its limit returns $OUT's files but not the tail a pipe still held (stop 48, call C).
+[ -n "${OUT:-}" ] && exec > >(tee -a "$OUT/run.log") 2>&1
 LIMIT=${LIMIT:-585}
 left() { # SECS WHAT
   [ $((SECONDS + $1)) -lt $LIMIT ] || { echo "(skipped at ${SECONDS}s: $2)"; return 1; }
@@ -114,6 +118,41 @@ served_side_by_side() {
   serve_tcp 0
   echo "listening: $(servers_up)"
   side_by_side "tcp" "0" "0"
+}
+# local_rounds N: after gen_models and gen_types bf16, rows of 1B tg128 F16 | BF16 | Q4_0 on
+# CUDA0, N rounds.
+local_rounds() {
+  local r
+  echo "--- tg128 local: F16 | BF16 | Q4_0"
+  for r in $(seq $1); do
+    left 30 "local round $r" || break
+    echo "$(bt $H --device CUDA0) | $(bt /tmp/bf16.gguf --device CUDA0) | $(bt $Q --device CUDA0)"
+  done
+}
+# served_rounds N: after serve_unix and serve_tcp 0 (and servers_up), 1B Q4_0 tg128 rows of
+# local | unix | tcp, N rounds (a warm-up tcp run first).
+served_rounds() {
+  local r
+  bt $Q --remote tcp:127.0.0.1:$P > /dev/null
+  echo "--- served Q4_0: local | unix | tcp"
+  for r in $(seq $1); do
+    left 30 "served round $r" || break
+    echo "$(bt $Q --device CUDA0) | $(bt $Q --remote unix:$SD/u) | $(bt $Q --remote tcp:127.0.0.1:$P)"
+  done
+}
+# tcp_step_trace: a tcp server and a 1B Q4_0 client, both with FERRY_STEP_TRACE=$OUT/trace
+# (stripe lanes included), then bench/tools/step-trace.py's medians.
+tcp_step_trace() {
+  local tr=$OUT/trace
+  mkdir -p $tr
+  FERRY_STEP_TRACE=$tr $F serve --listen tcp:127.0.0.1:$((P + 9)) --device ${DEV:-CUDA0} > $SD/t9.log 2>&1 &
+  local pid=$!
+  SERVER_PIDS+=($pid)
+  sleep 3
+  FERRY_STEP_TRACE=$tr bt $Q --remote tcp:127.0.0.1:$((P + 9))
+  kill $pid
+  sleep 1
+  python3 bench/tools/step-trace.py $tr
 }
 # old_binary XZ: another build's ferry (an xz file, e.g. .devM/ferry.xz) as /tmp/ferry-old, and
 # old MODEL [ARGS]: bt run by it, for side-by-side rounds against $F.
