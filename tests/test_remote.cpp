@@ -1191,8 +1191,9 @@ TEST(RemoteStripes, ProgressiveSendsOnlyWhatIsReady) {
 // FERRY_STEP_TRACE: each stripe lane writes its own file when the lanes end (lane-send-PID-N,
 // lane-receive-PID-N), so that a step's trace shows when the lanes' parts of a striped reply
 // went out and came in (bench/tools/step-trace.py). A progressive transfer in three pieces
-// over two lanes: every sending lane's sends begin ('w') and return ('s') in turn, at least
-// one send a lane, none after its receiver had the whole stripe ('r', one a lane).
+// over two lanes: one file per lane; each sending lane's sends begin ('w') and return ('s') in
+// turn, in time order, at least one send a lane; each receiving lane records its whole stripe
+// once ('r').
 TEST(RemoteStripes, LanesTraceTheirSendsAndReceives) {
     const std::string dir = ferry::test::make_temp_dir();
     ::setenv("FERRY_STEP_TRACE", dir.c_str(), 1);  // read by each lane's trace as add() makes it
