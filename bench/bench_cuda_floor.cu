@@ -27,17 +27,9 @@
 #include <cstring>
 #include <vector>
 
-namespace {
+#include "cuda-check.h"
 
-#define CK(x)                                                               \
-    do {                                                                    \
-        cudaError_t e_ = (x);                                               \
-        if (e_ != cudaSuccess) {                                            \
-            std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, \
-                         cudaGetErrorString(e_));                           \
-            std::exit(1);                                                   \
-        }                                                                   \
-    } while (0)
+namespace {
 
 constexpr int kThreads = 256;
 constexpr int kU = 4;
