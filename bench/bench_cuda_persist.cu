@@ -39,7 +39,7 @@ namespace {
 constexpr int kH = 2048, kHeads = 32, kKvHeads = 8, kD = 64, kFf = 8192, kVocab = 128256;
 constexpr int kQkv = kH + 2 * kKvHeads * kD;  // 3072 rows
 constexpr int kStageBytes = 16384;            // a tile: 4 rows of K 2048, 1 row of K 8192
-constexpr int kStages = 12;                   // 192 KiB of ring
+constexpr int kStages = 11;                   // 176 KiB of ring
 constexpr int kConsumers = 8;                 // warps; warp 8 is the producer
 constexpr int kThreads = 32 * (kConsumers + 1);
 constexpr int kMaxVec = kFf;  // floats of a product's input in shared memory
@@ -68,6 +68,7 @@ struct Args {
     int positions;
     unsigned* done;  // [n_phases]: blocks past each phase, times the launch's epoch
     unsigned epoch;  // 1 for the first launch, 2 for the next, ...
+    int max_tiles;   // a block's tiles of one phase at most (room for their partial sums)
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -209,9 +210,9 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char* ring = smem;
     float* vec = reinterpret_cast<float*>(smem + kStages * kStageBytes);
-    float* part = vec + kMaxVec;         // [2][kConsumers] partial sums, by tile parity
-    float* red = part + 2 * kConsumers;  // [kConsumers]
-    uint64_t* full = reinterpret_cast<uint64_t*>(red + kConsumers);
+    float* red = vec + kMaxVec;      // [kConsumers]
+    float* part = red + kConsumers;  // [max_tiles][kConsumers]: each warp's sum of each tile
+    uint64_t* full = reinterpret_cast<uint64_t*>(part + a.max_tiles * kConsumers);
     uint64_t* empty = full + kStages;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int nb = gridDim.x, b = blockIdx.x;
@@ -260,7 +261,8 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
             load_input(a, ph.kind, vec, red);
             const int rows_per_tile = kStageBytes / (2 * ph.K);  // 4 or 1
             const int warps_per_row = kConsumers / rows_per_tile;
-            for (int64_t tile = b; tile < ph.tiles; tile += nb, it++) {
+            int lt = 0;  // the tile's place among the block's tiles of the phase
+            for (int64_t tile = b; tile < ph.tiles; tile += nb, it++, lt++) {
                 const int s = static_cast<int>(it % kStages);
                 mbar_wait(full + s, static_cast<unsigned>((it / kStages) & 1));
                 // Warp w: halves [w 1024, (w + 1) 1024) of the tile, in one row.
@@ -284,30 +286,32 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
                 __syncwarp();
                 if (lane == 0) {
                     mbar_arrive(empty + s);  // this warp has read the stage
-                    part[(it & 1) * kConsumers + warp] = acc;
+                    part[lt * kConsumers + warp] = acc;
                 }
-                consumers_sync();
-                if (threadIdx.x < rows_per_tile) {
-                    const int r = threadIdx.x;
-                    float v = 0.0f;
-                    for (int w = r * warps_per_row; w < (r + 1) * warps_per_row; w++) {
-                        v += part[(it & 1) * kConsumers + w];
-                    }
-                    const int64_t row = tile * rows_per_tile + r;
-                    switch (ph.kind) {
-                        case kQkvK:
-                            a.qkv[row] = v;
-                            break;
-                        case kGuK:
-                            a.gu[row] = v;
-                            break;
-                        case kOutK:
-                            a.logits[row] = v;
-                            break;
-                        default:  // wo, down: into the residual
-                            a.x[row] = __ldcg(a.x + row) + v;
-                            break;
-                    }
+            }
+            // The rows of the phase's tiles, once every warp's sums are in (one barrier a
+            // phase, not one a tile).
+            consumers_sync();
+            for (int i = threadIdx.x; i < lt * rows_per_tile; i += 32 * kConsumers) {
+                const int t = i / rows_per_tile, r = i % rows_per_tile;
+                float v = 0.0f;
+                for (int w = r * warps_per_row; w < (r + 1) * warps_per_row; w++) {
+                    v += part[t * kConsumers + w];
+                }
+                const int64_t row = (b + static_cast<int64_t>(t) * nb) * rows_per_tile + r;
+                switch (ph.kind) {
+                    case kQkvK:
+                        a.qkv[row] = v;
+                        break;
+                    case kGuK:
+                        a.gu[row] = v;
+                        break;
+                    case kOutK:
+                        a.logits[row] = v;
+                        break;
+                    default:  // wo, down: into the residual
+                        a.x[row] = __ldcg(a.x + row) + v;
+                        break;
                 }
             }
         }
@@ -419,15 +423,6 @@ int main(int argc, char** argv) {
     CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
     CK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
     CK(cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    const size_t smem = static_cast<size_t>(kStages) * kStageBytes + sizeof(float) * kMaxVec +
-                        sizeof(float) * 3 * kConsumers + sizeof(uint64_t) * 2 * kStages;
-    if (!coop || smem > static_cast<size_t>(smem_max)) {
-        std::fprintf(stderr, "needs cooperative launch and %zu bytes of shared memory a block\n",
-                     smem);
-        return 1;
-    }
-    CK(cudaFuncSetAttribute(k_persist, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            static_cast<int>(smem)));
 
     // Weights: one allocation a matrix (no reuse in L2 across a step).
     auto weights = [](int64_t n, uint32_t seed, float scale) {
@@ -452,6 +447,24 @@ int main(int argc, char** argv) {
         product(kDownK, kH, kFf, 100u * l + 4);
     }
     if (output) product(kOutK, kVocab, kH, 7);
+    // Shared memory: the ring, a product's input, the reduction words, every warp's sum of each
+    // of the block's tiles of the largest phase, the barriers.
+    int64_t most = 0;
+    for (const Phase& p : ph) most = std::max(most, p.tiles);
+    const int max_tiles = static_cast<int>((most + n_sm - 1) / n_sm);
+    const size_t smem = static_cast<size_t>(kStages) * kStageBytes + sizeof(float) * kMaxVec +
+                        sizeof(float) * kConsumers +
+                        sizeof(float) * static_cast<size_t>(max_tiles) * kConsumers +
+                        sizeof(uint64_t) * 2 * kStages;
+    if (!coop || smem > static_cast<size_t>(smem_max)) {
+        std::fprintf(stderr,
+                     "needs cooperative launch and %zu bytes of shared memory a block (%d SMs, "
+                     "the device allows %d)\n",
+                     smem, n_sm, smem_max);
+        return 1;
+    }
+    CK(cudaFuncSetAttribute(k_persist, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            static_cast<int>(smem)));
     Phase* d_ph = nullptr;
     CK(cudaMalloc(&d_ph, ph.size() * sizeof(Phase)));
     CK(cudaMemcpy(d_ph, ph.data(), ph.size() * sizeof(Phase), cudaMemcpyHostToDevice));
@@ -475,7 +488,19 @@ int main(int argc, char** argv) {
     const __half* vc = weights(static_cast<int64_t>(kKvHeads) * positions * kD, 12, 1.0f);
     CK(cudaDeviceSynchronize());
 
-    Args a{d_ph, static_cast<int>(ph.size()), x, qkv, attn, gu, logits, kc, vc, positions, done, 0};
+    Args a{};
+    a.phases = d_ph;
+    a.n_phases = static_cast<int>(ph.size());
+    a.x = x;
+    a.qkv = qkv;
+    a.attn = attn;
+    a.gu = gu;
+    a.logits = logits;
+    a.kc = kc;
+    a.vc = vc;
+    a.positions = positions;
+    a.done = done;
+    a.max_tiles = max_tiles;
     unsigned epoch = 0;
     auto launch = [&](cudaStream_t st) {
         a.epoch = ++epoch;
