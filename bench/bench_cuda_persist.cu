@@ -78,14 +78,36 @@ __device__ __forceinline__ void mbar_init(uint64_t* b, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count)
                  : "memory");
 }
-__device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity) {
+// Every wait gives up after kWaitNs (a bug in the prototype's bookkeeping must end the launch
+// with an error, not hold the GPU machine until the run's limit).
+constexpr uint64_t kWaitNs = 2000000000ull;
+__device__ __forceinline__ uint64_t now_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ void give_up_after(uint64_t t0, const char* what) {
+    if (now_ns() - t0 > kWaitNs) {
+        printf("bench_cuda_persist: block %d thread %d waited 2 s for %s\n",
+               static_cast<int>(blockIdx.x), static_cast<int>(threadIdx.x), what);
+        __trap();
+    }
+}
+__device__ __forceinline__ bool mbar_try(uint64_t* b, unsigned parity) {
+    uint32_t ok;
     asm volatile(
         "{\n\t.reg .pred p;\n\t"
-        "W%=:\n\t"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
-        "@!p bra W%=;\n\t}" ::"r"(smem_u32(b)),
-        "r"(parity)
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(ok)
+        : "r"(smem_u32(b)), "r"(parity)
         : "memory");
+    return ok != 0;
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity, const char* what) {
+    if (mbar_try(b, parity)) return;
+    const uint64_t t0 = now_ns();
+    while (!mbar_try(b, parity)) give_up_after(t0, what);
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t* b) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(b)) : "memory");
@@ -234,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
             if (ph.kind == kAttnK) continue;
             for (int64_t tile = b; tile < ph.tiles; tile += nb, it++) {
                 const int s = static_cast<int>(it % kStages);
-                mbar_wait(empty + s, static_cast<unsigned>((it / kStages) & 1) ^ 1u);
+                mbar_wait(empty + s, static_cast<unsigned>((it / kStages) & 1) ^ 1u, "a stage");
                 mbar_expect(full + s, kStageBytes);
                 bulk_copy(ring + s * kStageBytes,
                           reinterpret_cast<const unsigned char*>(ph.w) + tile * kStageBytes,
@@ -250,8 +272,8 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
         if (pi > 0) {  // the phase before, stored by every block
             if (threadIdx.x == 0) {
                 const unsigned want = a.epoch * static_cast<unsigned>(nb);
-                while (ld_acquire(a.done + pi - 1) < want) {
-                }
+                const uint64_t t0 = now_ns();
+                while (ld_acquire(a.done + pi - 1) < want) give_up_after(t0, "the phase before");
             }
             consumers_sync();
         }
@@ -264,7 +286,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
             int lt = 0;  // the tile's place among the block's tiles of the phase
             for (int64_t tile = b; tile < ph.tiles; tile += nb, it++, lt++) {
                 const int s = static_cast<int>(it % kStages);
-                mbar_wait(full + s, static_cast<unsigned>((it / kStages) & 1));
+                mbar_wait(full + s, static_cast<unsigned>((it / kStages) & 1), "a tile");
                 // Warp w: halves [w 1024, (w + 1) 1024) of the tile, in one row.
                 const int e0 = warp * 1024;
                 const int k0 = e0 % ph.K;
