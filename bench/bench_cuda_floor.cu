@@ -27,7 +27,7 @@
 #include <cstring>
 #include <vector>
 
-#include "cuda-check.h"
+#include "cuda-bench.h"
 
 namespace {
 
@@ -65,16 +65,8 @@ struct Kernel {
 size_t g_smem = 0;  // dynamic shared memory per block (smem_kib)
 
 void launch(int mode, const int4* p, long long n, float* out, int blocks, cudaStream_t st) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = g_smem;
-    cfg.stream = st;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = mode != 0;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    PdlLaunch l(static_cast<unsigned>(blocks), kThreads, g_smem, st, mode != 0);
+    const cudaLaunchConfig_t& cfg = l.cfg;
     switch (mode) {
         case 0:
             CK(cudaLaunchKernelEx(&cfg, k_stream<0>, p, n, out));

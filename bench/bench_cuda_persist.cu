@@ -15,10 +15,13 @@
 // head, softmax over `positions` cached keys and the new one, its output the values' weighted
 // sum; x += Wo attn; x_n = rmsnorm(x); g, u = Wg x_n, Wu x_n; x += Wd (silu(g) u); then
 // (output 1) logits = Wout rmsnorm(x). No rope, KV store or norm weights: the bytes and the
-// chain of dependencies are the decode step's, the arithmetic is not all of it. Checked once
-// against plain kernels of the same math (nmse of x and of the logits), then timed: steps
-// launched back to back, median of 5 runs of `steps` launches, against the bytes of weights
-// a step reads.
+// chain of dependencies are the decode step's, the arithmetic is not all of it. Three forms of
+// the same code: persistent (one cooperative launch a step); a launch a product (ferry's
+// structure: each product's blocks start once the one before has left the SMs); and that with
+// programmatic dependent launch (they start as its blocks leave, their producers streaming at
+// once). Each is checked once against plain kernels of the same math (nmse of x and of the
+// logits), then timed: steps launched back to back, median of 5 runs of `steps` steps, against
+// the bytes of weights a step reads.
 //
 // Not run on a GPU yet (stop 48 had no device time left when it was written): its first run is
 // also its first test.
@@ -32,7 +35,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "cuda-check.h"
+#include "cuda-bench.h"
 
 namespace {
 
@@ -69,6 +72,7 @@ struct Args {
     unsigned* done;  // [n_phases]: blocks past each phase, times the launch's epoch
     unsigned epoch;  // 1 for the first launch, 2 for the next, ...
     int max_tiles;   // a block's tiles of one phase at most (room for their partial sums)
+    int lo, hi;      // the phases this launch runs: all of them (persistent) or one
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -238,6 +242,10 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
     uint64_t* empty = full + kStages;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int nb = gridDim.x, b = blockIdx.x;
+    // One launch a product (the comparison): the next launch may start as this one's blocks
+    // leave (programmatic dependent launch, when the host asked for it): its producer streams
+    // its weights at once and its consumers wait on the counter, as in the persistent form.
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     if (threadIdx.x == 0) {
         for (int s = 0; s < kStages; s++) {
             mbar_init(full + s, 1);
@@ -251,7 +259,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
         // frees stages. Weights depend on nothing, so it never waits for an activation.
         if (lane != 0) return;
         int64_t it = 0;
-        for (int pi = 0; pi < a.n_phases; pi++) {
+        for (int pi = a.lo; pi < a.hi; pi++) {
             const Phase ph = a.phases[pi];
             if (ph.kind == kAttnK) continue;
             for (int64_t tile = b; tile < ph.tiles; tile += nb, it++) {
@@ -267,13 +275,16 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
     }
     // The consumers.
     int64_t it = 0;
-    for (int pi = 0; pi < a.n_phases; pi++) {
+    for (int pi = a.lo; pi < a.hi; pi++) {
         const Phase ph = a.phases[pi];
-        if (pi > 0) {  // the phase before, stored by every block
+        // The phase before, stored by every block (the first phase: the step before's last,
+        // which a launch a product with programmatic dependent launch may still be running).
+        if (pi > 0 || a.epoch > 1) {
             if (threadIdx.x == 0) {
-                const unsigned want = a.epoch * static_cast<unsigned>(nb);
+                const unsigned* c = a.done + (pi > 0 ? pi - 1 : a.n_phases - 1);
+                const unsigned want = (pi > 0 ? a.epoch : a.epoch - 1) * static_cast<unsigned>(nb);
                 const uint64_t t0 = now_ns();
-                while (ld_acquire(a.done + pi - 1) < want) give_up_after(t0, "the phase before");
+                while (ld_acquire(c) < want) give_up_after(t0, "the phase before");
             }
             consumers_sync();
         }
@@ -524,20 +535,37 @@ int main(int argc, char** argv) {
     a.done = done;
     a.max_tiles = max_tiles;
     unsigned epoch = 0;
+    // A step: mode 0, the persistent form (one cooperative launch); 1, one launch a product
+    // (the same code and math, ferry's structure); 2, that with programmatic dependent launch.
+    int mode = 0;
     auto launch = [&](cudaStream_t st) {
         a.epoch = ++epoch;
-        void* params[] = {&a};
-        CK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(k_persist), dim3(n_sm),
-                                       dim3(kThreads), params, smem, st));
+        if (mode == 0) {
+            a.lo = 0;
+            a.hi = a.n_phases;
+            void* params[] = {&a};
+            CK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(k_persist), dim3(n_sm),
+                                           dim3(kThreads), params, smem, st));
+            return;
+        }
+        for (int pi = 0; pi < a.n_phases; pi++) {
+            a.lo = pi;
+            a.hi = pi + 1;
+            PdlLaunch l(static_cast<unsigned>(n_sm), kThreads, smem, st, mode == 2);
+            CK(cudaLaunchKernelEx(&l.cfg, k_persist, a));
+        }
     };
 
-    // The check: one step from x0 both ways.
-    CK(cudaMemcpy(x, x0, kH * sizeof(float), cudaMemcpyDeviceToDevice));
-    launch(nullptr);
-    CK(cudaDeviceSynchronize());
-    std::vector<float> px(kH), plog(kVocab);
-    CK(cudaMemcpy(px.data(), x, kH * sizeof(float), cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(plog.data(), logits, kVocab * sizeof(float), cudaMemcpyDeviceToHost));
+    // The check: one step from x0 by each form, and by the plain kernels.
+    std::vector<std::vector<float>> px(3, std::vector<float>(kH)),
+        plog(3, std::vector<float>(kVocab));
+    for (mode = 0; mode < 3; mode++) {
+        CK(cudaMemcpy(x, x0, kH * sizeof(float), cudaMemcpyDeviceToDevice));
+        launch(nullptr);
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(px[mode].data(), x, kH * sizeof(float), cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(plog[mode].data(), logits, kVocab * sizeof(float), cudaMemcpyDeviceToHost));
+    }
     CK(cudaMemcpy(x, x0, kH * sizeof(float), cudaMemcpyDeviceToDevice));
     auto mv = [&](const Phase& p, const float* v, float* out, const float* add) {
         const int64_t threads = p.rows * 32;
@@ -575,10 +603,17 @@ int main(int argc, char** argv) {
     std::vector<float> rx(kH), rlog(kVocab);
     CK(cudaMemcpy(rx.data(), x, kH * sizeof(float), cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(rlog.data(), logits, kVocab * sizeof(float), cudaMemcpyDeviceToHost));
-    const double ex = nmse(px, rx), el = output ? nmse(plog, rlog) : 0.0;
-    std::printf("check: nmse x %.3g, logits %.3g (%s)\n", ex, el,
-                ex < 1e-8 && el < 1e-8 ? "ok" : "FAILED");
-    if (!(ex < 1e-8 && el < 1e-8)) return 1;
+    static const char* const kModes[3] = {"persistent", "a launch a product",
+                                          "a launch a product, PDL"};
+    bool ok = true;
+    for (int m = 0; m < 3; m++) {
+        const double ex = nmse(px[m], rx), el = output ? nmse(plog[m], rlog) : 0.0;
+        const bool good = ex < 1e-8 && el < 1e-8;
+        std::printf("check, %s: nmse x %.3g, logits %.3g (%s)\n", kModes[m], ex, el,
+                    good ? "ok" : "FAILED");
+        ok = ok && good;
+    }
+    if (!ok) return 1;
 
     // Timing: steps back to back (x keeps growing; its values do not change the bytes).
     cudaStream_t st;
@@ -586,23 +621,25 @@ int main(int argc, char** argv) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    for (int i = 0; i < 5; i++) launch(st);
-    std::vector<double> per;
-    for (int r = 0; r < 5; r++) {
-        CK(cudaEventRecord(e0, st));
-        for (int i = 0; i < steps; i++) launch(st);
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms = 0.0f;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        per.push_back(1e3 * ms / steps);
+    for (mode = 0; mode < 3; mode++) {
+        for (int i = 0; i < 5; i++) launch(st);
+        std::vector<double> per;
+        for (int r = 0; r < 5; r++) {
+            CK(cudaEventRecord(e0, st));
+            for (int i = 0; i < steps; i++) launch(st);
+            CK(cudaEventRecord(e1, st));
+            CK(cudaEventSynchronize(e1));
+            float ms = 0.0f;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            per.push_back(1e3 * ms / steps);
+        }
+        std::sort(per.begin(), per.end());
+        const double us = per[per.size() / 2];
+        std::printf(
+            "%s: %d SMs, %d layers, %d cached keys, output %s: %.1f us a step (%.1f-%.1f), %.0f "
+            "MB of weights, %.2f TB/s, %.0f steps/s\n",
+            kModes[mode], n_sm, layers, positions, output ? "on" : "off", us, per.front(),
+            per.back(), bytes / 1e6, bytes / us / 1e6, 1e6 / us);
     }
-    std::sort(per.begin(), per.end());
-    const double us = per[per.size() / 2];
-    std::printf(
-        "%d SMs, %d layers, %d cached keys, output %s: %.1f us a step (%.1f-%.1f), %.0f MB of "
-        "weights, %.2f TB/s, %.0f steps/s\n",
-        n_sm, layers, positions, output ? "on" : "off", us, per.front(), per.back(), bytes / 1e6,
-        bytes / us / 1e6, 1e6 / us);
     return 0;
 }
