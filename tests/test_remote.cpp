@@ -1129,28 +1129,63 @@ TEST(RemoteStripes, InterleavedChunksCoverEveryByteOnce) {
 }
 
 // A progressive striped send (the server's reply to a read whose bytes a GPU still produces:
-// StripeLanes::start with `ready` < len, then advance): each lane sends only bytes in place. The
-// sender's buffer holds 0xEE past what it has said is ready and gets the real bytes just
-// before each advance, so a lane that ran ahead would deliver 0xEE; the receiving lanes and
-// the caller's own connection get every byte, over 1, 2 and 4 lanes.
+// StripeLanes::start with `ready` < len, then advance) of `data` over `lanes` lanes (socket
+// pairs) and the caller's own connection, `piece` bytes at a time: each lane sends only bytes
+// in place. The sender's buffer holds 0xEE past what it has said is ready and gets the real
+// bytes just before each advance, so a lane that ran ahead would deliver 0xEE; the receiving
+// lanes and the caller's own connection must get every byte. The lanes end (and join their
+// threads) before this returns.
+void progressive_transfer(const std::vector<uint8_t>& data, int lanes, uint64_t piece) {
+    const uint64_t len = data.size();
+    remote::StripeLanes send(remote::StripeLanes::Dir::Send, 1000000, 20000000, 0);
+    remote::StripeLanes recv(remote::StripeLanes::Dir::Receive, 1000000, 20000000, 0);
+    int own[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, own), 0);
+    remote::Socket own_send(own[0]), own_recv(own[1]);
+    for (int i = 0; i < lanes; i++) {
+        int sv[2];
+        ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+        ASSERT_TRUE(send.add(remote::Socket(sv[0])));
+        ASSERT_TRUE(recv.add(remote::Socket(sv[1])));
+    }
+    const int n = lanes + 1;
+    std::vector<uint8_t> out(len, 0xEE), got(len, 0x11);
+    Status rst;
+    std::thread reader([&] {
+        recv.start(got.data(), len);
+        remote::stripe_parts(len, n, 0, 0, len, [&](uint64_t off, uint64_t size) {
+            if (rst) rst = own_recv.recv_exact(got.data() + off, size, nullptr);
+        });
+        const Status f = recv.finish();
+        if (rst) rst = f;
+    });
+    uint64_t ready = 0;
+    send.start(out.data(), len, ready);
+    Status st;
+    while (ready < len && st) {
+        const uint64_t next = std::min<uint64_t>(len, ready + piece);
+        std::memcpy(out.data() + ready, data.data() + ready, next - ready);
+        std::this_thread::sleep_for(std::chrono::microseconds(300));
+        const uint64_t prev = ready;
+        ready = next;
+        send.advance(ready);
+        st = remote::send_stripe(own_send, out.data(), len, n, 0, prev, ready);
+    }
+    const Status f = send.finish();
+    reader.join();
+    ASSERT_TRUE(st) << st.message();
+    ASSERT_TRUE(f) << f.message();
+    ASSERT_TRUE(rst) << rst.message();
+    EXPECT_EQ(std::memcmp(got.data(), data.data(), len), 0);
+}
+
+// progressive_transfer over 1, 2 and 4 lanes, in pieces that do not fall on chunk bounds.
 TEST(RemoteStripes, ProgressiveSendsOnlyWhatIsReady) {
     const std::vector<uint8_t> data = random_bytes((1u << 20) + 4321, 91);
     const uint64_t len = data.size();
     for (int lanes : {1, 2, 4}) {
         SCOPED_TRACE(std::to_string(lanes) + " lanes");
-        remote::StripeLanes send(remote::StripeLanes::Dir::Send, 1000000, 20000000, 0);
-        remote::StripeLanes recv(remote::StripeLanes::Dir::Receive, 1000000, 20000000, 0);
-        int own[2];
-        ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, own), 0);
-        remote::Socket own_send(own[0]), own_recv(own[1]);
-        for (int i = 0; i < lanes; i++) {
-            int sv[2];
-            ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
-            ASSERT_TRUE(send.add(remote::Socket(sv[0])));
-            ASSERT_TRUE(recv.add(remote::Socket(sv[1])));
-        }
         const int n = lanes + 1;
-        std::vector<uint8_t> out(len, 0xEE), got(len, 0x11);
         // The chunks are interleaved: stripe 0 has parts all over the payload.
         int parts0 = 0;
         remote::stripe_parts(len, n, 0, 0, len, [&](uint64_t, uint64_t) { parts0++; });
@@ -1158,33 +1193,8 @@ TEST(RemoteStripes, ProgressiveSendsOnlyWhatIsReady) {
             (len + remote::stripe_chunk(len, n) - 1) / remote::stripe_chunk(len, n);
         EXPECT_EQ(static_cast<uint64_t>(parts0), (chunks + n - 1) / n);
         EXPECT_GE(parts0, 2);
-        Status rst;
-        std::thread reader([&] {
-            recv.start(got.data(), len);
-            remote::stripe_parts(len, n, 0, 0, len, [&](uint64_t off, uint64_t size) {
-                if (rst) rst = own_recv.recv_exact(got.data() + off, size, nullptr);
-            });
-            const Status f = recv.finish();
-            if (rst) rst = f;
-        });
-        uint64_t ready = 0;
-        send.start(out.data(), len, ready);
-        Status st;
-        while (ready < len && st) {
-            const uint64_t next = std::min<uint64_t>(len, ready + 100003);
-            std::memcpy(out.data() + ready, data.data() + ready, next - ready);
-            std::this_thread::sleep_for(std::chrono::microseconds(300));
-            const uint64_t prev = ready;
-            ready = next;
-            send.advance(ready);
-            st = remote::send_stripe(own_send, out.data(), len, n, 0, prev, ready);
-        }
-        const Status f = send.finish();
-        reader.join();
-        ASSERT_TRUE(st) << st.message();
-        ASSERT_TRUE(f) << f.message();
-        ASSERT_TRUE(rst) << rst.message();
-        EXPECT_EQ(std::memcmp(got.data(), data.data(), len), 0);
+        progressive_transfer(data, lanes, 100003);
+        if (HasFatalFailure()) return;
     }
 }
 
@@ -1201,56 +1211,15 @@ TEST(RemoteStripes, LanesTraceTheirSendsAndReceives) {
         ~Unset() { ::unsetenv("FERRY_STEP_TRACE"); }
     } unset;
     const std::vector<uint8_t> data = random_bytes((1u << 20) + 17, 5);
-    const uint64_t len = data.size();
-    constexpr int kLanes = 2, kN = kLanes + 1;
-    {
-        remote::StripeLanes send(remote::StripeLanes::Dir::Send, 1000000, 20000000, 0);
-        remote::StripeLanes recv(remote::StripeLanes::Dir::Receive, 1000000, 20000000, 0);
-        int own[2];
-        ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, own), 0);
-        remote::Socket own_send(own[0]), own_recv(own[1]);
-        for (int i = 0; i < kLanes; i++) {
-            int sv[2];
-            ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
-            ASSERT_TRUE(send.add(remote::Socket(sv[0])));
-            ASSERT_TRUE(recv.add(remote::Socket(sv[1])));
-        }
-        std::vector<uint8_t> got(len, 0);
-        Status rst;
-        std::thread reader([&] {
-            recv.start(got.data(), len);
-            remote::stripe_parts(len, kN, 0, 0, len, [&](uint64_t off, uint64_t size) {
-                if (rst) rst = own_recv.recv_exact(got.data() + off, size, nullptr);
-            });
-            const Status f = recv.finish();
-            if (rst) rst = f;
-        });
-        uint64_t ready = len / 3;
-        send.start(const_cast<uint8_t*>(data.data()), len, ready);
-        Status st = remote::send_stripe(own_send, data.data(), len, kN, 0, 0, ready);
-        for (uint64_t next : {2 * len / 3, len}) {
-            std::this_thread::sleep_for(std::chrono::microseconds(300));
-            if (!st) break;
-            const uint64_t prev = ready;
-            ready = next;
-            send.advance(ready);
-            st = remote::send_stripe(own_send, data.data(), len, kN, 0, prev, ready);
-        }
-        const Status f = send.finish();
-        reader.join();
-        ASSERT_TRUE(st) << st.message();
-        ASSERT_TRUE(f) << f.message();
-        ASSERT_TRUE(rst) << rst.message();
-        ASSERT_EQ(std::memcmp(got.data(), data.data(), len), 0);
-    }  // the lanes end here and write their files
+    constexpr int kLanes = 2;
+    progressive_transfer(data, kLanes, data.size() / 3 + 1);  // the lanes write their files
+    ASSERT_FALSE(HasFatalFailure());
     int sending = 0, receiving = 0;
-    std::vector<int64_t> received;
     for (const ferry::test::TraceFile& f : ferry::test::read_step_traces(dir)) {
         if (f.role == "lane-receive") {
             receiving++;
             ASSERT_EQ(f.events.size(), 1u) << f.name;
             EXPECT_EQ(f.events[0].kind, 'r') << f.name;
-            received.push_back(f.events[0].t);
             continue;
         }
         ASSERT_EQ(f.role, "lane-send") << f.name;
