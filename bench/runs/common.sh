@@ -16,6 +16,9 @@
 # whether SECS more fit before it (else that WHAT was skipped), cap SECS bounds a step's own
 # timeout by half the time left (a hung step leaves the later ones theirs).
 set -u
+# `BIN=DIR source common.sh` sets BIN for the source alone: keep it for the script after it
+# (stop 48-d read $BIN after sourcing and stopped at once, unbound).
+declare -g BIN="$BIN"
 # Everything a run script prints also goes to $OUT/run.log as it is printed: a call killed at
 # its limit returns $OUT's files but not the tail a pipe still held (stop 48, call C).
 [ -n "${OUT:-}" ] && exec > >(tee -a "$OUT/run.log") 2>&1
@@ -45,19 +48,25 @@ for d in /work/shared/fixtures/tiny-llama ../shared/fixtures/tiny-llama; do
 done
 Q=/tmp/llama-1b-q4_0.gguf H=/tmp/llama-1b-f16.gguf T=$BIN/fx/tiny-llama-q8_0.gguf
 [ -f $T ] || T=../shared/fixtures/tiny-llama/tiny-llama-q8_0.gguf
+# (Each waits for its own children by pid: a bare `wait` also waits for the tee above, which
+# never ends: stop 48-d and 49-a hung there until their calls' limits.)
 gen_models() {
   [ -f $Q ] && [ -f $H ] && return 0
+  local p=()
   $F gen-model --preset llama-3.2-1b --type q4_0 -o $Q > /dev/null 2>&1 &
+  p+=($!)
   $F gen-model --preset llama-3.2-1b --type f16 -o $H > /dev/null 2>&1 &
-  wait
+  p+=($!)
+  wait "${p[@]}"
 }
 # gen_types TYPE...: 1B models of those weight types, /tmp/TYPE.gguf, made side by side.
 gen_types() {
-  local t
+  local t p=()
   for t in "$@"; do
     $F gen-model --preset llama-3.2-1b --type $t -o /tmp/$t.gguf > /dev/null 2>&1 &
+    p+=($!)
   done
-  wait
+  wait "${p[@]}"
 }
 tg() {
   local m=$1 n=$2
