@@ -21,10 +21,16 @@
 // programmatic dependent launch (they start as its blocks leave, their producers streaming at
 // once). Each is checked once against plain kernels of the same math (nmse of x and of the
 // logits), then timed: steps launched back to back, median of 5 runs of `steps` steps, against
-// the bytes of weights a step reads.
+// the bytes of weights a step reads. Then one more persistent step with every block's
+// timestamps: where each kind of phase spends its time (waiting for the phase before, reading
+// its input, its tiles, storing and counting its rows) and whether the producer had the
+// phase's tiles in flight before the input came.
 //
-// Not run on a GPU yet (stop 48 had no device time left when it was written): its first run is
-// also its first test.
+// Stop 49 (first runs, H100): correct; 2,047 us a step, then 1,293 with each warp's input slice
+// in registers (bench/results/cuda.md). This form also reads each input straight from L2 into
+// registers (no block barrier), stores silu(g) u from the gate/up product (its rows
+// interleaved, so a tile holds both sides of two rows), lays the attention out for latency
+// and has 13 stages; it has not run on a GPU yet.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -42,17 +48,21 @@ namespace {
 constexpr int kH = 2048, kHeads = 32, kKvHeads = 8, kD = 64, kFf = 8192, kVocab = 128256;
 constexpr int kQkv = kH + 2 * kKvHeads * kD;  // 3072 rows
 constexpr int kStageBytes = 16384;            // a tile: 4 rows of K 2048, 1 row of K 8192
-constexpr int kStages = 11;                   // 176 KiB of ring
+constexpr int kStages = 13;                   // 208 KiB of ring
 constexpr int kConsumers = 8;                 // warps; warp 8 is the producer
 constexpr int kThreads = 32 * (kConsumers + 1);
-constexpr int kMaxVec = kFf;  // floats of a product's input in shared memory
+constexpr int kMaxPositions = 1024;  // cached keys at most (the attention's scratch)
+// Shared floats besides the ring: the attention's q, new key and value, its probabilities and
+// its per-warp output sums.
+constexpr int kScratch = (3 * kD + (kMaxPositions + 1) + kConsumers * kD + 7) / 8 * 8;
 
 enum Kind : int { kQkvK, kAttnK, kWoK, kGuK, kDownK, kOutK };
 
 // One product or the attention of the step, in order.
 struct Phase {
     int kind;
-    const __half* w;  // rows x K, row-major (gate/up: the gate's 8192 rows, then the up's)
+    const __half* w;  // rows x K, row-major (gate/up: 4-row groups of gate rows 2t, 2t + 1
+                      // then up rows 2t, 2t + 1, so that a tile holds both sides of 2 rows)
     int64_t rows;
     int K;
     int64_t tiles;  // rows * K * 2 / kStageBytes
@@ -64,7 +74,7 @@ struct Args {
     float* x;          // [kH], the residual
     float* qkv;        // [kQkv]
     float* attn;       // [kH]
-    float* gu;         // [2 kFf]: g then u
+    float* h;          // [kFf]: silu(g) u, stored by the gate/up product
     float* logits;     // [kVocab]
     const __half* kc;  // [kKvHeads][positions][kD], the cached keys
     const __half* vc;  // values, the same
@@ -73,6 +83,15 @@ struct Args {
     unsigned epoch;  // 1 for the first launch, 2 for the next, ...
     int max_tiles;   // a block's tiles of one phase at most (room for their partial sums)
     int lo, hi;      // the phases this launch runs: all of them (persistent) or one
+    // When set (one step, to see where its time goes), global nanoseconds: stamps[(phase nb +
+    // block) 4 + i], i = 0 its input may be read (the phase before counted), 1 the input in
+    // registers, 2 its tiles summed, 3 its rows stored and counted; issued[phase nb + block]:
+    // when the producer issued the block's last tile of the phase; stalled[same]: how long
+    // the producer waited for a free stage before its tiles of the phase (the ring full: this
+    // SM reads nothing from DRAM).
+    unsigned long long* stamps;
+    unsigned long long* issued;
+    unsigned long long* stalled;
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -161,38 +180,57 @@ __device__ float consumers_max(float v, float* red) {
     return consumers_reduce(v, red, -INFINITY, [](float x, float y) { return fmaxf(x, y); });
 }
 
-// The input of a product into vec: rmsnorm(x), attn, or silu(g) u. Read through L2 (ld.cg):
-// other SMs wrote them during this launch, and this SM's L1 may hold older lines.
-__device__ void load_input(const Args& a, int kind, float* vec, float* red) {
-    const int t = threadIdx.x;
-    if (kind == kWoK) {
-        for (int i = t; i < kH; i += 32 * kConsumers) vec[i] = __ldcg(a.attn + i);
-    } else if (kind == kDownK) {
-        for (int i = t; i < kFf; i += 32 * kConsumers) {
-            const float g = __ldcg(a.gu + i), u = __ldcg(a.gu + kFf + i);
-            vec[i] = g / (1.0f + __expf(-g)) * u;
-        }
-    } else {
-        float ss = 0.0f;
-        for (int i = t; i < kH; i += 32 * kConsumers) {
-            const float v = __ldcg(a.x + i);
-            vec[i] = v;
-            ss += v * v;
-        }
-        const float inv = rsqrtf(consumers_sum(ss, red) / kH + 1e-5f);
-        for (int i = t; i < kH; i += 32 * kConsumers) vec[i] *= inv;
+// A warp's slice of a product's input into registers: lane l holds src[k0 + 256 j + 8 l + c]
+// as v[8 j + c] (j < 4, c < 8), the values its weights meet in every tile. Read through L2
+// (ld.cg: other SMs wrote them in this launch, and this SM's L1 may hold older lines), all 8
+// loads issued before any is used.
+__device__ __forceinline__ void load_slice(const float* src, int k0, int lane, float (&v)[32]) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float4* q = reinterpret_cast<const float4*>(src + k0 + j * 256 + lane * 8);
+        const float4 lo = __ldcg(q), hi = __ldcg(q + 1);
+        v[8 * j + 0] = lo.x;
+        v[8 * j + 1] = lo.y;
+        v[8 * j + 2] = lo.z;
+        v[8 * j + 3] = lo.w;
+        v[8 * j + 4] = hi.x;
+        v[8 * j + 5] = hi.y;
+        v[8 * j + 6] = hi.z;
+        v[8 * j + 7] = hi.w;
     }
-    consumers_sync();
+}
+
+// The input of a product, a warp's slice of it (k0: its first element): rmsnorm(x) (each warp
+// sums the squares of all kH itself: its slice and the other half, no barrier), attn, or h.
+__device__ void load_input(const Args& a, int kind, int k0, int lane, float (&v)[32]) {
+    if (kind == kWoK) {
+        load_slice(a.attn, k0, lane, v);
+    } else if (kind == kDownK) {
+        load_slice(a.h, k0, lane, v);
+    } else {
+        float o[32];
+        load_slice(a.x, k0, lane, v);
+        load_slice(a.x, k0 ^ 1024, lane, o);
+        float ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 32; i++) ss += v[i] * v[i] + o[i] * o[i];
+        const float inv = rsqrtf(warp_sum(ss) / kH + 1e-5f);
+#pragma unroll
+        for (int i = 0; i < 32; i++) v[i] *= inv;
+    }
 }
 
 // One head's attention (block h < kHeads): q, the new key and value from qkv, the cached ones.
+// Laid out for latency: a thread a cached key (its 128 bytes in 8 loads at once), then a warp
+// a cached value at a time (a lane 2 of its dimensions), 8 warps side by side.
 __device__ void attention(const Args& a, int h, float* sm, float* red) {
-    const int t = threadIdx.x, n = a.positions + 1;
+    const int t = threadIdx.x, warp = t / 32, lane = t % 32, n = a.positions + 1;
     const int hk = h / (kHeads / kKvHeads);
     float* q = sm;        // [kD]
     float* kn = sm + kD;  // the new key, then the new value
     float* vn = kn + kD;
-    float* p = vn + kD;  // [n]
+    float* p = vn + kD;                   // [n]
+    float* part = p + kMaxPositions + 1;  // [kConsumers][kD]
     if (t < kD) {
         q[t] = __ldcg(a.qkv + h * kD + t);
         kn[t] = __ldcg(a.qkv + kH + hk * kD + t);
@@ -204,8 +242,20 @@ __device__ void attention(const Args& a, int h, float* sm, float* red) {
     for (int j = t; j < n; j += 32 * kConsumers) {
         float s = 0.0f;
         if (j < a.positions) {
-            const __half* k = a.kc + (static_cast<int64_t>(hk) * a.positions + j) * kD;
-            for (int d = 0; d < kD; d++) s += q[d] * __half2float(k[d]);
+            const uint4* k = reinterpret_cast<const uint4*>(
+                a.kc + (static_cast<int64_t>(hk) * a.positions + j) * kD);
+            uint4 w[kD / 8];
+#pragma unroll
+            for (int i = 0; i < kD / 8; i++) w[i] = __ldg(k + i);
+#pragma unroll
+            for (int i = 0; i < kD / 8; i++) {
+                const __half2* h2 = reinterpret_cast<const __half2*>(&w[i]);
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const float2 f = __half22float2(h2[c]);
+                    s += q[8 * i + 2 * c] * f.x + q[8 * i + 2 * c + 1] * f.y;
+                }
+            }
         } else {
             for (int d = 0; d < kD; d++) s += q[d] * kn[d];
         }
@@ -219,24 +269,32 @@ __device__ void attention(const Args& a, int h, float* sm, float* red) {
         l += p[j];
     }
     l = consumers_sum(l, red);  // (its barriers also publish p)
+    float2 o = make_float2(0.0f, 0.0f);
+    const __half2* vrows = reinterpret_cast<const __half2*>(a.vc) +
+                           static_cast<int64_t>(hk) * a.positions * (kD / 2) + lane;
+#pragma unroll 4
+    for (int j = warp; j < n; j += kConsumers) {
+        const float2 v = j < a.positions
+                             ? __half22float2(__ldg(vrows + static_cast<int64_t>(j) * (kD / 2)))
+                             : make_float2(vn[2 * lane], vn[2 * lane + 1]);
+        o.x += p[j] * v.x;
+        o.y += p[j] * v.y;
+    }
+    part[warp * kD + 2 * lane] = o.x;
+    part[warp * kD + 2 * lane + 1] = o.y;
+    consumers_sync();
     if (t < kD) {
-        float o = 0.0f;
-        for (int j = 0; j < n; j++) {
-            const float v =
-                j < a.positions
-                    ? __half2float(a.vc[(static_cast<int64_t>(hk) * a.positions + j) * kD + t])
-                    : vn[t];
-            o += p[j] * v;
-        }
-        a.attn[h * kD + t] = o / l;
+        float sum = 0.0f;
+        for (int w = 0; w < kConsumers; w++) sum += part[w * kD + t];
+        a.attn[h * kD + t] = sum / l;
     }
 }
 
 __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char* ring = smem;
-    float* vec = reinterpret_cast<float*>(smem + kStages * kStageBytes);
-    float* red = vec + kMaxVec;      // [kConsumers]
+    float* scratch = reinterpret_cast<float*>(smem + kStages * kStageBytes);  // [kScratch]
+    float* red = scratch + kScratch;                                          // [kConsumers]
     float* part = red + kConsumers;  // [max_tiles][kConsumers]: each warp's sum of each tile
     uint64_t* full = reinterpret_cast<uint64_t*>(part + a.max_tiles * kConsumers);
     uint64_t* empty = full + kStages;
@@ -262,18 +320,34 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
         for (int pi = a.lo; pi < a.hi; pi++) {
             const Phase ph = a.phases[pi];
             if (ph.kind == kAttnK) continue;
+            uint64_t waited = 0;
             for (int64_t tile = b; tile < ph.tiles; tile += nb, it++) {
                 const int s = static_cast<int>(it % kStages);
-                mbar_wait(empty + s, static_cast<unsigned>((it / kStages) & 1) ^ 1u, "a stage");
+                const unsigned parity = static_cast<unsigned>((it / kStages) & 1) ^ 1u;
+                if (a.stalled && !mbar_try(empty + s, parity)) {
+                    const uint64_t t0 = now_ns();
+                    mbar_wait(empty + s, parity, "a stage");
+                    waited += now_ns() - t0;
+                } else {
+                    mbar_wait(empty + s, parity, "a stage");
+                }
                 mbar_expect(full + s, kStageBytes);
                 bulk_copy(ring + s * kStageBytes,
                           reinterpret_cast<const unsigned char*>(ph.w) + tile * kStageBytes,
                           kStageBytes, full + s);
             }
+            if (a.stalled) {
+                a.stalled[static_cast<int64_t>(pi) * nb + b] = waited;
+                a.issued[static_cast<int64_t>(pi) * nb + b] = now_ns();
+            }
         }
         return;
     }
     // The consumers.
+    auto stamp = [&](int pi, int i) {
+        if (a.stamps && threadIdx.x == 0)
+            a.stamps[(static_cast<int64_t>(pi) * nb + b) * 4 + i] = now_ns();
+    };
     int64_t it = 0;
     for (int pi = a.lo; pi < a.hi; pi++) {
         const Phase ph = a.phases[pi];
@@ -288,10 +362,12 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
             }
             consumers_sync();
         }
+        stamp(pi, 0);
         if (ph.kind == kAttnK) {
-            if (b < kHeads) attention(a, b, vec, red);
+            stamp(pi, 1);
+            if (b < kHeads) attention(a, b, scratch, red);
+            stamp(pi, 2);
         } else {
-            load_input(a, ph.kind, vec, red);
             const int rows_per_tile = kStageBytes / (2 * ph.K);  // 4 or 1
             const int warps_per_row = kConsumers / rows_per_tile;
             // Warp w sums halves [w 1024, (w + 1) 1024) of every tile, in one row: the same
@@ -301,11 +377,8 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
             const int e0 = warp * 1024;
             const int k0 = e0 % ph.K;
             float v[32];
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-#pragma unroll
-                for (int c = 0; c < 8; c++) v[8 * j + c] = vec[k0 + j * 256 + lane * 8 + c];
-            }
+            load_input(a, ph.kind, k0, lane, v);
+            stamp(pi, 1);
             int lt = 0;  // the tile's place among the block's tiles of the phase
             for (int64_t tile = b; tile < ph.tiles; tile += nb, it++, lt++) {
                 const int s = static_cast<int>(it % kStages);
@@ -330,29 +403,40 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
                     part[lt * kConsumers + warp] = acc;
                 }
             }
+            stamp(pi, 2);
             // The rows of the phase's tiles, once every warp's sums are in (one barrier a
             // phase, not one a tile).
             consumers_sync();
-            for (int i = threadIdx.x; i < lt * rows_per_tile; i += 32 * kConsumers) {
-                const int t = i / rows_per_tile, r = i % rows_per_tile;
+            auto row_sum = [&](int t, int r) {
                 float v = 0.0f;
                 for (int w = r * warps_per_row; w < (r + 1) * warps_per_row; w++) {
                     v += part[t * kConsumers + w];
                 }
-                const int64_t row = (b + static_cast<int64_t>(t) * nb) * rows_per_tile + r;
-                switch (ph.kind) {
-                    case kQkvK:
-                        a.qkv[row] = v;
-                        break;
-                    case kGuK:
-                        a.gu[row] = v;
-                        break;
-                    case kOutK:
-                        a.logits[row] = v;
-                        break;
-                    default:  // wo, down: into the residual
-                        a.x[row] = __ldcg(a.x + row) + v;
-                        break;
+                return v;
+            };
+            if (ph.kind == kGuK) {
+                // A tile: gate rows 2 tile, 2 tile + 1, then their up rows: h = silu(g) u.
+                for (int i = threadIdx.x; i < lt * 2; i += 32 * kConsumers) {
+                    const int t = i / 2, r = i % 2;
+                    const float g = row_sum(t, r), u = row_sum(t, 2 + r);
+                    a.h[(b + static_cast<int64_t>(t) * nb) * 2 + r] = g / (1.0f + __expf(-g)) * u;
+                }
+            } else {
+                for (int i = threadIdx.x; i < lt * rows_per_tile; i += 32 * kConsumers) {
+                    const int t = i / rows_per_tile, r = i % rows_per_tile;
+                    const float v = row_sum(t, r);
+                    const int64_t row = (b + static_cast<int64_t>(t) * nb) * rows_per_tile + r;
+                    switch (ph.kind) {
+                        case kQkvK:
+                            a.qkv[row] = v;
+                            break;
+                        case kOutK:
+                            a.logits[row] = v;
+                            break;
+                        default:  // wo, down: into the residual
+                            a.x[row] = __ldcg(a.x + row) + v;
+                            break;
+                    }
                 }
             }
         }
@@ -362,6 +446,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
             __threadfence();
             atomicAdd(a.done + pi, 1u);
         }
+        stamp(pi, 3);
     }
 }
 
@@ -388,11 +473,13 @@ __global__ void k_matvec(const __half* w, int64_t rows, int K, const float* v, f
     acc = warp_sum(acc);
     if (lane == 0) out[row] = (add ? add[row] : 0.0f) + acc;
 }
+// gu: the gate/up product's rows in their interleaved order (4-row groups: gate 2t, 2t + 1,
+// up 2t, 2t + 1).
 __global__ void k_swiglu(const float* gu, float* h) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < kFf) {
-        const float g = gu[i];
-        h[i] = g / (1.0f + expf(-g)) * gu[kFf + i];
+        const float g = gu[4 * (i / 2) + i % 2], u = gu[4 * (i / 2) + 2 + i % 2];
+        h[i] = g / (1.0f + expf(-g)) * u;
     }
 }
 __global__ void k_attention_ref(const float* qkv, const __half* kc, const __half* vc, int positions,
@@ -439,6 +526,22 @@ __global__ void k_fill(__half* p, int64_t n, uint32_t seed, float scale) {
     }
 }
 
+// The global timer's step: the smallest nonzero difference between successive reads.
+__global__ void k_timer_step(unsigned long long* out) {
+    uint64_t best = ~0ull, last = now_ns();
+    for (int i = 0; i < 100000; i++) {
+        const uint64_t t = now_ns();
+        if (t != last) best = t - last < best ? t - last : best;
+        last = t;
+    }
+    *out = best;
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
 double nmse(const std::vector<float>& a, const std::vector<float>& b) {
     double num = 0.0, den = 0.0;
     for (size_t i = 0; i < a.size(); i++) {
@@ -455,7 +558,7 @@ int main(int argc, char** argv) {
     const int layers = argc > 2 ? std::atoi(argv[2]) : 16;
     const int positions = argc > 3 ? std::atoi(argv[3]) : 64;
     const bool output = argc > 4 ? std::atoi(argv[4]) != 0 : true;
-    if (steps < 1 || layers < 1 || positions < 1 || positions > 4096) {
+    if (steps < 1 || layers < 1 || positions < 1 || positions > kMaxPositions) {
         std::fprintf(stderr, "usage: bench_cuda_persist [steps] [layers] [positions] [output]\n");
         return 2;
     }
@@ -488,12 +591,12 @@ int main(int argc, char** argv) {
         product(kDownK, kH, kFf, 100u * l + 4);
     }
     if (output) product(kOutK, kVocab, kH, 7);
-    // Shared memory: the ring, a product's input, the reduction words, every warp's sum of each
-    // of the block's tiles of the largest phase, the barriers.
+    // Shared memory: the ring, the attention's scratch, the reduction words, every warp's sum of
+    // each of the block's tiles of the largest phase, the barriers.
     int64_t most = 0;
     for (const Phase& p : ph) most = std::max(most, p.tiles);
     const int max_tiles = static_cast<int>((most + n_sm - 1) / n_sm);
-    const size_t smem = static_cast<size_t>(kStages) * kStageBytes + sizeof(float) * kMaxVec +
+    const size_t smem = static_cast<size_t>(kStages) * kStageBytes + sizeof(float) * kScratch +
                         sizeof(float) * kConsumers +
                         sizeof(float) * static_cast<size_t>(max_tiles) * kConsumers +
                         sizeof(uint64_t) * 2 * kStages;
@@ -510,7 +613,7 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&d_ph, ph.size() * sizeof(Phase)));
     CK(cudaMemcpy(d_ph, ph.data(), ph.size() * sizeof(Phase), cudaMemcpyHostToDevice));
 
-    float *x, *x0, *qkv, *attn, *gu, *logits, *xn, *h;
+    float *x, *x0, *qkv, *attn, *gu, *logits, *xn, *h, *hp;
     unsigned* done;
     CK(cudaMalloc(&x, kH * sizeof(float)));
     CK(cudaMalloc(&x0, kH * sizeof(float)));
@@ -520,6 +623,7 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&logits, kVocab * sizeof(float)));
     CK(cudaMalloc(&xn, kH * sizeof(float)));
     CK(cudaMalloc(&h, kFf * sizeof(float)));
+    CK(cudaMalloc(&hp, kFf * sizeof(float)));
     CK(cudaMalloc(&done, ph.size() * sizeof(unsigned)));
     CK(cudaMemset(done, 0, ph.size() * sizeof(unsigned)));
     std::vector<float> hx(kH);
@@ -535,7 +639,7 @@ int main(int argc, char** argv) {
     a.x = x;
     a.qkv = qkv;
     a.attn = attn;
-    a.gu = gu;
+    a.h = hp;
     a.logits = logits;
     a.kc = kc;
     a.vc = vc;
@@ -648,6 +752,89 @@ int main(int argc, char** argv) {
             "MB of weights, %.2f TB/s, %.0f steps/s\n",
             kModes[mode], n_sm, layers, positions, output ? "on" : "off", us, per.front(),
             per.back(), bytes / 1e6, bytes / us / 1e6, 1e6 / us);
+    }
+
+    // Where a persistent step's time goes: one more step with every block's stamps.
+    mode = 0;
+    const size_t np = ph.size(), nbs = static_cast<size_t>(n_sm);
+    unsigned long long *d_st, *d_is, *d_sl, *d_res;
+    CK(cudaMalloc(&d_st, np * nbs * 4 * sizeof(unsigned long long)));
+    CK(cudaMalloc(&d_is, np * nbs * sizeof(unsigned long long)));
+    CK(cudaMalloc(&d_sl, np * nbs * sizeof(unsigned long long)));
+    CK(cudaMalloc(&d_res, sizeof(unsigned long long)));
+    CK(cudaMemset(d_st, 0, np * nbs * 4 * sizeof(unsigned long long)));
+    CK(cudaMemset(d_is, 0, np * nbs * sizeof(unsigned long long)));
+    CK(cudaMemset(d_sl, 0, np * nbs * sizeof(unsigned long long)));
+    a.stamps = d_st;
+    a.issued = d_is;
+    a.stalled = d_sl;
+    launch(st);
+    CK(cudaStreamSynchronize(st));
+    a.stamps = a.issued = a.stalled = nullptr;
+    k_timer_step<<<1, 1>>>(d_res);
+    CK(cudaDeviceSynchronize());
+    std::vector<unsigned long long> S(np * nbs * 4), I(np * nbs), W(np * nbs);
+    unsigned long long res = 0;
+    CK(cudaMemcpy(S.data(), d_st, S.size() * sizeof(S[0]), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(I.data(), d_is, I.size() * sizeof(I[0]), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(W.data(), d_sl, W.size() * sizeof(W[0]), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&res, d_res, sizeof(res), cudaMemcpyDeviceToHost));
+    auto st_at = [&](size_t pi, size_t bi, int i) {
+        return static_cast<double>(S[(pi * nbs + bi) * 4 + i]);
+    };
+    auto over_blocks = [&](auto f) {
+        std::vector<double> v;
+        for (size_t bi = 0; bi < nbs; bi++) v.push_back(f(bi));
+        std::sort(v.begin(), v.end());
+        return v;
+    };
+    // Per phase (ns): span (the last block's count of the phase before to the last block's
+    // count of this one), dep (that count to the first and to the last block seeing it), input,
+    // tiles (median and slowest block), rows and count, the producer's lead (its last tile of
+    // the phase issued before the input was in registers: > 0 means all of them were in flight
+    // by then) and how long it waited for free stages before them.
+    static const char* const kKinds[6] = {"qkv", "attention", "wo", "gate/up", "down", "output"};
+    enum { kSpan, kDep0, kDep1, kInput, kTiles, kTilesMax, kTail, kLead, kStall, kN };
+    std::vector<std::vector<std::vector<double>>> by(6, std::vector<std::vector<double>>(kN));
+    const double t_first = over_blocks([&](size_t bi) { return st_at(0, bi, 0); }).front();
+    for (size_t pi = 0; pi < np; pi++) {
+        const double prev =
+            pi > 0 ? over_blocks([&](size_t bi) { return st_at(pi - 1, bi, 3); }).back() : t_first;
+        const auto r0 = over_blocks([&](size_t bi) { return st_at(pi, bi, 0); });
+        const auto d3 = over_blocks([&](size_t bi) { return st_at(pi, bi, 3); });
+        const auto tl = over_blocks([&](size_t bi) { return st_at(pi, bi, 2) - st_at(pi, bi, 1); });
+        auto& v = by[ph[pi].kind];
+        v[kSpan].push_back(d3.back() - prev);
+        v[kDep0].push_back(r0.front() - prev);
+        v[kDep1].push_back(r0.back() - prev);
+        v[kInput].push_back(
+            median(over_blocks([&](size_t bi) { return st_at(pi, bi, 1) - st_at(pi, bi, 0); })));
+        v[kTiles].push_back(median(tl));
+        v[kTilesMax].push_back(tl.back());
+        v[kTail].push_back(
+            median(over_blocks([&](size_t bi) { return st_at(pi, bi, 3) - st_at(pi, bi, 2); })));
+        if (ph[pi].kind != kAttnK) {
+            v[kLead].push_back(median(over_blocks([&](size_t bi) {
+                return st_at(pi, bi, 1) - static_cast<double>(I[pi * nbs + bi]);
+            })));
+            v[kStall].push_back(median(
+                over_blocks([&](size_t bi) { return static_cast<double>(W[pi * nbs + bi]); })));
+        }
+    }
+    const double t_last = over_blocks([&](size_t bi) { return st_at(np - 1, bi, 3); }).back();
+    std::printf(
+        "\nwhere a persistent step's time goes (one step, %.1f us from the first block's start "
+        "to the last count; the timer's step %llu ns), us, medians over the layers:\n",
+        (t_last - t_first) / 1e3, res);
+    std::printf("%-10s %8s %15s %8s %17s %10s %14s %16s\n", "phase", "span", "dep first/last",
+                "input", "tiles med/max", "rows+count", "producer lead", "producer stalled");
+    for (int k = 0; k < 6; k++) {
+        auto& v = by[k];
+        if (v[kSpan].empty()) continue;
+        auto us = [&](int i) { return median(v[i]) / 1e3; };
+        std::printf("%-10s %8.2f %7.2f/%-7.2f %8.2f %8.2f/%-8.2f %10.2f %14.2f %16.2f\n", kKinds[k],
+                    us(kSpan), us(kDep0), us(kDep1), us(kInput), us(kTiles), us(kTilesMax),
+                    us(kTail), k == kAttnK ? 0.0 : us(kLead), k == kAttnK ? 0.0 : us(kStall));
     }
     return 0;
 }

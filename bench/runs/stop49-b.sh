@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Stop 49, call B (written without a GPU, for the next session): the persistent prototype's
+# phases cut down. Each warp reads its input slice straight from L2 into registers (rmsnorm's
+# sum of squares per warp, no block barrier), gate/up stores silu(g) u itself (rows
+# interleaved), the attention issues its key and value loads together, 13 stages (208 KiB).
+# After its timed forms it prints a table of one stamped persistent step: each kind of
+# phase's span, its wait for the phase before, input, tiles, rows+count, and the producer's
+# lead and stalls. Then the floor and ferry's own F16 tg128 on the same card.
+# Prediction (H100; stop 49-a there: persistent 1,293 us, floor 787): the per-phase excess
+# 6.4 us -> ~2-3 us, the persistent step ~900-1,000 us, still above the floor; on an H200
+# ~650-750. The table says what is left.
+# .dev49: bench_cuda_persist.xz, bench_cuda_floor.xz, ferry.xz. Carry [".dev49"].
+BIN=${BIN:-.dev49} source bench/runs/common.sh
+for b in bench_cuda_persist bench_cuda_floor; do
+  xz -dc $BIN/$b.xz > /tmp/$b && chmod +x /tmp/$b
+done
+nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
+timeout $(cap 60) /tmp/bench_cuda_persist 50 16 64 1 || echo "(rc $?)"
+left 40 "output off" && { timeout 40 /tmp/bench_cuda_persist 50 16 64 0 || echo "(rc $?)"; }
+left 40 "512 keys" && { timeout 40 /tmp/bench_cuda_persist 50 16 512 1 || echo "(rc $?)"; }
+left 40 "floor" && timeout 40 /tmp/bench_cuda_floor f16 100
+date +%T
+left 200 "ferry" && { gen_models; date +%T; echo "ferry 1B F16 tg128: $(bt $H --device CUDA0)"; }
