@@ -15,16 +15,17 @@
 // head, softmax over `positions` cached keys and the new one, its output the values' weighted
 // sum; x += Wo attn; x_n = rmsnorm(x); g, u = Wg x_n, Wu x_n; x += Wd (silu(g) u); then
 // (output 1) logits = Wout rmsnorm(x). No rope, KV store or norm weights: the bytes and the
-// chain of dependencies are the decode step's, the arithmetic is not all of it. Three forms of
+// chain of dependencies are the decode step's, the arithmetic is not all of it. Four forms of
 // the same code: persistent (one cooperative launch a step); a launch a product (ferry's
-// structure: each product's blocks start once the one before has left the SMs); and that with
+// structure: each product's blocks start once the one before has left the SMs); that with
 // programmatic dependent launch (they start as its blocks leave, their producers streaming at
-// once). Each is checked once against plain kernels of the same math (nmse of x and of the
-// logits), then timed: steps launched back to back, median of 5 runs of `steps` steps, against
-// the bytes of weights a step reads. Then one more persistent step with every block's
-// timestamps: where each kind of phase spends its time (waiting for the phase before, reading
-// its input, its tiles, storing and counting its rows) and whether the producer had the
-// phase's tiles in flight before the input came.
+// once); and persistent with the producer waiting for each phase's input as the consumers do
+// (what copying ahead across phases is worth, alone). Each is checked once against plain kernels of
+// the same math (nmse of x and of the logits), then timed: steps launched back to back, median of 5
+// runs of `steps` steps, against the bytes of weights a step reads. Then one more persistent step
+// with every block's timestamps: where each kind of phase spends its time (waiting for the phase
+// before, reading its input, its tiles, storing and counting its rows) and whether the producer had
+// the phase's tiles in flight before the input came.
 //
 // Stop 49 (first runs, H100): correct; 2,047 us a step, then 1,293 with each warp's input slice
 // in registers (bench/results/cuda.md). This form also reads each input straight from L2 into
@@ -83,6 +84,10 @@ struct Args {
     unsigned epoch;  // 1 for the first launch, 2 for the next, ...
     int max_tiles;   // a block's tiles of one phase at most (room for their partial sums)
     int lo, hi;      // the phases this launch runs: all of them (persistent) or one
+    // The producer waits, as the consumers do, for the phase before to be counted by every
+    // block before it copies a phase's tiles (the comparison: what copying ahead across phases
+    // is worth, the rest of the form unchanged).
+    int in_order;
     // When set (one step, to see where its time goes), global nanoseconds: stamps[(phase nb +
     // block) 4 + i], i = 0 its input may be read (the phase before counted), 1 the input in
     // registers, 2 its tiles summed, 3 its rows stored and counted; issued[phase nb + block]:
@@ -320,6 +325,12 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
         for (int pi = a.lo; pi < a.hi; pi++) {
             const Phase ph = a.phases[pi];
             if (ph.kind == kAttnK) continue;
+            if (a.in_order && pi > 0) {
+                const uint64_t t0 = now_ns();
+                while (ld_acquire(a.done + pi - 1) < a.epoch * static_cast<unsigned>(nb)) {
+                    give_up_after(t0, "the phase before (producer)");
+                }
+            }
             uint64_t waited = 0;
             for (int64_t tile = b; tile < ph.tiles; tile += nb, it++) {
                 const int s = static_cast<int>(it % kStages);
@@ -648,11 +659,14 @@ int main(int argc, char** argv) {
     a.max_tiles = max_tiles;
     unsigned epoch = 0;
     // A step: mode 0, the persistent form (one cooperative launch); 1, one launch a product
-    // (the same code and math, ferry's structure); 2, that with programmatic dependent launch.
+    // (the same code and math, ferry's structure); 2, that with programmatic dependent launch;
+    // 3, the persistent form with no copies ahead across phases.
+    constexpr int kForms = 4;
     int mode = 0;
     auto launch = [&](cudaStream_t st) {
         a.epoch = ++epoch;
-        if (mode == 0) {
+        a.in_order = mode == 3;
+        if (mode == 0 || mode == 3) {
             a.lo = 0;
             a.hi = a.n_phases;
             void* params[] = {&a};
@@ -669,9 +683,9 @@ int main(int argc, char** argv) {
     };
 
     // The check: one step from x0 by each form, and by the plain kernels.
-    std::vector<std::vector<float>> px(3, std::vector<float>(kH)),
-        plog(3, std::vector<float>(kVocab));
-    for (mode = 0; mode < 3; mode++) {
+    std::vector<std::vector<float>> px(kForms, std::vector<float>(kH)),
+        plog(kForms, std::vector<float>(kVocab));
+    for (mode = 0; mode < kForms; mode++) {
         CK(cudaMemcpy(x, x0, kH * sizeof(float), cudaMemcpyDeviceToDevice));
         launch(nullptr);
         CK(cudaDeviceSynchronize());
@@ -715,10 +729,11 @@ int main(int argc, char** argv) {
     std::vector<float> rx(kH), rlog(kVocab);
     CK(cudaMemcpy(rx.data(), x, kH * sizeof(float), cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(rlog.data(), logits, kVocab * sizeof(float), cudaMemcpyDeviceToHost));
-    static const char* const kModes[3] = {"persistent", "a launch a product",
-                                          "a launch a product, PDL"};
+    static const char* const kModes[kForms] = {"persistent", "a launch a product",
+                                               "a launch a product, PDL",
+                                               "persistent, no copies ahead across phases"};
     bool ok = true;
-    for (int m = 0; m < 3; m++) {
+    for (int m = 0; m < kForms; m++) {
         const double ex = nmse(px[m], rx), el = output ? nmse(plog[m], rlog) : 0.0;
         const bool good = ex < 1e-8 && el < 1e-8;
         std::printf("check, %s: nmse x %.3g, logits %.3g (%s)\n", kModes[m], ex, el,
@@ -733,7 +748,7 @@ int main(int argc, char** argv) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    for (mode = 0; mode < 3; mode++) {
+    for (mode = 0; mode < kForms; mode++) {
         for (int i = 0; i < 5; i++) launch(st);
         std::vector<double> per;
         for (int r = 0; r < 5; r++) {

@@ -3,12 +3,15 @@
 # phases cut down. Each warp reads its input slice straight from L2 into registers (rmsnorm's
 # sum of squares per warp, no block barrier), gate/up stores silu(g) u itself (rows
 # interleaved), the attention issues its key and value loads together, 13 stages (208 KiB).
+# A fourth form: persistent with the producer waiting for each phase's input, as the
+# consumers do (copies ahead across phases off, all else the same).
 # After its timed forms it prints a table of one stamped persistent step: each kind of
 # phase's span, its wait for the phase before, input, tiles, rows+count, and the producer's
 # lead and stalls. Then the floor and ferry's own F16 tg128 on the same card.
 # Prediction (H100; stop 49-a there: persistent 1,293 us, floor 787): the per-phase excess
 # 6.4 us -> ~2-3 us, the persistent step ~900-1,000 us, still above the floor; on an H200
-# ~650-750. The table says what is left.
+# ~650-750. Copies ahead across phases worth 10-20% of the persistent step (the fourth form
+# that much slower). The table says what is left.
 # .dev49: bench_cuda_persist.xz, bench_cuda_floor.xz, ferry.xz. Carry [".dev49"].
 BIN=${BIN:-.dev49} source bench/runs/common.sh
 for b in bench_cuda_persist bench_cuda_floor; do
