@@ -851,5 +851,13 @@ int main(int argc, char** argv) {
                     us(kSpan), us(kDep0), us(kDep1), us(kInput), us(kTiles), us(kTilesMax),
                     us(kTail), k == kAttnK ? 0.0 : us(kLead), k == kAttnK ? 0.0 : us(kStall));
     }
+    // The ring full, in all (this SM copying nothing from DRAM while its consumers catch up).
+    const double stalled_all = median(over_blocks([&](size_t bi) {
+        double sum = 0.0;
+        for (size_t pi = 0; pi < np; pi++) sum += static_cast<double>(W[pi * nbs + bi]);
+        return sum;
+    }));
+    std::printf("producer stalled in all (median over blocks): %.1f us of the step's %.1f\n",
+                stalled_all / 1e3, (t_last - t_first) / 1e3);
     return 0;
 }
