@@ -40,12 +40,15 @@ else
   F=$BIN/ferry TC=$BIN/test_cuda
 fi
 # (test_cuda reads the fixtures at its source folder's ../shared, /work/main/../shared for a
-# build made in /work/main: that folder must exist for the path to resolve.)
-mkdir -p /work/main 2>/dev/null
-for d in /work/shared/fixtures/tiny-llama ../shared/fixtures/tiny-llama; do
-  mkdir -p $d && cp "$BIN"/fx/* $d/ 2>/dev/null
-  for x in fx fx2; do [ -f "$BIN/$x.tar.xz" ] && tar -C $d -xJf "$BIN/$x.tar.xz"; done
-done
+# build made in /work/main: that folder must exist for the path to resolve. Only when BIN
+# carries fixtures: a script without them, or the test of these helpers, makes no folders.)
+if [ -d "$BIN/fx" ] || [ -f "$BIN/fx.tar.xz" ]; then
+  mkdir -p /work/main 2>/dev/null
+  for d in /work/shared/fixtures/tiny-llama ../shared/fixtures/tiny-llama; do
+    mkdir -p $d && cp "$BIN"/fx/* $d/ 2>/dev/null
+    for x in fx fx2; do [ -f "$BIN/$x.tar.xz" ] && tar -C $d -xJf "$BIN/$x.tar.xz"; done
+  done
+fi
 Q=/tmp/llama-1b-q4_0.gguf H=/tmp/llama-1b-f16.gguf T=$BIN/fx/tiny-llama-q8_0.gguf
 [ -f $T ] || T=../shared/fixtures/tiny-llama/tiny-llama-q8_0.gguf
 # (Each waits for its own children by pid: a bare `wait` also waits for the tee above, which

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The device run scripts' helpers (bench/runs/common.sh) as a run script uses them on the
+# device: $OUT set, so everything printed also goes through a tee into $OUT/run.log. Checks
+# that BIN set for the source alone stays set after it, that gen_models and gen_types return
+# once the models are written (stops 48-d and 49-a hung in a bare `wait`, which also waited for
+# the tee, until their calls' limits), and that the output reaches run.log.
+#   run-helpers-test.sh SOURCE_DIR
+set -u
+src=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir "$tmp/bin" "$tmp/out"
+# In ferry's place (what is tested is the helpers' waiting, not gen-model): `gen-model ... -o
+# PATH` writes PATH after a moment.
+cat > "$tmp/gen" <<'GEN'
+#!/usr/bin/env bash
+while [ $# -gt 1 ] && [ "$1" != -o ]; do shift; done
+sleep 0.3
+echo model > "$2"
+GEN
+chmod +x "$tmp/gen"
+cat > "$tmp/script.sh" <<SCRIPT
+cd "$src"
+BIN="$tmp/bin" source bench/runs/common.sh
+[ "\$BIN" = "$tmp/bin" ] || { echo "BIN not kept after the source: '\$BIN'"; exit 3; }
+F="$tmp/gen" Q="$tmp/q.gguf" H="$tmp/h.gguf"
+gen_models
+[ -f "$tmp/q.gguf" ] && [ -f "$tmp/h.gguf" ] || { echo "gen_models returned before its models"; exit 4; }
+cd "$tmp"
+gen_types ferry-helpers-$$-1 ferry-helpers-$$-2
+cd "$src"
+[ -f /tmp/ferry-helpers-$$-1.gguf ] && [ -f /tmp/ferry-helpers-$$-2.gguf ] || { echo "gen_types returned before its models"; exit 5; }
+rm -f /tmp/ferry-helpers-$$-1.gguf /tmp/ferry-helpers-$$-2.gguf
+echo "helpers done"
+SCRIPT
+OUT="$tmp/out" timeout 30 bash "$tmp/script.sh"
+rc=$?
+if [ $rc -eq 124 ]; then
+  echo "FAIL: the run script hung (a helper waited for something that never ends)"
+  exit 1
+elif [ $rc -ne 0 ]; then
+  echo "FAIL: the run script stopped with $rc"
+  exit 1
+fi
+# The tee may still be writing when the script has ended.
+for _ in $(seq 50); do
+  grep -q "helpers done" "$tmp/out/run.log" 2> /dev/null && break
+  sleep 0.1
+done
+grep -q "helpers done" "$tmp/out/run.log" || { echo "FAIL: run.log lacks the script's output"; exit 1; }
+echo "ok"
