@@ -26,38 +26,13 @@
 #include <thread>
 #include <vector>
 
+#include "socket-bench.h"
+
 namespace {
 
-[[noreturn]] void die(const char* what) {
-    std::fprintf(stderr, "bench_tcp_stripes: %s: %s\n", what, std::strerror(errno));
-    std::exit(1);
-}
-
-void send_all(int fd, const uint8_t* p, size_t n) {
-    while (n > 0) {
-        const ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (k < 0) {
-            if (errno == EAGAIN || errno == EINTR) continue;
-            die("send");
-        }
-        p += k;
-        n -= static_cast<size_t>(k);
-    }
-}
-
-bool recv_all(int fd, uint8_t* p, size_t n) {
-    while (n > 0) {
-        const ssize_t k = ::recv(fd, p, n, MSG_DONTWAIT);
-        if (k == 0) return false;
-        if (k < 0) {
-            if (errno == EAGAIN || errno == EINTR) continue;
-            die("recv");
-        }
-        p += k;
-        n -= static_cast<size_t>(k);
-    }
-    return true;
-}
+using bench::die;
+using bench::recv_all;
+using bench::send_all;
 
 void nodelay(int fd) {
     const int one = 1;
@@ -129,7 +104,9 @@ double run_side(bool server, const std::vector<int>& fds, size_t size, int round
 int main(int argc, char** argv) {
     const size_t size = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 128256 * 4;
     const int rounds = argc > 2 ? std::atoi(argv[2]) : 2000;
-    std::printf("| stripes | median us | p10 | p90 | GB/s (median) |\n| ---: | ---: | ---: | ---: | ---: |\n");
+    std::printf(
+        "| stripes | median us | p10 | p90 | GB/s (median) |\n| ---: | ---: | ---: | ---: | ---: "
+        "|\n");
     for (int n : {1, 2, 3, 4, 6, 8}) {
         const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
         if (lfd < 0) die("socket");
