@@ -31,7 +31,8 @@
 // in registers (bench/results/cuda.md). This form also reads each input straight from L2 into
 // registers (no block barrier), stores silu(g) u from the gate/up product (its rows
 // interleaved, so a tile holds both sides of two rows), lays the attention out for latency
-// and has 13 stages; it has not run on a GPU yet.
+// and has 13 stages, its weights evict-first in L2 as ferry's are; it has not run on a GPU
+// yet.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -145,11 +146,19 @@ __device__ __forceinline__ void mbar_expect(uint64_t* b, unsigned bytes) {
                  "r"(bytes)
                  : "memory");
 }
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* b) {
+// Weights marked evict-first in L2, as ferry's kernels read them (common.cuh, stop 42): they
+// leave L2 to the activations every phase reads again.
+__device__ __forceinline__ uint64_t evict_first() {
+    uint64_t p;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* b,
+                                          uint64_t policy) {
     asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-            "r"(smem_u32(dst)),
-        "l"(src), "r"(bytes), "r"(smem_u32(b))
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
+        "[%1], %2, [%3], %4;" ::"r"(smem_u32(dst)),
+        "l"(src), "r"(bytes), "r"(smem_u32(b)), "l"(policy)
         : "memory");
 }
 __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
@@ -321,6 +330,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
         // The producer: every tile of this block, in the consumers' order, as fast as the ring
         // frees stages. Weights depend on nothing, so it never waits for an activation.
         if (lane != 0) return;
+        const uint64_t policy = evict_first();
         int64_t it = 0;
         for (int pi = a.lo; pi < a.hi; pi++) {
             const Phase ph = a.phases[pi];
@@ -345,7 +355,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
                 mbar_expect(full + s, kStageBytes);
                 bulk_copy(ring + s * kStageBytes,
                           reinterpret_cast<const unsigned char*>(ph.w) + tile * kStageBytes,
-                          kStageBytes, full + s);
+                          kStageBytes, full + s, policy);
             }
             if (a.stalled) {
                 a.stalled[static_cast<int64_t>(pi) * nb + b] = waited;

@@ -2,7 +2,8 @@
 # Stop 49, call B (written without a GPU, for the next session): the persistent prototype's
 # phases cut down. Each warp reads its input slice straight from L2 into registers (rmsnorm's
 # sum of squares per warp, no block barrier), gate/up stores silu(g) u itself (rows
-# interleaved), the attention issues its key and value loads together, 13 stages (208 KiB).
+# interleaved), the attention issues its key and value loads together, 13 stages (208 KiB),
+# weights evict-first in L2 (as ferry's kernels read them; bench_cuda_floor's are not).
 # A fourth form: persistent with the producer waiting for each phase's input, as the
 # consumers do (copies ahead across phases off, all else the same).
 # After its timed forms it prints a table of one stamped persistent step: each kind of
