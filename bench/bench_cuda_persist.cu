@@ -58,6 +58,24 @@ constexpr int kMaxPositions = 1024;  // cached keys at most (the attention's scr
 // its per-warp output sums.
 constexpr int kScratch = (3 * kD + (kMaxPositions + 1) + kConsumers * kD + 7) / 8 * 8;
 
+// A block's shared memory, in order: the ring, the attention's scratch, the reduction words,
+// every warp's sum of each of the block's tiles of the largest phase (max_tiles of them), then
+// the full and empty barriers (8-byte aligned: every part before them is a multiple of 8
+// bytes). The kernel places its parts and the host sizes the launch by this one layout.
+struct SmemLayout {
+    int max_tiles;
+    __host__ __device__ size_t scratch() const {
+        return static_cast<size_t>(kStages) * kStageBytes;
+    }
+    __host__ __device__ size_t red() const { return scratch() + sizeof(float) * kScratch; }
+    __host__ __device__ size_t part() const { return red() + sizeof(float) * kConsumers; }
+    __host__ __device__ size_t barriers() const {
+        return part() + sizeof(float) * static_cast<size_t>(max_tiles) * kConsumers;
+    }
+    __host__ __device__ size_t bytes() const { return barriers() + sizeof(uint64_t) * 2 * kStages; }
+};
+static_assert(kScratch % 2 == 0 && kConsumers % 2 == 0, "the barriers must stay 8-byte aligned");
+
 enum Kind : int { kQkvK, kAttnK, kWoK, kGuK, kDownK, kOutK };
 
 // One product or the attention of the step, in order.
@@ -306,11 +324,12 @@ __device__ void attention(const Args& a, int h, float* sm, float* red) {
 
 __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
     extern __shared__ __align__(128) unsigned char smem[];
+    const SmemLayout L{a.max_tiles};
     unsigned char* ring = smem;
-    float* scratch = reinterpret_cast<float*>(smem + kStages * kStageBytes);  // [kScratch]
-    float* red = scratch + kScratch;                                          // [kConsumers]
-    float* part = red + kConsumers;  // [max_tiles][kConsumers]: each warp's sum of each tile
-    uint64_t* full = reinterpret_cast<uint64_t*>(part + a.max_tiles * kConsumers);
+    float* scratch = reinterpret_cast<float*>(smem + L.scratch());  // [kScratch]
+    float* red = reinterpret_cast<float*>(smem + L.red());          // [kConsumers]
+    float* part = reinterpret_cast<float*>(smem + L.part());        // [max_tiles][kConsumers]
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + L.barriers());
     uint64_t* empty = full + kStages;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int nb = gridDim.x, b = blockIdx.x;
@@ -612,15 +631,11 @@ int main(int argc, char** argv) {
         product(kDownK, kH, kFf, 100u * l + 4);
     }
     if (output) product(kOutK, kVocab, kH, 7);
-    // Shared memory: the ring, the attention's scratch, the reduction words, every warp's sum of
-    // each of the block's tiles of the largest phase, the barriers.
+    // Shared memory (SmemLayout), with room for the largest phase's tiles of a block.
     int64_t most = 0;
     for (const Phase& p : ph) most = std::max(most, p.tiles);
     const int max_tiles = static_cast<int>((most + n_sm - 1) / n_sm);
-    const size_t smem = static_cast<size_t>(kStages) * kStageBytes + sizeof(float) * kScratch +
-                        sizeof(float) * kConsumers +
-                        sizeof(float) * static_cast<size_t>(max_tiles) * kConsumers +
-                        sizeof(uint64_t) * 2 * kStages;
+    const size_t smem = SmemLayout{max_tiles}.bytes();
     if (!coop || smem > static_cast<size_t>(smem_max)) {
         std::fprintf(stderr,
                      "needs cooperative launch and %zu bytes of shared memory a block (%d SMs, "
