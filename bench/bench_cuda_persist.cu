@@ -8,7 +8,7 @@
 // (q/k/v -> attention -> wo) waits on its dependencies, which ferry's kernel-per-product
 // structure cannot do (its next kernel's blocks only start once the SMs are free).
 //
-//   bench_cuda_persist [steps] [layers] [positions] [output 0|1]
+//   bench_cuda_persist [steps] [layers] [positions] [output 0|1] [l2 ahead]
 //
 // The step (synthetic F16 weights of the 1B shapes: hidden 2048, 32 heads of 64 over 8 KV
 // heads, FFN 8192, vocabulary 128,256), per layer: x_n = rmsnorm(x); qkv = Wqkv x_n; for each
@@ -107,6 +107,11 @@ struct Args {
     // block before it copies a phase's tiles (the comparison: what copying ahead across phases
     // is worth, the rest of the form unchanged).
     int in_order;
+    // Tiles of this block's sequence the producer asks into L2 (cp.async.bulk.prefetch.L2) while
+    // its ring is full, beyond the tile it waits to copy (0: none). The ring holds ~8 us of an
+    // SM's DRAM share; the chain q/k/v -> attention -> wo waits longer than that, and L2 (50 MB)
+    // can hold more of the next products' weights than the ring.
+    int l2_ahead;
     // When set (one step, to see where its time goes), global nanoseconds: stamps[(phase nb +
     // block) 4 + i], i = 0 its input may be read (the phase before counted), 1 the input in
     // registers, 2 its tiles summed, 3 its rows stored and counted; issued[phase nb + block]:
@@ -178,6 +183,9 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
         "[%1], %2, [%3], %4;" ::"r"(smem_u32(dst)),
         "l"(src), "r"(bytes), "r"(smem_u32(b)), "l"(policy)
         : "memory");
+}
+__device__ __forceinline__ void prefetch_l2(const void* src, unsigned bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
     unsigned v;
@@ -351,6 +359,22 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
         if (lane != 0) return;
         const uint64_t policy = evict_first();
         int64_t it = 0;
+        // The L2 cursor: the pf-th tile of this block's sequence, tile pf_tile of phase pf_pi.
+        int pf_pi = a.lo;
+        int64_t pf_tile = b, pf = 0;
+        auto pf_next = [&] {  // the cursor one tile on (past the attention and ended phases)
+            pf_tile += nb;
+            pf++;
+            while (pf_pi < a.hi &&
+                   (a.phases[pf_pi].kind == kAttnK || pf_tile >= a.phases[pf_pi].tiles)) {
+                pf_pi++;
+                pf_tile = b;
+            }
+        };
+        pf--;
+        pf_tile -= nb;
+        pf_next();  // the first tile
+        const bool ask_l2 = a.l2_ahead > 0 && !a.in_order;
         for (int pi = a.lo; pi < a.hi; pi++) {
             const Phase ph = a.phases[pi];
             if (ph.kind == kAttnK) continue;
@@ -364,6 +388,17 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
             for (int64_t tile = b; tile < ph.tiles; tile += nb, it++) {
                 const int s = static_cast<int>(it % kStages);
                 const unsigned parity = static_cast<unsigned>((it / kStages) & 1) ^ 1u;
+                if (ask_l2 && !mbar_try(empty + s, parity)) {
+                    // The ring is full: ask L2 for the tiles after this one while it drains.
+                    while (pf < it) pf_next();
+                    while (pf < it + a.l2_ahead && pf_pi < a.hi && !mbar_try(empty + s, parity)) {
+                        const Phase& q = a.phases[pf_pi];
+                        prefetch_l2(
+                            reinterpret_cast<const unsigned char*>(q.w) + pf_tile * kStageBytes,
+                            kStageBytes);
+                        pf_next();
+                    }
+                }
                 if (a.stalled && !mbar_try(empty + s, parity)) {
                     const uint64_t t0 = now_ns();
                     mbar_wait(empty + s, parity, "a stage");
@@ -598,8 +633,11 @@ int main(int argc, char** argv) {
     const int layers = argc > 2 ? std::atoi(argv[2]) : 16;
     const int positions = argc > 3 ? std::atoi(argv[3]) : 64;
     const bool output = argc > 4 ? std::atoi(argv[4]) != 0 : true;
-    if (steps < 1 || layers < 1 || positions < 1 || positions > kMaxPositions) {
-        std::fprintf(stderr, "usage: bench_cuda_persist [steps] [layers] [positions] [output]\n");
+    const int l2_ahead = argc > 5 ? std::atoi(argv[5]) : 0;
+    if (steps < 1 || layers < 1 || positions < 1 || positions > kMaxPositions || l2_ahead < 0) {
+        std::fprintf(stderr,
+                     "usage: bench_cuda_persist [steps] [layers] [positions] [output] "
+                     "[l2 ahead]\n");
         return 2;
     }
     int dev = 0, n_sm = 0, coop = 0, smem_max = 0;
@@ -682,6 +720,7 @@ int main(int argc, char** argv) {
     a.positions = positions;
     a.done = done;
     a.max_tiles = max_tiles;
+    a.l2_ahead = l2_ahead;
     unsigned epoch = 0;
     // A step: mode 0, the persistent form (one cooperative launch); 1, one launch a product
     // (the same code and math, ferry's structure); 2, that with programmatic dependent launch;
@@ -788,9 +827,9 @@ int main(int argc, char** argv) {
         std::sort(per.begin(), per.end());
         const double us = per[per.size() / 2];
         std::printf(
-            "%s: %d SMs, %d layers, %d cached keys, output %s: %.1f us a step (%.1f-%.1f), %.0f "
-            "MB of weights, %.2f TB/s, %.0f steps/s\n",
-            kModes[mode], n_sm, layers, positions, output ? "on" : "off", us, per.front(),
+            "%s: %d SMs, %d layers, %d cached keys, output %s, L2 ahead %d: %.1f us a step "
+            "(%.1f-%.1f), %.0f MB of weights, %.2f TB/s, %.0f steps/s\n",
+            kModes[mode], n_sm, layers, positions, output ? "on" : "off", l2_ahead, us, per.front(),
             per.back(), bytes / 1e6, bytes / us / 1e6, 1e6 / us);
     }
 
