@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Ran at 151fbb0, on an H200: bench/results/cuda.md, stop 50. The 5th argument has since changed meaning.)
 # Stop 50, call A: stop 49-b (below, its binaries) with one more knob, run after its forms: the
 # producer asks L2 for the next 8, 16 or 32 tiles of its sequence while its ring is full (up
 # to 132 x 32 x 16 KiB = 69 MB ahead, beside the ring's 27 MB). Prediction: if the chain's
