@@ -8,7 +8,7 @@
 // which ferry's kernel-per-product structure cannot do (its next kernel's blocks only start once
 // the SMs are free).
 //
-//   bench_cuda_persist [steps] [layers] [positions] [output 0|1] [poll all 0|1]
+//   bench_cuda_persist [steps] [layers] [positions] [output 0|1] [poll all 0|1] [in flight]
 //
 // The step (synthetic F16 weights of the 1B shapes: hidden 2048, 32 heads of 64 over 8 KV
 // heads, FFN 8192, vocabulary 128,256), per layer: x_n = rmsnorm(x); qkv = Wqkv x_n; for each
@@ -27,8 +27,9 @@
 // phase spends its time (waiting for and reading its input, its tiles, storing its rows) and
 // whether the producer had the phase's tiles in flight before the input came.
 //
-//   poll all 1: a waiting warp reads all of its input's words each round; 0 (default): one word
-//   a lane until it is there, then the rest.
+//   poll all 1 (default): a waiting warp reads all of its input's words each round; 0: one word
+//   a lane until it is there, then the rest. in flight: the producer's copies in flight at
+//   most (default: the ring's 13 stages).
 //
 // Stop 49 (first runs, H100): correct; 2,047 us a step, then 1,293 with each warp's input slice
 // in registers (bench/results/cuda.md). Stop 50-a (H200): with inputs straight from L2, silu(g) u
@@ -129,6 +130,11 @@ struct Args {
     // until that one is there, then the rest (a spinning warp asks L2 for 256 bytes a round, not
     // 2-8 KB, for one more round trip once the values come).
     int poll_all;
+    // The producer's copies in flight (issued, not landed) at most; the rest of the ring holds
+    // landed tiles. Stop 50-b's table: every L2 read a consumer makes while its SM's copies are
+    // in flight waits ~2 us (behind the misses queued at L2: 132 SMs x 13 x 16 KiB is ~8 us of
+    // DRAM), ~0.5 us while the ring is full and none are. ~2 x 16 KiB a SM cover DRAM's latency.
+    int inflight;
     // When set (one step, to see where its time goes), global nanoseconds: stamps[(phase nb +
     // block) 4 + i], i = 0 the phase begun (the block done with the one before), 1 its input in
     // registers (the wait for it included), 2 its tiles summed, 3 its rows stored; issued[phase
@@ -231,24 +237,28 @@ __device__ __forceinline__ float wait_word(const Word* p, unsigned want, const c
     }
     return val_word(w);
 }
-// A lane's 8 consecutive values p[0, 8) into o[0, 8), once all 8 tags are `want` (see
-// Args::poll_all).
-__device__ __forceinline__ void wait_words8(const Word* p, unsigned want, float* o, int poll_all,
-                                            const char* what) {
+// A lane's J runs of 8 consecutive values, p[256 j, 256 j + 8) for j < J, into o[8 j, 8 j + 8),
+// once all their tags are `want` (see Args::poll_all): every load of a round issued at once (one
+// round trip a round; stop 50-b's down waited for its 4 runs one after another, 8.5-11.8 us).
+template <int J>
+__device__ __forceinline__ void wait_words(const Word* p, unsigned want, float* o, int poll_all,
+                                           const char* what) {
     if (!poll_all) wait_word(p, want, what);
-    Word w[8];
+    Word w[8 * J];
     const uint64_t t0 = now_ns();
     for (;;) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) ld_words2(p + 2 * i, w[2 * i], w[2 * i + 1]);
+        for (int i = 0; i < 4 * J; i++) {
+            ld_words2(p + 256 * (i / 4) + 2 * (i % 4), w[2 * i], w[2 * i + 1]);
+        }
         bool ok = true;
 #pragma unroll
-        for (int i = 0; i < 8; i++) ok = ok && tag_word(w[i]) == want;
+        for (int i = 0; i < 8 * J; i++) ok = ok && tag_word(w[i]) == want;
         if (ok) break;
         give_up_after(t0, what);
     }
 #pragma unroll
-    for (int i = 0; i < 8; i++) o[i] = val_word(w[i]);
+    for (int i = 0; i < 8 * J; i++) o[i] = val_word(w[i]);
 }
 __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;" ::"n"(32 * kConsumers) : "memory");
@@ -288,16 +298,13 @@ __device__ void load_input(const Args& a, const Phase& ph, int k0, float* xs, fl
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const unsigned want = ph.in >= 0 ? tag_of(a.epoch, ph.in) : tag_of(a.epoch - 1, a.last_x);
     if (ph.kind == kDownK) {
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            wait_words8(a.h + k0 + 256 * j + 8 * lane, want, v + 8 * j, a.poll_all, "h");
-        }
+        wait_words<4>(a.h + k0 + 8 * lane, want, v, a.poll_all, "h");
         return;
     }
     const bool norm = ph.kind != kWoK;
     const Word* in = norm ? a.x : a.attn;
     float u[8];
-    wait_words8(in + warp * 256 + 8 * lane, want, u, a.poll_all, norm ? "x" : "attn");
+    wait_words<1>(in + warp * 256 + 8 * lane, want, u, a.poll_all, norm ? "x" : "attn");
     float4* dst = reinterpret_cast<float4*>(xs + warp * 256 + 8 * lane);
     dst[0] = make_float4(u[0], u[1], u[2], u[3]);
     dst[1] = make_float4(u[4], u[5], u[6], u[7]);
@@ -466,6 +473,13 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
                     waited += now_ns() - t0;
                 } else {
                     mbar_wait(empty + s, parity, "a stage");
+                }
+                if (it >= a.inflight) {
+                    // (Tile it - inflight's stage is not refilled before tile it + kStages -
+                    // inflight, so its parity names that tile's landing.)
+                    const int64_t o = it - a.inflight;
+                    mbar_wait(full + o % kStages, static_cast<unsigned>((o / kStages) & 1),
+                              "a copy to land");
                 }
                 mbar_expect(full + s, kStageBytes);
                 bulk_copy(ring + s * kStageBytes,
@@ -720,13 +734,15 @@ int main(int argc, char** argv) {
     const int layers = argc > 2 ? std::atoi(argv[2]) : 16;
     const int positions = argc > 3 ? std::atoi(argv[3]) : 64;
     const bool output = argc > 4 ? std::atoi(argv[4]) != 0 : true;
-    const int poll_all = argc > 5 ? std::atoi(argv[5]) : 0;
+    const int poll_all = argc > 5 ? std::atoi(argv[5]) : 1;
+    const int inflight = argc > 6 ? std::atoi(argv[6]) : kStages;
     if (steps < 1 || layers < 1 || 5 * layers + 1 > static_cast<int>(kTagPhases) || positions < 1 ||
-        positions > kMaxPositions || (poll_all != 0 && poll_all != 1)) {
+        positions > kMaxPositions || (poll_all != 0 && poll_all != 1) || inflight < 1 ||
+        inflight > kStages) {
         std::fprintf(stderr,
                      "usage: bench_cuda_persist [steps] [layers <= 25] [positions <= %d] "
-                     "[output 0|1] [poll all 0|1]\n",
-                     kMaxPositions);
+                     "[output 0|1] [poll all 0|1] [copies in flight <= %d]\n",
+                     kMaxPositions, kStages);
         return 2;
     }
     int dev = 0, n_sm = 0, coop = 0, smem_max = 0;
@@ -824,6 +840,7 @@ int main(int argc, char** argv) {
     a.positions = positions;
     a.max_tiles = max_tiles;
     a.poll_all = poll_all;
+    a.inflight = inflight;
     unsigned epoch = 0;
     // x as the step before left it, for the next launch (epoch + 1).
     auto reset_x = [&] {
@@ -946,10 +963,10 @@ int main(int argc, char** argv) {
         std::sort(per.begin(), per.end());
         const double us = per[per.size() / 2];
         std::printf(
-            "%s: %d SMs, %d layers, %d cached keys, output %s, poll all %d: %.1f us a step "
-            "(%.1f-%.1f), %.0f MB of weights, %.2f TB/s, %.0f steps/s\n",
-            kModes[mode], n_sm, layers, positions, output ? "on" : "off", poll_all, us, per.front(),
-            per.back(), bytes / 1e6, bytes / us / 1e6, 1e6 / us);
+            "%s: %d SMs, %d layers, %d cached keys, output %s, poll all %d, in flight %d: %.1f "
+            "us a step (%.1f-%.1f), %.0f MB of weights, %.2f TB/s, %.0f steps/s\n",
+            kModes[mode], n_sm, layers, positions, output ? "on" : "off", poll_all, inflight, us,
+            per.front(), per.back(), bytes / 1e6, bytes / us / 1e6, 1e6 / us);
     }
 
     // Where a persistent step's time goes: one more step with every block's stamps.
