@@ -9,6 +9,7 @@
 // the SMs are free).
 //
 //   bench_cuda_persist [steps] [layers] [positions] [output 0|1] [poll all 0|1] [in flight]
+//                      [in flight in the chain]
 //
 // The step (synthetic F16 weights of the 1B shapes: hidden 2048, 32 heads of 64 over 8 KV
 // heads, FFN 8192, vocabulary 128,256), per layer: x_n = rmsnorm(x); qkv = Wqkv x_n; for each
@@ -29,7 +30,8 @@
 //
 //   poll all 1 (default): a waiting warp reads all of its input's words each round; 0: one word
 //   a lane until it is there, then the rest. in flight: the producer's copies in flight at
-//   most (default: the ring's 13 stages).
+//   most (default: the ring's 13 stages); in the chain: that cap while the consumers are in
+//   q/k/v, the attention or wo (default: the same).
 //
 // Stop 49 (first runs, H100): correct; 2,047 us a step, then 1,293 with each warp's input slice
 // in registers (bench/results/cuda.md). Stop 50-a (H200): with inputs straight from L2, silu(g) u
@@ -135,6 +137,9 @@ struct Args {
     // in flight waits ~2 us (behind the misses queued at L2: 132 SMs x 13 x 16 KiB is ~8 us of
     // DRAM), ~0.5 us while the ring is full and none are. ~2 x 16 KiB a SM cover DRAM's latency.
     int inflight;
+    // The same while the consumers are in the chain's phases (q/k/v, attention, wo), whose
+    // reads of the values just stored are what the copies in flight delay.
+    int chain_inflight;
     // When set (one step, to see where its time goes), global nanoseconds: stamps[(phase nb +
     // block) 4 + i], i = 0 the phase begun (the block done with the one before), 1 its input in
     // registers (the wait for it included), 2 its tiles summed, 3 its rows stored; issued[phase
@@ -441,12 +446,16 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
     uint64_t* empty = full + kStages;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int nb = gridDim.x, b = blockIdx.x;
+    // The consumers' phase kind, for the producer's cap on copies in flight.
+    __shared__ int cur_kind_word;
+    volatile int* cur_kind = &cur_kind_word;
     // One launch a product (the comparison): the next launch may start as this one's blocks
     // leave (programmatic dependent launch, when the host asked for it): its producer streams
     // its weights at once and its consumers wait for their input's tags, as in the persistent
     // form.
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     if (threadIdx.x == 0) {
+        *cur_kind = a.phases[a.lo].kind;
         for (int s = 0; s < kStages; s++) {
             mbar_init(full + s, 1);
             mbar_init(empty + s, kConsumers);
@@ -474,10 +483,13 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
                 } else {
                     mbar_wait(empty + s, parity, "a stage");
                 }
-                if (it >= a.inflight) {
-                    // (Tile it - inflight's stage is not refilled before tile it + kStages -
-                    // inflight, so its parity names that tile's landing.)
-                    const int64_t o = it - a.inflight;
+                const int k = *cur_kind;
+                const int cap =
+                    k == kQkvK || k == kAttnK || k == kWoK ? a.chain_inflight : a.inflight;
+                if (it >= cap) {
+                    // (Tile it - cap's stage is not refilled before tile it + kStages - cap, so
+                    // its parity names that tile's landing.)
+                    const int64_t o = it - cap;
                     mbar_wait(full + o % kStages, static_cast<unsigned>((o / kStages) & 1),
                               "a copy to land");
                 }
@@ -502,6 +514,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
     for (int pi = a.lo; pi < a.hi; pi++) {
         const Phase ph = a.phases[pi];
         stamp(pi, 0);
+        if (threadIdx.x == 0) *cur_kind = ph.kind;
         if (ph.kind == kAttnK) {
             if (b < kHeads) {
                 attention(a, pi, b, scratch, red, [&] { stamp(pi, 1); });
@@ -736,12 +749,13 @@ int main(int argc, char** argv) {
     const bool output = argc > 4 ? std::atoi(argv[4]) != 0 : true;
     const int poll_all = argc > 5 ? std::atoi(argv[5]) : 1;
     const int inflight = argc > 6 ? std::atoi(argv[6]) : kStages;
+    const int chain_inflight = argc > 7 ? std::atoi(argv[7]) : inflight;
     if (steps < 1 || layers < 1 || 5 * layers + 1 > static_cast<int>(kTagPhases) || positions < 1 ||
         positions > kMaxPositions || (poll_all != 0 && poll_all != 1) || inflight < 1 ||
-        inflight > kStages) {
+        inflight > kStages || chain_inflight < 1 || chain_inflight > kStages) {
         std::fprintf(stderr,
                      "usage: bench_cuda_persist [steps] [layers <= 25] [positions <= %d] "
-                     "[output 0|1] [poll all 0|1] [copies in flight <= %d]\n",
+                     "[output 0|1] [poll all 0|1] [copies in flight <= %d] [in the chain]\n",
                      kMaxPositions, kStages);
         return 2;
     }
@@ -841,6 +855,7 @@ int main(int argc, char** argv) {
     a.max_tiles = max_tiles;
     a.poll_all = poll_all;
     a.inflight = inflight;
+    a.chain_inflight = chain_inflight;
     unsigned epoch = 0;
     // x as the step before left it, for the next launch (epoch + 1).
     auto reset_x = [&] {
@@ -963,10 +978,10 @@ int main(int argc, char** argv) {
         std::sort(per.begin(), per.end());
         const double us = per[per.size() / 2];
         std::printf(
-            "%s: %d SMs, %d layers, %d cached keys, output %s, poll all %d, in flight %d: %.1f "
-            "us a step (%.1f-%.1f), %.0f MB of weights, %.2f TB/s, %.0f steps/s\n",
-            kModes[mode], n_sm, layers, positions, output ? "on" : "off", poll_all, inflight, us,
-            per.front(), per.back(), bytes / 1e6, bytes / us / 1e6, 1e6 / us);
+            "%s: %d SMs, %d layers, %d cached keys, output %s, poll all %d, in flight %d (chain "
+            "%d): %.1f us a step (%.1f-%.1f), %.0f MB of weights, %.2f TB/s, %.0f steps/s\n",
+            kModes[mode], n_sm, layers, positions, output ? "on" : "off", poll_all, inflight,
+            chain_inflight, us, per.front(), per.back(), bytes / 1e6, bytes / us / 1e6, 1e6 / us);
     }
 
     // Where a persistent step's time goes: one more step with every block's stamps.
