@@ -15,7 +15,7 @@ date +%T
 P=/tmp/bench_cuda_persist
 for args in "64 1 1 2" "64 1 0 2" "64 1 1 2 1" "64 1 1 3 1" "64 1 1 4 1" "64 1 1 3 2" \
   "64 0 1 2" "512 1 1 2"; do
-  left 30 "$args" && { timeout 30 $P 50 16 $args | grep -v "^check" || echo "(rc $?)"; }
+  left 30 "$args" && { timeout 30 $P 50 16 $args | grep --line-buffered -v "^check.*(ok)$" || echo "(rc $?)"; }
 done
 left 30 "floor" && timeout 30 /tmp/bench_cuda_floor f16 100 | head -16
 date +%T
