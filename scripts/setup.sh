@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(cmake ninja-build g++ clang libclang-rt-14-dev libgtest-dev ccache python3 python3-venv)
+packages=(cmake ninja-build g++ clang libclang-rt-14-dev libgtest-dev ccache python3 python3-venv xz-utils)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

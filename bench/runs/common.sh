@@ -30,11 +30,16 @@ cap() { # SECS
   local h=$(((LIMIT - SECONDS) / 2))
   echo $(($1 < h ? $1 : h))
 }
+# unxz_bin XZ PATH: an xz-compressed binary as the executable PATH.
+unxz_bin() { xz -dc "$1" > "$2" && chmod +x "$2"; }
+# unpack NAME...: $BIN/NAME.xz as /tmp/NAME (ferry, test_cuda, the benchmarks a script carries).
+unpack() {
+  local b
+  for b in "$@"; do unxz_bin "$BIN/$b.xz" /tmp/$b; done
+}
 if [ -f "$BIN/ferry.xz" ]; then
-  xz -dc "$BIN/ferry.xz" > /tmp/ferry && chmod +x /tmp/ferry
-  if [ -f "$BIN/test_cuda.xz" ]; then
-    xz -dc "$BIN/test_cuda.xz" > /tmp/test_cuda && chmod +x /tmp/test_cuda
-  fi
+  unpack ferry
+  [ -f "$BIN/test_cuda.xz" ] && unpack test_cuda
   F=/tmp/ferry TC=/tmp/test_cuda
 else
   F=$BIN/ferry TC=$BIN/test_cuda
@@ -169,7 +174,7 @@ tcp_step_trace() {
 # old_binary XZ: another build's ferry (an xz file, e.g. .devM/ferry.xz) as /tmp/ferry-old, and
 # old MODEL [ARGS]: bt run by it, for side-by-side rounds against $F.
 old_binary() {
-  xz -dc "$1" > /tmp/ferry-old && chmod +x /tmp/ferry-old
+  unxz_bin "$1" /tmp/ferry-old
 }
 old() { F=/tmp/ferry-old bt "$@"; }
 # logits_reads PATTERN ADDR...: a profiled 1B Q4_0 client (FERRY_SESSION_PROFILE=1) per
@@ -210,7 +215,7 @@ tests() { # FILTER [SECONDS]
 timeline() {
   local name=$1
   shift
-  [ -x /tmp/ferry-trace ] || { xz -dc $TRACE_BIN/ferry.xz > /tmp/ferry-trace && chmod +x /tmp/ferry-trace; }
+  [ -x /tmp/ferry-trace ] || unxz_bin $TRACE_BIN/ferry.xz /tmp/ferry-trace
   echo "=== $(date -u +%T) trace $name"
   env "$@" FERRY_CUDA_TRACE_OUT=$OUT/trace.bin /tmp/ferry-trace bench -m ${TL_MODEL:-$H} --device CUDA0 -p 0 -n 64 -r 1 2>&1 |
     grep tg64

@@ -5,7 +5,7 @@
 # .devF as in run A; carry [".devF"].
 BIN=.devF
 source bench/runs/common.sh
-xz -dc $BIN/ferry-trace.xz > /tmp/ferry-trace && chmod +x /tmp/ferry-trace
+unpack ferry-trace
 gen_models &
 echo "=== $(date -u +%T) test_cuda (attention, replay, the carried fixtures)"
 timeout 300 $TC --gtest_filter='Cuda.EarlyAttention*:Cuda.Chunked*:Cuda.LongDecode*:Cuda.SameLogits*:*CudaOracle.*/f16:*CudaOracle.*/q4_0:*CudaOracle.*/q8_0:*CudaOracle.*/q4_k_m:Cuda.InPlace*:Cuda.Replayed*:Cuda.Alternating*:Cuda.OutOfRange*:Cuda.Staged*' \

@@ -6,7 +6,7 @@
 # the timeline at 16. .devF as in run A; carry [".devF"].
 BIN=.devF
 source bench/runs/common.sh
-xz -dc $BIN/ferry-trace.xz > /tmp/ferry-trace && chmod +x /tmp/ferry-trace
+unpack ferry-trace
 gen_models &
 echo "=== $(date -u +%T) test_cuda, early attention with the prefetch"
 FERRY_CUDA_ATTN_L2_MB=16 timeout 120 $TC --gtest_filter='Cuda.EarlyAttention*' > $OUT/test_cuda.txt 2>&1

@@ -7,7 +7,7 @@
 # f16, q4_0, q8_0 and q4_k_m fixtures); carry [".devF"].
 BIN=.devF
 source bench/runs/common.sh
-xz -dc $BIN/ferry-base.xz > /tmp/ferry-base && chmod +x /tmp/ferry-base
+unpack ferry-base
 NEW=$F
 gen_models &
 echo "=== $(date -u +%T) test_cuda (epilogues, rope, oracle cases of the carried fixtures)"

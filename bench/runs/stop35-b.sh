@@ -14,7 +14,7 @@
 # (.devB/ferry0.xz: HEAD 6364a92 built the same way.)
 BIN=${BIN:-.devB}
 source bench/runs/common.sh
-xz -dc $BIN/ferry0.xz > /tmp/ferry0 && chmod +x /tmp/ferry0
+unpack ferry0
 gen_models &
 echo "=== $(date -u +%T) test_cuda"
 tests "${FILTER:-*L2Next*:*Stream*:*SameLogits*}" 300

@@ -15,7 +15,7 @@
 # .devB holds ferry.xz, ferry0.xz (HEAD), test_cuda.xz and fx.tar.xz; carry [".devB"].
 BIN=${BIN:-.devB}
 source bench/runs/common.sh
-xz -dc $BIN/ferry0.xz > /tmp/ferry0 && chmod +x /tmp/ferry0
+unpack ferry0
 gen_models &
 echo "=== $(date -u +%T) test_cuda"
 tests "${FILTER:-*Bulk*:*Stream*:*Progressive*:*SameLogits*:*FusedDecode*:*CudaOracle*/f16:*CudaOracle*/q4_0:*CudaOracle*/q8_0:*EveryOp*}" 300

@@ -9,7 +9,7 @@
 # (not applied: ran once, 2026-12-06, H100; bench/results/cuda.md, stop 40, call 14).
 BIN=${BIN:-.devE}
 source bench/runs/common.sh
-xz -dc $BIN/ferry-old.xz > /tmp/ferry-old && chmod +x /tmp/ferry-old
+unpack ferry-old
 gen_models &
 echo "=== $(date -u +%T) test_cuda"
 tests "${FILTER:-*BulkStream*:*StreamProducts*:*WideStream*:*FoldedNorm*:*FusedKernelsNever*}" $(cap 150)

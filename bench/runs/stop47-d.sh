@@ -14,7 +14,7 @@ gen_models
 TR=$OUT/trace && mkdir -p $TR
 FERRY_STEP_TRACE=$TR $F serve --listen tcp:127.0.0.1:$((P + 9)) --device CUDA0 > $SD/t9.log 2>&1 &
 SERVER_PIDS+=($!)
-xz -dc .dev23k/ferry.xz > /tmp/ferry23 && chmod +x /tmp/ferry23
+unxz_bin .dev23k/ferry.xz /tmp/ferry23
 K=/tmp/ferry23
 for g in 8 16; do
   o=$((g / 8))

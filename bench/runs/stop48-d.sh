@@ -9,9 +9,7 @@
 # .dev29: bench_cuda_persist, bench_cuda_floor (build/release/bin, xz) and ferry.xz. Carry
 # [".dev29"].
 BIN=${BIN:-.dev29} source bench/runs/common.sh
-for b in bench_cuda_persist bench_cuda_floor; do
-  xz -dc $BIN/$b.xz > /tmp/$b && chmod +x /tmp/$b
-done
+unpack bench_cuda_persist bench_cuda_floor
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
 timeout $(cap 120) /tmp/bench_cuda_persist 50 16 64 1 || echo "(rc $?)"
 left 60 "variants" && {

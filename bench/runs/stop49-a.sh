@@ -8,9 +8,7 @@
 # Carry [".dev29"].
 export BIN=${BIN:-.dev29}
 source bench/runs/common.sh
-for b in bench_cuda_persist bench_cuda_floor; do
-  xz -dc $BIN/$b.xz > /tmp/$b && chmod +x /tmp/$b
-done
+unpack bench_cuda_persist bench_cuda_floor
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
 timeout $(cap 60) /tmp/bench_cuda_persist 50 16 64 1 || echo "(rc $?)"
 left 40 "output off" && { timeout 40 /tmp/bench_cuda_persist 50 16 64 0 || echo "(rc $?)"; }

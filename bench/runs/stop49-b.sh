@@ -17,18 +17,6 @@
 # .dev49: bench_cuda_persist.xz, bench_cuda_floor.xz (build/release), bench_unix_doorbell.xz
 # (g++ -O2 -std=c++20 -Ibench -static-libstdc++ -static-libgcc, no -march=native), ferry.xz (bench/
 # build-for-device.sh). Carry [".dev49"].
-BIN=${BIN:-.dev49} source bench/runs/common.sh
-for b in bench_cuda_persist bench_cuda_floor bench_unix_doorbell; do
-  xz -dc $BIN/$b.xz > /tmp/$b && chmod +x /tmp/$b
-done
-nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
-# A unix round trip through a polled socket against a shared-memory doorbell, on this host
-# (bench/results/remote.md, stop 49: 3.2-3.7 us against 0.7 on the 2-core VM): unplaced, then
-# pinned to cores 2 and 3, and to 2 and 12.
-for c in "" "2 3" "2 12"; do timeout 20 /tmp/bench_unix_doorbell 1024 128 20000 $c | tail -3; done
-timeout $(cap 60) /tmp/bench_cuda_persist 50 16 64 1 || echo "(rc $?)"
-left 40 "output off" && { timeout 40 /tmp/bench_cuda_persist 50 16 64 0 || echo "(rc $?)"; }
-left 40 "512 keys" && { timeout 40 /tmp/bench_cuda_persist 50 16 512 1 || echo "(rc $?)"; }
-left 40 "floor" && timeout 40 /tmp/bench_cuda_floor f16 100
-date +%T
-left 200 "ferry" && { gen_models; date +%T; echo "ferry 1B F16 tg128: $(bt $H --device CUDA0)"; }
+# Its steps ran in stop 50 as bench/runs/stop50-a.sh, which is this script with one knob's runs
+# added before the floor (on an H200: bench/results/cuda.md, stop 50).
+exec bash "$(dirname "$0")/stop50-a.sh"

@@ -24,9 +24,7 @@
 # (g++ -O2 -std=c++20 -Ibench -static-libstdc++ -static-libgcc, no -march=native), ferry.xz (bench/
 # build-for-device.sh). Carry [".dev49"].
 BIN=${BIN:-.dev49} source bench/runs/common.sh
-for b in bench_cuda_persist bench_cuda_floor bench_unix_doorbell; do
-  xz -dc $BIN/$b.xz > /tmp/$b && chmod +x /tmp/$b
-done
+unpack bench_cuda_persist bench_cuda_floor bench_unix_doorbell
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
 # A unix round trip through a polled socket against a shared-memory doorbell, on this host
 # (bench/results/remote.md, stop 49: 3.2-3.7 us against 0.7 on the 2-core VM): unplaced, then

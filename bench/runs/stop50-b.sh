@@ -10,9 +10,7 @@
 # an H100; polling every word (poll all 1) slower than one word a lane by 1-5%.
 # .dev49: bench_cuda_persist.xz (this form), bench_cuda_floor.xz, ferry.xz. Carry [".dev49"].
 BIN=${BIN:-.dev49} source bench/runs/common.sh
-for b in bench_cuda_persist bench_cuda_floor; do
-  xz -dc $BIN/$b.xz > /tmp/$b && chmod +x /tmp/$b
-done
+unpack bench_cuda_persist bench_cuda_floor
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
 date +%T
 timeout $(cap 60) /tmp/bench_cuda_persist 50 16 64 1 0 || echo "(rc $?)"

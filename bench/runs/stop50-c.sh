@@ -10,9 +10,7 @@
 # H200 ~600-650); 1 copy in flight slower. Then the floor and ferry's F16 tg128 on the same card.
 # .dev49: bench_cuda_persist.xz (this form), bench_cuda_floor.xz, ferry.xz. Carry [".dev49"].
 BIN=${BIN:-.dev49} source bench/runs/common.sh
-for b in bench_cuda_persist bench_cuda_floor; do
-  xz -dc $BIN/$b.xz > /tmp/$b && chmod +x /tmp/$b
-done
+unpack bench_cuda_persist bench_cuda_floor
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
 date +%T
 for f in 13 3 2 4 6 1; do

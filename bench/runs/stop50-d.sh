@@ -7,9 +7,7 @@
 # lane within 1%. Then output off, 512 keys, the floor and ferry's F16 tg128, same card.
 # .dev49: bench_cuda_persist.xz (this form), bench_cuda_floor.xz, ferry.xz. Carry [".dev49"].
 BIN=${BIN:-.dev49} source bench/runs/common.sh
-for b in bench_cuda_persist bench_cuda_floor; do
-  xz -dc $BIN/$b.xz > /tmp/$b && chmod +x /tmp/$b
-done
+unpack bench_cuda_persist bench_cuda_floor
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
 date +%T
 P=/tmp/bench_cuda_persist

@@ -3,7 +3,8 @@
 # device: $OUT set, so everything printed also goes through a tee into $OUT/run.log. Checks
 # that BIN set for the source alone stays set after it, that gen_models and gen_types return
 # once the models are written (stops 48-d and 49-a hung in a bare `wait`, which also waited for
-# the tee, until their calls' limits), and that the output reaches run.log.
+# the tee, until their calls' limits), that unpack makes a carried BIN/NAME.xz runnable as
+# /tmp/NAME, and that the output reaches run.log.
 #   run-helpers-test.sh SOURCE_DIR
 set -u
 src=$1
@@ -19,6 +20,8 @@ sleep 0.3
 echo model > "$2"
 GEN
 chmod +x "$tmp/gen"
+# A carried benchmark, as the device scripts' BIN holds them.
+printf '#!/bin/sh\necho unpacked\n' | xz > "$tmp/bin/ferry-helpers-$$-bench.xz"
 cat > "$tmp/script.sh" <<SCRIPT
 cd "$src"
 BIN="$tmp/bin" source bench/runs/common.sh
@@ -31,6 +34,9 @@ gen_types ferry-helpers-$$-1 ferry-helpers-$$-2
 cd "$src"
 [ -f /tmp/ferry-helpers-$$-1.gguf ] && [ -f /tmp/ferry-helpers-$$-2.gguf ] || { echo "gen_types returned before its models"; exit 5; }
 rm -f /tmp/ferry-helpers-$$-1.gguf /tmp/ferry-helpers-$$-2.gguf
+unpack ferry-helpers-$$-bench
+[ "\$(/tmp/ferry-helpers-$$-bench)" = unpacked ] || { echo "unpack did not make /tmp/NAME runnable"; exit 6; }
+rm -f /tmp/ferry-helpers-$$-bench
 echo "helpers done"
 SCRIPT
 OUT="$tmp/out" timeout 30 bash "$tmp/script.sh"
