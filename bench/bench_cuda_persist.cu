@@ -349,7 +349,8 @@ __device__ void load_input(const Args& a, const Phase& ph, int k0, float* xs, fl
 // then a warp a cached value at a time (a lane 2 of its dimensions), 8 warps side by side.
 // Calls got_input() once q, the key and the value are in.
 template <class F>
-__device__ void attention(const Args& a, int pi, int h, float* sm, float* red, F got_input) {
+__device__ void attention(const Args& a, const Phase& ph, int pi, int h, float* sm, float* red,
+                          F got_input) {
     const int t = threadIdx.x, warp = t / 32, lane = t % 32, n = a.positions + 1;
     const int hk = h / (kHeads / kKvHeads);
     float* q = sm;        // [kD]
@@ -357,7 +358,7 @@ __device__ void attention(const Args& a, int pi, int h, float* sm, float* red, F
     float* vn = kn + kD;
     float* p = vn + kD;                   // [n]
     float* part = p + kMaxPositions + 1;  // [kConsumers][kD]
-    const unsigned want = tag_of(a.epoch, a.phases[pi].in);
+    const unsigned want = tag_of(a.epoch, ph.in);
     if (t < kD) {
         q[t] = wait_word(a.qkv + h * kD + t, want, "q");
         kn[t] = wait_word(a.qkv + kH + hk * kD + t, want, "k");
@@ -519,7 +520,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
         if (threadIdx.x == 0) *cur_kind = ph.kind;
         if (ph.kind == kAttnK) {
             if (b < kHeads) {
-                attention(a, pi, b, scratch, red, [&] { stamp(pi, 1); });
+                attention(a, ph, pi, b, scratch, red, [&] { stamp(pi, 1); });
             } else {
                 stamp(pi, 1);
             }
