@@ -5,7 +5,8 @@
 # their reads ready in 1.5-2.3 us, at 2 in 4.1-5.9, but the big products then streamed less).
 # Prediction: chain cap 1 with 2-3 elsewhere -3-5% against 2 everywhere; polling one word a
 # lane within 1%. Then output off, 512 keys, the floor and ferry's F16 tg128, same card.
-# .dev49: bench_cuda_persist.xz (this form), bench_cuda_floor.xz, ferry.xz. Carry [".dev49"].
+# .dev49: bench_cuda_persist.xz (this form, built at a0ef64c), bench_cuda_floor.xz, ferry.xz.
+# Carry [".dev49"].
 BIN=${BIN:-.dev49} source bench/runs/common.sh
 unpack bench_cuda_persist bench_cuda_floor
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
