@@ -9,7 +9,8 @@
 // the SMs are free).
 //
 //   bench_cuda_persist [steps] [layers] [positions] [output 0|1] [poll all 0|1] [in flight]
-//                      [in flight in the chain]
+//                      [in flight in the chain] [in flight while waiting] [contiguous 0|1]
+//                      [backoff ns]
 //
 // The step (synthetic F16 weights of the 1B shapes: hidden 2048, 32 heads of 64 over 8 KV
 // heads, FFN 8192, vocabulary 128,256), per layer: x_n = rmsnorm(x); qkv = Wqkv x_n; for each
@@ -31,7 +32,10 @@
 //   poll all 1 (default): a waiting warp reads all of its input's words each round; 0: one word
 //   a lane until it is there, then the rest. in flight: the producer's copies in flight at
 //   most (default: the ring's 13 stages); in the chain: that cap while the consumers are in
-//   q/k/v, the attention or wo (default: the same).
+//   q/k/v, the attention or wo (default: the same); while waiting: that cap while a block's
+//   consumers wait for their phase's input (default 0: none). contiguous 1: a block's tiles of a
+//   phase consecutive (default 0: strided by the grid). backoff: a waiting warp's sleep between
+//   polls (default 0).
 //
 // Stop 49 (first runs, H100): correct; 2,047 us a step, then 1,293 with each warp's input slice
 // in registers (bench/results/cuda.md). Stop 50-a (H200): with inputs straight from L2, silu(g) u
@@ -142,6 +146,16 @@ struct Args {
     // The same while the consumers are in the chain's phases (q/k/v, attention, wo), whose
     // reads of the values just stored are what the copies in flight delay.
     int chain_inflight;
+    // The same while this block's consumers wait for their phase's input (0: no such cap): the
+    // copies in flight are what a hop's store and load wait behind, and every block waits for
+    // its input at about the same time, so the queues may drain just then.
+    int wait_inflight;
+    // 1: a block's tiles of a phase are consecutive (tiles [T b / nb, T (b + 1) / nb)), so that
+    // a line of x or h is stored by one or two blocks, not 4-16 (0: tiles b, b + nb, ...).
+    int contiguous;
+    // Nanoseconds a waiting warp sleeps between its polls (0: none), to leave L2 to the stores
+    // it waits for.
+    int backoff_ns;
     // When set (one step, to see where its time goes), global nanoseconds: stamps[(phase nb +
     // block) 4 + i], i = 0 the phase begun (the block done with the one before), 1 its input in
     // registers (the wait for it included), 2 its tiles summed, 3 its rows stored; issued[phase
@@ -233,12 +247,14 @@ __device__ __forceinline__ float val_word(Word w) {
     return __uint_as_float(static_cast<unsigned>(w));
 }
 // One value, once its tag is `want`.
-__device__ __forceinline__ float wait_word(const Word* p, unsigned want, const char* what) {
+__device__ __forceinline__ float wait_word(const Word* p, unsigned want, int backoff_ns,
+                                           const char* what) {
     Word w = ld_word(p);
     if (tag_word(w) != want) {
         const uint64_t t0 = now_ns();
         do {
             give_up_after(t0, what);
+            if (backoff_ns) __nanosleep(backoff_ns);
             w = ld_word(p);
         } while (tag_word(w) != want);
     }
@@ -249,8 +265,8 @@ __device__ __forceinline__ float wait_word(const Word* p, unsigned want, const c
 // round trip a round; stop 50-b's down waited for its 4 runs one after another, 8.5-11.8 us).
 template <int J>
 __device__ __forceinline__ void wait_words(const Word* p, unsigned want, float* o, int poll_all,
-                                           const char* what) {
-    if (!poll_all) wait_word(p, want, what);
+                                           int backoff_ns, const char* what) {
+    if (!poll_all) wait_word(p, want, backoff_ns, what);
     Word w[8 * J];
     const uint64_t t0 = now_ns();
     for (;;) {
@@ -263,6 +279,7 @@ __device__ __forceinline__ void wait_words(const Word* p, unsigned want, float* 
         for (int i = 0; i < 8 * J; i++) ok = ok && tag_word(w[i]) == want;
         if (ok) break;
         give_up_after(t0, what);
+        if (backoff_ns) __nanosleep(backoff_ns);
     }
 #pragma unroll
     for (int i = 0; i < 8 * J; i++) o[i] = val_word(w[i]);
@@ -305,13 +322,14 @@ __device__ void load_input(const Args& a, const Phase& ph, int k0, float* xs, fl
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const unsigned want = ph.in >= 0 ? tag_of(a.epoch, ph.in) : tag_of(a.epoch - 1, a.last_x);
     if (ph.kind == kDownK) {
-        wait_words<4>(a.h + k0 + 8 * lane, want, v, a.poll_all, "h");
+        wait_words<4>(a.h + k0 + 8 * lane, want, v, a.poll_all, a.backoff_ns, "h");
         return;
     }
     const bool norm = ph.kind != kWoK;
     const Word* in = norm ? a.x : a.attn;
     float u[8];
-    wait_words<1>(in + warp * 256 + 8 * lane, want, u, a.poll_all, norm ? "x" : "attn");
+    wait_words<1>(in + warp * 256 + 8 * lane, want, u, a.poll_all, a.backoff_ns,
+                  norm ? "x" : "attn");
     float4* dst = reinterpret_cast<float4*>(xs + warp * 256 + 8 * lane);
     dst[0] = make_float4(u[0], u[1], u[2], u[3]);
     dst[1] = make_float4(u[4], u[5], u[6], u[7]);
@@ -360,9 +378,9 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, float* 
     float* part = p + kMaxPositions + 1;  // [kConsumers][kD]
     const unsigned want = tag_of(a.epoch, ph.in);
     if (t < kD) {
-        q[t] = wait_word(a.qkv + h * kD + t, want, "q");
-        kn[t] = wait_word(a.qkv + kH + hk * kD + t, want, "k");
-        vn[t] = wait_word(a.qkv + kH + kKvHeads * kD + hk * kD + t, want, "v");
+        q[t] = wait_word(a.qkv + h * kD + t, want, a.backoff_ns, "q");
+        kn[t] = wait_word(a.qkv + kH + hk * kD + t, want, a.backoff_ns, "k");
+        vn[t] = wait_word(a.qkv + kH + kKvHeads * kD + hk * kD + t, want, a.backoff_ns, "v");
     }
     consumers_sync();
     got_input();
@@ -438,6 +456,20 @@ __device__ __forceinline__ float tile_dot(const unsigned char* stage, int e0, in
     return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
+// Block b's tiles of a phase of `tiles` (Args::contiguous): how many, and the i-th of them.
+struct Share {
+    int64_t first, count;
+    int64_t stride;  // 1 (consecutive) or nb
+    __device__ int64_t tile(int64_t i) const { return first + i * stride; }
+};
+__device__ __forceinline__ Share share_of(int64_t tiles, int b, int nb, int contiguous) {
+    if (contiguous) {
+        const int64_t lo = tiles * b / nb, hi = tiles * (b + 1) / nb;
+        return {lo, hi - lo, 1};
+    }
+    return {b, b < tiles ? (tiles - b + nb - 1) / nb : 0, nb};
+}
+
 __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
     extern __shared__ __align__(128) unsigned char smem[];
     const SmemLayout L{a.max_tiles};
@@ -450,8 +482,10 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int nb = gridDim.x, b = blockIdx.x;
     // The consumers' phase kind, for the producer's cap on copies in flight.
-    __shared__ int cur_kind_word;
+    __shared__ int cur_kind_word, waiting_word;
     volatile int* cur_kind = &cur_kind_word;
+    // 1 while this block's consumers wait for their phase's input (Args::wait_inflight).
+    volatile int* waiting = &waiting_word;
     // One launch a product (the comparison): the next launch may start as this one's blocks
     // leave (programmatic dependent launch, when the host asked for it): its producer streams
     // its weights at once and its consumers wait for their input's tags, as in the persistent
@@ -459,6 +493,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     if (threadIdx.x == 0) {
         *cur_kind = a.phases[a.lo].kind;
+        *waiting = 1;
         for (int s = 0; s < kStages; s++) {
             mbar_init(full + s, 1);
             mbar_init(empty + s, kConsumers);
@@ -476,7 +511,9 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
             const Phase ph = a.phases[pi];
             if (ph.kind == kAttnK) continue;
             uint64_t waited = 0;
-            for (int64_t tile = b; tile < ph.tiles; tile += nb, it++) {
+            const Share sh = share_of(ph.tiles, b, nb, a.contiguous);
+            for (int64_t i = 0; i < sh.count; i++, it++) {
+                const int64_t tile = sh.tile(i);
                 const int s = static_cast<int>(it % kStages);
                 const unsigned parity = static_cast<unsigned>((it / kStages) & 1) ^ 1u;
                 if (a.stalled && !mbar_try(empty + s, parity)) {
@@ -488,7 +525,9 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
                 }
                 const int k = *cur_kind;
                 const int cap =
-                    k == kQkvK || k == kAttnK || k == kWoK ? a.chain_inflight : a.inflight;
+                    a.wait_inflight > 0 && *waiting
+                        ? a.wait_inflight
+                        : (k == kQkvK || k == kAttnK || k == kWoK ? a.chain_inflight : a.inflight);
                 if (it >= cap) {
                     // (Tile it - cap's stage is not refilled before tile it + kStages - cap, so
                     // its parity names that tile's landing.)
@@ -517,10 +556,17 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
     for (int pi = a.lo; pi < a.hi; pi++) {
         const Phase ph = a.phases[pi];
         stamp(pi, 0);
-        if (threadIdx.x == 0) *cur_kind = ph.kind;
+        if (threadIdx.x == 0) {
+            *cur_kind = ph.kind;
+            *waiting = ph.kind != kAttnK || b < kHeads;
+        }
+        auto got_input = [&] {
+            if (threadIdx.x == 0) *waiting = 0;
+            stamp(pi, 1);
+        };
         if (ph.kind == kAttnK) {
             if (b < kHeads) {
-                attention(a, ph, pi, b, scratch, red, [&] { stamp(pi, 1); });
+                attention(a, ph, pi, b, scratch, red, got_input);
             } else {
                 stamp(pi, 1);
             }
@@ -534,15 +580,15 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
             const int k0 = e0 % ph.K;
             float v[32];
             load_input(a, ph, k0, scratch, red, v);
-            stamp(pi, 1);
+            got_input();
             // wo and down add into x: thread i reads its row's x now (there by the time the
             // input is: every block read all of x before the input could be complete), so that
             // the rows' stores wait on no round trip.
             const bool residual = ph.kind == kWoK || ph.kind == kDownK;
-            const int my_rows = static_cast<int>((ph.tiles - b + nb - 1) / nb) * rows_per_tile;
+            const Share sh = share_of(ph.tiles, b, nb, a.contiguous);
+            const int my_rows = static_cast<int>(sh.count) * rows_per_tile;
             auto row_of = [&](int i) {
-                return (b + static_cast<int64_t>(i / rows_per_tile) * nb) * rows_per_tile +
-                       i % rows_per_tile;
+                return sh.tile(i / rows_per_tile) * rows_per_tile + i % rows_per_tile;
             };
             Word x_old = 0;
             if (residual && static_cast<int>(threadIdx.x) < my_rows) {
@@ -551,11 +597,11 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
             // Tiles two at a time where two are left: both sums reduced across the warp in 5
             // shuffles (lanes 0-15 end with the first's, 16-31 with the second's), not 10.
             int lt = 0;  // the tile's place among the block's tiles of the phase
-            for (int64_t tile = b; tile < ph.tiles;) {
+            while (lt < sh.count) {
                 const int s0 = static_cast<int>(it % kStages);
                 mbar_wait(full + s0, static_cast<unsigned>((it / kStages) & 1), "a tile");
                 const float d0 = tile_dot(ring + s0 * kStageBytes, e0, lane, v);
-                if (tile + nb < ph.tiles) {
+                if (lt + 1 < sh.count) {
                     const int s1 = static_cast<int>((it + 1) % kStages);
                     mbar_wait(full + s1, static_cast<unsigned>(((it + 1) / kStages) & 1), "a tile");
                     const float d1 = tile_dot(ring + s1 * kStageBytes, e0, lane, v);
@@ -571,7 +617,6 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
                         mbar_arrive(empty + s1);
                         part[(lt + 1) * kConsumers + warp] = keep;
                     }
-                    tile += 2 * nb;
                     it += 2;
                     lt += 2;
                 } else {
@@ -581,7 +626,6 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
                         mbar_arrive(empty + s0);
                         part[lt * kConsumers + warp] = d;
                     }
-                    tile += nb;
                     it++;
                     lt++;
                 }
@@ -603,8 +647,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
                 for (int i = threadIdx.x; i < lt * 2; i += 32 * kConsumers) {
                     const int t = i / 2, r = i % 2;
                     const float g = row_sum(t, r), u = row_sum(t, 2 + r);
-                    st_word(a.h + (b + static_cast<int64_t>(t) * nb) * 2 + r,
-                            g / (1.0f + __expf(-g)) * u, mine);
+                    st_word(a.h + sh.tile(t) * 2 + r, g / (1.0f + __expf(-g)) * u, mine);
                 }
             } else {
                 const unsigned x_want =
@@ -623,7 +666,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
                             const float old =
                                 i == static_cast<int>(threadIdx.x) && tag_word(x_old) == x_want
                                     ? val_word(x_old)
-                                    : wait_word(a.x + row, x_want, "x row");
+                                    : wait_word(a.x + row, x_want, a.backoff_ns, "x row");
                             st_word(a.x + row, old + v, mine);
                             break;
                         }
@@ -753,12 +796,18 @@ int main(int argc, char** argv) {
     const int poll_all = argc > 5 ? std::atoi(argv[5]) : 1;
     const int inflight = argc > 6 ? std::atoi(argv[6]) : kStages;
     const int chain_inflight = argc > 7 ? std::atoi(argv[7]) : inflight;
+    const int wait_inflight = argc > 8 ? std::atoi(argv[8]) : 0;
+    const int contiguous = argc > 9 ? std::atoi(argv[9]) : 0;
+    const int backoff_ns = argc > 10 ? std::atoi(argv[10]) : 0;
     if (steps < 1 || layers < 1 || 5 * layers + 1 > static_cast<int>(kTagPhases) || positions < 1 ||
         positions > kMaxPositions || (poll_all != 0 && poll_all != 1) || inflight < 1 ||
-        inflight > kStages || chain_inflight < 1 || chain_inflight > kStages) {
+        inflight > kStages || chain_inflight < 1 || chain_inflight > kStages || wait_inflight < 0 ||
+        wait_inflight > kStages || (contiguous != 0 && contiguous != 1) || backoff_ns < 0 ||
+        backoff_ns > 100000) {
         std::fprintf(stderr,
                      "usage: bench_cuda_persist [steps] [layers <= 25] [positions <= %d] "
-                     "[output 0|1] [poll all 0|1] [copies in flight <= %d] [in the chain]\n",
+                     "[output 0|1] [poll all 0|1] [copies in flight <= %d] [in the chain] "
+                     "[while waiting, 0: no cap] [contiguous 0|1] [backoff ns]\n",
                      kMaxPositions, kStages);
         return 2;
     }
@@ -859,6 +908,9 @@ int main(int argc, char** argv) {
     a.poll_all = poll_all;
     a.inflight = inflight;
     a.chain_inflight = chain_inflight;
+    a.wait_inflight = wait_inflight;
+    a.contiguous = contiguous;
+    a.backoff_ns = backoff_ns;
     unsigned epoch = 0;
     // x as the step before left it, for the next launch (epoch + 1).
     auto reset_x = [&] {
@@ -982,9 +1034,11 @@ int main(int argc, char** argv) {
         const double us = per[per.size() / 2];
         std::printf(
             "%s: %d SMs, %d layers, %d cached keys, output %s, poll all %d, in flight %d (chain "
-            "%d): %.1f us a step (%.1f-%.1f), %.0f MB of weights, %.2f TB/s, %.0f steps/s\n",
+            "%d, waiting %d), contiguous %d, backoff %d ns: %.1f us a step (%.1f-%.1f), %.0f MB "
+            "of weights, %.2f TB/s, %.0f steps/s\n",
             kModes[mode], n_sm, layers, positions, output ? "on" : "off", poll_all, inflight,
-            chain_inflight, us, per.front(), per.back(), bytes / 1e6, bytes / us / 1e6, 1e6 / us);
+            chain_inflight, wait_inflight, contiguous, backoff_ns, us, per.front(), per.back(),
+            bytes / 1e6, bytes / us / 1e6, 1e6 / us);
     }
 
     // Where a persistent step's time goes: one more step with every block's stamps.
