@@ -10,7 +10,7 @@
 //
 //   bench_cuda_persist [steps] [layers] [positions] [output 0|1] [poll all 0|1] [in flight]
 //                      [in flight in the chain] [in flight while waiting] [contiguous 0|1]
-//                      [backoff ns]
+//                      [poll gap ns]
 //
 // The step (synthetic F16 weights of the 1B shapes: hidden 2048, 32 heads of 64 over 8 KV
 // heads, FFN 8192, vocabulary 128,256), per layer: x_n = rmsnorm(x); qkv = Wqkv x_n; for each
@@ -34,8 +34,9 @@
 //   most (default: the ring's 13 stages); in the chain: that cap while the consumers are in
 //   q/k/v, the attention or wo (default: the same); while waiting: that cap while a block's
 //   consumers wait for their phase's input (default 0: none). contiguous 1: a block's tiles of a
-//   phase consecutive (default 0: strided by the grid). backoff: a waiting warp's sleep between
-//   polls (default 0).
+//   phase consecutive, 2: in whole lines of the words they store (default 0: strided by the
+//   grid). poll gap: > 0, a waiting warp keeps two polls
+//   in flight, that far apart (default 0: one).
 //
 // Stop 49 (first runs, H100): correct; 2,047 us a step, then 1,293 with each warp's input slice
 // in registers (bench/results/cuda.md). Stop 50-a (H200): with inputs straight from L2, silu(g) u
@@ -153,9 +154,11 @@ struct Args {
     // 1: a block's tiles of a phase are consecutive (tiles [T b / nb, T (b + 1) / nb)), so that
     // a line of x or h is stored by one or two blocks, not 4-16 (0: tiles b, b + nb, ...).
     int contiguous;
-    // Nanoseconds a waiting warp sleeps between its polls (0: none), to leave L2 to the stores
-    // it waits for.
-    int backoff_ns;
+    // > 0: a waiting warp keeps two polls in flight, the second poll_gap_ns after the first
+    // (wait_word), so that a value is seen ~a round trip after it lands, not up to two (0: one
+    // at a time). (Stop 51-a, H200: a sleep of 200 or 500 ns between single polls, to leave L2
+    // to the stores waited for, cost 0-3%.)
+    int poll_gap_ns;
     // When set (one step, to see where its time goes), global nanoseconds: stamps[(phase nb +
     // block) 4 + i], i = 0 the phase begun (the block done with the one before), 1 its input in
     // registers (the wait for it included), 2 its tiles summed, 3 its rows stored; issued[phase
@@ -246,43 +249,79 @@ __device__ __forceinline__ unsigned tag_word(Word w) {
 __device__ __forceinline__ float val_word(Word w) {
     return __uint_as_float(static_cast<unsigned>(w));
 }
-// One value, once its tag is `want`.
-__device__ __forceinline__ float wait_word(const Word* p, unsigned want, int backoff_ns,
+// One value, once its tag is `want`. gap_ns (Args::poll_gap_ns) > 0: two polls in flight, the
+// second issued gap_ns after the first, each reissued as soon as it has come back wrong, so
+// the value is seen about a round trip after it lands in L2 (not up to two).
+__device__ __forceinline__ float wait_word(const Word* p, unsigned want, int gap_ns,
                                            const char* what) {
     Word w = ld_word(p);
-    if (tag_word(w) != want) {
-        const uint64_t t0 = now_ns();
-        do {
-            give_up_after(t0, what);
-            if (backoff_ns) __nanosleep(backoff_ns);
+    if (tag_word(w) == want) return val_word(w);
+    const uint64_t t0 = now_ns();
+    if (gap_ns > 0) {
+        w = ld_word(p);
+        __nanosleep(gap_ns);
+        Word u = ld_word(p);
+        for (;;) {
+            if (tag_word(w) == want) return val_word(w);
             w = ld_word(p);
-        } while (tag_word(w) != want);
+            if (tag_word(u) == want) return val_word(u);
+            u = ld_word(p);
+            give_up_after(t0, what);
+        }
     }
+    do {
+        give_up_after(t0, what);
+        w = ld_word(p);
+    } while (tag_word(w) != want);
     return val_word(w);
 }
 // A lane's J runs of 8 consecutive values, p[256 j, 256 j + 8) for j < J, into o[8 j, 8 j + 8),
 // once all their tags are `want` (see Args::poll_all): every load of a round issued at once (one
 // round trip a round; stop 50-b's down waited for its 4 runs one after another, 8.5-11.8 us).
+// With gap_ns > 0 (as wait_word's) two rounds are in flight, gap_ns apart.
 template <int J>
 __device__ __forceinline__ void wait_words(const Word* p, unsigned want, float* o, int poll_all,
-                                           int backoff_ns, const char* what) {
-    if (!poll_all) wait_word(p, want, backoff_ns, what);
+                                           int gap_ns, const char* what) {
+    if (!poll_all) wait_word(p, want, gap_ns, what);
     Word w[8 * J];
-    const uint64_t t0 = now_ns();
-    for (;;) {
+    auto issue = [&](Word(&r)[8 * J]) {
 #pragma unroll
         for (int i = 0; i < 4 * J; i++) {
-            ld_words2(p + 256 * (i / 4) + 2 * (i % 4), w[2 * i], w[2 * i + 1]);
+            ld_words2(p + 256 * (i / 4) + 2 * (i % 4), r[2 * i], r[2 * i + 1]);
         }
+    };
+    auto ready = [&](const Word(&r)[8 * J]) {
         bool ok = true;
 #pragma unroll
-        for (int i = 0; i < 8 * J; i++) ok = ok && tag_word(w[i]) == want;
-        if (ok) break;
-        give_up_after(t0, what);
-        if (backoff_ns) __nanosleep(backoff_ns);
-    }
+        for (int i = 0; i < 8 * J; i++) ok = ok && tag_word(r[i]) == want;
+        return ok;
+    };
+    auto take = [&](const Word(&r)[8 * J]) {
 #pragma unroll
-    for (int i = 0; i < 8 * J; i++) o[i] = val_word(w[i]);
+        for (int i = 0; i < 8 * J; i++) o[i] = val_word(r[i]);
+    };
+    const uint64_t t0 = now_ns();
+    issue(w);
+    if (ready(w)) return take(w);
+    // (Down's 4 runs twice over would not fit in registers: it polls one round at a time.)
+    if (J == 1 && gap_ns > 0) {
+        Word u[8 * J];
+        issue(w);
+        __nanosleep(gap_ns);
+        issue(u);
+        for (;;) {
+            if (ready(w)) return take(w);
+            issue(w);
+            if (ready(u)) return take(u);
+            issue(u);
+            give_up_after(t0, what);
+        }
+    }
+    for (;;) {
+        give_up_after(t0, what);
+        issue(w);
+        if (ready(w)) return take(w);
+    }
 }
 __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;" ::"n"(32 * kConsumers) : "memory");
@@ -322,13 +361,13 @@ __device__ void load_input(const Args& a, const Phase& ph, int k0, float* xs, fl
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const unsigned want = ph.in >= 0 ? tag_of(a.epoch, ph.in) : tag_of(a.epoch - 1, a.last_x);
     if (ph.kind == kDownK) {
-        wait_words<4>(a.h + k0 + 8 * lane, want, v, a.poll_all, a.backoff_ns, "h");
+        wait_words<4>(a.h + k0 + 8 * lane, want, v, a.poll_all, a.poll_gap_ns, "h");
         return;
     }
     const bool norm = ph.kind != kWoK;
     const Word* in = norm ? a.x : a.attn;
     float u[8];
-    wait_words<1>(in + warp * 256 + 8 * lane, want, u, a.poll_all, a.backoff_ns,
+    wait_words<1>(in + warp * 256 + 8 * lane, want, u, a.poll_all, a.poll_gap_ns,
                   norm ? "x" : "attn");
     float4* dst = reinterpret_cast<float4*>(xs + warp * 256 + 8 * lane);
     dst[0] = make_float4(u[0], u[1], u[2], u[3]);
@@ -378,9 +417,9 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, float* 
     float* part = p + kMaxPositions + 1;  // [kConsumers][kD]
     const unsigned want = tag_of(a.epoch, ph.in);
     if (t < kD) {
-        q[t] = wait_word(a.qkv + h * kD + t, want, a.backoff_ns, "q");
-        kn[t] = wait_word(a.qkv + kH + hk * kD + t, want, a.backoff_ns, "k");
-        vn[t] = wait_word(a.qkv + kH + kKvHeads * kD + hk * kD + t, want, a.backoff_ns, "v");
+        q[t] = wait_word(a.qkv + h * kD + t, want, a.poll_gap_ns, "q");
+        kn[t] = wait_word(a.qkv + kH + hk * kD + t, want, a.poll_gap_ns, "k");
+        vn[t] = wait_word(a.qkv + kH + kKvHeads * kD + hk * kD + t, want, a.poll_gap_ns, "v");
     }
     consumers_sync();
     got_input();
@@ -456,18 +495,31 @@ __device__ __forceinline__ float tile_dot(const unsigned char* stage, int e0, in
     return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
-// Block b's tiles of a phase of `tiles` (Args::contiguous): how many, and the i-th of them.
+// Block b's tiles of a phase (Args::contiguous): how many, and the i-th of them.
 struct Share {
     int64_t first, count;
     int64_t stride;  // 1 (consecutive) or nb
     __device__ int64_t tile(int64_t i) const { return first + i * stride; }
 };
-__device__ __forceinline__ Share share_of(int64_t tiles, int b, int nb, int contiguous) {
+__device__ __forceinline__ Share share_of(const Phase& ph, int b, int nb, int contiguous) {
     if (contiguous) {
-        const int64_t lo = tiles * b / nb, hi = tiles * (b + 1) / nb;
+        // contiguous 2: shares in whole groups of tiles whose rows fill 128-byte lines of words
+        // (16 x or h values), so that one block stores each line: wo's 4-row tiles by 4, down's
+        // 1-row tiles by 16, gate/up's (2 h values a tile) by 8; q/k/v by 2 (half a line: by 4
+        // some blocks would have 8 tiles, not 6). Each of these keeps the largest share the same.
+        int g = 1;
+        if (contiguous == 2) {
+            g = ph.kind == kWoK     ? 4
+                : ph.kind == kDownK ? 16
+                : ph.kind == kGuK   ? 8
+                : ph.kind == kQkvK  ? 2
+                                    : 1;
+        }
+        const int64_t groups = ph.tiles / g;  // (every phase's tiles are a multiple of its g)
+        const int64_t lo = groups * b / nb * g, hi = groups * (b + 1) / nb * g;
         return {lo, hi - lo, 1};
     }
-    return {b, b < tiles ? (tiles - b + nb - 1) / nb : 0, nb};
+    return {b, b < ph.tiles ? (ph.tiles - b + nb - 1) / nb : 0, nb};
 }
 
 __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
@@ -511,7 +563,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
             const Phase ph = a.phases[pi];
             if (ph.kind == kAttnK) continue;
             uint64_t waited = 0;
-            const Share sh = share_of(ph.tiles, b, nb, a.contiguous);
+            const Share sh = share_of(ph, b, nb, a.contiguous);
             for (int64_t i = 0; i < sh.count; i++, it++) {
                 const int64_t tile = sh.tile(i);
                 const int s = static_cast<int>(it % kStages);
@@ -585,7 +637,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
             // input is: every block read all of x before the input could be complete), so that
             // the rows' stores wait on no round trip.
             const bool residual = ph.kind == kWoK || ph.kind == kDownK;
-            const Share sh = share_of(ph.tiles, b, nb, a.contiguous);
+            const Share sh = share_of(ph, b, nb, a.contiguous);
             const int my_rows = static_cast<int>(sh.count) * rows_per_tile;
             auto row_of = [&](int i) {
                 return sh.tile(i / rows_per_tile) * rows_per_tile + i % rows_per_tile;
@@ -666,7 +718,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
                             const float old =
                                 i == static_cast<int>(threadIdx.x) && tag_word(x_old) == x_want
                                     ? val_word(x_old)
-                                    : wait_word(a.x + row, x_want, a.backoff_ns, "x row");
+                                    : wait_word(a.x + row, x_want, a.poll_gap_ns, "x row");
                             st_word(a.x + row, old + v, mine);
                             break;
                         }
@@ -798,16 +850,16 @@ int main(int argc, char** argv) {
     const int chain_inflight = argc > 7 ? std::atoi(argv[7]) : inflight;
     const int wait_inflight = argc > 8 ? std::atoi(argv[8]) : 0;
     const int contiguous = argc > 9 ? std::atoi(argv[9]) : 0;
-    const int backoff_ns = argc > 10 ? std::atoi(argv[10]) : 0;
+    const int poll_gap_ns = argc > 10 ? std::atoi(argv[10]) : 0;
     if (steps < 1 || layers < 1 || 5 * layers + 1 > static_cast<int>(kTagPhases) || positions < 1 ||
         positions > kMaxPositions || (poll_all != 0 && poll_all != 1) || inflight < 1 ||
         inflight > kStages || chain_inflight < 1 || chain_inflight > kStages || wait_inflight < 0 ||
-        wait_inflight > kStages || (contiguous != 0 && contiguous != 1) || backoff_ns < 0 ||
-        backoff_ns > 100000) {
+        wait_inflight > kStages || contiguous < 0 || contiguous > 2 || poll_gap_ns < 0 ||
+        poll_gap_ns > 100000) {
         std::fprintf(stderr,
                      "usage: bench_cuda_persist [steps] [layers <= 25] [positions <= %d] "
                      "[output 0|1] [poll all 0|1] [copies in flight <= %d] [in the chain] "
-                     "[while waiting, 0: no cap] [contiguous 0|1] [backoff ns]\n",
+                     "[while waiting, 0: no cap] [contiguous 0|1|2] [poll gap ns]\n",
                      kMaxPositions, kStages);
         return 2;
     }
@@ -910,7 +962,7 @@ int main(int argc, char** argv) {
     a.chain_inflight = chain_inflight;
     a.wait_inflight = wait_inflight;
     a.contiguous = contiguous;
-    a.backoff_ns = backoff_ns;
+    a.poll_gap_ns = poll_gap_ns;
     unsigned epoch = 0;
     // x as the step before left it, for the next launch (epoch + 1).
     auto reset_x = [&] {
@@ -1034,10 +1086,10 @@ int main(int argc, char** argv) {
         const double us = per[per.size() / 2];
         std::printf(
             "%s: %d SMs, %d layers, %d cached keys, output %s, poll all %d, in flight %d (chain "
-            "%d, waiting %d), contiguous %d, backoff %d ns: %.1f us a step (%.1f-%.1f), %.0f MB "
+            "%d, waiting %d), contiguous %d, poll gap %d ns: %.1f us a step (%.1f-%.1f), %.0f MB "
             "of weights, %.2f TB/s, %.0f steps/s\n",
             kModes[mode], n_sm, layers, positions, output ? "on" : "off", poll_all, inflight,
-            chain_inflight, wait_inflight, contiguous, backoff_ns, us, per.front(), per.back(),
+            chain_inflight, wait_inflight, contiguous, poll_gap_ns, us, per.front(), per.back(),
             bytes / 1e6, bytes / us / 1e6, 1e6 / us);
     }
 
