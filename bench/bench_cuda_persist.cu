@@ -159,6 +159,8 @@ struct Args {
     // at a time). (Stop 51-a, H200: a sleep of 200 or 500 ns between single polls, to leave L2
     // to the stores waited for, cost 0-3%.)
     int poll_gap_ns;
+    // 1: the attention's cached keys and values loaded before its wait for q (attention()).
+    int attn_early;
     // When set (one step, to see where its time goes), global nanoseconds: stamps[(phase nb +
     // block) 4 + i], i = 0 the phase begun (the block done with the one before), 1 its input in
     // registers (the wait for it included), 2 its tiles summed, 3 its rows stored; issued[phase
@@ -404,8 +406,13 @@ __device__ void load_input(const Args& a, const Phase& ph, int k0, float* xs, fl
 // One head's attention (block h < kHeads): q, the new key and value from qkv (waited for), the
 // cached ones. Laid out for latency: a thread a cached key (its 128 bytes in 8 loads at once),
 // then a warp a cached value at a time (a lane 2 of its dimensions), 8 warps side by side.
-// Calls got_input() once q, the key and the value are in.
-template <class F>
+// With Args::attn_early and at most kEarlyKeys cached keys, every thread loads its cached key
+// and values into registers before it waits for q (they do not depend on it; ferry's decode
+// attention does the same since stop 29), so that only the wait and the arithmetic are left
+// after it. Calls got_input() once q, the key and the value are in.
+constexpr int kEarlyKeys = 32 * kConsumers;                // a thread a key
+constexpr int kEarlyValues = kEarlyKeys / kConsumers + 1;  // a warp's values, and the new one
+template <bool early, class F>
 __device__ void attention(const Args& a, const Phase& ph, int pi, int h, float* sm, float* red,
                           F got_input) {
     const int t = threadIdx.x, warp = t / 32, lane = t % 32, n = a.positions + 1;
@@ -415,6 +422,25 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, float* 
     float* vn = kn + kD;
     float* p = vn + kD;                   // [n]
     float* part = p + kMaxPositions + 1;  // [kConsumers][kD]
+    const uint4* krow = [&] {
+        return reinterpret_cast<const uint4*>(
+            a.kc + (static_cast<int64_t>(hk) * a.positions + (t < a.positions ? t : 0)) * kD);
+    }();
+    const __half2* vrows = reinterpret_cast<const __half2*>(a.vc) +
+                           static_cast<int64_t>(hk) * a.positions * (kD / 2) + lane;
+    uint4 kr[early ? kD / 8 : 1];
+    __half2 vr[early ? kEarlyValues : 1];
+    if constexpr (early) {
+        if (t < a.positions) {
+#pragma unroll
+            for (int i = 0; i < kD / 8; i++) kr[i] = __ldg(krow + i);
+        }
+#pragma unroll
+        for (int i = 0; i < kEarlyValues; i++) {
+            const int j = warp + kConsumers * i;
+            if (j < a.positions) vr[i] = __ldg(vrows + static_cast<int64_t>(j) * (kD / 2));
+        }
+    }
     const unsigned want = tag_of(a.epoch, ph.in);
     if (t < kD) {
         q[t] = wait_word(a.qkv + h * kD + t, want, a.poll_gap_ns, "q");
@@ -424,23 +450,32 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, float* 
     consumers_sync();
     got_input();
     const float scale = 1.0f / sqrtf(static_cast<float>(kD));
+    auto dot_key = [&](const uint4* w) {
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kD / 8; i++) {
+            const __half2* h2 = reinterpret_cast<const __half2*>(&w[i]);
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const float2 f = __half22float2(h2[c]);
+                s += q[8 * i + 2 * c] * f.x + q[8 * i + 2 * c + 1] * f.y;
+            }
+        }
+        return s;
+    };
     float m = -INFINITY;
     for (int j = t; j < n; j += 32 * kConsumers) {
         float s = 0.0f;
         if (j < a.positions) {
-            const uint4* k = reinterpret_cast<const uint4*>(
-                a.kc + (static_cast<int64_t>(hk) * a.positions + j) * kD);
-            uint4 w[kD / 8];
+            if constexpr (early) {
+                s = dot_key(kr);  // (j == t: early means n <= kEarlyKeys + 1)
+            } else {
+                const uint4* k = reinterpret_cast<const uint4*>(
+                    a.kc + (static_cast<int64_t>(hk) * a.positions + j) * kD);
+                uint4 w[kD / 8];
 #pragma unroll
-            for (int i = 0; i < kD / 8; i++) w[i] = __ldg(k + i);
-#pragma unroll
-            for (int i = 0; i < kD / 8; i++) {
-                const __half2* h2 = reinterpret_cast<const __half2*>(&w[i]);
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    const float2 f = __half22float2(h2[c]);
-                    s += q[8 * i + 2 * c] * f.x + q[8 * i + 2 * c + 1] * f.y;
-                }
+                for (int i = 0; i < kD / 8; i++) w[i] = __ldg(k + i);
+                s = dot_key(w);
             }
         } else {
             for (int d = 0; d < kD; d++) s += q[d] * kn[d];
@@ -456,15 +491,25 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, float* 
     }
     l = consumers_sum(l, red);  // (its barriers also publish p)
     float2 o = make_float2(0.0f, 0.0f);
-    const __half2* vrows = reinterpret_cast<const __half2*>(a.vc) +
-                           static_cast<int64_t>(hk) * a.positions * (kD / 2) + lane;
+    if constexpr (early) {
+#pragma unroll
+        for (int i = 0; i < kEarlyValues; i++) {
+            const int j = warp + kConsumers * i;
+            if (j >= n) break;
+            const float2 v = j < a.positions ? __half22float2(vr[i])
+                                             : make_float2(vn[2 * lane], vn[2 * lane + 1]);
+            o.x += p[j] * v.x;
+            o.y += p[j] * v.y;
+        }
+    } else {
 #pragma unroll 4
-    for (int j = warp; j < n; j += kConsumers) {
-        const float2 v = j < a.positions
-                             ? __half22float2(__ldg(vrows + static_cast<int64_t>(j) * (kD / 2)))
-                             : make_float2(vn[2 * lane], vn[2 * lane + 1]);
-        o.x += p[j] * v.x;
-        o.y += p[j] * v.y;
+        for (int j = warp; j < n; j += kConsumers) {
+            const float2 v = j < a.positions
+                                 ? __half22float2(__ldg(vrows + static_cast<int64_t>(j) * (kD / 2)))
+                                 : make_float2(vn[2 * lane], vn[2 * lane + 1]);
+            o.x += p[j] * v.x;
+            o.y += p[j] * v.y;
+        }
     }
     part[warp * kD + 2 * lane] = o.x;
     part[warp * kD + 2 * lane + 1] = o.y;
@@ -618,7 +663,11 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
         };
         if (ph.kind == kAttnK) {
             if (b < kHeads) {
-                attention(a, ph, pi, b, scratch, red, got_input);
+                if (a.attn_early && a.positions <= kEarlyKeys) {
+                    attention<true>(a, ph, pi, b, scratch, red, got_input);
+                } else {
+                    attention<false>(a, ph, pi, b, scratch, red, got_input);
+                }
             } else {
                 stamp(pi, 1);
             }
@@ -851,15 +900,17 @@ int main(int argc, char** argv) {
     const int wait_inflight = argc > 8 ? std::atoi(argv[8]) : 0;
     const int contiguous = argc > 9 ? std::atoi(argv[9]) : 0;
     const int poll_gap_ns = argc > 10 ? std::atoi(argv[10]) : 0;
+    const int attn_early = argc > 11 ? std::atoi(argv[11]) : 1;
     if (steps < 1 || layers < 1 || 5 * layers + 1 > static_cast<int>(kTagPhases) || positions < 1 ||
         positions > kMaxPositions || (poll_all != 0 && poll_all != 1) || inflight < 1 ||
         inflight > kStages || chain_inflight < 1 || chain_inflight > kStages || wait_inflight < 0 ||
         wait_inflight > kStages || contiguous < 0 || contiguous > 2 || poll_gap_ns < 0 ||
-        poll_gap_ns > 100000) {
+        poll_gap_ns > 100000 || (attn_early != 0 && attn_early != 1)) {
         std::fprintf(stderr,
                      "usage: bench_cuda_persist [steps] [layers <= 25] [positions <= %d] "
                      "[output 0|1] [poll all 0|1] [copies in flight <= %d] [in the chain] "
-                     "[while waiting, 0: no cap] [contiguous 0|1|2] [poll gap ns]\n",
+                     "[while waiting, 0: no cap] [contiguous 0|1|2] [poll gap ns] [attention's "
+                     "loads early 0|1]\n",
                      kMaxPositions, kStages);
         return 2;
     }
@@ -963,6 +1014,7 @@ int main(int argc, char** argv) {
     a.wait_inflight = wait_inflight;
     a.contiguous = contiguous;
     a.poll_gap_ns = poll_gap_ns;
+    a.attn_early = attn_early;
     unsigned epoch = 0;
     // x as the step before left it, for the next launch (epoch + 1).
     auto reset_x = [&] {
@@ -1086,11 +1138,12 @@ int main(int argc, char** argv) {
         const double us = per[per.size() / 2];
         std::printf(
             "%s: %d SMs, %d layers, %d cached keys, output %s, poll all %d, in flight %d (chain "
-            "%d, waiting %d), contiguous %d, poll gap %d ns: %.1f us a step (%.1f-%.1f), %.0f MB "
+            "%d, waiting %d), contiguous %d, poll gap %d ns, attention early %d: %.1f us a step "
+            "(%.1f-%.1f), %.0f MB "
             "of weights, %.2f TB/s, %.0f steps/s\n",
             kModes[mode], n_sm, layers, positions, output ? "on" : "off", poll_all, inflight,
-            chain_inflight, wait_inflight, contiguous, poll_gap_ns, us, per.front(), per.back(),
-            bytes / 1e6, bytes / us / 1e6, 1e6 / us);
+            chain_inflight, wait_inflight, contiguous, poll_gap_ns, attn_early, us, per.front(),
+            per.back(), bytes / 1e6, bytes / us / 1e6, 1e6 / us);
     }
 
     // Where a persistent step's time goes: one more step with every block's stamps.
