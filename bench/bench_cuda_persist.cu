@@ -13,11 +13,14 @@
 //                      [poll gap ns]
 //
 // The step (synthetic F16 weights of the 1B shapes: hidden 2048, 32 heads of 64 over 8 KV
-// heads, FFN 8192, vocabulary 128,256), per layer: x_n = rmsnorm(x); qkv = Wqkv x_n; for each
-// head, softmax over `positions` cached keys and the new one, its output the values' weighted
-// sum; x += Wo attn; x_n = rmsnorm(x); g, u = Wg x_n, Wu x_n; x += Wd (silu(g) u); then
-// (output 1) logits = Wout rmsnorm(x). No rope, KV store or norm weights: the bytes and the
-// chain of dependencies are the decode step's, the arithmetic is not all of it. Four forms of
+// heads, FFN 8192, vocabulary 128,256), per layer: x_n = rmsnorm(x) g; qkv = Wqkv x_n, q and k
+// roped (Llama 3's base, adjacent pairs), the new key and value stored (F16) into the layer's
+// cache at the step's position; for each head, softmax over `positions` cached keys and the
+// new one, its output the values' weighted sum; x += Wo attn; x_n = rmsnorm(x) g'; g, u = Wg
+// x_n, Wu x_n; x += Wd (silu(g) u); then (output 1) logits = Wout rmsnorm(x) g''. The decode
+// step's bytes, chain of dependencies and arithmetic (stop 51: rope, the cache store, the norm
+// weights and a cache a layer added; ferry's token embedding lookup and the logits' copy out
+// are not here). Three forms of
 // the same code: persistent (one cooperative launch a step); a launch a product (ferry's
 // structure: each product's blocks start once the one before has left the SMs); and that with
 // programmatic dependent launch (they start as its blocks leave, their producers streaming at
@@ -115,23 +118,25 @@ struct Phase {
                       // then up rows 2t, 2t + 1, so that a tile holds both sides of 2 rows)
     int64_t rows;
     int K;
-    int64_t tiles;  // rows * K * 2 / kStageBytes
-    int in;         // the phase whose output this one reads (-1: the step before's last x)
-    int x_in;       // wo and down: the phase that wrote x last before this one (-1: the same)
+    int64_t tiles;      // rows * K * 2 / kStageBytes
+    const float* norm;  // q/k/v, gate/up, output: the rmsnorm's weights [kH] (else nullptr)
+    __half* kc;         // q/k/v and the attention: the layer's cache, [kKvHeads][cap][kD]
+    __half* vc;         // (q/k/v stores the new key, roped, and value at position `positions`)
+    int in;             // the phase whose output this one reads (-1: the step before's last x)
+    int x_in;           // wo and down: the phase that wrote x last before this one (-1: the same)
 };
 
 struct Args {
     const Phase* phases;
     int n_phases;
-    int last_x;        // the phase that writes x last in a step
-    Word* x;           // [kH], the residual
-    Word* qkv;         // [kQkv]
-    Word* attn;        // [kH]
-    Word* h;           // [kFf]: silu(g) u, stored by the gate/up product
-    float* logits;     // [kVocab] (read by no phase)
-    const __half* kc;  // [kKvHeads][positions][kD], the cached keys
-    const __half* vc;  // values, the same
-    int positions;
+    int last_x;      // the phase that writes x last in a step
+    Word* x;         // [kH], the residual
+    Word* qkv;       // [kQkv]
+    Word* attn;      // [kH]
+    Word* h;         // [kFf]: silu(g) u, stored by the gate/up product
+    float* logits;   // [kVocab] (read by no phase)
+    int positions;   // cached keys before this step's (its position)
+    int cap;         // a cache's rows a head (positions + 1)
     unsigned epoch;  // 1 for the first launch, 2 for the next, ...
     int max_tiles;   // a block's tiles of one phase at most (room for their partial sums)
     int lo, hi;      // the phases this launch runs: all of them (persistent) or one
@@ -368,19 +373,30 @@ __device__ void load_input(const Args& a, const Phase& ph, int k0, float* xs, fl
     }
     const bool norm = ph.kind != kWoK;
     const Word* in = norm ? a.x : a.attn;
+    // The norm's weights for this warp's eighth, read before the wait (they depend on nothing).
+    float g[8];
+    if (norm) {
+        const float4* gp = reinterpret_cast<const float4*>(ph.norm + warp * 256 + 8 * lane);
+        const float4 g0 = __ldg(gp), g1 = __ldg(gp + 1);
+        g[0] = g0.x, g[1] = g0.y, g[2] = g0.z, g[3] = g0.w;
+        g[4] = g1.x, g[5] = g1.y, g[6] = g1.z, g[7] = g1.w;
+    }
     float u[8];
     wait_words<1>(in + warp * 256 + 8 * lane, want, u, a.poll_all, a.poll_gap_ns,
                   norm ? "x" : "attn");
-    float4* dst = reinterpret_cast<float4*>(xs + warp * 256 + 8 * lane);
-    dst[0] = make_float4(u[0], u[1], u[2], u[3]);
-    dst[1] = make_float4(u[4], u[5], u[6], u[7]);
     float ss = 0.0f;
     if (norm) {
 #pragma unroll
-        for (int i = 0; i < 8; i++) ss += u[i] * u[i];
+        for (int i = 0; i < 8; i++) {
+            ss += u[i] * u[i];
+            u[i] *= g[i];  // rmsnorm(x) g = (x g) / rms(x)
+        }
         ss = warp_sum(ss);
         if (lane == 0) red[warp] = ss;
     }
+    float4* dst = reinterpret_cast<float4*>(xs + warp * 256 + 8 * lane);
+    dst[0] = make_float4(u[0], u[1], u[2], u[3]);
+    dst[1] = make_float4(u[4], u[5], u[6], u[7]);
     consumers_sync();
     float inv = 1.0f;
     if (norm) {
@@ -410,7 +426,7 @@ __device__ void load_input(const Args& a, const Phase& ph, int k0, float* xs, fl
 // and values into registers before it waits for q (they do not depend on it; ferry's decode
 // attention does the same since stop 29), so that only the wait and the arithmetic are left
 // after it. Calls got_input() once q, the key and the value are in.
-constexpr int kEarlyKeys = 32 * kConsumers;                // a thread a key
+constexpr int kEarlyKeys = 128;  // (256 spilled beside the rest: the keys held across the wait)
 constexpr int kEarlyValues = kEarlyKeys / kConsumers + 1;  // a warp's values, and the new one
 template <bool early, class F>
 __device__ void attention(const Args& a, const Phase& ph, int pi, int h, float* sm, float* red,
@@ -424,10 +440,10 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, float* 
     float* part = p + kMaxPositions + 1;  // [kConsumers][kD]
     const uint4* krow = [&] {
         return reinterpret_cast<const uint4*>(
-            a.kc + (static_cast<int64_t>(hk) * a.positions + (t < a.positions ? t : 0)) * kD);
+            ph.kc + (static_cast<int64_t>(hk) * a.cap + (t < a.positions ? t : 0)) * kD);
     }();
-    const __half2* vrows = reinterpret_cast<const __half2*>(a.vc) +
-                           static_cast<int64_t>(hk) * a.positions * (kD / 2) + lane;
+    const __half2* vrows = reinterpret_cast<const __half2*>(ph.vc) +
+                           static_cast<int64_t>(hk) * a.cap * (kD / 2) + lane;
     uint4 kr[early ? kD / 8 : 1];
     __half2 vr[early ? kEarlyValues : 1];
     if constexpr (early) {
@@ -471,7 +487,7 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, float* 
                 s = dot_key(kr);  // (j == t: early means n <= kEarlyKeys + 1)
             } else {
                 const uint4* k = reinterpret_cast<const uint4*>(
-                    a.kc + (static_cast<int64_t>(hk) * a.positions + j) * kD);
+                    ph.kc + (static_cast<int64_t>(hk) * a.cap + j) * kD);
                 uint4 w[kD / 8];
 #pragma unroll
                 for (int i = 0; i < kD / 8; i++) w[i] = __ldg(k + i);
@@ -519,6 +535,31 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, float* 
         for (int w = 0; w < kConsumers; w++) sum += part[w * kD + t];
         st_word(a.attn + h * kD + t, sum / l, tag_of(a.epoch, pi));
     }
+}
+
+// Rope (Llama 3's base; pairs of adjacent dimensions, as the GGUF's q and k rows are laid out):
+// dimension d's angle at position pos. The same in the check's plain kernels.
+constexpr float kRopeBase = 500000.0f;
+__host__ __device__ inline float rope_angle(int pos, int d) {
+    return static_cast<float>(pos) * exp2f(-static_cast<float>(d / 2 * 2) / kD * log2f(kRopeBase));
+}
+// A q/k/v row's value as stored: q and k rows roped (`other`: the row paired with it, in the
+// same tile), and k and v rows also written into the layer's cache at the step's position.
+__device__ __forceinline__ float qkv_row(const Args& a, const Phase& ph, int64_t row, float v,
+                                         float other) {
+    const int d = static_cast<int>(row % kD);
+    if (row < kH + kKvHeads * kD) {
+        float sn, cs;
+        sincosf(rope_angle(a.positions, d), &sn, &cs);
+        v = d % 2 == 0 ? v * cs - other * sn : other * sn + v * cs;
+    }
+    if (row >= kH) {
+        const int64_t r = row - kH;
+        const int hk = static_cast<int>(r / kD % kKvHeads);
+        __half* c = r < kKvHeads * kD ? ph.kc : ph.vc;
+        c[(static_cast<int64_t>(hk) * a.cap + a.positions) * kD + d] = __float2half(v);
+    }
+    return v;
 }
 
 // A warp's dot product of one tile's 1024 weights (its part of the tile) with v: 4 chains.
@@ -758,7 +799,10 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
                     const int64_t row = row_of(i);
                     switch (ph.kind) {
                         case kQkvK:
-                            st_word(a.qkv + row, v, mine);
+                            st_word(a.qkv + row,
+                                    qkv_row(a, ph, row, v,
+                                            row_sum(i / rows_per_tile, (i % rows_per_tile) ^ 1)),
+                                    mine);
                             break;
                         case kOutK:
                             a.logits[row] = v;
@@ -781,7 +825,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
     }
 }
 // The same math in plain kernels (the check): one warp a row.
-__global__ void k_rmsnorm(const float* x, float* out) {
+__global__ void k_rmsnorm(const float* x, const float* g, float* out) {
     __shared__ float red[32];
     float ss = 0.0f;
     for (int i = threadIdx.x; i < kH; i += blockDim.x) ss += x[i] * x[i];
@@ -791,7 +835,17 @@ __global__ void k_rmsnorm(const float* x, float* out) {
     float s = 0.0f;
     for (unsigned w = 0; w < blockDim.x / 32; w++) s += red[w];
     const float inv = rsqrtf(s / kH + 1e-5f);
-    for (int i = threadIdx.x; i < kH; i += blockDim.x) out[i] = x[i] * inv;
+    for (int i = threadIdx.x; i < kH; i += blockDim.x) out[i] = x[i] * g[i] * inv;
+}
+// q's and k's rows roped in place (kH + kKvHeads kD of them, pairs of adjacent rows).
+__global__ void k_rope_ref(float* qkv, int pos) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;  // a pair
+    if (2 * i >= kH + kKvHeads * kD) return;
+    const float x0 = qkv[2 * i], x1 = qkv[2 * i + 1];
+    float sn, cs;
+    sincosf(rope_angle(pos, (2 * i) % kD), &sn, &cs);
+    qkv[2 * i] = x0 * cs - x1 * sn;
+    qkv[2 * i + 1] = x0 * sn + x1 * cs;
 }
 __global__ void k_matvec(const __half* w, int64_t rows, int K, const float* v, float* out,
                          const float* add) {
@@ -813,7 +867,7 @@ __global__ void k_swiglu(const float* gu, float* h) {
     }
 }
 __global__ void k_attention_ref(const float* qkv, const __half* kc, const __half* vc, int positions,
-                                float* out) {
+                                int cap, float* out) {
     const int h = blockIdx.x, e = threadIdx.x;  // kD threads: output element e
     const int hk = h / (kHeads / kKvHeads), n = positions + 1;
     const float* q = qkv + h * kD;
@@ -823,10 +877,9 @@ __global__ void k_attention_ref(const float* qkv, const __half* kc, const __half
     auto score = [&](int j) {
         float s = 0.0f;
         for (int c = 0; c < kD; c++) {
-            const float k =
-                j < positions
-                    ? __half2float(kc[(static_cast<int64_t>(hk) * positions + j) * kD + c])
-                    : kn[c];
+            const float k = j < positions
+                                ? __half2float(kc[(static_cast<int64_t>(hk) * cap + j) * kD + c])
+                                : kn[c];
             s += q[c] * k;
         }
         return s * scale;
@@ -836,9 +889,8 @@ __global__ void k_attention_ref(const float* qkv, const __half* kc, const __half
     float l = 0.0f, o = 0.0f;
     for (int j = 0; j < n; j++) {
         const float p = expf(score(j) - m);
-        const float v = j < positions
-                            ? __half2float(vc[(static_cast<int64_t>(hk) * positions + j) * kD + e])
-                            : vn[e];
+        const float v =
+            j < positions ? __half2float(vc[(static_cast<int64_t>(hk) * cap + j) * kD + e]) : vn[e];
         l += p;
         o += p * v;
     }
@@ -931,15 +983,50 @@ int main(int argc, char** argv) {
     std::vector<Phase> ph;
     double bytes = 0.0;
     int last_x = -1;  // the phase that wrote x last (-1: the step before)
+    // An rmsnorm's weights: 0.75-1.25.
+    auto norm_weights = [](uint32_t seed) {
+        std::vector<float> g(kH);
+        for (int i = 0; i < kH; i++) {
+            g[i] =
+                1.0f + 0.25f * std::sin(0.61f * static_cast<float>(i) + static_cast<float>(seed));
+        }
+        float* d = nullptr;
+        CK(cudaMalloc(&d, kH * sizeof(float)));
+        CK(cudaMemcpy(d, g.data(), kH * sizeof(float), cudaMemcpyHostToDevice));
+        return d;
+    };
     auto product = [&](int kind, int64_t rows, int K, uint32_t seed, int in) {
-        const __half* w = weights(rows * K, seed, 1.0f / std::sqrt(static_cast<float>(K)));
-        ph.push_back({kind, w, rows, K, rows * K * 2 / kStageBytes, in, -1});
+        Phase p{};
+        p.kind = kind;
+        p.w = weights(rows * K, seed, 1.0f / std::sqrt(static_cast<float>(K)));
+        p.rows = rows;
+        p.K = K;
+        p.tiles = rows * K * 2 / kStageBytes;
+        p.norm = kind == kQkvK || kind == kGuK || kind == kOutK ? norm_weights(seed) : nullptr;
+        p.in = in;
+        p.x_in = -1;
+        ph.push_back(p);
         bytes += static_cast<double>(rows) * K * 2;
         return static_cast<int>(ph.size()) - 1;
     };
+    // A layer's cache: positions cached keys and values (random), and a row for this step's.
+    const int cap = positions + 1;
+    std::vector<__half*> caches;
     for (int l = 0; l < layers; l++) {
         const int q = product(kQkvK, kQkv, kH, 100u * l + 1, last_x);
-        ph.push_back({kAttnK, nullptr, 0, 0, 0, q, -1});
+        __half* kc = weights(static_cast<int64_t>(kKvHeads) * cap * kD, 100u * l + 11, 1.0f);
+        __half* vc = weights(static_cast<int64_t>(kKvHeads) * cap * kD, 100u * l + 12, 1.0f);
+        caches.push_back(kc);
+        caches.push_back(vc);
+        ph[q].kc = kc;
+        ph[q].vc = vc;
+        Phase at_ph{};
+        at_ph.kind = kAttnK;
+        at_ph.kc = kc;
+        at_ph.vc = vc;
+        at_ph.in = q;
+        at_ph.x_in = -1;
+        ph.push_back(at_ph);
         const int at = static_cast<int>(ph.size()) - 1;
         const int wo = product(kWoK, kH, kH, 100u * l + 2, at);
         ph[wo].x_in = last_x;
@@ -991,8 +1078,6 @@ int main(int argc, char** argv) {
     std::vector<float> hx(kH);
     for (int i = 0; i < kH; i++) hx[i] = std::sin(0.37f * static_cast<float>(i)) + 0.1f;
     CK(cudaMemcpy(x0, hx.data(), kH * sizeof(float), cudaMemcpyHostToDevice));
-    const __half* kc = weights(static_cast<int64_t>(kKvHeads) * positions * kD, 11, 1.0f);
-    const __half* vc = weights(static_cast<int64_t>(kKvHeads) * positions * kD, 12, 1.0f);
     CK(cudaDeviceSynchronize());
 
     Args a{};
@@ -1004,9 +1089,8 @@ int main(int argc, char** argv) {
     a.attn = attn;
     a.h = h;
     a.logits = logits;
-    a.kc = kc;
-    a.vc = vc;
     a.positions = positions;
+    a.cap = cap;
     a.max_tiles = max_tiles;
     a.poll_all = poll_all;
     a.inflight = inflight;
@@ -1072,20 +1156,39 @@ int main(int argc, char** argv) {
         k_matvec<<<static_cast<unsigned>((threads + 255) / 256), 256>>>(p.w, p.rows, p.K, v, out,
                                                                         add);
     };
+    // The cache's new rows as the persistent forms left them (the check's last step, every form
+    // the same), before the plain kernels run; and the plain kernels' roped keys and values.
+    std::vector<float> pkv, rkv(static_cast<size_t>(layers) * 2 * kKvHeads * kD);
+    for (size_t c = 0; c < caches.size(); c++) {
+        std::vector<__half> hv(static_cast<size_t>(kKvHeads) * cap * kD);
+        CK(cudaMemcpy(hv.data(), caches[c], hv.size() * sizeof(__half), cudaMemcpyDeviceToHost));
+        for (int hk = 0; hk < kKvHeads; hk++) {
+            for (int d = 0; d < kD; d++) {
+                pkv.push_back(
+                    __half2float(hv[(static_cast<size_t>(hk) * cap + positions) * kD + d]));
+            }
+        }
+    }
+    size_t kv_at = 0;
     for (const Phase& p : ph) {
         switch (p.kind) {
             case kQkvK:
-                k_rmsnorm<<<1, 256>>>(rx_d, rxn);
+                k_rmsnorm<<<1, 256>>>(rx_d, p.norm, rxn);
                 mv(p, rxn, rqkv, nullptr);
+                k_rope_ref<<<(kH + kKvHeads * kD) / 2 / 128, 128>>>(rqkv, positions);
+                // (this layer's new key and value, for the check of the cache's new rows)
+                CK(cudaMemcpy(rkv.data() + kv_at, rqkv + kH, 2 * kKvHeads * kD * sizeof(float),
+                              cudaMemcpyDeviceToHost));
+                kv_at += 2 * kKvHeads * kD;
                 break;
             case kAttnK:
-                k_attention_ref<<<kHeads, kD>>>(rqkv, kc, vc, positions, rattn);
+                k_attention_ref<<<kHeads, kD>>>(rqkv, p.kc, p.vc, positions, cap, rattn);
                 break;
             case kWoK:
                 mv(p, rattn, rx_d, rx_d);
                 break;
             case kGuK:
-                k_rmsnorm<<<1, 256>>>(rx_d, rxn);
+                k_rmsnorm<<<1, 256>>>(rx_d, p.norm, rxn);
                 mv(p, rxn, rgu, nullptr);
                 break;
             case kDownK:
@@ -1093,7 +1196,7 @@ int main(int argc, char** argv) {
                 mv(p, rh, rx_d, rx_d);
                 break;
             default:
-                k_rmsnorm<<<1, 256>>>(rx_d, rxn);
+                k_rmsnorm<<<1, 256>>>(rx_d, p.norm, rxn);
                 mv(p, rxn, rlog_d, nullptr);
                 break;
         }
@@ -1107,6 +1210,11 @@ int main(int argc, char** argv) {
                                                "a launch a product, PDL"};
     bool ok = tags_ok;
     if (!tags_ok) std::printf("check: x's words after a step do not carry its last tag\n");
+    // The new rows are stored as F16: the nmse of that rounding is ~1e-7 (2^-11 relative).
+    const double ekv = nmse(pkv, rkv);
+    std::printf("check, the caches' new rows (roped keys, values): nmse %.3g (%s)\n", ekv,
+                ekv < 1e-6 ? "ok" : "FAILED");
+    ok = ok && ekv < 1e-6;
     for (int m = 0; m < kForms; m++) {
         const double ex = nmse(px[m], rx), el = output ? nmse(plog[m], rlog) : 0.0;
         const bool good = ex < 1e-8 && el < 1e-8;
