@@ -114,13 +114,18 @@ using Word = unsigned long long;
 // One product or the attention of the step, in order.
 struct Phase {
     int kind;
-    const __half* w;  // rows x K, row-major (gate/up: 4-row groups of gate rows 2t, 2t + 1
-                      // then up rows 2t, 2t + 1, so that a tile holds both sides of 2 rows)
+    // The weights as ferry holds them, row-major, rows x K in all: up to three matrices one
+    // after another (q/k/v: wq, wk, wv; seg[i] tiles each), or, `paired` (gate/up), w[0] the
+    // gate and w[1] the up matrix, a tile rows 2t, 2t + 1 of each (two 8 KiB copies into one
+    // stage: gate rows then up rows, so that a tile holds both sides of 2 rows of silu(g) u).
+    const __half* w[3];
+    int64_t seg[3];
+    int paired;
     int64_t rows;
     int K;
     int64_t tiles;      // rows * K * 2 / kStageBytes
     const float* norm;  // q/k/v, gate/up, output: the rmsnorm's weights [kH] (else nullptr)
-    __half* kc;         // q/k/v and the attention: the layer's cache, [kKvHeads][cap][kD]
+    __half* kc;         // q/k/v and the attention: the layer's cache (cache_at)
     __half* vc;         // (q/k/v stores the new key, roped, and value at position `positions`)
     int in;             // the phase whose output this one reads (-1: the step before's last x)
     int x_in;           // wo and down: the phase that wrote x last before this one (-1: the same)
@@ -136,7 +141,6 @@ struct Args {
     Word* h;         // [kFf]: silu(g) u, stored by the gate/up product
     float* logits;   // [kVocab] (read by no phase)
     int positions;   // cached keys before this step's (its position)
-    int cap;         // a cache's rows a head (positions + 1)
     unsigned epoch;  // 1 for the first launch, 2 for the next, ...
     int max_tiles;   // a block's tiles of one phase at most (room for their partial sums)
     int lo, hi;      // the phases this launch runs: all of them (persistent) or one
@@ -419,6 +423,12 @@ __device__ void load_input(const Args& a, const Phase& ph, int k0, float* xs, fl
     }
 }
 
+// A cache as ferry lays it out: a row a position, its kKvHeads heads of kD one after another.
+// Where head hk's key (or value) of position j begins.
+__host__ __device__ inline int64_t cache_at(int j, int hk) {
+    return (static_cast<int64_t>(j) * kKvHeads + hk) * kD;
+}
+
 // One head's attention (block h < kHeads): q, the new key and value from qkv (waited for), the
 // cached ones. Laid out for latency: a thread a cached key (its 128 bytes in 8 loads at once),
 // then a warp a cached value at a time (a lane 2 of its dimensions), 8 warps side by side.
@@ -439,11 +449,11 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, float* 
     float* p = vn + kD;                   // [n]
     float* part = p + kMaxPositions + 1;  // [kConsumers][kD]
     const uint4* krow = [&] {
-        return reinterpret_cast<const uint4*>(
-            ph.kc + (static_cast<int64_t>(hk) * a.cap + (t < a.positions ? t : 0)) * kD);
+        return reinterpret_cast<const uint4*>(ph.kc + cache_at(t < a.positions ? t : 0, hk));
     }();
-    const __half2* vrows = reinterpret_cast<const __half2*>(ph.vc) +
-                           static_cast<int64_t>(hk) * a.cap * (kD / 2) + lane;
+    // (a value's dimensions 2 lane, 2 lane + 1 of position j: vrows[j kRow2])
+    constexpr int64_t kRow2 = kKvHeads * kD / 2;
+    const __half2* vrows = reinterpret_cast<const __half2*>(ph.vc + cache_at(0, hk)) + lane;
     uint4 kr[early ? kD / 8 : 1];
     __half2 vr[early ? kEarlyValues : 1];
     if constexpr (early) {
@@ -454,7 +464,7 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, float* 
 #pragma unroll
         for (int i = 0; i < kEarlyValues; i++) {
             const int j = warp + kConsumers * i;
-            if (j < a.positions) vr[i] = __ldg(vrows + static_cast<int64_t>(j) * (kD / 2));
+            if (j < a.positions) vr[i] = __ldg(vrows + j * kRow2);
         }
     }
     const unsigned want = tag_of(a.epoch, ph.in);
@@ -486,8 +496,7 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, float* 
             if constexpr (early) {
                 s = dot_key(kr);  // (j == t: early means n <= kEarlyKeys + 1)
             } else {
-                const uint4* k = reinterpret_cast<const uint4*>(
-                    ph.kc + (static_cast<int64_t>(hk) * a.cap + j) * kD);
+                const uint4* k = reinterpret_cast<const uint4*>(ph.kc + cache_at(j, hk));
                 uint4 w[kD / 8];
 #pragma unroll
                 for (int i = 0; i < kD / 8; i++) w[i] = __ldg(k + i);
@@ -520,9 +529,8 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, float* 
     } else {
 #pragma unroll 4
         for (int j = warp; j < n; j += kConsumers) {
-            const float2 v = j < a.positions
-                                 ? __half22float2(__ldg(vrows + static_cast<int64_t>(j) * (kD / 2)))
-                                 : make_float2(vn[2 * lane], vn[2 * lane + 1]);
+            const float2 v = j < a.positions ? __half22float2(__ldg(vrows + j * kRow2))
+                                             : make_float2(vn[2 * lane], vn[2 * lane + 1]);
             o.x += p[j] * v.x;
             o.y += p[j] * v.y;
         }
@@ -557,7 +565,7 @@ __device__ __forceinline__ float qkv_row(const Args& a, const Phase& ph, int64_t
         const int64_t r = row - kH;
         const int hk = static_cast<int>(r / kD % kKvHeads);
         __half* c = r < kKvHeads * kD ? ph.kc : ph.vc;
-        c[(static_cast<int64_t>(hk) * a.cap + a.positions) * kD + d] = __float2half(v);
+        c[cache_at(a.positions, hk) + d] = __float2half(v);
     }
     return v;
 }
@@ -674,9 +682,29 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
                               "a copy to land");
                 }
                 mbar_expect(full + s, kStageBytes);
-                bulk_copy(ring + s * kStageBytes,
-                          reinterpret_cast<const unsigned char*>(ph.w) + tile * kStageBytes,
-                          kStageBytes, full + s, policy);
+                unsigned char* dst = ring + s * kStageBytes;
+                if (ph.paired) {
+                    constexpr int kHalf = kStageBytes / 2;
+                    bulk_copy(dst, reinterpret_cast<const unsigned char*>(ph.w[0]) + tile * kHalf,
+                              kHalf, full + s, policy);
+                    bulk_copy(dst + kHalf,
+                              reinterpret_cast<const unsigned char*>(ph.w[1]) + tile * kHalf, kHalf,
+                              full + s, policy);
+                } else {
+                    // (selects, not an index: ph stays in registers)
+                    int64_t t = tile;
+                    const __half* w = ph.w[0];
+                    if (t >= ph.seg[0]) {
+                        t -= ph.seg[0];
+                        w = ph.w[1];
+                        if (t >= ph.seg[1]) {
+                            t -= ph.seg[1];
+                            w = ph.w[2];
+                        }
+                    }
+                    bulk_copy(dst, reinterpret_cast<const unsigned char*>(w) + t * kStageBytes,
+                              kStageBytes, full + s, policy);
+                }
             }
             if (a.stalled) {
                 a.stalled[static_cast<int64_t>(pi) * nb + b] = waited;
@@ -857,17 +885,16 @@ __global__ void k_matvec(const __half* w, int64_t rows, int K, const float* v, f
     acc = warp_sum(acc);
     if (lane == 0) out[row] = (add ? add[row] : 0.0f) + acc;
 }
-// gu: the gate/up product's rows in their interleaved order (4-row groups: gate 2t, 2t + 1,
-// up 2t, 2t + 1).
+// gu: the gate product's rows, then the up product's.
 __global__ void k_swiglu(const float* gu, float* h) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < kFf) {
-        const float g = gu[4 * (i / 2) + i % 2], u = gu[4 * (i / 2) + 2 + i % 2];
+        const float g = gu[i], u = gu[kFf + i];
         h[i] = g / (1.0f + expf(-g)) * u;
     }
 }
 __global__ void k_attention_ref(const float* qkv, const __half* kc, const __half* vc, int positions,
-                                int cap, float* out) {
+                                float* out) {
     const int h = blockIdx.x, e = threadIdx.x;  // kD threads: output element e
     const int hk = h / (kHeads / kKvHeads), n = positions + 1;
     const float* q = qkv + h * kD;
@@ -877,9 +904,7 @@ __global__ void k_attention_ref(const float* qkv, const __half* kc, const __half
     auto score = [&](int j) {
         float s = 0.0f;
         for (int c = 0; c < kD; c++) {
-            const float k = j < positions
-                                ? __half2float(kc[(static_cast<int64_t>(hk) * cap + j) * kD + c])
-                                : kn[c];
+            const float k = j < positions ? __half2float(kc[cache_at(j, hk) + c]) : kn[c];
             s += q[c] * k;
         }
         return s * scale;
@@ -889,8 +914,7 @@ __global__ void k_attention_ref(const float* qkv, const __half* kc, const __half
     float l = 0.0f, o = 0.0f;
     for (int j = 0; j < n; j++) {
         const float p = expf(score(j) - m);
-        const float v =
-            j < positions ? __half2float(vc[(static_cast<int64_t>(hk) * cap + j) * kD + e]) : vn[e];
+        const float v = j < positions ? __half2float(vc[cache_at(j, hk) + e]) : vn[e];
         l += p;
         o += p * v;
     }
@@ -995,10 +1019,26 @@ int main(int argc, char** argv) {
         CK(cudaMemcpy(d, g.data(), kH * sizeof(float), cudaMemcpyHostToDevice));
         return d;
     };
+    // A product of `rows` rows (q/k/v: wq, wk and wv, three matrices; gate/up: the gate and the
+    // up matrix, paired), its weights made here.
     auto product = [&](int kind, int64_t rows, int K, uint32_t seed, int in) {
         Phase p{};
         p.kind = kind;
-        p.w = weights(rows * K, seed, 1.0f / std::sqrt(static_cast<float>(K)));
+        const float scale = 1.0f / std::sqrt(static_cast<float>(K));
+        if (kind == kQkvK) {
+            const int64_t r[3] = {kH, kKvHeads * kD, kKvHeads * kD};
+            for (int m = 0; m < 3; m++) {
+                p.w[m] = weights(r[m] * K, seed + 1000u * m, scale);
+                p.seg[m] = r[m] * K * 2 / kStageBytes;
+            }
+        } else if (kind == kGuK) {
+            p.paired = 1;
+            p.w[0] = weights(rows / 2 * K, seed, scale);
+            p.w[1] = weights(rows / 2 * K, seed + 1000u, scale);
+        } else {
+            p.w[0] = weights(rows * K, seed, scale);
+            p.seg[0] = rows * K * 2 / kStageBytes;
+        }
         p.rows = rows;
         p.K = K;
         p.tiles = rows * K * 2 / kStageBytes;
@@ -1090,7 +1130,6 @@ int main(int argc, char** argv) {
     a.h = h;
     a.logits = logits;
     a.positions = positions;
-    a.cap = cap;
     a.max_tiles = max_tiles;
     a.poll_all = poll_all;
     a.inflight = inflight;
@@ -1151,10 +1190,13 @@ int main(int argc, char** argv) {
         CK(cudaMemcpy(plog[mode].data(), logits, kVocab * sizeof(float), cudaMemcpyDeviceToHost));
     }
     CK(cudaMemcpy(rx_d, x0, kH * sizeof(float), cudaMemcpyDeviceToDevice));
+    auto mv1 = [&](const __half* w, int64_t rows, int K, const float* v, float* out,
+                   const float* add) {
+        const int64_t threads = rows * 32;
+        k_matvec<<<static_cast<unsigned>((threads + 255) / 256), 256>>>(w, rows, K, v, out, add);
+    };
     auto mv = [&](const Phase& p, const float* v, float* out, const float* add) {
-        const int64_t threads = p.rows * 32;
-        k_matvec<<<static_cast<unsigned>((threads + 255) / 256), 256>>>(p.w, p.rows, p.K, v, out,
-                                                                        add);
+        mv1(p.w[0], p.rows, p.K, v, out, add);
     };
     // The cache's new rows as the persistent forms left them (the check's last step, every form
     // the same), before the plain kernels run; and the plain kernels' roped keys and values.
@@ -1164,8 +1206,7 @@ int main(int argc, char** argv) {
         CK(cudaMemcpy(hv.data(), caches[c], hv.size() * sizeof(__half), cudaMemcpyDeviceToHost));
         for (int hk = 0; hk < kKvHeads; hk++) {
             for (int d = 0; d < kD; d++) {
-                pkv.push_back(
-                    __half2float(hv[(static_cast<size_t>(hk) * cap + positions) * kD + d]));
+                pkv.push_back(__half2float(hv[static_cast<size_t>(cache_at(positions, hk)) + d]));
             }
         }
     }
@@ -1174,7 +1215,9 @@ int main(int argc, char** argv) {
         switch (p.kind) {
             case kQkvK:
                 k_rmsnorm<<<1, 256>>>(rx_d, p.norm, rxn);
-                mv(p, rxn, rqkv, nullptr);
+                mv1(p.w[0], kH, kH, rxn, rqkv, nullptr);
+                mv1(p.w[1], kKvHeads * kD, kH, rxn, rqkv + kH, nullptr);
+                mv1(p.w[2], kKvHeads * kD, kH, rxn, rqkv + kH + kKvHeads * kD, nullptr);
                 k_rope_ref<<<(kH + kKvHeads * kD) / 2 / 128, 128>>>(rqkv, positions);
                 // (this layer's new key and value, for the check of the cache's new rows)
                 CK(cudaMemcpy(rkv.data() + kv_at, rqkv + kH, 2 * kKvHeads * kD * sizeof(float),
@@ -1182,14 +1225,15 @@ int main(int argc, char** argv) {
                 kv_at += 2 * kKvHeads * kD;
                 break;
             case kAttnK:
-                k_attention_ref<<<kHeads, kD>>>(rqkv, p.kc, p.vc, positions, cap, rattn);
+                k_attention_ref<<<kHeads, kD>>>(rqkv, p.kc, p.vc, positions, rattn);
                 break;
             case kWoK:
                 mv(p, rattn, rx_d, rx_d);
                 break;
             case kGuK:
                 k_rmsnorm<<<1, 256>>>(rx_d, p.norm, rxn);
-                mv(p, rxn, rgu, nullptr);
+                mv1(p.w[0], kFf, kH, rxn, rgu, nullptr);
+                mv1(p.w[1], kFf, kH, rxn, rgu + kFf, nullptr);
                 break;
             case kDownK:
                 k_swiglu<<<kFf / 256, 256>>>(rgu, rh);
