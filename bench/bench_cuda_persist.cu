@@ -38,8 +38,9 @@
 //   q/k/v, the attention or wo (default: the same); while waiting: that cap while a block's
 //   consumers wait for their phase's input (default 0: none). contiguous 1: a block's tiles of a
 //   phase consecutive, 2: in whole lines of the words they store (default 0: strided by the
-//   grid). poll gap: > 0, a waiting warp keeps two polls
-//   in flight, that far apart (default 0: one).
+//   grid). poll gap: > 0, a waiting warp keeps two polls in flight, that far apart (default 0:
+//   one). attention's loads early: 1 (default), its cached keys and values (up to 128) loaded
+//   before it waits for q.
 //
 // Stop 49 (first runs, H100): correct; 2,047 us a step, then 1,293 with each warp's input slice
 // in registers (bench/results/cuda.md). Stop 50-a (H200): with inputs straight from L2, silu(g) u
@@ -50,7 +51,11 @@
 // block's warps through shared memory, tiles summed two at a time, wo's and down's x rows read
 // early: 1,084 us against ferry's 1,035 and the floor's 787; then the copies in flight capped at
 // 2 a SM: 976 (0.944 of ferry's step): a read of a value another SM just stored waits behind
-// every miss the GPU has in flight. The lower cap in the chain (7th argument) has not run yet.
+// every miss the GPU has in flight. Stop 51: the chain cap (3, 1 in the chain) 1.3% on an H200;
+// a block's tiles consecutive 6% (H200 816.0 -> 766.7 us, 0.925 of ferry's 829 in stop 50; the
+// hops ~1 round trip); the cap while waiting, a sleep between polls and two polls in flight
+// lose; the attention's loads early -3.6%, the step's whole work (norm weights, rope, the cache
+// stores) +1.2%: H100 899.7-903.7 us beside ferry's 1,040 (0.865) and the floor's 786.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
