@@ -7,6 +7,7 @@
 # T (tiny-llama Q8_0) and defines tg MODEL N [ARGS or FERRY_*=V ...]: the tg t/s column, and
 # bt MODEL [ARGS]: the tg128 t/s alone (3 repetitions; ARGS pick the device or --remote ADDR).
 # be FERRY_*=V ...: that tg128 for 1B Q4_0 on CUDA0 with those variables set.
+# persist ARGS: a bench_cuda_persist run; f16_tg128: ferry's 1B F16 tg128 (below).
 # Served runs side by side: serve_unix, serve_tcp, servers_up, side_by_side, served_rounds,
 # tcp_step_trace, logits_reads (below).
 # tests FILTER [SECONDS]: test_cuda with that filter into $OUT/test_cuda.RUN.N.txt (RUN: the run
@@ -170,6 +171,25 @@ tcp_step_trace() {
   kill $pid
   sleep 1
   python3 bench/tools/step-trace.py $tr
+}
+# persist ARGS: bench_cuda_persist (P, default /tmp/bench_cuda_persist) 50 steps of 16 layers with
+# ARGS, when 20 s are left: the persistent form's line (and any FAILED check); FULL=1: every
+# form's line, the checks but the per-form ones that passed, and the stamped table.
+persist() {
+  left 20 "$*" || return
+  local p=${P:-/tmp/bench_cuda_persist}
+  if [ "${FULL:-0}" = 1 ]; then
+    timeout 20 $p 50 16 "$@" | grep --line-buffered -v "^check, [a-z ,]*: nmse x.*(ok)$" || echo "(rc $?)"
+  else
+    timeout 20 $p 50 16 "$@" | grep --line-buffered -E "^persistent|FAILED|^check: " || echo "(rc $?)"
+  fi
+}
+# f16_tg128: ferry's 1B F16 tg128 on CUDA0 (its file made alone when missing), when 90 s are left.
+f16_tg128() {
+  left 90 "ferry" || return
+  [ -f $H ] || $F gen-model --preset llama-3.2-1b --type f16 -o $H > /dev/null 2>&1
+  date +%T
+  echo "ferry 1B F16 tg128: $(bt $H --device CUDA0)"
 }
 # old_binary XZ: another build's ferry (an xz file, e.g. .devM/ferry.xz) as /tmp/ferry-old, and
 # old MODEL [ARGS]: bt run by it, for side-by-side rounds against $F.

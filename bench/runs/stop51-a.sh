@@ -14,41 +14,27 @@ BIN=${BIN:-.dev51} source bench/runs/common.sh
 unpack bench_cuda_persist bench_cuda_floor
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
 date +%T
-P=/tmp/bench_cuda_persist
-# run ARGS: the persistent form's line (the other forms' too when FULL=1, and the stamped table).
-run() {
-  left 20 "$*" || return
-  if [ "${FULL:-0}" = 1 ]; then
-    timeout 20 $P 50 16 "$@" | grep --line-buffered -v "^check.*(ok)$" || echo "(rc $?)"
-  else
-    timeout 20 $P 50 16 "$@" | grep --line-buffered -E "^persistent|FAILED|^check: " || echo "(rc $?)"
-  fi
-}
-FULL=1 run 64 1 1 2
-for f in 3 4 6; do run 64 1 1 $f; done
+FULL=1 persist 64 1 1 2
+for f in 3 4 6; do persist 64 1 1 $f; done
 # the chain caps (stop 50-d)
-for c in "2 1" "3 1" "4 1" "3 2" "4 2" "6 2"; do run 64 1 1 $c; done
+for c in "2 1" "3 1" "4 1" "3 2" "4 2" "6 2"; do persist 64 1 1 $c; done
 # the waiting caps
 for c in "2 2 1" "3 3 1" "4 4 1" "6 6 1" "13 13 1" "4 4 2" "6 6 2" "4 2 1" "6 2 1"; do
-  run 64 1 1 $c
+  persist 64 1 1 $c
 done
 # consecutive tiles, backoff, one word a lane
 for c in "2 2 0 1" "3 3 0 1" "4 4 1 1" "2 2 0 0 200" "2 2 0 0 500" "4 4 1 0 200"; do
-  run 64 1 1 $c
+  persist 64 1 1 $c
 done
-run 64 1 0 2
+persist 64 1 0 2
 date +%T
 left 30 "floor" && timeout 30 /tmp/bench_cuda_floor f16 100 | head -16
-left 90 "ferry" && {
-  $F gen-model --preset llama-3.2-1b --type f16 -o $H > /dev/null 2>&1
-  date +%T
-  echo "ferry 1B F16 tg128: $(bt $H --device CUDA0)"
-}
+f16_tg128
 # the best-looking forms again, in full, output off and 512 keys
-FULL=1 run 64 1 1 4 4 1
-FULL=1 run 64 1 1 3
-run 64 0 1 2
-run 64 0 1 4 4 1
-run 512 1 1 2
-run 512 1 1 4 4 1
+FULL=1 persist 64 1 1 4 4 1
+FULL=1 persist 64 1 1 3
+persist 64 0 1 2
+persist 64 0 1 4 4 1
+persist 512 1 1 2
+persist 512 1 1 4 4 1
 date +%T

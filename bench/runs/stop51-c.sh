@@ -14,37 +14,23 @@ BIN=${BIN:-.dev51} source bench/runs/common.sh
 unpack bench_cuda_persist bench_cuda_persist_504 bench_cuda_floor
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
 date +%T
-P=/tmp/bench_cuda_persist
-# run ARGS: the persistent form's line (the other forms' too when FULL=1, and the stamped table).
-run() {
-  left 20 "$*" || return
-  if [ "${FULL:-0}" = 1 ]; then
-    timeout 20 $P 50 16 "$@" | grep --line-buffered -v "^check, [a-z ,]*: nmse x.*(ok)$" || echo "(rc $?)"
-  else
-    timeout 20 $P 50 16 "$@" | grep --line-buffered -E "^persistent|FAILED|^check: " || echo "(rc $?)"
-  fi
-}
-FULL=1 run 64 1 1 2 2 0 1 0 1
-P=/tmp/bench_cuda_persist_504 run 64 1 1 2 2 0 1 0 1
-P=/tmp/bench_cuda_persist_504 run 64 1 1 2 2 0 1 0 0
-run 64 1 1 2 2 0 1 0 0
-run 64 1 1 3 1 0 1 0 1
-P=/tmp/bench_cuda_persist_504 run 64 1 1 3 1 0 1 0 1
-run 64 1 1 2 2 0 2 0 1
-run 64 1 1 3 3 0 1 0 1
-run 64 1 1 2 1 0 1 0 1
-run 128 1 1 2 2 0 1 0 1
-run 128 1 1 2 2 0 1 0 0
-run 512 1 1 2 2 0 1 0 1
-run 64 0 1 2 2 0 1 0 1
+FULL=1 persist 64 1 1 2 2 0 1 0 1
+P=/tmp/bench_cuda_persist_504 persist 64 1 1 2 2 0 1 0 1
+P=/tmp/bench_cuda_persist_504 persist 64 1 1 2 2 0 1 0 0
+persist 64 1 1 2 2 0 1 0 0
+persist 64 1 1 3 1 0 1 0 1
+P=/tmp/bench_cuda_persist_504 persist 64 1 1 3 1 0 1 0 1
+persist 64 1 1 2 2 0 2 0 1
+persist 64 1 1 3 3 0 1 0 1
+persist 64 1 1 2 1 0 1 0 1
+persist 128 1 1 2 2 0 1 0 1
+persist 128 1 1 2 2 0 1 0 0
+persist 512 1 1 2 2 0 1 0 1
+persist 64 0 1 2 2 0 1 0 1
 date +%T
 left 30 "floor" && timeout 30 /tmp/bench_cuda_floor f16 100 | head -9
-left 90 "ferry" && {
-  $F gen-model --preset llama-3.2-1b --type f16 -o $H > /dev/null 2>&1
-  date +%T
-  echo "ferry 1B F16 tg128: $(bt $H --device CUDA0)"
-}
-run 64 1 1 2 2 0 1 0 1
-P=/tmp/bench_cuda_persist_504 run 64 1 1 2 2 0 1 0 1
-run 64 1 1 3 1 0 1 0 1
+f16_tg128
+persist 64 1 1 2 2 0 1 0 1
+P=/tmp/bench_cuda_persist_504 persist 64 1 1 2 2 0 1 0 1
+persist 64 1 1 3 1 0 1 0 1
 date +%T

@@ -4,7 +4,8 @@
 # that BIN set for the source alone stays set after it, that gen_models and gen_types return
 # once the models are written (stops 48-d and 49-a hung in a bare `wait`, which also waited for
 # the tee, until their calls' limits), that unpack makes a carried BIN/NAME.xz runnable as
-# /tmp/NAME, and that the output reaches run.log.
+# /tmp/NAME, that persist keeps the lines a run records (and only those), and that the output
+# reaches run.log.
 #   run-helpers-test.sh SOURCE_DIR
 set -u
 src=$1
@@ -20,6 +21,16 @@ sleep 0.3
 echo model > "$2"
 GEN
 chmod +x "$tmp/gen"
+# In bench_cuda_persist's place: its kinds of lines, the arguments echoed in the timed ones.
+cat > "$tmp/persist" <<'PERSIST'
+#!/usr/bin/env bash
+echo "check, persistent: nmse x 1e-13, logits 1e-13 (ok)"
+echo "check, the caches' new rows (roped keys, values): nmse 4e-08 (ok)"
+echo "persistent: args $*: 900.0 us a step"
+echo "a launch a product: args $*: 1200.0 us a step"
+echo "qkv            5.38    1.54/2.30"
+PERSIST
+chmod +x "$tmp/persist"
 # A carried benchmark, as the device scripts' BIN holds them.
 printf '#!/bin/sh\necho unpacked\n' | xz > "$tmp/bin/ferry-helpers-$$-bench.xz"
 cat > "$tmp/script.sh" <<SCRIPT
@@ -37,6 +48,12 @@ rm -f /tmp/ferry-helpers-$$-1.gguf /tmp/ferry-helpers-$$-2.gguf
 unpack ferry-helpers-$$-bench
 [ "\$(/tmp/ferry-helpers-$$-bench)" = unpacked ] || { echo "unpack did not make /tmp/NAME runnable"; exit 6; }
 rm -f /tmp/ferry-helpers-$$-bench
+P="$tmp/persist" persist 64 1 > "$tmp/short.txt"
+[ "\$(cat "$tmp/short.txt")" = "persistent: args 50 16 64 1: 900.0 us a step" ] ||
+  { echo "persist kept: \$(cat "$tmp/short.txt")"; exit 7; }
+FULL=1 P="$tmp/persist" persist 64 > "$tmp/full.txt"
+[ "\$(wc -l < "$tmp/full.txt")" = 4 ] && ! grep -q "^check, persistent" "$tmp/full.txt" ||
+  { echo "persist FULL=1 kept: \$(cat "$tmp/full.txt")"; exit 8; }
 echo "helpers done"
 SCRIPT
 OUT="$tmp/out" timeout 30 bash "$tmp/script.sh"
