@@ -453,9 +453,8 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, float* 
     float* vn = kn + kD;
     float* p = vn + kD;                   // [n]
     float* part = p + kMaxPositions + 1;  // [kConsumers][kD]
-    const uint4* krow = [&] {
-        return reinterpret_cast<const uint4*>(ph.kc + cache_at(t < a.positions ? t : 0, hk));
-    }();
+    const uint4* krow =
+        reinterpret_cast<const uint4*>(ph.kc + cache_at(t < a.positions ? t : 0, hk));
     // (a value's dimensions 2 lane, 2 lane + 1 of position j: vrows[j kRow2])
     constexpr int64_t kRow2 = kKvHeads * kD / 2;
     const __half2* vrows = reinterpret_cast<const __half2*>(ph.vc + cache_at(0, hk)) + lane;
