@@ -29,9 +29,11 @@
 #include "ferry/op-tests.h"
 #include "ferry/remote.h"
 #include "ferry/scheduler.h"
+#include "host-device.h"
 #include "test_remote_util.h"
 #ifdef FERRY_HAVE_CUDA
 #include "backends/cuda/cuda-backend.h"
+#include "backends/cuda/ops/persist.h"
 #endif
 
 using namespace ferry;
@@ -1154,6 +1156,232 @@ TEST(Cuda, EarlyAttentionLoadsGiveTheSameBits) {
                                              << first / static_cast<size_t>(p.n_vocab);
         }
     }
+    std::remove(path.c_str());
+}
+#endif
+
+#ifdef FERRY_HAVE_CUDA
+// A device that runs the CPU kernels and, for every graph it is given, asks the persistent
+// step's lowering (cuda::match_persist, with host addresses for device ones) whether it would
+// replace the graph's layers and logits: the real graphs a session builds, matched without a
+// GPU (the lowering's first run on the device had fallen back on every decode graph, at the
+// last layer's row picked by index).
+class LoweringProbe : public HostKernelDevice {
+  public:
+    struct Seen {
+        bool matched = false;
+        std::string why;
+        cuda::PersistModel m;
+        size_t lo = 0, hi = 0, kernel_nodes = 0;
+    };
+    std::vector<Seen> seen_graphs;
+    LoweringProbe() : HostKernelDevice("lowering-probe") {}
+
+  protected:
+    void seen(const Graph& g) override {
+        std::vector<const Tensor*> kn;
+        for (const Tensor* n : g.nodes) {
+            if (n->op != Op::NONE && (op_info(n->op).flags & kOpView) == 0) kn.push_back(n);
+        }
+        Seen s;
+        s.kernel_nodes = kn.size();
+        s.matched = cuda::match_persist(g, kn, &s.lo, &s.hi, &s.m, &s.why, host);
+        seen_graphs.push_back(std::move(s));
+    }
+
+  private:
+    static char* host(const Tensor* t) { return static_cast<char*>(t->data); }
+};
+
+// A session's decode graphs (one token) are lowered to the persistent step, its prompt graph
+// is not: tiny-llama's F16 file (4 layers) gives every field of the step as the model has it,
+// and one run of 19 kernel nodes a layer (the last layer's two GET_ROWS by out_ids too) and 3
+// for the logits. Qwen2's biases and Qwen3's q/k norms are not in the pattern: their graphs
+// keep the kernel plan.
+TEST(Cuda, PersistentLoweringMatchesDecodeGraphsOnly) {
+    LoweringProbe dev;
+    ModelOptions mo;
+    mo.devices.push_back(&dev);
+    Expected<std::unique_ptr<LlamaModel>> m = LlamaModel::load(kDir + "/tiny-llama-f16.gguf", mo);
+    ASSERT_TRUE(m) << m.message();
+    SessionOptions so;
+    so.n_threads = 2;
+    Expected<std::unique_ptr<LlamaSession>> s = LlamaSession::create(**m, so);
+    ASSERT_TRUE(s) << s.message();
+    const std::vector<int32_t>& toks = cases()[0].tokens;
+    ASSERT_GE(toks.size(), 8u);
+    ASSERT_TRUE((*s)->decode(std::span<const int32_t>(toks.data(), 5), false));
+    const size_t prompt_graphs = dev.seen_graphs.size();
+    for (size_t i = 5; i < 8; i++) {
+        ASSERT_TRUE((*s)->decode(std::span<const int32_t>(&toks[i], 1), false));
+    }
+    ASSERT_GE(prompt_graphs, 1u);
+    ASSERT_EQ(dev.seen_graphs.size(), prompt_graphs + 3);
+    for (size_t i = 0; i < prompt_graphs; i++) {
+        EXPECT_FALSE(dev.seen_graphs[i].matched) << "prompt graph " << i;
+        EXPECT_FALSE(dev.seen_graphs[i].why.empty());
+    }
+    for (size_t i = prompt_graphs; i < dev.seen_graphs.size(); i++) {
+        const LoweringProbe::Seen& e = dev.seen_graphs[i];
+        ASSERT_TRUE(e.matched) << "decode graph " << i << ": " << e.why;
+        const cuda::PersistModel& pm = e.m;
+        EXPECT_EQ(pm.layers.size(), 4u);
+        EXPECT_EQ(pm.n_embd, 256);
+        EXPECT_EQ(pm.n_ff, 768);
+        EXPECT_EQ(pm.n_head, 8);
+        EXPECT_EQ(pm.n_head_kv, 4);
+        EXPECT_EQ(pm.head_dim, 32);
+        EXPECT_EQ(pm.n_rot, 32);
+        EXPECT_EQ(pm.n_vocab, 1024);
+        const int pad = (*s)->kv_pad(), n = static_cast<int>(i - prompt_graphs) + 6;
+        EXPECT_EQ(pm.n_kv, (n + pad - 1) / pad * pad);
+        EXPECT_FLOAT_EQ(pm.eps, 1e-5f);
+        EXPECT_FLOAT_EQ(pm.kq_scale, 1.0f / std::sqrt(32.0f));
+        EXPECT_DOUBLE_EQ(pm.rope_base, 10000.0);
+        EXPECT_DOUBLE_EQ(pm.rope_scale, 1.0);
+        EXPECT_EQ(pm.rope_ff, nullptr);
+        EXPECT_NE(pm.out_ids, nullptr);
+        EXPECT_NE(pm.pos, nullptr);
+        EXPECT_NE(pm.x0, nullptr);
+        EXPECT_NE(pm.logits, nullptr);
+        EXPECT_EQ(pm.cache_row_bytes, 4 * 32 * 2);
+        for (const cuda::PersistLayer& l : pm.layers) {
+            EXPECT_TRUE(l.wq && l.wk && l.wv && l.wo && l.gate && l.up && l.down && l.attn_norm &&
+                        l.ffn_norm && l.kc && l.vc && l.mask);
+            EXPECT_NE(l.kc, l.vc);
+        }
+        // Each layer's weights are its own (the first and the last layer's differ).
+        EXPECT_NE(pm.layers.front().wq, pm.layers.back().wq);
+        EXPECT_EQ(e.hi + 1 - e.lo, size_t{4 * 19 + 2 + 3});
+        EXPECT_EQ(e.lo, 1u);  // after the token's GET_ROWS
+        EXPECT_EQ(e.hi + 1, e.kernel_nodes);
+        // Too small for the kernel (hidden 256): the plan keeps its kernels.
+        std::string why;
+        EXPECT_FALSE(cuda::persist_shapes_ok(pm, 132, &why));
+        EXPECT_NE(why.find("n_embd"), std::string::npos) << why;
+    }
+    for (const char* arch : {"qwen2", "qwen3"}) {
+        const ModelPreset p = {"tiny-lowering", 1024,  512,   256,  2, 8, 4, 768,
+                               10000.0f,        1e-6f, false, arch, 32};
+        std::vector<int32_t> ids;
+        const std::string path = generated_f16_model(p, 3u, &ids);
+        ASSERT_FALSE(path.empty());
+        Expected<std::unique_ptr<LlamaModel>> qm = LlamaModel::load(path, mo);
+        ASSERT_TRUE(qm) << qm.message();
+        Expected<std::unique_ptr<LlamaSession>> qs = LlamaSession::create(**qm, so);
+        ASSERT_TRUE(qs) << qs.message();
+        dev.seen_graphs.clear();
+        ASSERT_TRUE((*qs)->decode(std::span<const int32_t>(ids.data(), 3), false));
+        ASSERT_TRUE((*qs)->decode(std::span<const int32_t>(&ids[3], 1), false));
+        ASSERT_FALSE(dev.seen_graphs.empty());
+        for (const LoweringProbe::Seen& e : dev.seen_graphs) {
+            EXPECT_FALSE(e.matched) << arch;
+            std::printf("[ cuda     ] %s graph of %zu kernel nodes not lowered: %s\n", arch,
+                        e.kernel_nodes, e.why.c_str());
+        }
+        std::remove(path.c_str());
+    }
+}
+#endif
+
+#ifdef FERRY_HAVE_CUDA
+// The persistent decode step (one cooperative launch from the first layer's norm to the logits,
+// src/backends/cuda/ops/persist.cu) against the kernel-per-node plan (FERRY_CUDA_PERSIST=0) on
+// F16 models of the shapes it takes: Llama 3.2 1B's layers (hidden 2048, 32 heads of 64 over 8
+// KV heads, FFN 8192, Llama 3's rope frequency factors, tied output) with 2 layers, and hidden
+// 1024 (16 heads over 4, FFN 4096, untied) with 3. A 20-token prompt, then one token at a time
+// past the 256-key pad (KV lengths 256 and 512), or to position 60 (the large model). Both sum
+// the same F16 weights and values in fp32 in different orders (~1e-7 relative a value) and may
+// round a key or value to F16 the other way (one F16 ulp, 5e-4 relative in that one element):
+// the logits' nmse stays below 1e-9, and the lowering ran (none with it off).
+TEST(Cuda, PersistentDecodeMatchesTheKernelPlan) {
+    REQUIRE_GPU();
+    const ModelPreset presets[] = {
+        {"test-1b-2l", 4096, 1024, 2048, 2, 32, 8, 8192, 500000.0f, 1e-5f, true, "llama", 0, 32.0f},
+        {"test-h1024", 2048, 1024, 1024, 3, 16, 4, 4096, 10000.0f, 1e-5f, false}};
+    for (const ModelPreset& p : presets) {
+        std::vector<int32_t> toks;
+        const std::string path = generated_f16_model(p, 11u, &toks);
+        ASSERT_FALSE(path.empty());
+        const size_t steps = p.n_embd == 2048 ? 60 : toks.size();
+        std::vector<float> runs[2];
+        uint64_t lowered[2];
+        for (int on = 0; on < 2; on++) {
+            const OpenSession os = open_session(
+                path, {gpu()}, Type::F16,
+                {on ? "FERRY_CUDA_PERSIST=1" : "FERRY_CUDA_PERSIST=0", "FERRY_CUDA_PERSIST_WHY=1"});
+            ASSERT_TRUE(os.s);
+            LlamaSession* s = os.s.get();
+            const uint64_t before = cuda::persist_plans();
+            ASSERT_TRUE(s->decode(std::span<const int32_t>(toks.data(), 20), false));
+            for (size_t i = 20; i < steps; i++) {
+                const Status st = s->decode(std::span<const int32_t>(&toks[i], 1), false);
+                ASSERT_TRUE(st) << p.name << " step " << i << ": " << st.message();
+                runs[on].insert(runs[on].end(), s->logits(0), s->logits(0) + p.n_vocab);
+            }
+            lowered[on] = cuda::persist_plans() - before;
+        }
+        const double e = nmse_of(runs[1], runs[0]);
+        size_t same_top = 0, rows = runs[0].size() / static_cast<size_t>(p.n_vocab);
+        for (size_t r = 0; r < rows; r++) {
+            const float* a = runs[0].data() + r * static_cast<size_t>(p.n_vocab);
+            const float* b = runs[1].data() + r * static_cast<size_t>(p.n_vocab);
+            same_top +=
+                std::max_element(a, a + p.n_vocab) - a == std::max_element(b, b + p.n_vocab) - b;
+        }
+        std::printf(
+            "[ cuda     ] %s: persistent decode vs the kernel plan over %zu steps: nmse %.2e, "
+            "same top-1 %zu, %llu plans lowered\n",
+            p.name, rows, e, same_top, static_cast<unsigned long long>(lowered[1]));
+        EXPECT_EQ(lowered[0], 0u) << p.name;
+        EXPECT_GT(lowered[1], 0u) << p.name;
+        EXPECT_LE(e, 1e-9) << p.name;
+        std::remove(path.c_str());
+    }
+}
+#endif
+
+#ifdef FERRY_HAVE_CUDA
+// The persistent decode step through every way into and out of steps queued ahead
+// (ahead_script: the KV length crossing the 256 pad, a truncated session, device TOP_K after
+// the step, a pause, a reset) gives the same bits as a session that never queues ahead: its
+// sums run in one fixed order, and a step run again with its last inputs stores the same rows.
+TEST(Cuda, PersistentDecodeQueuedAheadGivesTheSameBits) {
+    REQUIRE_GPU();
+    const ModelPreset p = {"test-h1024-ahead", 2048,  1024, 1024, 3, 16, 4, 4096,
+                           10000.0f,           1e-5f, false};
+    std::vector<int32_t> toks;
+    const std::string path = generated_f16_model(p, 13u, &toks);
+    ASSERT_FALSE(path.empty());
+    std::vector<float> runs[2];
+    cuda::AheadCounts counts[2];
+    uint64_t lowered[2];
+    for (int mode = 0; mode < 2; mode++) {
+        const OpenSession os =
+            open_session(path, {gpu()}, Type::F16,
+                         {mode == 0 ? "FERRY_AHEAD=0" : "FERRY_AHEAD=1", "FERRY_CUDA_PERSIST=1"});
+        ASSERT_TRUE(os.s);
+        const cuda::AheadCounts before = cuda::ahead_counts();
+        const uint64_t plans = cuda::persist_plans();
+        runs[mode] = ahead_script(os.s.get(), toks, p.n_vocab);
+        ASSERT_FALSE(runs[mode].empty());
+        lowered[mode] = cuda::persist_plans() - plans;
+        const cuda::AheadCounts after = cuda::ahead_counts();
+        counts[mode] = {after.queued - before.queued, after.started - before.started,
+                        after.idle - before.idle};
+    }
+    std::printf(
+        "[ cuda     ] persistent decode queued ahead: %llu steps, %llu started by their inputs; "
+        "%llu and %llu plans lowered\n",
+        static_cast<unsigned long long>(counts[1].queued),
+        static_cast<unsigned long long>(counts[1].started),
+        static_cast<unsigned long long>(lowered[0]), static_cast<unsigned long long>(lowered[1]));
+    EXPECT_GT(lowered[0], 0u);
+    EXPECT_GT(lowered[1], 0u);
+    EXPECT_GT(counts[1].started, 250u);
+    const size_t first = first_difference(runs[0], runs[1]);
+    EXPECT_EQ(first, runs[0].size())
+        << "first differing value " << first << " of " << runs[0].size();
     std::remove(path.c_str());
 }
 #endif

@@ -20,6 +20,7 @@
 #include "ferry/gguf.h"
 #include "ferry/llama.h"
 #include "ferry/sampler.h"
+#include "host-device.h"
 #include "oracle.h"
 
 namespace ferry {
@@ -394,45 +395,15 @@ TEST(Llama, RepackedLogitsMatchGgufLayout) {
     }
 }
 
-// A device that is not the CPU (so weights are uploaded into its own buffer, not mapped) but
-// runs on host memory with the CPU kernels: the upload path and a two-backend schedule.
-class UploadDevice : public Device {
-  public:
-    const char* name() const override { return "upload-test"; }
-    std::string description() const override { return "test device"; }
-    DeviceType type() const override { return DeviceType::GPU; }
-    DeviceMemory memory() const override { return cpu_device()->memory(); }
-    DeviceCaps caps() const override { return {}; }
-    BufferType* buffer_type() override { return cpu::host_buffer_type(); }
-    bool supports_op(const Tensor* node) override { return cpu_device()->supports_op(node); }
-    bool supports_buffer_type(const BufferType* t) override { return t->is_host(); }
-    Expected<std::unique_ptr<Backend>> make_backend(const BackendOptions& = {}) override {
-        return std::unique_ptr<Backend>(new Stream(this));
-    }
-
-  private:
-    class Stream : public Backend {
-      public:
-        explicit Stream(Device* d) : dev_(d), cpu_(cpu::make_cpu_backend(2)) {}
-        const char* name() const override { return "upload-test"; }
-        Device* device() const override { return dev_; }
-        Status compute(Graph& g) override { return cpu_->compute(g); }
-        void set_n_threads(int n) override { cpu_->set_n_threads(n); }
-
-      private:
-        Device* dev_;
-        std::unique_ptr<Backend> cpu_;
-    };
-};
-
 TEST(Llama, WeightsUploadedToAnotherDeviceGiveTheSameLogits) {
-    // UploadDevice runs the CPU kernels on the GGUF layout: the CPU must keep that layout too
-    // (its prepare_weights repacks Q4_K; RepackedQ4_0LogitsMatchGgufLayout covers that path).
+    // The test device (host-device.h) runs the CPU kernels on the GGUF layout: the CPU must keep
+    // that layout too (its prepare_weights repacks Q4_K; RepackedQ4_0LogitsMatchGgufLayout covers
+    // that path).
     ::setenv("FERRY_CPU_REPACK", "0", 1);
     struct Unset {
         ~Unset() { ::unsetenv("FERRY_CPU_REPACK"); }
     } unset;
-    UploadDevice dev;
+    test::HostKernelDevice dev{"upload-test"};
     ModelOptions mo;
     mo.devices.push_back(&dev);
     std::vector<float> progress;

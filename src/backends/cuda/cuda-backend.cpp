@@ -15,6 +15,7 @@
 
 #include "backends/cuda/cublas-api.h"
 #include "backends/cuda/ops/ops.h"
+#include "backends/cuda/ops/persist.h"
 #include "core/env.h"
 #include "core/spin.h"
 
@@ -326,6 +327,16 @@ class CudaDevice : public Device {
         volatile DeviceError* e = err_host_;
         const int32_t code = e->code;
         if (code == 0) return Status::ok();
+        if (code < 0) {
+            // (persist.cu: a wait of the persistent decode step gave up)
+            Status st = Status::errorf(
+                "%s: the persistent decode step waited 2 s (what %d, block %lld, thread %lld): "
+                "a bug in its bookkeeping (FERRY_CUDA_PERSIST=0: without it)",
+                name(), e->value, static_cast<long long>(e->limit),
+                static_cast<long long>(e->where));
+            e->code = 0;
+            return st;
+        }
         const Op op = static_cast<Op>(code - 1);
         Status st = Status::errorf("%s: %s index %d (at position %lld) out of range [0, %lld)",
                                    name(), op_name(op), e->value, static_cast<long long>(e->where),
@@ -526,6 +537,7 @@ bool CudaBuffer::copy_tensor(const Tensor* src, Tensor* dst) {
 constexpr int64_t kL2NextPart = 8;
 constexpr double kL2NextMaxBandwidth = 4.0e12;
 
+std::atomic<uint64_t> g_persist_plans{0};                                      // persist_plans
 std::atomic<uint64_t> g_ahead_queued{0}, g_ahead_started{0}, g_ahead_idle{0};  // ahead_counts
 
 class CudaBackend : public Backend {
@@ -536,6 +548,8 @@ class CudaBackend : public Backend {
         ctx_.n_sm = dev->n_sm();
         ctx_.err = err;
         use_graphs_ = !env_off("FERRY_CUDA_GRAPH");
+        use_persist_ = env_on("FERRY_CUDA_PERSIST");
+        persist_why_ = env_on("FERRY_CUDA_PERSIST_WHY");
         use_fusion_ = !env_off("FERRY_CUDA_FUSION");
         use_add_norm_ = !env_off("FERRY_CUDA_FUSE_ADD_NORM");
         use_epilogue_ = !env_off("FERRY_CUDA_FUSE_EPILOGUE");
@@ -758,7 +772,8 @@ class CudaBackend : public Backend {
         const Tensor* second;  // nullptr unless fused
         int kind;              // 0 plain, 1 rms_norm+mul, 2 mul_mat+add, 3 gate+up+swiglu,
                                // 4 add+rms_norm+mul (third: the MUL),
-                               // 5 products with their rope and/or set_rows (units)
+                               // 5 products with their rope and/or set_rows (units),
+                               // 6 the persistent decode step (node: its first node)
         const Tensor* third;   // kind 3: the SWIGLU (whose result is written)
         // kind 5: the products (each with its ROPE and/or SET_ROWS) of one launch
         std::array<EpilogueUnit, 3> units{};
@@ -769,6 +784,10 @@ class CudaBackend : public Backend {
         // early_rows found every writer)
         AttnEarly early{};
         bool has_early = false;
+        // kind 6: the persistent decode step (persist.h), its table in persist_, and the
+        // bytes of weights it reads (the profile's)
+        int persist = -1;
+        double persist_bytes = 0.0;
     };
     static bool early_rows(const std::vector<const Tensor*>& kn, size_t a, AttnEarly* e);
     void plan_l2_next();
@@ -1018,6 +1037,11 @@ class CudaBackend : public Backend {
     CudaDevice* dev_;
     cudaStream_t stream_;
     OpContext ctx_;
+    // The persistent decode step (persist.h): FERRY_CUDA_PERSIST=1 turns it on (off by
+    // default until its measurements on the device say otherwise: docs/design-notes.md), and
+    // FERRY_CUDA_PERSIST_WHY=1 says why a one-token graph was not lowered to it.
+    bool use_persist_ = false, persist_why_ = false;
+    std::unique_ptr<Persist> persist_;
     bool use_graphs_ = true, use_fusion_ = true, use_add_norm_ = true, use_epilogue_ = true,
          use_qkv_ = true, use_norm_mv_ = true, use_fnorm_ = false;
     // FERRY_CUDA_ATTN_EARLY=0: decode attention loads its keys and values after the wait.
@@ -1374,10 +1398,43 @@ Status CudaBackend::plan(Graph& g) {
         }
         kn.push_back(n);
     }
+    // A one-token decode step of the layers' pattern: one persistent launch for its nodes
+    // kn[p_lo .. p_hi].
+    size_t p_lo = kn.size(), p_hi = 0;
+    int p_id = -1;
+    double p_bytes = 0.0;
+    if (use_persist_ && use_fusion_) {
+        PersistModel pm;
+        std::string why;
+        if (match_persist(g, kn, &p_lo, &p_hi, &pm, &why) &&
+            persist_shapes_ok(pm, ctx_.n_sm, &why)) {
+            if (!persist_) persist_ = std::make_unique<Persist>();
+            FERRY_TRY(persist_->prepare(pm, ctx_.device, ctx_.n_sm, &p_id));
+            g_persist_plans.fetch_add(1, std::memory_order_relaxed);
+            for (size_t i = p_lo; i <= p_hi; i++) {
+                if (kn[i]->op == Op::MUL_MAT) {
+                    p_bytes += static_cast<double>(kn[i]->src[0]->nbytes());
+                }
+            }
+        } else {
+            p_lo = kn.size();
+            if (persist_why_) {
+                std::fprintf(stderr, "%s: not one persistent launch: %s\n", name(), why.c_str());
+            }
+        }
+    }
     size_t scratch = 0;
     bool cublas = false;
     for (size_t i = 0; i < kn.size(); i++) {
         const Tensor* n = kn[i];
+        if (i == p_lo) {
+            Step st{n, nullptr, 6, nullptr};
+            st.persist = p_id;
+            st.persist_bytes = p_bytes;
+            steps_.push_back(st);
+            i = p_hi;
+            continue;
+        }
         const Tensor* next = i + 1 < kn.size() ? kn[i + 1] : nullptr;
         const bool single = (n->flags & kTensorOutput) == 0 && consumers_[n] == 1;
         const Tensor* next2 = i + 2 < kn.size() ? kn[i + 2] : nullptr;
@@ -1868,6 +1925,8 @@ Status CudaBackend::run_step(const Step& s) {
             return op_add_rms_norm_mul(ctx_, s.node, s.second, s.third);
         case 5:
             return op_mul_mat_epilogue(ctx_, s.units.data(), s.n_units, &s.pro);
+        case 6:
+            return persist_->launch(ctx_, s.persist);
         default: {
             if (s.pro.norm) return op_mul_mat_norm(ctx_, s.node, s.pro);
             // Rows loaded before the wait only inside a captured graph, which starts after
@@ -2178,6 +2237,14 @@ Status CudaBackend::run_profiled() {
         float ms = 0.0f;
         cudaEventElapsedTime(&ms, prof_ev_[i], prof_ev_[i + 1]);
         const Step& s = steps_[i];
+        if (s.kind == 6) {
+            ProfileRow& r = prof_["persistent decode step"];
+            r.ms += ms;
+            r.calls++;
+            r.bytes += s.persist_bytes;
+            prof_total_ms_ += ms;
+            continue;
+        }
         const Tensor* n = s.third ? s.third : (s.second ? s.second : s.node);
         std::string k = s.pro.norm ? (s.pro.add ? "ADD+RMS_NORM+MUL+" : "RMS_NORM+MUL+") : "";
         k += op_name(s.node->op);
@@ -2262,6 +2329,10 @@ class CudaRegistry : public Registry {
 };
 
 }  // namespace
+
+uint64_t persist_plans() {
+    return g_persist_plans.load(std::memory_order_relaxed);
+}
 
 AheadCounts ahead_counts() {
     return {g_ahead_queued.load(std::memory_order_relaxed),

@@ -25,6 +25,10 @@ namespace ferry::cuda {
 // CPU), e.g. to show the fallback working. Empty by default.
 void set_declined_ops(const std::vector<Op>& ops);
 
+// Test hook: graphs lowered to the persistent decode step (persist.h) since the process
+// started.
+uint64_t persist_plans();
+
 // Test hook: decode attention launches queued with their rows loaded before the wait
 // (k_attn_row's early form) since the process started.
 uint64_t early_attention_launches();

@@ -1,0 +1,874 @@
+// The persistent decode step (persist.h): the kernel of bench/bench_cuda_persist.cu's best form
+// (stop 51: a block's tiles of a phase consecutive, in whole lines of the words they store; the
+// producer's copies in flight capped at 3, at 1 while the consumers are in the attention's
+// chain; the attention's cached keys and values loaded before its wait), with the graph's
+// shapes, rope, mask and position read at run time, errors reported instead of trapping, and
+// the launch counter kept on the device so that a captured graph replays it unchanged.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "backends/cuda/ops/common.cuh"
+#include "backends/cuda/ops/persist-sync.cuh"
+#include "backends/cuda/ops/persist.h"
+
+namespace ferry::cuda {
+
+namespace {
+
+using namespace psync;
+
+#define PERSIST_TRY(expr, ...)                                                         \
+    do {                                                                               \
+        const cudaError_t e_ = (expr);                                                 \
+        if (e_ != cudaSuccess) {                                                       \
+            cudaGetLastError();                                                        \
+            return Status::error(strfmt(__VA_ARGS__) + ": " + cudaGetErrorString(e_)); \
+        }                                                                              \
+    } while (0)
+
+constexpr int kStageBytes = 16384;  // a tile: 8192 weights (rows of K <= 8192, whole rows)
+constexpr int kStages = 13;         // 208 KiB of ring
+constexpr int kConsumers = 8;       // warps; warp 8 is the producer
+constexpr int kThreads = 32 * (kConsumers + 1);
+constexpr int kD = 64;             // head size (persist_shapes_ok)
+constexpr int kMaxEmbd = 2048;     // n_embd at most (the input's shared copy)
+constexpr int kMaxKeys = 1024;     // keys attended at most (the scores' scratch)
+constexpr int kInflight = 3;       // copies in flight a block (stop 51: 3 ...
+constexpr int kChainInflight = 1;  // ... and 1 in q/k/v, the attention and wo)
+constexpr int kEarlyKeys = 128;    // keys a block loads before its wait (a thread each)
+constexpr int kEarlyValues = kEarlyKeys / kConsumers;  // values a warp loads before its wait
+// Shared floats besides the ring: the attention's q, new key and value, its scores and its
+// per-warp sums; or a K = n_embd product's input shared by its warps.
+constexpr int kAttnScratch = (3 * kD + kMaxKeys + kConsumers * kD + 7) / 8 * 8;
+constexpr int kScratch = kAttnScratch > kMaxEmbd ? kAttnScratch : kMaxEmbd;
+static_assert(kScratch % 2 == 0 && kConsumers % 2 == 0, "the barriers must stay 8-byte aligned");
+
+// A block's shared memory: the ring, the scratch, the reduction words, every warp's sum of each
+// of the block's tiles of the largest phase, then the full and empty barriers.
+struct SmemLayout {
+    int max_tiles;
+    __host__ __device__ size_t scratch() const {
+        return static_cast<size_t>(kStages) * kStageBytes;
+    }
+    __host__ __device__ size_t red() const { return scratch() + sizeof(float) * kScratch; }
+    __host__ __device__ size_t part() const { return red() + sizeof(float) * kConsumers; }
+    __host__ __device__ size_t barriers() const {
+        return part() + sizeof(float) * static_cast<size_t>(max_tiles) * kConsumers;
+    }
+    __host__ __device__ size_t bytes() const { return barriers() + sizeof(uint64_t) * 2 * kStages; }
+};
+
+enum Kind : int { kQkvK, kAttnK, kWoK, kGuK, kDownK, kOutK };
+
+// Tags: tag_of(epoch, phase) is unique to a phase of a launch among the launches of the last
+// 2^32 / kTagPhases; every word is stored again each step, so an old tag is never waited for.
+constexpr unsigned kTagPhases = 512;
+__host__ __device__ inline unsigned tag_of(unsigned epoch, int phase) {
+    return epoch * kTagPhases + static_cast<unsigned>(phase) + 1u;
+}
+
+struct Phase {
+    int kind;
+    // Up to three matrices one after another (q/k/v: seg[i] tiles each), or, `paired`
+    // (gate/up), w[0] the gate and w[1] the up matrix: a tile holds rows_per_tile / 2 rows of
+    // each (two 8 KiB copies), that many values of silu(g) u.
+    const __half* w[3];
+    int64_t seg[3];
+    int paired;
+    int64_t rows;
+    int K;
+    int64_t tiles;
+    int group;          // tiles a block's share is a multiple of (whole lines of its stores)
+    const float* norm;  // q/k/v, gate/up, output: the RMS norm's weights [n_embd]
+    __half* kc;         // q/k/v and the attention: the layer's caches
+    __half* vc;
+    const __half* mask;  // the attention: its mask [n_kv]
+    int in;              // the phase whose output this one reads (-1: the step's input row x0)
+    int x_in;            // wo and down: the phase that wrote x last (-1: x0)
+};
+
+// The launch's arguments (the same every step of one structure: the position, the epoch and
+// the mask's values are read from device memory).
+struct Args {
+    const Phase* phases;
+    int n_phases;
+    int max_tiles;
+    int H, n_ff, n_head, n_head_kv;
+    int n_kv;
+    Word* x;     // [H]: the residual
+    Word* qkv;   // [H + 2 n_head_kv kD]
+    Word* attn;  // [n_head kD]
+    Word* h;     // [n_ff]: silu(g) u
+    const float* x0;
+    float* logits;
+    const int32_t* pos;
+    const int32_t* out_ids;         // or nullptr (persist.h)
+    int64_t cache_rows, cache_row;  // rows, and halves from one to the next
+    float eps, kq_scale;
+    int n_rot;
+    double rope_base, rope_scale;
+    const char* rope_ff;
+    int64_t rope_ff_nb0;
+    // ctl[0]: the launch count (the tags' epoch, bumped by the launch's last block), ctl[1]:
+    // blocks done, ctl[2]: nonzero once a wait gave up (every wait then returns at once).
+    unsigned* ctl;
+    DeviceError* err;
+};
+
+// Waits give up after kWaitNs: a wait that long is a bug in this kernel's bookkeeping, and it
+// must end the launch with an error (DeviceError code -1), never hang the device. After
+// kCheckNs a wait also looks at ctl[2], so that once one gave up the others end too.
+constexpr uint64_t kWaitNs = 2000000000ull;
+constexpr uint64_t kCheckNs = 1000000ull;
+
+// True when the wait begun at t0 should end (it gave up, or another one did).
+__device__ __forceinline__ bool give_up(const Args& a, uint64_t t0, int what) {
+    const uint64_t d = now_ns() - t0;
+    if (d < kCheckNs) return false;
+    if (*reinterpret_cast<volatile unsigned*>(a.ctl + 2) != 0) return true;
+    if (d < kWaitNs) return false;
+    atomicExch(a.ctl + 2, 1u);
+    if (atomicCAS(&a.err->code, 0, -1) == 0) {
+        a.err->value = what;
+        a.err->limit = blockIdx.x;
+        a.err->where = threadIdx.x;
+        __threadfence_system();
+    }
+    return true;
+}
+__device__ __forceinline__ void mbar_wait(const Args& a, uint64_t* b, unsigned parity, int what) {
+    if (mbar_try(b, parity)) return;
+    const uint64_t t0 = now_ns();
+    while (!mbar_try(b, parity)) {
+        if (give_up(a, t0, what)) return;
+    }
+}
+// One value, once its tag is `want`.
+__device__ __forceinline__ float wait_word(const Args& a, const Word* p, unsigned want, int what) {
+    Word w = ld_word(p);
+    if (tag_word(w) == want) return val_word(w);
+    const uint64_t t0 = now_ns();
+    do {
+        if (give_up(a, t0, what)) return 0.0f;
+        w = ld_word(p);
+    } while (tag_word(w) != want);
+    return val_word(w);
+}
+// A lane's J runs of 8 consecutive values, p[256 j, 256 j + 8) for j < J, into o[8 j, 8 j + 8),
+// once all their tags are `want`: every load of a round issued at once.
+template <int J>
+__device__ __forceinline__ void wait_words(const Args& a, const Word* p, unsigned want, float* o,
+                                           int what) {
+    Word w[8 * J];
+    const uint64_t t0 = now_ns();
+    for (;;) {
+#pragma unroll
+        for (int i = 0; i < 4 * J; i++) {
+            ld_words2(p + 256 * (i / 4) + 2 * (i % 4), w[2 * i], w[2 * i + 1]);
+        }
+        bool ok = true;
+#pragma unroll
+        for (int i = 0; i < 8 * J; i++) ok = ok && tag_word(w[i]) == want;
+        if (ok || give_up(a, t0, what)) break;
+    }
+#pragma unroll
+    for (int i = 0; i < 8 * J; i++) o[i] = val_word(w[i]);
+}
+__device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync 1, %0;" ::"n"(32 * kConsumers) : "memory");
+}
+template <class Op>
+__device__ float consumers_reduce(float v, float* red, float init, Op op) {
+    for (int o = 16; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) red[warp] = v;
+    consumers_sync();
+    float s = init;
+    for (int w = 0; w < kConsumers; w++) s = op(s, red[w]);
+    consumers_sync();
+    return s;
+}
+
+// What a wait that gave up was for (DeviceError::value).
+enum What : int { kWaitX = 1, kWaitAttn, kWaitH, kWaitQkv, kWaitRow, kWaitStage, kWaitTile };
+
+// A product's input, a warp's slice of it into registers: lane l holds in[k0 + 256 j + 8 l + c]
+// as v[8 j + c] (j < 4, c < 8). K = n_embd: the warps wait for 256 values each (those of warp
+// w * 256 < H) and share them through shared memory (xs), with the RMS norm's sum of squares
+// summed there; down (K = n_ff) reads its own 1024 values.
+__device__ void load_input(const Args& a, const Phase& ph, unsigned epoch, int k0, float* xs,
+                           float* red, float (&v)[32]) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const unsigned want = tag_of(epoch, ph.in);
+    if (ph.kind == kDownK) {
+        wait_words<4>(a, a.h + k0 + 8 * lane, want, v, kWaitH);
+        return;
+    }
+    const bool norm = ph.kind != kWoK;
+    const bool mine = warp * 256 < a.H;
+    float g[8], u[8];
+    if (norm && mine) {
+        const float4* gp = reinterpret_cast<const float4*>(ph.norm + warp * 256 + 8 * lane);
+        const float4 g0 = __ldg(gp), g1 = __ldg(gp + 1);
+        g[0] = g0.x, g[1] = g0.y, g[2] = g0.z, g[3] = g0.w;
+        g[4] = g1.x, g[5] = g1.y, g[6] = g1.z, g[7] = g1.w;
+    }
+    float ss = 0.0f;
+    if (mine) {
+        if (ph.in < 0) {
+            // The step's input row, written before this launch began.
+            const float4* src = reinterpret_cast<const float4*>(a.x0 + warp * 256 + 8 * lane);
+            const float4 lo = src[0], hi = src[1];
+            u[0] = lo.x, u[1] = lo.y, u[2] = lo.z, u[3] = lo.w;
+            u[4] = hi.x, u[5] = hi.y, u[6] = hi.z, u[7] = hi.w;
+        } else {
+            wait_words<1>(a, (norm ? a.x : a.attn) + warp * 256 + 8 * lane, want, u,
+                          norm ? kWaitX : kWaitAttn);
+        }
+        if (norm) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                ss += u[i] * u[i];
+                u[i] *= g[i];  // rmsnorm(x) g = (x g) / rms(x)
+            }
+        }
+        float4* dst = reinterpret_cast<float4*>(xs + warp * 256 + 8 * lane);
+        dst[0] = make_float4(u[0], u[1], u[2], u[3]);
+        dst[1] = make_float4(u[4], u[5], u[6], u[7]);
+    }
+    if (norm) {
+        ss = warp_sum(ss);
+        if (lane == 0) red[warp] = ss;
+    }
+    consumers_sync();
+    float inv = 1.0f;
+    if (norm) {
+        float s = 0.0f;
+        for (int w = 0; w < kConsumers; w++) s += red[w];
+        inv = rsqrtf(s / static_cast<float>(a.H) + a.eps);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float4* src = reinterpret_cast<const float4*>(xs + k0 + 256 * j + 8 * lane);
+        const float4 lo = src[0], hi = src[1];
+        v[8 * j + 0] = lo.x * inv;
+        v[8 * j + 1] = lo.y * inv;
+        v[8 * j + 2] = lo.z * inv;
+        v[8 * j + 3] = lo.w * inv;
+        v[8 * j + 4] = hi.x * inv;
+        v[8 * j + 5] = hi.y * inv;
+        v[8 * j + 6] = hi.z * inv;
+        v[8 * j + 7] = hi.w * inv;
+    }
+}
+
+__device__ __forceinline__ bool masked(const __half m) {
+    return __hisinf(m) < 0;
+}
+
+// One head's attention (block h < n_head) over cache rows [0, n_kv), each score plus the mask's
+// value; the key and value at the step's position are the ones q/k/v just made (as F16, the
+// value the cache holds). A thread a key (its 128 bytes in 8 loads at once), then a warp a value
+// at a time (a lane 2 of its dimensions). The first kEarlyKeys keys and each warp's first
+// kEarlyValues values load before the wait for q (they do not depend on it).
+__device__ void attention(const Args& a, const Phase& ph, int pi, int h, unsigned epoch, int pos,
+                          float* sm, float* red) {
+    const int t = threadIdx.x, warp = t / 32, lane = t % 32, n = a.n_kv;
+    const int hk = h / (a.n_head / a.n_head_kv);
+    float* q = sm;        // [kD]
+    float* kn = sm + kD;  // the new key, then the new value
+    float* vn = kn + kD;
+    float* p = vn + kD;          // [n]
+    float* part = p + kMaxKeys;  // [kConsumers][kD]
+    const __half* kbase = ph.kc + static_cast<int64_t>(hk) * kD;
+    const __half2* vbase =
+        reinterpret_cast<const __half2*>(ph.vc + static_cast<int64_t>(hk) * kD) + lane;
+    const int64_t row2 = a.cache_row / 2;
+    auto visible = [&](int j) { return j != pos && !masked(ph.mask[j]); };  // (and cached)
+    uint4 kr[kD / 8];
+    __half2 vr[kEarlyValues];
+    const bool kt = t < n && t < kEarlyKeys && visible(t);
+    if (kt) {
+        const uint4* k = reinterpret_cast<const uint4*>(kbase + t * a.cache_row);
+#pragma unroll
+        for (int i = 0; i < kD / 8; i++) kr[i] = __ldg(k + i);
+    }
+#pragma unroll
+    for (int i = 0; i < kEarlyValues; i++) {
+        const int j = warp + kConsumers * i;
+        if (j < n && visible(j)) vr[i] = __ldg(vbase + j * row2);
+    }
+    const unsigned want = tag_of(epoch, ph.in);
+    if (t < kD) {
+        const int kvd = a.n_head_kv * kD;
+        q[t] = wait_word(a, a.qkv + h * kD + t, want, kWaitQkv);
+        kn[t] = __half2float(__float2half(wait_word(a, a.qkv + a.H + hk * kD + t, want, kWaitQkv)));
+        vn[t] = __half2float(
+            __float2half(wait_word(a, a.qkv + a.H + kvd + hk * kD + t, want, kWaitQkv)));
+    }
+    consumers_sync();
+    auto dot_key = [&](const uint4* w) {
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kD / 8; i++) {
+            const __half2* h2 = reinterpret_cast<const __half2*>(&w[i]);
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const float2 f = __half22float2(h2[c]);
+                s += q[8 * i + 2 * c] * f.x + q[8 * i + 2 * c + 1] * f.y;
+            }
+        }
+        return s;
+    };
+    float m = -INFINITY;
+    for (int j = t; j < n; j += 32 * kConsumers) {
+        float s = -INFINITY;
+        if (!masked(ph.mask[j])) {
+            float d = 0.0f;
+            if (j == pos) {
+                for (int e = 0; e < kD; e++) d += q[e] * kn[e];
+            } else if (j == t && kt) {
+                d = dot_key(kr);
+            } else {
+                const uint4* k = reinterpret_cast<const uint4*>(kbase + j * a.cache_row);
+                uint4 w[kD / 8];
+#pragma unroll
+                for (int i = 0; i < kD / 8; i++) w[i] = __ldg(k + i);
+                d = dot_key(w);
+            }
+            s = d * a.kq_scale + __half2float(ph.mask[j]);
+        }
+        p[j] = s;
+        m = fmaxf(m, s);
+    }
+    m = consumers_reduce(m, red, -INFINITY, [](float x, float y) { return fmaxf(x, y); });
+    float l = 0.0f;
+    for (int j = t; j < n; j += 32 * kConsumers) {
+        const float e = p[j] == -INFINITY ? 0.0f : __expf(p[j] - m);
+        p[j] = e;
+        l += e;
+    }
+    l = consumers_reduce(l, red, 0.0f, [](float x, float y) { return x + y; });
+    float2 o = make_float2(0.0f, 0.0f);
+    auto add_value = [&](int j, float2 v) {
+        o.x += p[j] * v.x;
+        o.y += p[j] * v.y;
+    };
+#pragma unroll
+    for (int i = 0; i < kEarlyValues; i++) {
+        const int j = warp + kConsumers * i;
+        if (j < n && p[j] != 0.0f) {
+            add_value(
+                j, j == pos ? make_float2(vn[2 * lane], vn[2 * lane + 1]) : __half22float2(vr[i]));
+        }
+    }
+    for (int j = warp + kConsumers * kEarlyValues; j < n; j += kConsumers) {
+        if (p[j] == 0.0f) continue;
+        add_value(j, j == pos ? make_float2(vn[2 * lane], vn[2 * lane + 1])
+                              : __half22float2(__ldg(vbase + j * row2)));
+    }
+    part[warp * kD + 2 * lane] = o.x;
+    part[warp * kD + 2 * lane + 1] = o.y;
+    consumers_sync();
+    if (t < kD) {
+        float sum = 0.0f;
+        for (int w = 0; w < kConsumers; w++) sum += part[w * kD + t];
+        st_word(a.attn + h * kD + t, l > 0.0f ? sum / l : 0.0f, tag_of(epoch, pi));
+    }
+}
+
+// A q/k/v row's value as stored: q and k rows roped (`other`: the row paired with it, in the
+// same tile), k and v rows also written into the layer's caches at the step's position.
+// rope: the step's (cos, sin) of each pair (rope_cos_sin, once a launch).
+__device__ __forceinline__ float qkv_row(const Args& a, const Phase& ph, int64_t row, float v,
+                                         float other, int pos, const float2* rope) {
+    const int kvd = a.n_head_kv * kD;
+    const int d = static_cast<int>(row % kD);
+    if (row < a.H + kvd && d < a.n_rot) {
+        const float2 r = rope[d / 2];
+        v = d % 2 == 0 ? v * r.x - other * r.y : other * r.y + v * r.x;
+    }
+    if (row >= a.H) {
+        const int64_t r = row - a.H;
+        if (pos >= 0 && pos < a.cache_rows) {
+            __half* c = r < kvd ? ph.kc + r : ph.vc + (r - kvd);
+            c[pos * a.cache_row] = __float2half(v);
+        } else if (r == 0) {
+            report_error(a.err, Op::SET_ROWS, pos, a.cache_rows, 0);
+        }
+    }
+    return v;
+}
+
+// Block b's tiles of a phase: consecutive, in whole groups (Phase::group).
+struct Share {
+    int64_t first, count;
+};
+__device__ __forceinline__ Share share_of(const Phase& ph, int b, int nb) {
+    const int64_t groups = ph.tiles / ph.group;
+    const int64_t lo = groups * b / nb * ph.group, hi = groups * (b + 1) / nb * ph.group;
+    return {lo, hi - lo};
+}
+
+__global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    const SmemLayout L{a.max_tiles};
+    unsigned char* ring = smem;
+    float* scratch = reinterpret_cast<float*>(smem + L.scratch());
+    float* red = reinterpret_cast<float*>(smem + L.red());
+    float* part = reinterpret_cast<float*>(smem + L.part());
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + L.barriers());
+    uint64_t* empty = full + kStages;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int nb = gridDim.x, b = blockIdx.x;
+    __shared__ int cur_kind_word;
+    volatile int* cur_kind = &cur_kind_word;
+    const unsigned epoch = *reinterpret_cast<volatile unsigned*>(a.ctl);
+    if (threadIdx.x == 0) {
+        *cur_kind = a.phases[0].kind;
+        for (int s = 0; s < kStages; s++) {
+            psync::mbar_init(full + s, 1);
+            psync::mbar_init(empty + s, kConsumers);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (warp == kConsumers) {
+        // The producer: every tile of this block, in the consumers' order, as fast as the ring
+        // frees stages and the cap on copies in flight allows.
+        if (lane != 0) return;
+        const uint64_t policy = evict_first();
+        int64_t it = 0;
+        for (int pi = 0; pi < a.n_phases; pi++) {
+            const Phase ph = a.phases[pi];
+            if (ph.kind == kAttnK) continue;
+            const Share sh = share_of(ph, b, nb);
+            for (int64_t i = 0; i < sh.count; i++, it++) {
+                const int64_t tile = sh.first + i;
+                const int s = static_cast<int>(it % kStages);
+                mbar_wait(a, empty + s, static_cast<unsigned>((it / kStages) & 1) ^ 1u, kWaitStage);
+                const int k = *cur_kind;
+                const int cap = k == kQkvK || k == kAttnK || k == kWoK ? kChainInflight : kInflight;
+                if (it >= cap) {
+                    const int64_t o = it - cap;
+                    mbar_wait(a, full + o % kStages, static_cast<unsigned>((o / kStages) & 1),
+                              kWaitTile);
+                }
+                psync::mbar_expect(full + s, kStageBytes);
+                unsigned char* dst = ring + s * kStageBytes;
+                if (ph.paired) {
+                    constexpr int kHalf = kStageBytes / 2;
+                    bulk_copy(dst, reinterpret_cast<const unsigned char*>(ph.w[0]) + tile * kHalf,
+                              kHalf, full + s, policy);
+                    bulk_copy(dst + kHalf,
+                              reinterpret_cast<const unsigned char*>(ph.w[1]) + tile * kHalf, kHalf,
+                              full + s, policy);
+                } else {
+                    int64_t t = tile;
+                    const __half* w = ph.w[0];
+                    if (t >= ph.seg[0]) {
+                        t -= ph.seg[0];
+                        w = ph.w[1];
+                        if (t >= ph.seg[1]) {
+                            t -= ph.seg[1];
+                            w = ph.w[2];
+                        }
+                    }
+                    bulk_copy(dst, reinterpret_cast<const unsigned char*>(w) + t * kStageBytes,
+                              kStageBytes, full + s, policy);
+                }
+            }
+        }
+        return;
+    }
+    // The consumers. Rope's angles are the same in every layer: computed once.
+    const int pos = *a.pos;
+    if (a.out_ids && b == 0 && threadIdx.x == 0 && *a.out_ids != 0) {
+        report_error(a.err, Op::GET_ROWS, *a.out_ids, 1, 0);
+    }
+    __shared__ float2 rope[kD / 2];
+    if (static_cast<int>(threadIdx.x) < a.n_rot / 2) {
+        rope[threadIdx.x] = rope_cos_sin(static_cast<double>(pos), threadIdx.x, a.n_rot,
+                                         a.rope_base, a.rope_scale, a.rope_ff, a.rope_ff_nb0);
+    }
+    consumers_sync();
+    int64_t it = 0;
+    for (int pi = 0; pi < a.n_phases; pi++) {
+        const Phase ph = a.phases[pi];
+        if (threadIdx.x == 0) *cur_kind = ph.kind;
+        if (ph.kind == kAttnK) {
+            if (b < a.n_head) attention(a, ph, pi, b, epoch, pos, scratch, red);
+        } else {
+            const int rows_per_tile = kStageBytes / (2 * ph.K);
+            const int warps_per_row = kConsumers / rows_per_tile;
+            const int e0 = warp * 1024;
+            const int k0 = e0 % ph.K;
+            float v[32];
+            load_input(a, ph, epoch, k0, scratch, red, v);
+            const bool residual = ph.kind == kWoK || ph.kind == kDownK;
+            const Share sh = share_of(ph, b, nb);
+            const int my_rows = static_cast<int>(sh.count) * rows_per_tile;
+            const int64_t row0 = sh.first * rows_per_tile;
+            // wo and down add into x: thread i reads its row's x now (there by the time the
+            // input is), so that the rows' stores wait on no round trip.
+            const unsigned x_want = tag_of(epoch, ph.x_in);
+            Word x_old = 0;
+            if (residual && ph.x_in >= 0 && static_cast<int>(threadIdx.x) < my_rows) {
+                x_old = ld_word(a.x + row0 + threadIdx.x);
+            }
+            // Tiles two at a time where two are left: both sums reduced across the warp in 5
+            // shuffles (lanes 0-15 end with the first's, 16-31 with the second's).
+            int lt = 0;
+            while (lt < sh.count) {
+                const int s0 = static_cast<int>(it % kStages);
+                mbar_wait(a, full + s0, static_cast<unsigned>((it / kStages) & 1), kWaitTile);
+                const float d0 = tile_dot(ring + s0 * kStageBytes, e0, lane, v);
+                if (lt + 1 < sh.count) {
+                    const int s1 = static_cast<int>((it + 1) % kStages);
+                    mbar_wait(a, full + s1, static_cast<unsigned>(((it + 1) / kStages) & 1),
+                              kWaitTile);
+                    const float d1 = tile_dot(ring + s1 * kStageBytes, e0, lane, v);
+                    const bool hi = lane & 16;
+                    float keep = hi ? d1 : d0;
+                    keep += __shfl_xor_sync(0xffffffffu, hi ? d0 : d1, 16);
+                    for (int o = 8; o > 0; o /= 2) keep += __shfl_xor_sync(0xffffffffu, keep, o);
+                    __syncwarp();
+                    if (lane == 0) {
+                        mbar_arrive(empty + s0);
+                        part[lt * kConsumers + warp] = keep;
+                    } else if (lane == 16) {
+                        mbar_arrive(empty + s1);
+                        part[(lt + 1) * kConsumers + warp] = keep;
+                    }
+                    it += 2;
+                    lt += 2;
+                } else {
+                    const float d = warp_sum(d0);
+                    __syncwarp();
+                    if (lane == 0) {
+                        mbar_arrive(empty + s0);
+                        part[lt * kConsumers + warp] = d;
+                    }
+                    it++;
+                    lt++;
+                }
+            }
+            consumers_sync();
+            auto row_sum = [&](int t, int r) {
+                float s = 0.0f;
+                for (int w = r * warps_per_row; w < (r + 1) * warps_per_row; w++) {
+                    s += part[t * kConsumers + w];
+                }
+                return s;
+            };
+            const unsigned mine = tag_of(epoch, pi);
+            if (ph.kind == kGuK) {
+                // A tile: rows_per_tile / 2 gate rows, then their up rows.
+                const int half = rows_per_tile / 2;
+                for (int i = threadIdx.x; i < lt * half; i += 32 * kConsumers) {
+                    const int t = i / half, r = i % half;
+                    const float g = row_sum(t, r), u = row_sum(t, half + r);
+                    st_word(a.h + (sh.first + t) * half + r, g / (1.0f + __expf(-g)) * u, mine);
+                }
+            } else {
+                for (int i = threadIdx.x; i < my_rows; i += 32 * kConsumers) {
+                    const float s = row_sum(i / rows_per_tile, i % rows_per_tile);
+                    const int64_t row = row0 + i;
+                    switch (ph.kind) {
+                        case kQkvK:
+                            st_word(a.qkv + row,
+                                    qkv_row(a, ph, row, s,
+                                            row_sum(i / rows_per_tile, (i % rows_per_tile) ^ 1),
+                                            pos, rope),
+                                    mine);
+                            break;
+                        case kOutK:
+                            a.logits[row] = s;
+                            break;
+                        default: {  // wo, down: into the residual
+                            float old;
+                            if (ph.x_in < 0) {
+                                old = a.x0[row];
+                            } else if (i == static_cast<int>(threadIdx.x) &&
+                                       tag_word(x_old) == x_want) {
+                                old = val_word(x_old);
+                            } else {
+                                old = wait_word(a, a.x + row, x_want, kWaitRow);
+                            }
+                            st_word(a.x + row, old + s, mine);
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        // The next phase may reuse part, the input's copy and the attention's scratch.
+        consumers_sync();
+    }
+    // The launch's last block moves the epoch on for the next launch (every block read it at
+    // its start, before it came here).
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(a.ctl + 1, 1u) == static_cast<unsigned>(nb) - 1) {
+            a.ctl[1] = 0;
+            a.ctl[0] = epoch + 1;
+        }
+    }
+}
+
+// Tiles of a matrix of `rows` x K F16 weights, or 0 when its rows do not fill whole tiles.
+int64_t tiles_of(int64_t rows, int K) {
+    const int64_t bytes = rows * K * 2;
+    return bytes % kStageBytes == 0 ? bytes / kStageBytes : 0;
+}
+
+}  // namespace
+
+bool persist_shapes_ok(const PersistModel& m, int n_sm, std::string* why) {
+    auto no = [why](const char* w) {
+        if (why) *why = w;
+        return false;
+    };
+    auto pow2_between = [](int64_t v, int64_t lo, int64_t hi) {
+        return v >= lo && v <= hi && (v & (v - 1)) == 0;
+    };
+    if (m.layers.empty()) return no("no layers");
+    if (!pow2_between(m.n_embd, 1024, kMaxEmbd)) return no("n_embd not 1024 or 2048");
+    if (!pow2_between(m.n_ff, 1024, 8192)) return no("n_ff not a power of two in [1024, 8192]");
+    if (m.head_dim != kD || m.n_rot != kD) return no("head size or rope dimensions not 64");
+    if (m.n_head <= 0 || m.n_head_kv <= 0 || m.n_head % m.n_head_kv != 0 || m.n_head > n_sm ||
+        m.n_head * kD != m.n_embd) {
+        return no("heads");
+    }
+    if (m.n_kv <= 0 || m.n_kv > kMaxKeys) return no("more than 1024 keys attended");
+    if (static_cast<int64_t>(m.n_kv) > m.cache_rows) return no("keys past the caches' rows");
+    const int64_t kvd = int64_t{m.n_head_kv} * kD;
+    if (m.cache_row_bytes < kvd * 2 || m.cache_row_bytes % 16 != 0) return no("cache rows");
+    const int rpt = kStageBytes / (2 * m.n_embd);
+    if (kvd % rpt != 0 || m.n_vocab % rpt != 0) return no("rows not whole tiles");
+    // A block's share of the largest phase (the output) must leave its sums room.
+    const int64_t most = tiles_of(m.n_vocab, m.n_embd) / n_sm + 16;
+    const SmemLayout L{static_cast<int>(std::min<int64_t>(most, 1 << 20))};
+    int dev = 0, smem_max = 0, coop = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+            cudaSuccess ||
+        cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return no("device attributes");
+    }
+    if (!coop) return no("no cooperative launch");
+    if (L.bytes() > static_cast<size_t>(smem_max)) return no("shared memory");
+    const int layers_phases = static_cast<int>(m.layers.size()) * 5 + 1;
+    if (layers_phases >= static_cast<int>(kTagPhases)) return no("too many layers");
+    return true;
+}
+
+struct Persist::Impl {
+    struct Table {
+        std::vector<Phase> host;
+        Args args{};
+        Phase* dev = nullptr;
+        size_t smem = 0;
+    };
+    std::vector<Table> tables;
+    std::vector<void*> allocs;  // freed with the backend (captured graphs may name any)
+    Word* words = nullptr;      // x, qkv, attn, h
+    size_t words_cap = 0;
+    unsigned* ctl = nullptr;
+    size_t smem_set = 0;  // k_persist's dynamic shared memory attribute
+};
+
+Persist::Persist() : impl_(std::make_unique<Impl>()) {}
+Persist::~Persist() {
+    for (const Impl::Table& t : impl_->tables) cudaFree(t.dev);
+    for (void* p : impl_->allocs) cudaFree(p);
+    cudaFree(impl_->ctl);
+}
+
+Status Persist::prepare(const PersistModel& m, int device, int n_sm, int* id) {
+    Impl& I = *impl_;
+    const int H = m.n_embd, kvd = m.n_head_kv * kD;
+    const int64_t n_qkv = H + 2 * int64_t{kvd};
+    // The phases, as bench_cuda_persist builds them.
+    std::vector<Phase> ph;
+    auto product = [&](int kind, std::initializer_list<const void*> w,
+                       std::initializer_list<int64_t> rows, int K, const float* norm, int in,
+                       int x_in, bool paired, const PersistLayer* l) {
+        Phase p;
+        std::memset(&p, 0, sizeof(p));  // (tables are compared as bytes)
+        p.kind = kind;
+        int i = 0;
+        auto r = rows.begin();
+        for (const void* wi : w) {
+            p.w[i] = static_cast<const __half*>(wi);
+            p.seg[i] = tiles_of(*r, K);
+            if (p.seg[i] == 0) p.tiles = -1;  // (declined below)
+            p.rows += *r;
+            i++;
+            ++r;
+        }
+        // Paired: a tile holds half a tile's rows of each matrix, so there are as many tiles
+        // as the two matrices fill.
+        if (p.tiles == 0) p.tiles = p.seg[0] + p.seg[1] + p.seg[2];
+        p.paired = paired;
+        p.K = K;
+        p.norm = norm;
+        p.in = in;
+        p.x_in = x_in;
+        if (l) {
+            p.kc = static_cast<__half*>(l->kc);
+            p.vc = static_cast<__half*>(l->vc);
+        }
+        // Whole 128-byte lines of the words a block stores: 16 words.
+        const int rpt = kStageBytes / (2 * K);
+        const int stored = paired ? rpt / 2 : rpt;
+        int g = kind == kQkvK ? std::max(1, 8 / rpt) : kind == kOutK ? 1 : std::max(1, 16 / stored);
+        while (g > 1 && p.tiles > 0 && p.tiles % g != 0) g /= 2;
+        p.group = g;
+        ph.push_back(p);
+        return static_cast<int>(ph.size()) - 1;
+    };
+    int x_last = -1;
+    for (const PersistLayer& l : m.layers) {
+        const int qkv = product(kQkvK, {l.wq, l.wk, l.wv}, {H, kvd, kvd}, H, l.attn_norm, x_last,
+                                -1, false, &l);
+        Phase at;
+        std::memset(&at, 0, sizeof(at));
+        at.kind = kAttnK;
+        at.in = qkv;
+        at.kc = static_cast<__half*>(l.kc);
+        at.vc = static_cast<__half*>(l.vc);
+        at.mask = reinterpret_cast<const __half*>(l.mask);
+        at.group = 1;
+        ph.push_back(at);
+        const int attn = static_cast<int>(ph.size()) - 1;
+        const int wo = product(kWoK, {l.wo}, {H}, H, nullptr, attn, x_last, false, nullptr);
+        const int gu =
+            product(kGuK, {l.gate, l.up}, {m.n_ff, m.n_ff}, H, l.ffn_norm, wo, -1, true, nullptr);
+        x_last = product(kDownK, {l.down}, {H}, m.n_ff, nullptr, gu, wo, false, nullptr);
+    }
+    product(kOutK, {m.w_out}, {m.n_vocab}, H, m.out_norm, x_last, -1, false, nullptr);
+    int max_tiles = 0;
+    for (Phase& p : ph) {
+        if (p.kind == kAttnK) continue;
+        if (p.tiles <= 0) return Status::errorf("persistent decode: a phase of no whole tiles");
+        const int64_t groups = p.tiles / p.group;
+        max_tiles =
+            std::max<int>(max_tiles, static_cast<int>((groups + n_sm - 1) / n_sm * p.group));
+    }
+    // The words (x, qkv, attn, h), grown when a larger model comes; the old ones stay
+    // allocated (a captured graph may still name them).
+    const size_t words = static_cast<size_t>(H) + static_cast<size_t>(n_qkv) +
+                         static_cast<size_t>(m.n_head) * kD + static_cast<size_t>(m.n_ff);
+    if (cudaSetDevice(device) != cudaSuccess) {
+        return Status::errorf("persistent decode: cudaSetDevice(%d) failed", device);
+    }
+    if (!I.ctl) {
+        void* p = nullptr;
+        PERSIST_TRY(cudaMalloc(&p, 4 * sizeof(unsigned)), "persistent decode: counters");
+        PERSIST_TRY(cudaMemset(p, 0, 4 * sizeof(unsigned)), "persistent decode: counters");
+        I.ctl = static_cast<unsigned*>(p);
+        const unsigned one = 1;  // epoch 1 first: no word is left with a tag of epoch 0
+        PERSIST_TRY(cudaMemcpy(I.ctl, &one, sizeof(one), cudaMemcpyHostToDevice),
+                    "persistent decode: counters");
+    }
+    if (I.words_cap < words) {
+        void* p = nullptr;
+        PERSIST_TRY(cudaMalloc(&p, words * sizeof(Word)), "persistent decode: %zu words", words);
+        PERSIST_TRY(cudaMemset(p, 0, words * sizeof(Word)), "persistent decode: words");
+        if (I.words) I.allocs.push_back(I.words);
+        I.words = static_cast<Word*>(p);
+        I.words_cap = words;
+    }
+    Args a{};
+    a.n_phases = static_cast<int>(ph.size());
+    a.max_tiles = max_tiles;
+    a.H = H;
+    a.n_ff = m.n_ff;
+    a.n_head = m.n_head;
+    a.n_head_kv = m.n_head_kv;
+    a.n_kv = m.n_kv;
+    a.x = I.words;
+    a.qkv = a.x + H;
+    a.attn = a.qkv + n_qkv;
+    a.h = a.attn + static_cast<int64_t>(m.n_head) * kD;
+    a.x0 = m.x0;
+    a.logits = m.logits;
+    a.pos = m.pos;
+    a.out_ids = m.out_ids;
+    a.cache_rows = m.cache_rows;
+    a.cache_row = m.cache_row_bytes / 2;
+    a.eps = m.eps;
+    a.kq_scale = m.kq_scale;
+    a.n_rot = m.n_rot;
+    a.rope_base = m.rope_base;
+    a.rope_scale = m.rope_scale;
+    a.rope_ff = m.rope_ff;
+    a.rope_ff_nb0 = m.rope_ff_nb0;
+    a.ctl = I.ctl;
+    const size_t table_bytes = ph.size() * sizeof(Phase);
+    for (size_t i = 0; i < I.tables.size(); i++) {
+        Impl::Table& t = I.tables[i];
+        if (t.host.size() == ph.size() && std::memcmp(t.host.data(), ph.data(), table_bytes) == 0) {
+            a.phases = t.dev;
+            t.args = a;
+            *id = static_cast<int>(i);
+            return Status::ok();
+        }
+    }
+    void* p = nullptr;
+    PERSIST_TRY(cudaMalloc(&p, table_bytes), "persistent decode: phases");
+    const cudaError_t ce = cudaMemcpy(p, ph.data(), table_bytes, cudaMemcpyHostToDevice);
+    const size_t smem = SmemLayout{max_tiles}.bytes();
+    // (The function's attribute: the most any table needs, so that every table's launch fits.)
+    const size_t most = std::max(smem, I.smem_set);
+    const cudaError_t fe =
+        ce != cudaSuccess
+            ? ce
+            : cudaFuncSetAttribute(k_persist, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(most));
+    if (fe != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(p);
+        return Status::errorf("persistent decode: its table or %zu bytes of shared memory: %s",
+                              smem, cudaGetErrorString(fe));
+    }
+    I.smem_set = most;
+    Impl::Table t;
+    t.host = std::move(ph);
+    t.dev = static_cast<Phase*>(p);
+    t.smem = smem;
+    a.phases = t.dev;
+    t.args = a;
+    I.tables.push_back(std::move(t));
+    *id = static_cast<int>(I.tables.size()) - 1;
+    return Status::ok();
+}
+
+Status Persist::launch(const OpContext& ctx, int id) const {
+    const Impl::Table& t = impl_->tables[static_cast<size_t>(id)];
+    Args a = t.args;
+    a.err = ctx.err;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(ctx.n_sm));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = t.smem;
+    cfg.stream = ctx.stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeCooperative;
+    attr[0].val.cooperative = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, k_persist, a);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return Status::errorf("CUDA: persistent decode step: launch failed: %s",
+                              cudaGetErrorString(e));
+    }
+    return Status::ok();
+}
+
+}  // namespace ferry::cuda
