@@ -1250,6 +1250,12 @@ TEST(Cuda, PersistentLoweringMatchesDecodeGraphsOnly) {
                         l.ffn_norm && l.kc && l.vc && l.mask);
             EXPECT_NE(l.kc, l.vc);
         }
+        // Every layer but the last attends with the step's mask, the last with the rows of
+        // the tokens whose logits it reads (mask_out): the kernel takes exactly these two.
+        for (size_t l = 1; l + 1 < pm.layers.size(); l++) {
+            EXPECT_EQ(pm.layers[l].mask, pm.layers.front().mask);
+        }
+        EXPECT_NE(pm.layers.back().mask, pm.layers.front().mask);
         // Each layer's weights are its own (the first and the last layer's differ).
         EXPECT_NE(pm.layers.front().wq, pm.layers.back().wq);
         EXPECT_EQ(e.hi + 1 - e.lo, size_t{4 * 19 + 2 + 3});

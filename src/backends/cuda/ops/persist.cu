@@ -84,9 +84,9 @@ struct Phase {
     const float* norm;  // q/k/v, gate/up, output: the RMS norm's weights [n_embd]
     __half* kc;         // q/k/v and the attention: the layer's caches
     __half* vc;
-    const __half* mask;  // the attention: its mask [n_kv]
-    int in;              // the phase whose output this one reads (-1: the step's input row x0)
-    int x_in;            // wo and down: the phase that wrote x last (-1: x0)
+    int last;  // the attention: 1 in the last layer (its mask is Args::mask_last)
+    int in;    // the phase whose output this one reads (-1: the step's input row x0)
+    int x_in;  // wo and down: the phase that wrote x last (-1: x0)
 };
 
 // The launch's arguments (the same every step of one structure: the position, the epoch and
@@ -106,6 +106,12 @@ struct Args {
     const int32_t* pos;
     const int32_t* out_ids;         // or nullptr (persist.h)
     int64_t cache_rows, cache_row;  // rows, and halves from one to the next
+    // The attention's masks [n_kv]: every layer's but the last, and the last's (a session's
+    // graph gives its last layer the mask rows of the tokens whose logits it reads). Here and
+    // not in the phases, so that a table (kept while the backend lives) names no tensor a new
+    // graph may place elsewhere.
+    const __half* mask;
+    const __half* mask_last;
     float eps, kq_scale;
     int n_rot;
     double rope_base, rope_scale;
@@ -286,7 +292,8 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, unsigne
     const __half2* vbase =
         reinterpret_cast<const __half2*>(ph.vc + static_cast<int64_t>(hk) * kD) + lane;
     const int64_t row2 = a.cache_row / 2;
-    auto visible = [&](int j) { return j != pos && !masked(ph.mask[j]); };  // (and cached)
+    const __half* mask = ph.last ? a.mask_last : a.mask;
+    auto visible = [&](int j) { return j != pos && !masked(mask[j]); };  // (and cached)
     uint4 kr[kD / 8];
     __half2 vr[kEarlyValues];
     const bool kt = t < n && t < kEarlyKeys && visible(t);
@@ -325,7 +332,7 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, unsigne
     float m = -INFINITY;
     for (int j = t; j < n; j += 32 * kConsumers) {
         float s = -INFINITY;
-        if (!masked(ph.mask[j])) {
+        if (!masked(mask[j])) {
             float d = 0.0f;
             if (j == pos) {
                 for (int e = 0; e < kD; e++) d += q[e] * kn[e];
@@ -338,7 +345,7 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, unsigne
                 for (int i = 0; i < kD / 8; i++) w[i] = __ldg(k + i);
                 d = dot_key(w);
             }
-            s = d * a.kq_scale + __half2float(ph.mask[j]);
+            s = d * a.kq_scale + __half2float(mask[j]);
         }
         p[j] = s;
         m = fmaxf(m, s);
@@ -661,6 +668,9 @@ bool persist_shapes_ok(const PersistModel& m, int n_sm, std::string* why) {
     }
     if (!coop) return no("no cooperative launch");
     if (L.bytes() > static_cast<size_t>(smem_max)) return no("shared memory");
+    for (size_t i = 0; i + 1 < m.layers.size(); i++) {
+        if (m.layers[i].mask != m.layers.front().mask) return no("masks");
+    }
     const int layers_phases = static_cast<int>(m.layers.size()) * 5 + 1;
     if (layers_phases >= static_cast<int>(kTagPhases)) return no("too many layers");
     return true;
@@ -741,7 +751,7 @@ Status Persist::prepare(const PersistModel& m, int device, int n_sm, int* id) {
         at.in = qkv;
         at.kc = static_cast<__half*>(l.kc);
         at.vc = static_cast<__half*>(l.vc);
-        at.mask = reinterpret_cast<const __half*>(l.mask);
+        at.last = &l == &m.layers.back();
         at.group = 1;
         ph.push_back(at);
         const int attn = static_cast<int>(ph.size()) - 1;
@@ -799,6 +809,8 @@ Status Persist::prepare(const PersistModel& m, int device, int n_sm, int* id) {
     a.logits = m.logits;
     a.pos = m.pos;
     a.out_ids = m.out_ids;
+    a.mask = reinterpret_cast<const __half*>(m.layers.front().mask);
+    a.mask_last = reinterpret_cast<const __half*>(m.layers.back().mask);
     a.cache_rows = m.cache_rows;
     a.cache_row = m.cache_row_bytes / 2;
     a.eps = m.eps;
