@@ -1406,10 +1406,16 @@ Status CudaBackend::plan(Graph& g) {
     if (use_persist_ && use_fusion_) {
         PersistModel pm;
         std::string why;
+        bool lowered = false;
         if (match_persist(g, kn, &p_lo, &p_hi, &pm, &why) &&
             persist_shapes_ok(pm, ctx_.n_sm, &why)) {
             if (!persist_) persist_ = std::make_unique<Persist>();
-            FERRY_TRY(persist_->prepare(pm, ctx_.device, ctx_.n_sm, &p_id));
+            // (A device that cannot take it, e.g. a block a SM not fitting, keeps the plan.)
+            const Status ps = persist_->prepare(pm, ctx_.device, ctx_.n_sm, &p_id);
+            lowered = ps.is_ok();
+            if (!lowered) why = ps.message();
+        }
+        if (lowered) {
             g_persist_plans.fetch_add(1, std::memory_order_relaxed);
             for (size_t i = p_lo; i <= p_hi; i++) {
                 if (kn[i]->op == Op::MUL_MAT) {

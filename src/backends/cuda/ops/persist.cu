@@ -842,11 +842,16 @@ Status Persist::prepare(const PersistModel& m, int device, int n_sm, int* id) {
             ? ce
             : cudaFuncSetAttribute(k_persist, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(most));
-    if (fe != cudaSuccess) {
+    int per_sm = 0;
+    const cudaError_t oe = fe != cudaSuccess ? fe
+                                             : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                                   &per_sm, k_persist, kThreads, smem);
+    if (oe != cudaSuccess || per_sm < 1) {
         cudaGetLastError();
         cudaFree(p);
-        return Status::errorf("persistent decode: its table or %zu bytes of shared memory: %s",
-                              smem, cudaGetErrorString(fe));
+        return Status::errorf(
+            "persistent decode: its table, %zu bytes of shared memory or a block a SM: %s", smem,
+            oe != cudaSuccess ? cudaGetErrorString(oe) : "no block fits");
     }
     I.smem_set = most;
     Impl::Table t;
