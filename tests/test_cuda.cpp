@@ -1266,6 +1266,34 @@ TEST(Cuda, PersistentLoweringMatchesDecodeGraphsOnly) {
         EXPECT_FALSE(cuda::persist_shapes_ok(pm, 132, &why));
         EXPECT_NE(why.find("n_embd"), std::string::npos) << why;
     }
+    // The shapes the GPU tests below run: lowered, and taken by the kernel on a device of an
+    // H100's or H200's 132 SMs and 227 KiB of shared memory a block (a 1B layer with Llama 3's
+    // rope factors, the F16 embedding as the output; hidden 1024).
+    for (const ModelPreset& p : {ModelPreset{"test-1b-2l-cpu", 4096, 1024, 2048, 2, 32, 8, 8192,
+                                             500000.0f, 1e-5f, true, "llama", 0, 32.0f},
+                                 ModelPreset{"test-h1024-cpu", 2048, 1024, 1024, 3, 16, 4, 4096,
+                                             10000.0f, 1e-5f, false}}) {
+        std::vector<int32_t> ids;
+        const std::string path = generated_f16_model(p, 5u, &ids);
+        ASSERT_FALSE(path.empty());
+        Expected<std::unique_ptr<LlamaModel>> bm = LlamaModel::load(path, mo);
+        ASSERT_TRUE(bm) << bm.message();
+        Expected<std::unique_ptr<LlamaSession>> bs = LlamaSession::create(**bm, so);
+        ASSERT_TRUE(bs) << bs.message();
+        dev.seen_graphs.clear();
+        ASSERT_TRUE((*bs)->decode(std::span<const int32_t>(ids.data(), 3), false));
+        ASSERT_TRUE((*bs)->decode(std::span<const int32_t>(&ids[3], 1), false));
+        ASSERT_GE(dev.seen_graphs.size(), 2u);
+        const LoweringProbe::Seen& e = dev.seen_graphs.back();
+        ASSERT_TRUE(e.matched) << p.name << ": " << e.why;
+        EXPECT_EQ(e.m.layers.size(), static_cast<size_t>(p.n_layer)) << p.name;
+        EXPECT_EQ(e.m.rope_ff != nullptr, p.llama3_rope_factor > 0.0f) << p.name;
+        std::string why;
+        EXPECT_TRUE(cuda::persist_shapes_ok(e.m, 132, &why, 227 << 10)) << p.name << ": " << why;
+        EXPECT_FALSE(cuda::persist_shapes_ok(e.m, 132, &why, 200 << 10)) << p.name;
+        EXPECT_EQ(why, "shared memory") << p.name;
+        std::remove(path.c_str());
+    }
     for (const char* arch : {"qwen2", "qwen3"}) {
         const ModelPreset p = {"tiny-lowering", 1024,  512,   256,  2, 8, 4, 768,
                                10000.0f,        1e-6f, false, arch, 32};

@@ -633,7 +633,7 @@ int64_t tiles_of(int64_t rows, int K) {
 
 }  // namespace
 
-bool persist_shapes_ok(const PersistModel& m, int n_sm, std::string* why) {
+bool persist_shapes_ok(const PersistModel& m, int n_sm, std::string* why, int smem_max) {
     auto no = [why](const char* w) {
         if (why) *why = w;
         return false;
@@ -655,24 +655,26 @@ bool persist_shapes_ok(const PersistModel& m, int n_sm, std::string* why) {
     if (m.cache_row_bytes < kvd * 2 || m.cache_row_bytes % 16 != 0) return no("cache rows");
     const int rpt = kStageBytes / (2 * m.n_embd);
     if (kvd % rpt != 0 || m.n_vocab % rpt != 0) return no("rows not whole tiles");
-    // A block's share of the largest phase (the output) must leave its sums room.
-    const int64_t most = tiles_of(m.n_vocab, m.n_embd) / n_sm + 16;
-    const SmemLayout L{static_cast<int>(std::min<int64_t>(most, 1 << 20))};
-    int dev = 0, smem_max = 0, coop = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
-            cudaSuccess ||
-        cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess) {
-        cudaGetLastError();
-        return no("device attributes");
-    }
-    if (!coop) return no("no cooperative launch");
-    if (L.bytes() > static_cast<size_t>(smem_max)) return no("shared memory");
     for (size_t i = 0; i + 1 < m.layers.size(); i++) {
         if (m.layers[i].mask != m.layers.front().mask) return no("masks");
     }
     const int layers_phases = static_cast<int>(m.layers.size()) * 5 + 1;
     if (layers_phases >= static_cast<int>(kTagPhases)) return no("too many layers");
+    if (smem_max <= 0) {
+        int dev = 0, coop = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+                cudaSuccess ||
+            cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess) {
+            cudaGetLastError();
+            return no("device attributes");
+        }
+        if (!coop) return no("no cooperative launch");
+    }
+    // A block's share of the largest phase (the output) must leave its sums room.
+    const int64_t most = tiles_of(m.n_vocab, m.n_embd) / n_sm + 16;
+    const SmemLayout L{static_cast<int>(std::min<int64_t>(most, 1 << 20))};
+    if (L.bytes() > static_cast<size_t>(smem_max)) return no("shared memory");
     return true;
 }
 

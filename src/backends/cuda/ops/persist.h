@@ -74,7 +74,9 @@ bool match_persist(const Graph& g, const std::vector<const Tensor*>& kn, size_t*
                    PersistModel* m, std::string* why, PersistAddr addr = device_ptr);
 
 // Whether the kernel takes these shapes; why not (for FERRY_CUDA_PERSIST_WHY) otherwise.
-bool persist_shapes_ok(const PersistModel& m, int n_sm, std::string* why);
+// smem_max > 0: a device of n_sm SMs with that much shared memory a block and cooperative
+// launch (a test's stand-in; 0: the current device's own).
+bool persist_shapes_ok(const PersistModel& m, int n_sm, std::string* why, int smem_max = 0);
 
 // The device side of the lowering: each distinct model's table of phases (kept until the
 // backend goes, since a captured graph may replay any of them), the activation words and the
