@@ -78,7 +78,7 @@ using namespace ferry::cuda::psync;
 
 constexpr int kH = 2048, kHeads = 32, kKvHeads = 8, kD = 64, kFf = 8192, kVocab = 128256;
 constexpr int kQkv = kH + 2 * kKvHeads * kD;  // 3072 rows
-constexpr int kStageBytes = 16384;            // a tile: 4 rows of K 2048, 1 row of K 8192
+constexpr int kStageBytes = kTileBytes;       // a tile: 4 rows of K 2048, 1 row of K 8192
 constexpr int kStages = 13;                   // 208 KiB of ring
 constexpr int kConsumers = 8;                 // warps; warp 8 is the producer
 constexpr int kThreads = 32 * (kConsumers + 1);
@@ -88,23 +88,8 @@ constexpr int kMaxPositions = 1024;  // cached keys at most (the attention's scr
 constexpr int kAttnScratch = (3 * kD + (kMaxPositions + 1) + kConsumers * kD + 7) / 8 * 8;
 constexpr int kScratch = kAttnScratch > kH ? kAttnScratch : kH;
 
-// A block's shared memory, in order: the ring, the attention's scratch, the reduction words,
-// every warp's sum of each of the block's tiles of the largest phase (max_tiles of them), then
-// the full and empty barriers (8-byte aligned: every part before them is a multiple of 8
-// bytes). The kernel places its parts and the host sizes the launch by this one layout.
-struct SmemLayout {
-    int max_tiles;
-    __host__ __device__ size_t scratch() const {
-        return static_cast<size_t>(kStages) * kStageBytes;
-    }
-    __host__ __device__ size_t red() const { return scratch() + sizeof(float) * kScratch; }
-    __host__ __device__ size_t part() const { return red() + sizeof(float) * kConsumers; }
-    __host__ __device__ size_t barriers() const {
-        return part() + sizeof(float) * static_cast<size_t>(max_tiles) * kConsumers;
-    }
-    __host__ __device__ size_t bytes() const { return barriers() + sizeof(uint64_t) * 2 * kStages; }
-};
-static_assert(kScratch % 2 == 0 && kConsumers % 2 == 0, "the barriers must stay 8-byte aligned");
+// A block's shared memory (persist-sync.cuh): the ring, the attention's scratch, ...
+using SmemLayout = RingLayout<kStages, kScratch, kConsumers>;
 
 enum Kind : int { kQkvK, kAttnK, kWoK, kGuK, kDownK, kOutK };
 
@@ -605,30 +590,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
                     mbar_wait(full + o % kStages, static_cast<unsigned>((o / kStages) & 1),
                               "a copy to land");
                 }
-                mbar_expect(full + s, kStageBytes);
-                unsigned char* dst = ring + s * kStageBytes;
-                if (ph.paired) {
-                    constexpr int kHalf = kStageBytes / 2;
-                    bulk_copy(dst, reinterpret_cast<const unsigned char*>(ph.w[0]) + tile * kHalf,
-                              kHalf, full + s, policy);
-                    bulk_copy(dst + kHalf,
-                              reinterpret_cast<const unsigned char*>(ph.w[1]) + tile * kHalf, kHalf,
-                              full + s, policy);
-                } else {
-                    // (selects, not an index: ph stays in registers)
-                    int64_t t = tile;
-                    const __half* w = ph.w[0];
-                    if (t >= ph.seg[0]) {
-                        t -= ph.seg[0];
-                        w = ph.w[1];
-                        if (t >= ph.seg[1]) {
-                            t -= ph.seg[1];
-                            w = ph.w[2];
-                        }
-                    }
-                    bulk_copy(dst, reinterpret_cast<const unsigned char*>(w) + t * kStageBytes,
-                              kStageBytes, full + s, policy);
-                }
+                copy_tile(ring + s * kStageBytes, ph.w, ph.seg, ph.paired, tile, full + s, policy);
             }
             if (a.stalled) {
                 a.stalled[static_cast<int64_t>(pi) * nb + b] = waited;

@@ -13,6 +13,28 @@ namespace ferry::cuda::psync {
 
 using Word = unsigned long long;
 
+// A tile: one ring stage, 8192 F16 weights (tile_dot: 8 warps of 1024 each).
+constexpr int kTileBytes = 16384;
+
+// A block's shared memory, in order: a ring of Stages tiles, ScratchFloats floats of scratch,
+// Consumers reduction words, every consumer warp's sum of each of the block's tiles of the
+// largest phase (max_tiles of them), then the full and empty barriers (8-byte aligned: every
+// part before them is a multiple of 8 bytes). The kernel places its parts and the host sizes
+// the launch by this one layout.
+template <int Stages, int ScratchFloats, int Consumers>
+struct RingLayout {
+    static_assert(ScratchFloats % 2 == 0 && Consumers % 2 == 0,
+                  "the barriers must stay 8-byte aligned");
+    int max_tiles;
+    __host__ __device__ size_t scratch() const { return static_cast<size_t>(Stages) * kTileBytes; }
+    __host__ __device__ size_t red() const { return scratch() + sizeof(float) * ScratchFloats; }
+    __host__ __device__ size_t part() const { return red() + sizeof(float) * Consumers; }
+    __host__ __device__ size_t barriers() const {
+        return part() + sizeof(float) * static_cast<size_t>(max_tiles) * Consumers;
+    }
+    __host__ __device__ size_t bytes() const { return barriers() + sizeof(uint64_t) * 2 * Stages; }
+};
+
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -75,6 +97,37 @@ __device__ __forceinline__ unsigned tag_word(Word w) {
 __device__ __forceinline__ float val_word(Word w) {
     return __uint_as_float(static_cast<unsigned>(w));
 }
+// Tile `tile` of a phase's weights into the stage at dst, completing on the barrier `full`
+// (which expects its bytes): from up to three row-major matrices one after another (seg[i]
+// tiles each), or, paired (gate/up), half a tile from each of w[0] and w[1] (gate rows, then
+// the same rows of up).
+__device__ __forceinline__ void copy_tile(unsigned char* dst, const __half* const (&w)[3],
+                                          const int64_t (&seg)[3], bool paired, int64_t tile,
+                                          uint64_t* full, uint64_t policy) {
+    mbar_expect(full, kTileBytes);
+    if (paired) {
+        constexpr int kHalf = kTileBytes / 2;
+        bulk_copy(dst, reinterpret_cast<const unsigned char*>(w[0]) + tile * kHalf, kHalf, full,
+                  policy);
+        bulk_copy(dst + kHalf, reinterpret_cast<const unsigned char*>(w[1]) + tile * kHalf, kHalf,
+                  full, policy);
+        return;
+    }
+    // (selects, not an index: the phase stays in registers)
+    int64_t t = tile;
+    const __half* m = w[0];
+    if (t >= seg[0]) {
+        t -= seg[0];
+        m = w[1];
+        if (t >= seg[1]) {
+            t -= seg[1];
+            m = w[2];
+        }
+    }
+    bulk_copy(dst, reinterpret_cast<const unsigned char*>(m) + t * kTileBytes, kTileBytes, full,
+              policy);
+}
+
 // A warp's dot product of its 1024 weights of a tile with v: 4 chains.
 __device__ __forceinline__ float tile_dot(const unsigned char* stage, int e0, int lane,
                                           const float (&v)[32]) {

@@ -28,9 +28,9 @@ using namespace psync;
         }                                                                              \
     } while (0)
 
-constexpr int kStageBytes = 16384;  // a tile: 8192 weights (rows of K <= 8192, whole rows)
-constexpr int kStages = 13;         // 208 KiB of ring
-constexpr int kConsumers = 8;       // warps; warp 8 is the producer
+constexpr int kStageBytes = kTileBytes;  // rows of K <= 8192, whole rows
+constexpr int kStages = 13;              // 208 KiB of ring
+constexpr int kConsumers = 8;            // warps; warp 8 is the producer
 constexpr int kThreads = 32 * (kConsumers + 1);
 constexpr int kD = 64;             // head size (persist_shapes_ok)
 constexpr int kMaxEmbd = 2048;     // n_embd at most (the input's shared copy)
@@ -43,22 +43,8 @@ constexpr int kEarlyValues = kEarlyKeys / kConsumers;  // values a warp loads be
 // per-warp sums; or a K = n_embd product's input shared by its warps.
 constexpr int kAttnScratch = (3 * kD + kMaxKeys + kConsumers * kD + 7) / 8 * 8;
 constexpr int kScratch = kAttnScratch > kMaxEmbd ? kAttnScratch : kMaxEmbd;
-static_assert(kScratch % 2 == 0 && kConsumers % 2 == 0, "the barriers must stay 8-byte aligned");
 
-// A block's shared memory: the ring, the scratch, the reduction words, every warp's sum of each
-// of the block's tiles of the largest phase, then the full and empty barriers.
-struct SmemLayout {
-    int max_tiles;
-    __host__ __device__ size_t scratch() const {
-        return static_cast<size_t>(kStages) * kStageBytes;
-    }
-    __host__ __device__ size_t red() const { return scratch() + sizeof(float) * kScratch; }
-    __host__ __device__ size_t part() const { return red() + sizeof(float) * kConsumers; }
-    __host__ __device__ size_t barriers() const {
-        return part() + sizeof(float) * static_cast<size_t>(max_tiles) * kConsumers;
-    }
-    __host__ __device__ size_t bytes() const { return barriers() + sizeof(uint64_t) * 2 * kStages; }
-};
+using SmemLayout = RingLayout<kStages, kScratch, kConsumers>;
 
 enum Kind : int { kQkvK, kAttnK, kWoK, kGuK, kDownK, kOutK };
 
@@ -77,7 +63,6 @@ struct Phase {
     const __half* w[3];
     int64_t seg[3];
     int paired;
-    int64_t rows;
     int K;
     int64_t tiles;
     int group;          // tiles a block's share is a multiple of (whole lines of its stores)
@@ -95,7 +80,7 @@ struct Args {
     const Phase* phases;
     int n_phases;
     int max_tiles;
-    int H, n_ff, n_head, n_head_kv;
+    int H, n_head, n_head_kv;
     int n_kv;
     Word* x;     // [H]: the residual
     Word* qkv;   // [H + 2 n_head_kv kD]
@@ -463,29 +448,8 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
                     mbar_wait(a, full + o % kStages, static_cast<unsigned>((o / kStages) & 1),
                               kWaitTile);
                 }
-                psync::mbar_expect(full + s, kStageBytes);
-                unsigned char* dst = ring + s * kStageBytes;
-                if (ph.paired) {
-                    constexpr int kHalf = kStageBytes / 2;
-                    bulk_copy(dst, reinterpret_cast<const unsigned char*>(ph.w[0]) + tile * kHalf,
-                              kHalf, full + s, policy);
-                    bulk_copy(dst + kHalf,
-                              reinterpret_cast<const unsigned char*>(ph.w[1]) + tile * kHalf, kHalf,
-                              full + s, policy);
-                } else {
-                    int64_t t = tile;
-                    const __half* w = ph.w[0];
-                    if (t >= ph.seg[0]) {
-                        t -= ph.seg[0];
-                        w = ph.w[1];
-                        if (t >= ph.seg[1]) {
-                            t -= ph.seg[1];
-                            w = ph.w[2];
-                        }
-                    }
-                    bulk_copy(dst, reinterpret_cast<const unsigned char*>(w) + t * kStageBytes,
-                              kStageBytes, full + s, policy);
-                }
+                psync::copy_tile(ring + s * kStageBytes, ph.w, ph.seg, ph.paired, tile, full + s,
+                                 policy);
             }
         }
         return;
@@ -718,7 +682,6 @@ Status Persist::prepare(const PersistModel& m, int device, int n_sm, int* id) {
             p.w[i] = static_cast<const __half*>(wi);
             p.seg[i] = tiles_of(*r, K);
             if (p.seg[i] == 0) p.tiles = -1;  // (declined below)
-            p.rows += *r;
             i++;
             ++r;
         }
@@ -799,7 +762,6 @@ Status Persist::prepare(const PersistModel& m, int device, int n_sm, int* id) {
     a.n_phases = static_cast<int>(ph.size());
     a.max_tiles = max_tiles;
     a.H = H;
-    a.n_ff = m.n_ff;
     a.n_head = m.n_head;
     a.n_head_kv = m.n_head_kv;
     a.n_kv = m.n_kv;
