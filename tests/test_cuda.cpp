@@ -1193,6 +1193,28 @@ class LoweringProbe : public HostKernelDevice {
     static char* host(const Tensor* t) { return static_cast<char*>(t->data); }
 };
 
+// A 3-token prompt and one more token of a generated F16 model of preset p on dev, its graphs
+// in dev.seen_graphs (cleared first); false, the failure recorded, when a step did not run.
+bool probe_generated(LoweringProbe& dev, const ModelPreset& p, uint32_t seed) {
+    std::vector<int32_t> ids;
+    const std::string path = generated_f16_model(p, seed, &ids);
+    if (path.empty()) return false;
+    ModelOptions mo;
+    mo.devices.push_back(&dev);
+    SessionOptions so;
+    so.n_threads = 2;
+    Expected<std::unique_ptr<LlamaModel>> m = LlamaModel::load(path, mo);
+    Expected<std::unique_ptr<LlamaSession>> s =
+        m ? LlamaSession::create(**m, so) : Expected<std::unique_ptr<LlamaSession>>(m.status());
+    dev.seen_graphs.clear();
+    Status st = s.status();
+    if (st) st = (*s)->decode(std::span<const int32_t>(ids.data(), 3), false);
+    if (st) st = (*s)->decode(std::span<const int32_t>(&ids[3], 1), false);
+    std::remove(path.c_str());
+    EXPECT_TRUE(st) << p.name << ": " << st.message();
+    return st.is_ok();
+}
+
 // A session's decode graphs (one token) are lowered to the persistent step, its prompt graph
 // is not: tiny-llama's F16 file (4 layers) gives every field of the step as the model has it,
 // and one run of 19 kernel nodes a layer (the last layer's two GET_ROWS by out_ids too) and 3
@@ -1273,16 +1295,7 @@ TEST(Cuda, PersistentLoweringMatchesDecodeGraphsOnly) {
                                              500000.0f, 1e-5f, true, "llama", 0, 32.0f},
                                  ModelPreset{"test-h1024-cpu", 2048, 1024, 1024, 3, 16, 4, 4096,
                                              10000.0f, 1e-5f, false}}) {
-        std::vector<int32_t> ids;
-        const std::string path = generated_f16_model(p, 5u, &ids);
-        ASSERT_FALSE(path.empty());
-        Expected<std::unique_ptr<LlamaModel>> bm = LlamaModel::load(path, mo);
-        ASSERT_TRUE(bm) << bm.message();
-        Expected<std::unique_ptr<LlamaSession>> bs = LlamaSession::create(**bm, so);
-        ASSERT_TRUE(bs) << bs.message();
-        dev.seen_graphs.clear();
-        ASSERT_TRUE((*bs)->decode(std::span<const int32_t>(ids.data(), 3), false));
-        ASSERT_TRUE((*bs)->decode(std::span<const int32_t>(&ids[3], 1), false));
+        ASSERT_TRUE(probe_generated(dev, p, 5u)) << p.name;
         ASSERT_GE(dev.seen_graphs.size(), 2u);
         const LoweringProbe::Seen& e = dev.seen_graphs.back();
         ASSERT_TRUE(e.matched) << p.name << ": " << e.why;
@@ -1292,28 +1305,17 @@ TEST(Cuda, PersistentLoweringMatchesDecodeGraphsOnly) {
         EXPECT_TRUE(cuda::persist_shapes_ok(e.m, 132, &why, 227 << 10)) << p.name << ": " << why;
         EXPECT_FALSE(cuda::persist_shapes_ok(e.m, 132, &why, 200 << 10)) << p.name;
         EXPECT_EQ(why, "shared memory") << p.name;
-        std::remove(path.c_str());
     }
     for (const char* arch : {"qwen2", "qwen3"}) {
         const ModelPreset p = {"tiny-lowering", 1024,  512,   256,  2, 8, 4, 768,
                                10000.0f,        1e-6f, false, arch, 32};
-        std::vector<int32_t> ids;
-        const std::string path = generated_f16_model(p, 3u, &ids);
-        ASSERT_FALSE(path.empty());
-        Expected<std::unique_ptr<LlamaModel>> qm = LlamaModel::load(path, mo);
-        ASSERT_TRUE(qm) << qm.message();
-        Expected<std::unique_ptr<LlamaSession>> qs = LlamaSession::create(**qm, so);
-        ASSERT_TRUE(qs) << qs.message();
-        dev.seen_graphs.clear();
-        ASSERT_TRUE((*qs)->decode(std::span<const int32_t>(ids.data(), 3), false));
-        ASSERT_TRUE((*qs)->decode(std::span<const int32_t>(&ids[3], 1), false));
+        ASSERT_TRUE(probe_generated(dev, p, 3u)) << arch;
         ASSERT_FALSE(dev.seen_graphs.empty());
         for (const LoweringProbe::Seen& e : dev.seen_graphs) {
             EXPECT_FALSE(e.matched) << arch;
             std::printf("[ cuda     ] %s graph of %zu kernel nodes not lowered: %s\n", arch,
                         e.kernel_nodes, e.why.c_str());
         }
-        std::remove(path.c_str());
     }
 }
 #endif

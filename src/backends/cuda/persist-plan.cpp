@@ -258,10 +258,11 @@ struct Matcher {
 bool match_persist(const Graph& g, const std::vector<const Tensor*>& kn, size_t* lo, size_t* hi,
                    PersistModel* m, std::string* why, PersistAddr addr) {
     *m = PersistModel{};
-    auto no = [why](const char* w) {
-        if (why && why->empty()) *why = w;
-        return false;
-    };
+    Matcher mt;
+    mt.m = m;
+    mt.why = why;
+    mt.addr = addr;
+    auto no = [&mt](const char* w) { return mt.no(w); };
     // The logits: the last product.
     const Tensor* out = nullptr;
     for (size_t i = kn.size(); i-- > 0;) {
@@ -271,10 +272,6 @@ bool match_persist(const Graph& g, const std::vector<const Tensor*>& kn, size_t*
         }
     }
     if (!out || out->ne[1] != 1 || out->type != Type::F32) return no("no one-column product last");
-    Matcher mt;
-    mt.m = m;
-    mt.why = why;
-    mt.addr = addr;
     const Tensor* w_out = out->src[0];
     m->n_embd = static_cast<int>(w_out->ne[0]);
     const int64_t H = m->n_embd;
