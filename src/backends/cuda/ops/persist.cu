@@ -103,7 +103,8 @@ struct Args {
     const char* rope_ff;
     int64_t rope_ff_nb0;
     // ctl[0]: the launch count (the tags' epoch, bumped by the launch's last block), ctl[1]:
-    // blocks done, ctl[2]: nonzero once a wait gave up (every wait then returns at once).
+    // blocks done, ctl[2]: nonzero once a wait gave up (every wait of the launch then returns
+    // at once; the last block clears it).
     unsigned* ctl;
     DeviceError* err;
 };
@@ -472,6 +473,14 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
         if (ph.kind == kAttnK) {
             if (b < a.n_head) attention(a, ph, pi, b, epoch, pos, scratch, red);
         } else {
+            // A block with no tiles of this phase (wo and down share 128 groups among 132
+            // blocks of an H100 or H200 for a 1B model) does not read its input. It must not:
+            // a word is stored again, with a later phase's tag, once the phases between have
+            // their inputs, and that proves only that the blocks that stored those inputs
+            // have read it. A block that stores nothing here could still be waiting for a
+            // tag that is gone (the 2 s give-up's error).
+            const Share sh = share_of(ph, b, nb);
+            if (sh.count == 0) continue;
             const int rows_per_tile = kStageBytes / (2 * ph.K);
             const int warps_per_row = kConsumers / rows_per_tile;
             const int e0 = warp * 1024;
@@ -479,7 +488,6 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
             float v[32];
             load_input(a, ph, epoch, k0, scratch, red, v);
             const bool residual = ph.kind == kWoK || ph.kind == kDownK;
-            const Share sh = share_of(ph, b, nb);
             const int my_rows = static_cast<int>(sh.count) * rows_per_tile;
             const int64_t row0 = sh.first * rows_per_tile;
             // wo and down add into x: thread i reads its row's x now (there by the time the
@@ -584,6 +592,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
         __threadfence();
         if (atomicAdd(a.ctl + 1, 1u) == static_cast<unsigned>(nb) - 1) {
             a.ctl[1] = 0;
+            a.ctl[2] = 0;  // a wait that gave up ended this launch only
             a.ctl[0] = epoch + 1;
         }
     }
