@@ -548,7 +548,8 @@ class CudaBackend : public Backend {
         ctx_.n_sm = dev->n_sm();
         ctx_.err = err;
         use_graphs_ = !env_off("FERRY_CUDA_GRAPH");
-        use_persist_ = env_on("FERRY_CUDA_PERSIST");
+        use_persist_ = !env_off("FERRY_CUDA_PERSIST");
+        persist_all_ = env_on("FERRY_CUDA_PERSIST");
         persist_why_ = env_on("FERRY_CUDA_PERSIST_WHY");
         use_fusion_ = !env_off("FERRY_CUDA_FUSION");
         use_add_norm_ = !env_off("FERRY_CUDA_FUSE_ADD_NORM");
@@ -1037,10 +1038,14 @@ class CudaBackend : public Backend {
     CudaDevice* dev_;
     cudaStream_t stream_;
     OpContext ctx_;
-    // The persistent decode step (persist.h): FERRY_CUDA_PERSIST=1 turns it on (off by
-    // default until its measurements on the device say otherwise: docs/design-notes.md), and
-    // FERRY_CUDA_PERSIST_WHY=1 says why a one-token graph was not lowered to it.
-    bool use_persist_ = false, persist_why_ = false;
+    // The persistent decode step (persist.h), by default for graphs of at most
+    // kPersistDefaultKeys keys (stop 53, H200, 1B F16: tg128 1,314 t/s against the kernel
+    // plan's 1,203, but tg512 1,140 against 1,168: its attention, a block a head, costs more
+    // than the plan's split one as the keys grow); FERRY_CUDA_PERSIST=1 for every graph the
+    // kernel takes (persist_shapes_ok: up to 1,024 keys), =0 never. FERRY_CUDA_PERSIST_WHY=1
+    // says why a one-token graph was not lowered to it.
+    static constexpr int kPersistDefaultKeys = 256;
+    bool use_persist_ = true, persist_all_ = false, persist_why_ = false;
     std::unique_ptr<Persist> persist_;
     bool use_graphs_ = true, use_fusion_ = true, use_add_norm_ = true, use_epilogue_ = true,
          use_qkv_ = true, use_norm_mv_ = true, use_fnorm_ = false;
@@ -1407,8 +1412,14 @@ Status CudaBackend::plan(Graph& g) {
         PersistModel pm;
         std::string why;
         bool lowered = false;
+        auto keys_ok = [&] {
+            if (persist_all_ || pm.n_kv <= kPersistDefaultKeys) return true;
+            why = strfmt("%d keys, more than %d (FERRY_CUDA_PERSIST=1: up to 1,024)", pm.n_kv,
+                         kPersistDefaultKeys);
+            return false;
+        };
         if (match_persist(g, kn, &p_lo, &p_hi, &pm, &why) &&
-            persist_shapes_ok(pm, ctx_.n_sm, &why)) {
+            persist_shapes_ok(pm, ctx_.n_sm, &why) && keys_ok()) {
             if (!persist_) persist_ = std::make_unique<Persist>();
             // (A device that cannot take it, e.g. a block a SM not fitting, keeps the plan.)
             const Status ps = persist_->prepare(pm, ctx_.device, ctx_.n_sm, &p_id);
