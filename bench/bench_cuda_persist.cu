@@ -91,8 +91,6 @@ constexpr int kScratch = kAttnScratch > kH ? kAttnScratch : kH;
 // A block's shared memory (persist-sync.cuh): the ring, the attention's scratch, ...
 using SmemLayout = RingLayout<kStages, kScratch, kConsumers>;
 
-enum Kind : int { kQkvK, kAttnK, kWoK, kGuK, kDownK, kOutK };
-
 // Activations cross blocks as 64-bit words, the value's float bits low and a tag high, stored
 // and read whole (single-copy atomic): the tag says which phase of which launch wrote the value,
 // so a reader waits on the values themselves. No counter, no fence and no second round trip
@@ -263,32 +261,9 @@ __device__ __forceinline__ void wait_words(const Word* p, unsigned want, float* 
         if (ready(w)) return take(w);
     }
 }
-__device__ __forceinline__ void consumers_sync() {
-    asm volatile("bar.sync 1, %0;" ::"n"(32 * kConsumers) : "memory");
-}
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
-}
-
-// A reduction (op: a sum or a max) over the consumers' 256 threads (red: kConsumers floats),
-// the same in every thread.
-template <class Op>
-__device__ float consumers_reduce(float v, float* red, float init, Op op) {
-    for (int o = 16; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) red[warp] = v;
-    consumers_sync();
-    float s = init;
-    for (int w = 0; w < kConsumers; w++) s = op(s, red[w]);
-    consumers_sync();  // red read by all before its next use
-    return s;
-}
-__device__ float consumers_sum(float v, float* red) {
-    return consumers_reduce(v, red, 0.0f, [](float x, float y) { return x + y; });
-}
-__device__ float consumers_max(float v, float* red) {
-    return consumers_reduce(v, red, -INFINITY, [](float x, float y) { return fmaxf(x, y); });
 }
 
 // A product's input, a warp's slice of it into registers: lane l holds in[k0 + 256 j + 8 l + c]
@@ -330,7 +305,7 @@ __device__ void load_input(const Args& a, const Phase& ph, int k0, float* xs, fl
     float4* dst = reinterpret_cast<float4*>(xs + warp * 256 + 8 * lane);
     dst[0] = make_float4(u[0], u[1], u[2], u[3]);
     dst[1] = make_float4(u[4], u[5], u[6], u[7]);
-    consumers_sync();
+    consumers_sync<kConsumers>();
     float inv = 1.0f;
     if (norm) {
         float s = 0.0f;
@@ -401,7 +376,7 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, float* 
         kn[t] = wait_word(a.qkv + kH + hk * kD + t, want, a.poll_gap_ns, "k");
         vn[t] = wait_word(a.qkv + kH + kKvHeads * kD + hk * kD + t, want, a.poll_gap_ns, "v");
     }
-    consumers_sync();
+    consumers_sync<kConsumers>();
     got_input();
     const float scale = 1.0f / sqrtf(static_cast<float>(kD));
     auto dot_key = [&](const uint4* w) {
@@ -436,13 +411,13 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, float* 
         p[j] = s * scale;
         m = fmaxf(m, s * scale);
     }
-    m = consumers_max(m, red);
+    m = consumers_max<kConsumers>(m, red);
     float l = 0.0f;
     for (int j = t; j < n; j += 32 * kConsumers) {
         p[j] = __expf(p[j] - m);
         l += p[j];
     }
-    l = consumers_sum(l, red);  // (its barriers also publish p)
+    l = consumers_sum<kConsumers>(l, red);  // (its barriers also publish p)
     float2 o = make_float2(0.0f, 0.0f);
     if constexpr (early) {
 #pragma unroll
@@ -465,7 +440,7 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, float* 
     }
     part[warp * kD + 2 * lane] = o.x;
     part[warp * kD + 2 * lane + 1] = o.y;
-    consumers_sync();
+    consumers_sync<kConsumers>();
     if (t < kD) {
         float sum = 0.0f;
         for (int w = 0; w < kConsumers; w++) sum += part[w * kD + t];
@@ -689,7 +664,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
             stamp(pi, 2);
             // The rows of the phase's tiles, once every warp's sums are in (one barrier a
             // phase, not one a tile).
-            consumers_sync();
+            consumers_sync<kConsumers>();
             auto row_sum = [&](int t, int r) {
                 float v = 0.0f;
                 for (int w = r * warps_per_row; w < (r + 1) * warps_per_row; w++) {
@@ -734,7 +709,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
             }
         }
         // The next phase may reuse part, xs and the attention's scratch.
-        consumers_sync();
+        consumers_sync<kConsumers>();
         stamp(pi, 3);
     }
 }

@@ -7,6 +7,7 @@
 
 #include <cuda_fp16.h>
 
+#include <cmath>
 #include <cstdint>
 
 namespace ferry::cuda::psync {
@@ -15,6 +16,9 @@ using Word = unsigned long long;
 
 // A tile: one ring stage, 8192 F16 weights (tile_dot: 8 warps of 1024 each).
 constexpr int kTileBytes = 16384;
+
+// A step's phases: each layer's q/k/v, attention, wo, gate/up and down, then the output.
+enum Kind : int { kQkvK, kAttnK, kWoK, kGuK, kDownK, kOutK };
 
 // A block's shared memory, in order: a ring of Stages tiles, ScratchFloats floats of scratch,
 // Consumers reduction words, every consumer warp's sum of each of the block's tiles of the
@@ -97,6 +101,35 @@ __device__ __forceinline__ unsigned tag_word(Word w) {
 __device__ __forceinline__ float val_word(Word w) {
     return __uint_as_float(static_cast<unsigned>(w));
 }
+// A barrier of a block's Consumers consumer warps alone (named barrier 1: the producer warp
+// never joins it).
+template <int Consumers>
+__device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync 1, %0;" ::"n"(32 * Consumers) : "memory");
+}
+// A reduction (op: a sum or a max) over the consumers' threads (red: Consumers floats), the
+// same in every thread.
+template <int Consumers, class Op>
+__device__ float consumers_reduce(float v, float* red, float init, Op op) {
+    for (int o = 16; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) red[warp] = v;
+    consumers_sync<Consumers>();
+    float s = init;
+    for (int w = 0; w < Consumers; w++) s = op(s, red[w]);
+    consumers_sync<Consumers>();  // red read by all before its next use
+    return s;
+}
+template <int Consumers>
+__device__ float consumers_sum(float v, float* red) {
+    return consumers_reduce<Consumers>(v, red, 0.0f, [](float x, float y) { return x + y; });
+}
+template <int Consumers>
+__device__ float consumers_max(float v, float* red) {
+    return consumers_reduce<Consumers>(v, red, -INFINITY,
+                                       [](float x, float y) { return fmaxf(x, y); });
+}
+
 // Tile `tile` of a phase's weights into the stage at dst, completing on the barrier `full`
 // (which expects its bytes): from up to three row-major matrices one after another (seg[i]
 // tiles each), or, paired (gate/up), half a tile from each of w[0] and w[1] (gate rows, then

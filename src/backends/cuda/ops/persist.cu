@@ -46,8 +46,6 @@ constexpr int kScratch = kAttnScratch > kMaxEmbd ? kAttnScratch : kMaxEmbd;
 
 using SmemLayout = RingLayout<kStages, kScratch, kConsumers>;
 
-enum Kind : int { kQkvK, kAttnK, kWoK, kGuK, kDownK, kOutK };
-
 // Tags: tag_of(epoch, phase) is unique to a phase of a launch among the launches of the last
 // 2^32 / kTagPhases; every word is stored again each step, so an old tag is never waited for.
 constexpr unsigned kTagPhases = 512;
@@ -168,21 +166,6 @@ __device__ __forceinline__ void wait_words(const Args& a, const Word* p, unsigne
 #pragma unroll
     for (int i = 0; i < 8 * J; i++) o[i] = val_word(w[i]);
 }
-__device__ __forceinline__ void consumers_sync() {
-    asm volatile("bar.sync 1, %0;" ::"n"(32 * kConsumers) : "memory");
-}
-template <class Op>
-__device__ float consumers_reduce(float v, float* red, float init, Op op) {
-    for (int o = 16; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) red[warp] = v;
-    consumers_sync();
-    float s = init;
-    for (int w = 0; w < kConsumers; w++) s = op(s, red[w]);
-    consumers_sync();
-    return s;
-}
-
 // What a wait that gave up was for (DeviceError::value).
 enum What : int { kWaitX = 1, kWaitAttn, kWaitH, kWaitQkv, kWaitRow, kWaitStage, kWaitTile };
 
@@ -234,7 +217,7 @@ __device__ void load_input(const Args& a, const Phase& ph, unsigned epoch, int k
         ss = warp_sum(ss);
         if (lane == 0) red[warp] = ss;
     }
-    consumers_sync();
+    consumers_sync<kConsumers>();
     float inv = 1.0f;
     if (norm) {
         float s = 0.0f;
@@ -301,7 +284,7 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, unsigne
         vn[t] = __half2float(
             __float2half(wait_word(a, a.qkv + a.H + kvd + hk * kD + t, want, kWaitQkv)));
     }
-    consumers_sync();
+    consumers_sync<kConsumers>();
     auto dot_key = [&](const uint4* w) {
         float s = 0.0f;
 #pragma unroll
@@ -336,14 +319,14 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, unsigne
         p[j] = s;
         m = fmaxf(m, s);
     }
-    m = consumers_reduce(m, red, -INFINITY, [](float x, float y) { return fmaxf(x, y); });
+    m = consumers_max<kConsumers>(m, red);
     float l = 0.0f;
     for (int j = t; j < n; j += 32 * kConsumers) {
         const float e = p[j] == -INFINITY ? 0.0f : __expf(p[j] - m);
         p[j] = e;
         l += e;
     }
-    l = consumers_reduce(l, red, 0.0f, [](float x, float y) { return x + y; });
+    l = consumers_sum<kConsumers>(l, red);
     float2 o = make_float2(0.0f, 0.0f);
     auto add_value = [&](int j, float2 v) {
         o.x += p[j] * v.x;
@@ -364,7 +347,7 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, unsigne
     }
     part[warp * kD + 2 * lane] = o.x;
     part[warp * kD + 2 * lane + 1] = o.y;
-    consumers_sync();
+    consumers_sync<kConsumers>();
     if (t < kD) {
         float sum = 0.0f;
         for (int w = 0; w < kConsumers; w++) sum += part[w * kD + t];
@@ -465,7 +448,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
         rope[threadIdx.x] = rope_cos_sin(static_cast<double>(pos), threadIdx.x, a.n_rot,
                                          a.rope_base, a.rope_scale, a.rope_ff, a.rope_ff_nb0);
     }
-    consumers_sync();
+    consumers_sync<kConsumers>();
     int64_t it = 0;
     for (int pi = 0; pi < a.n_phases; pi++) {
         const Phase ph = a.phases[pi];
@@ -534,7 +517,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
                     lt++;
                 }
             }
-            consumers_sync();
+            consumers_sync<kConsumers>();
             auto row_sum = [&](int t, int r) {
                 float s = 0.0f;
                 for (int w = r * warps_per_row; w < (r + 1) * warps_per_row; w++) {
@@ -584,7 +567,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
             }
         }
         // The next phase may reuse part, the input's copy and the attention's scratch.
-        consumers_sync();
+        consumers_sync<kConsumers>();
     }
     // The launch's last block moves the epoch on for the next launch (every block read it at
     // its start, before it came here).
