@@ -135,14 +135,13 @@ struct Matcher {
         const bool one_row =
             src && src->type == Type::F32 && src->ne[1] == 1 && src->ne[2] == 1 && src->ne[3] == 1;
         if (out_ids ? idx != out_ids : !one_row) return t;
-        if (!take(t, Op::GET_ROWS) || !src || src->type != Type::F32 || src->ne[1] != 1 ||
-            src->ne[2] != 1 || src->ne[3] != 1 || t->ne[0] != src->ne[0] || t->ne[1] != 1 ||
+        if (!one_row || !take(t, Op::GET_ROWS) || t->ne[0] != src->ne[0] || t->ne[1] != 1 ||
             !t->is_contiguous() || !src->is_contiguous() || !idx || idx->type != Type::I32 ||
             idx->nelements() != 1 || !addr(idx)) {
             return nullptr;
         }
-        if (!out_ids) out_ids = idx;
-        return idx == out_ids ? src : nullptr;
+        out_ids = idx;
+        return src;
     }
     // The attention's K or V: a VIEW of the SET_ROWS at offset 0 over rows [0, n_kv) (its
     // row stride, the cache's, checked once the cache is known).
