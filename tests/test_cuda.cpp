@@ -935,6 +935,13 @@ size_t first_difference(const std::vector<float>& a, const std::vector<float>& b
 }
 
 #ifdef FERRY_HAVE_CUDA
+// The steps queued ahead, started by their inputs and released idle since `before` (an
+// earlier cuda::ahead_counts()).
+cuda::AheadCounts ahead_since(const cuda::AheadCounts& before) {
+    const cuda::AheadCounts after = cuda::ahead_counts();
+    return {after.queued - before.queued, after.started - before.started, after.idle - before.idle};
+}
+
 // Runs decode steps through every way into and out of steps queued ahead (Backend::
 // compute_ahead): 40 one-token steps after a prompt, a prompt chunk after a queued step (the
 // queued graph runs again with its last inputs first), a truncated session going on at earlier
@@ -1008,9 +1015,7 @@ TEST(Cuda, StepsQueuedAheadGiveTheSameBits) {
         runs[mode] = ahead_script(s->get(), toks, kVocab);
         ASSERT_FALSE(runs[mode].empty());
         s->reset();  // destroyed with a step queued
-        const cuda::AheadCounts after = cuda::ahead_counts();
-        counts[mode] = {after.queued - before.queued, after.started - before.started,
-                        after.idle - before.idle};
+        counts[mode] = ahead_since(before);
     }
     std::printf(
         "[ cuda     ] queued ahead: %llu steps, %llu started by their inputs, %llu released "
@@ -1402,9 +1407,7 @@ TEST(Cuda, PersistentDecodeQueuedAheadGivesTheSameBits) {
         runs[mode] = ahead_script(os.s.get(), toks, p.n_vocab);
         ASSERT_FALSE(runs[mode].empty());
         lowered[mode] = cuda::persist_plans() - plans;
-        const cuda::AheadCounts after = cuda::ahead_counts();
-        counts[mode] = {after.queued - before.queued, after.started - before.started,
-                        after.idle - before.idle};
+        counts[mode] = ahead_since(before);
     }
     std::printf(
         "[ cuda     ] persistent decode queued ahead: %llu steps, %llu started by their inputs; "
