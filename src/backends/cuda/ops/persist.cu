@@ -39,6 +39,7 @@ constexpr int kInflight = 3;       // copies in flight a block (stop 51: 3 ...
 constexpr int kChainInflight = 1;  // ... and 1 in q/k/v, the attention and wo)
 constexpr int kEarlyKeys = 128;    // keys a block loads before its wait (a thread each)
 constexpr int kEarlyValues = kEarlyKeys / kConsumers;  // values a warp loads before its wait
+constexpr int kValueBatch = 8;                         // values a warp loads at once after its wait
 // Shared floats besides the ring: the attention's q, new key and value, its scores and its
 // per-warp sums; or a K = n_embd product's input shared by its warps.
 constexpr int kAttnScratch = (3 * kD + kMaxKeys + kConsumers * kD + 7) / 8 * 8;
@@ -340,10 +341,23 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, unsigne
                 j, j == pos ? make_float2(vn[2 * lane], vn[2 * lane + 1]) : __half22float2(vr[i]));
         }
     }
-    for (int j = warp + kConsumers * kEarlyValues; j < n; j += kConsumers) {
-        if (p[j] == 0.0f) continue;
-        add_value(j, j == pos ? make_float2(vn[2 * lane], vn[2 * lane + 1])
-                              : __half22float2(__ldg(vbase + j * row2)));
+    // The rest kValueBatch at a time, each round's loads issued together (stop 53: one value
+    // at a time made tg512 slower than the kernel plan), summed in the same order as before.
+    for (int j0 = warp + kConsumers * kEarlyValues; j0 < n; j0 += kConsumers * kValueBatch) {
+        __half2 vb[kValueBatch];
+#pragma unroll
+        for (int u = 0; u < kValueBatch; u++) {
+            const int j = j0 + kConsumers * u;
+            if (j < n && j != pos && p[j] != 0.0f) vb[u] = __ldg(vbase + j * row2);
+        }
+#pragma unroll
+        for (int u = 0; u < kValueBatch; u++) {
+            const int j = j0 + kConsumers * u;
+            if (j < n && p[j] != 0.0f) {
+                add_value(j, j == pos ? make_float2(vn[2 * lane], vn[2 * lane + 1])
+                                      : __half22float2(vb[u]));
+            }
+        }
     }
     part[warp * kD + 2 * lane] = o.x;
     part[warp * kD + 2 * lane + 1] = o.y;
