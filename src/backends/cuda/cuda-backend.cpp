@@ -1040,11 +1040,12 @@ class CudaBackend : public Backend {
     OpContext ctx_;
     // The persistent decode step (persist.h), by default for graphs of at most
     // kPersistDefaultKeys keys (stop 53, H200, 1B F16: tg128 1,314 t/s against the kernel
-    // plan's 1,203, but tg512 1,140 against 1,168: its attention, a block a head, costs more
-    // than the plan's split one as the keys grow); FERRY_CUDA_PERSIST=1 for every graph the
-    // kernel takes (persist_shapes_ok: up to 1,024 keys), =0 never. FERRY_CUDA_PERSIST_WHY=1
-    // says why a one-token graph was not lowered to it.
-    static constexpr int kPersistDefaultKeys = 256;
+    // plan's 1,203; stop 54, H100, its values loaded 8 at a time: tg512 984-992 against
+    // 937-940, but tg1024 894 against 912: its attention, a block a head, costs more than the
+    // plan's split one as the keys grow, 15% more a token at 1,024); FERRY_CUDA_PERSIST=1 for
+    // every graph the kernel takes (persist_shapes_ok: up to 1,024 keys), =0 never.
+    // FERRY_CUDA_PERSIST_WHY=1 says why a one-token graph was not lowered to it.
+    static constexpr int kPersistDefaultKeys = 512;
     bool use_persist_ = true, persist_all_ = false, persist_why_ = false;
     std::unique_ptr<Persist> persist_;
     bool use_graphs_ = true, use_fusion_ = true, use_add_norm_ = true, use_epilogue_ = true,
