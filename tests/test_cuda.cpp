@@ -265,14 +265,15 @@ OpenSession open_session(const std::string& path, const std::vector<Device*>& de
 
 // An F16 model of preset p generated into the test's temporary folder (its path; empty, the
 // failure recorded, when it could not be made) and 300 token ids drawn from `seed`.
-std::string generated_f16_model(const ModelPreset& p, uint32_t seed, std::vector<int32_t>* toks) {
+std::string generated_f16_model(const ModelPreset& p, uint32_t seed, std::vector<int32_t>* toks,
+                                size_t n_toks = 300) {
     GenModelOptions o;
     o.type = Type::F16;
     o.n_threads = 2;
     const std::string path = ::testing::TempDir() + "/ferry-" + p.name + ".gguf";
     const Status st = generate_model(p, o, path);
     EXPECT_TRUE(st) << st.message();
-    toks->resize(300);
+    toks->resize(n_toks);
     Lcg rnd{seed};
     for (int32_t& t : *toks) {
         t = static_cast<int32_t>((rnd() + 1.0f) * 0.5f * static_cast<float>(p.n_vocab - 1));
@@ -1331,10 +1332,13 @@ TEST(Cuda, PersistentLoweringMatchesDecodeGraphsOnly) {
 // F16 models of the shapes it takes: Llama 3.2 1B's layers (hidden 2048, 32 heads of 64 over 8
 // KV heads, FFN 8192, Llama 3's rope frequency factors, tied output) with 2 layers, and hidden
 // 1024 (16 heads over 4, FFN 4096, untied) with 3. A 20-token prompt, then one token at a time
-// past the 256-key pad (KV lengths 256 and 512), or to position 60 (the large model). Both sum
+// to position 800 (KV lengths 256 to 1,024, the most the kernel takes), or to position 60 (the
+// large model). Both sum
 // the same F16 weights and values in fp32 in different orders (~1e-7 relative a value) and may
 // round a key or value to F16 the other way (one F16 ulp, 5e-4 relative in that one element):
-// the logits' nmse stays below 1e-9, and the lowering ran (none with it off).
+// the logits' nmse stays below 1e-9, and the lowering ran (none with it off). Its attention
+// both ways: a head's keys split over as many blocks as the SMs take (four for these shapes on
+// 132 SMs), merged by wo's input read, and one block a head (FERRY_CUDA_PERSIST_SPLITS=1).
 TEST(Cuda, PersistentDecodeMatchesTheKernelPlan) {
     REQUIRE_GPU();
     const ModelPreset presets[] = {
@@ -1342,15 +1346,16 @@ TEST(Cuda, PersistentDecodeMatchesTheKernelPlan) {
         {"test-h1024", 2048, 1024, 1024, 3, 16, 4, 4096, 10000.0f, 1e-5f, false}};
     for (const ModelPreset& p : presets) {
         std::vector<int32_t> toks;
-        const std::string path = generated_f16_model(p, 11u, &toks);
+        const std::string path = generated_f16_model(p, 11u, &toks, p.n_embd == 2048 ? 60 : 800);
         ASSERT_FALSE(path.empty());
-        const size_t steps = p.n_embd == 2048 ? 60 : toks.size();
-        std::vector<float> runs[2];
-        uint64_t lowered[2];
-        for (int on = 0; on < 2; on++) {
+        const size_t steps = toks.size();
+        std::vector<float> runs[3];
+        uint64_t lowered[3];
+        for (int on = 0; on < 3; on++) {
             const OpenSession os = open_session(
                 path, {gpu()}, Type::F16,
-                {on ? "FERRY_CUDA_PERSIST=1" : "FERRY_CUDA_PERSIST=0", "FERRY_CUDA_PERSIST_WHY=1"});
+                {on ? "FERRY_CUDA_PERSIST=1" : "FERRY_CUDA_PERSIST=0", "FERRY_CUDA_PERSIST_WHY=1",
+                 on == 2 ? "FERRY_CUDA_PERSIST_SPLITS=1" : "FERRY_CUDA_PERSIST_SPLITS=0"});
             ASSERT_TRUE(os.s);
             LlamaSession* s = os.s.get();
             const uint64_t before = cuda::persist_plans();
@@ -1362,21 +1367,24 @@ TEST(Cuda, PersistentDecodeMatchesTheKernelPlan) {
             }
             lowered[on] = cuda::persist_plans() - before;
         }
-        const double e = nmse_of(runs[1], runs[0]);
-        size_t same_top = 0, rows = runs[0].size() / static_cast<size_t>(p.n_vocab);
-        for (size_t r = 0; r < rows; r++) {
-            const float* a = runs[0].data() + r * static_cast<size_t>(p.n_vocab);
-            const float* b = runs[1].data() + r * static_cast<size_t>(p.n_vocab);
-            same_top +=
-                std::max_element(a, a + p.n_vocab) - a == std::max_element(b, b + p.n_vocab) - b;
-        }
-        std::printf(
-            "[ cuda     ] %s: persistent decode vs the kernel plan over %zu steps: nmse %.2e, "
-            "same top-1 %zu, %llu plans lowered\n",
-            p.name, rows, e, same_top, static_cast<unsigned long long>(lowered[1]));
         EXPECT_EQ(lowered[0], 0u) << p.name;
-        EXPECT_GT(lowered[1], 0u) << p.name;
-        EXPECT_LE(e, 1e-9) << p.name;
+        for (int on = 1; on < 3; on++) {
+            const char* form = on == 1 ? "split keys" : "a block a head";
+            const double e = nmse_of(runs[on], runs[0]);
+            size_t same_top = 0, rows = runs[0].size() / static_cast<size_t>(p.n_vocab);
+            for (size_t r = 0; r < rows; r++) {
+                const float* x = runs[0].data() + r * static_cast<size_t>(p.n_vocab);
+                const float* y = runs[on].data() + r * static_cast<size_t>(p.n_vocab);
+                same_top += std::max_element(x, x + p.n_vocab) - x ==
+                            std::max_element(y, y + p.n_vocab) - y;
+            }
+            std::printf(
+                "[ cuda     ] %s (%s): persistent decode vs the kernel plan over %zu steps: nmse "
+                "%.2e, same top-1 %zu, %llu plans lowered\n",
+                p.name, form, rows, e, same_top, static_cast<unsigned long long>(lowered[on]));
+            EXPECT_GT(lowered[on], 0u) << p.name << " " << form;
+            EXPECT_LE(e, 1e-9) << p.name << " " << form;
+        }
         std::remove(path.c_str());
     }
 }

@@ -551,6 +551,9 @@ class CudaBackend : public Backend {
         use_persist_ = !env_off("FERRY_CUDA_PERSIST");
         persist_all_ = env_on("FERRY_CUDA_PERSIST");
         persist_why_ = env_on("FERRY_CUDA_PERSIST_WHY");
+        if (const char* v = std::getenv("FERRY_CUDA_PERSIST_SPLITS")) {
+            persist_splits_ = std::clamp(std::atoi(v), 0, 4);
+        }
         use_fusion_ = !env_off("FERRY_CUDA_FUSION");
         use_add_norm_ = !env_off("FERRY_CUDA_FUSE_ADD_NORM");
         use_epilogue_ = !env_off("FERRY_CUDA_FUSE_EPILOGUE");
@@ -1047,6 +1050,9 @@ class CudaBackend : public Backend {
     // FERRY_CUDA_PERSIST_WHY=1 says why a one-token graph was not lowered to it.
     static constexpr int kPersistDefaultKeys = 512;
     bool use_persist_ = true, persist_all_ = false, persist_why_ = false;
+    // Its attention's blocks a head at most (FERRY_CUDA_PERSIST_SPLITS=1, 2 or 4; 0: as many
+    // as the SMs take, up to 4).
+    int persist_splits_ = 0;
     std::unique_ptr<Persist> persist_;
     bool use_graphs_ = true, use_fusion_ = true, use_add_norm_ = true, use_epilogue_ = true,
          use_qkv_ = true, use_norm_mv_ = true, use_fnorm_ = false;
@@ -1423,6 +1429,7 @@ Status CudaBackend::plan(Graph& g) {
             persist_shapes_ok(pm, ctx_.n_sm, &why) && keys_ok()) {
             if (!persist_) persist_ = std::make_unique<Persist>();
             // (A device that cannot take it, e.g. a block a SM not fitting, keeps the plan.)
+            pm.splits = persist_splits_;
             const Status ps = persist_->prepare(pm, ctx_.device, ctx_.n_sm, &p_id);
             lowered = ps.is_ok();
             if (!lowered) why = ps.message();

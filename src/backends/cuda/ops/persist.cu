@@ -32,14 +32,15 @@ constexpr int kStageBytes = kTileBytes;  // rows of K <= 8192, whole rows
 constexpr int kStages = 13;              // 208 KiB of ring
 constexpr int kConsumers = 8;            // warps; warp 8 is the producer
 constexpr int kThreads = 32 * (kConsumers + 1);
-constexpr int kD = 64;             // head size (persist_shapes_ok)
-constexpr int kMaxEmbd = 2048;     // n_embd at most (the input's shared copy)
-constexpr int kMaxKeys = 1024;     // keys attended at most (the scores' scratch)
-constexpr int kInflight = 3;       // copies in flight a block (stop 51: 3 ...
-constexpr int kChainInflight = 1;  // ... and 1 in q/k/v, the attention and wo)
-constexpr int kEarlyKeys = 128;    // keys a block loads before its wait (a thread each)
+constexpr int kD = 64;                       // head size (persist_shapes_ok)
+constexpr int kMaxEmbd = 2048;               // n_embd at most (the input's shared copy)
+constexpr int kMaxKeys = 1024;               // keys attended at most (the scores' scratch)
+constexpr int kInflight = 3;                 // copies in flight a block (stop 51: 3 ...
+constexpr int kChainInflight = 1;            // ... and 1 in q/k/v, the attention and wo)
+constexpr int kEarlyKeys = 32 * kConsumers;  // keys a block loads before its wait: a thread each
 constexpr int kEarlyValues = kEarlyKeys / kConsumers;  // values a warp loads before its wait
 constexpr int kValueBatch = 8;                         // values a warp loads at once after its wait
+constexpr int kMaxSplits = 4;  // blocks a head's attention at most (merge_words' registers)
 // Shared floats besides the ring: the attention's q, new key and value, its scores and its
 // per-warp sums; or a K = n_embd product's input shared by its warps.
 constexpr int kAttnScratch = (3 * kD + kMaxKeys + kConsumers * kD + 7) / 8 * 8;
@@ -83,8 +84,14 @@ struct Args {
     int n_kv;
     Word* x;     // [H]: the residual
     Word* qkv;   // [H + 2 n_head_kv kD]
-    Word* attn;  // [n_head kD]
+    Word* attn;  // [n_head kD]: the attention's output, one split
     Word* h;     // [n_ff]: silu(g) u
+    // The attention's blocks a head (1, 2 or 4, n_head splits <= the blocks) and, more than
+    // one, each split's unscaled sums [splits][n_head kD] and max score and sum of weights
+    // [splits][n_head][2].
+    int splits;
+    Word* part;
+    Word* ml;
     const float* x0;
     float* logits;
     const int32_t* pos;
@@ -170,6 +177,60 @@ __device__ __forceinline__ void wait_words(const Args& a, const Word* p, unsigne
 // What a wait that gave up was for (DeviceError::value).
 enum What : int { kWaitX = 1, kWaitAttn, kWaitH, kWaitQkv, kWaitRow, kWaitStage, kWaitTile };
 
+// The attention's output e .. e + 8 (of one head) from its S splits (attention), once every
+// split's words are there (all loads of a round issued at once): with m the largest of the
+// splits' max scores, sum_s exp(m_s - m) o_s / sum_s exp(m_s - m) l_s (0 where no key was
+// attended). The 8 lanes of a head load its 2 S max and sum words once between them and pass
+// them round (a lane has 168 registers: 8 S words each would spill).
+template <int S>
+__device__ __forceinline__ void merge_words(const Args& a, int e, unsigned want, float* o) {
+    static_assert(2 * S <= 8, "a head's max and sum words: one a lane of its 8");
+    const int lane = threadIdx.x % 32, i_ml = lane % 8;  // (s, m or l) = (i_ml / 2, i_ml % 2)
+    Word w[S][8], ml = 0;
+    // (The bases taken here, not hoisted out of the kernel's loop over phases: kept live through
+    // it, their registers made the attention spill.)
+    const Word* part = a.part;
+    const Word* mlp = a.ml;
+    asm volatile("" : "+l"(part), "+l"(mlp));
+    mlp += 2 * (static_cast<int64_t>(i_ml / 2) * a.n_head + e / kD) + i_ml % 2;
+    const uint64_t t0 = now_ns();
+    for (;;) {
+#pragma unroll
+        for (int s = 0; s < S; s++) {
+            const Word* p = part + static_cast<int64_t>(s) * a.H + e;
+#pragma unroll
+            for (int i = 0; i < 4; i++) ld_words2(p + 2 * i, w[s][2 * i], w[s][2 * i + 1]);
+        }
+        if (i_ml < 2 * S) ml = ld_word(mlp);
+        bool ok = i_ml >= 2 * S || tag_word(ml) == want;
+#pragma unroll
+        for (int s = 0; s < S; s++) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) ok = ok && tag_word(w[s][i]) == want;
+        }
+        if (__all_sync(0xffffffffu, ok) || give_up(a, t0, kWaitAttn)) break;
+    }
+    const float mine = val_word(ml);
+    const int base = lane & ~7;
+    float ms[S], ls[S], m = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < S; s++) {
+        ms[s] = __shfl_sync(0xffffffffu, mine, base + 2 * s);
+        ls[s] = __shfl_sync(0xffffffffu, mine, base + 2 * s + 1);
+        m = fmaxf(m, ms[s]);
+    }
+    float l = 0.0f, sum[8] = {};
+#pragma unroll
+    for (int s = 0; s < S; s++) {
+        const float f = ms[s] == -INFINITY ? 0.0f : __expf(ms[s] - m);
+        l += f * ls[s];
+#pragma unroll
+        for (int i = 0; i < 8; i++) sum[i] += f * val_word(w[s][i]);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) o[i] = l > 0.0f ? sum[i] / l : 0.0f;
+}
+
 // A product's input, a warp's slice of it into registers: lane l holds in[k0 + 256 j + 8 l + c]
 // as v[8 j + c] (j < 4, c < 8). K = n_embd: the warps wait for 256 values each (those of warp
 // w * 256 < H) and share them through shared memory (xs), with the RMS norm's sum of squares
@@ -199,9 +260,13 @@ __device__ void load_input(const Args& a, const Phase& ph, unsigned epoch, int k
             const float4 lo = src[0], hi = src[1];
             u[0] = lo.x, u[1] = lo.y, u[2] = lo.z, u[3] = lo.w;
             u[4] = hi.x, u[5] = hi.y, u[6] = hi.z, u[7] = hi.w;
-        } else {
+        } else if (norm || a.splits == 1) {
             wait_words<1>(a, (norm ? a.x : a.attn) + warp * 256 + 8 * lane, want, u,
                           norm ? kWaitX : kWaitAttn);
+        } else if (a.splits == 2) {
+            merge_words<2>(a, warp * 256 + 8 * lane, want, u);
+        } else {
+            merge_words<4>(a, warp * 256 + 8 * lane, want, u);
         }
         if (norm) {
 #pragma unroll
@@ -244,14 +309,21 @@ __device__ __forceinline__ bool masked(const __half m) {
     return __hisinf(m) < 0;
 }
 
-// One head's attention (block h < n_head) over cache rows [0, n_kv), each score plus the mask's
-// value; the key and value at the step's position are the ones q/k/v just made (as F16, the
-// value the cache holds). A thread a key (its 128 bytes in 8 loads at once), then a warp a value
-// at a time (a lane 2 of its dimensions). The first kEarlyKeys keys and each warp's first
-// kEarlyValues values load before the wait for q (they do not depend on it).
-__device__ void attention(const Args& a, const Phase& ph, int pi, int h, unsigned epoch, int pos,
-                          float* sm, float* red) {
-    const int t = threadIdx.x, warp = t / 32, lane = t % 32, n = a.n_kv;
+// One head's attention, split s of a.splits: the cache rows j = s + splits k of [0, n_kv)
+// (split k-th key: every split sees its share of the visible keys whatever the position), each
+// score plus the mask's value; the key and value at the step's position are the ones q/k/v
+// just made (as F16, the value the cache holds). A thread a key (its 128 bytes in 8 loads at
+// once), then a warp a value at a time (a lane 2 of its dimensions). The first kEarlyKeys keys
+// and each warp's first kEarlyValues values load before the wait for q (they do not depend on
+// it): with four splits, every key and value of up to 1,024 (stop 54: one block a head, the
+// rest loaded after the wait, made tg1024 slower than the kernel plan). One split stores the
+// head's output; more store their sums unscaled, with their max score and sum of weights,
+// which wo's input read merges (merge_words).
+__device__ void attention(const Args& a, const Phase& ph, int pi, int h, int s, unsigned epoch,
+                          int pos, float* sm, float* red) {
+    const int t = threadIdx.x, warp = t / 32, lane = t % 32, S = a.splits;
+    const int n = (a.n_kv - s + S - 1) / S;  // this split's keys
+    auto key = [&](int k) { return s + S * k; };
     const int hk = h / (a.n_head / a.n_head_kv);
     float* q = sm;        // [kD]
     float* kn = sm + kD;  // the new key, then the new value
@@ -264,18 +336,19 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, unsigne
     const int64_t row2 = a.cache_row / 2;
     const __half* mask = ph.last ? a.mask_last : a.mask;
     auto visible = [&](int j) { return j != pos && !masked(mask[j]); };  // (and cached)
+    // (Selects, not conditional stores: a value kept when not loaded made them spill.)
     uint4 kr[kD / 8];
     __half2 vr[kEarlyValues];
-    const bool kt = t < n && t < kEarlyKeys && visible(t);
+    const bool kt = t < n && t < kEarlyKeys && visible(key(t));
     if (kt) {
-        const uint4* k = reinterpret_cast<const uint4*>(kbase + t * a.cache_row);
+        const uint4* k = reinterpret_cast<const uint4*>(kbase + key(t) * a.cache_row);
 #pragma unroll
         for (int i = 0; i < kD / 8; i++) kr[i] = __ldg(k + i);
     }
 #pragma unroll
     for (int i = 0; i < kEarlyValues; i++) {
-        const int j = warp + kConsumers * i;
-        if (j < n && visible(j)) vr[i] = __ldg(vbase + j * row2);
+        const int k = warp + kConsumers * i;
+        vr[i] = k < n && visible(key(k)) ? __ldg(vbase + key(k) * row2) : __half2{};
     }
     const unsigned want = tag_of(epoch, ph.in);
     if (t < kD) {
@@ -287,85 +360,92 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, unsigne
     }
     consumers_sync<kConsumers>();
     auto dot_key = [&](const uint4* w) {
-        float s = 0.0f;
+        float d = 0.0f;
 #pragma unroll
         for (int i = 0; i < kD / 8; i++) {
             const __half2* h2 = reinterpret_cast<const __half2*>(&w[i]);
 #pragma unroll
             for (int c = 0; c < 4; c++) {
                 const float2 f = __half22float2(h2[c]);
-                s += q[8 * i + 2 * c] * f.x + q[8 * i + 2 * c + 1] * f.y;
+                d += q[8 * i + 2 * c] * f.x + q[8 * i + 2 * c + 1] * f.y;
             }
         }
-        return s;
+        return d;
     };
     float m = -INFINITY;
-    for (int j = t; j < n; j += 32 * kConsumers) {
-        float s = -INFINITY;
+    for (int k = t; k < n; k += 32 * kConsumers) {
+        const int j = key(k);
+        float sc = -INFINITY;
         if (!masked(mask[j])) {
             float d = 0.0f;
             if (j == pos) {
                 for (int e = 0; e < kD; e++) d += q[e] * kn[e];
-            } else if (j == t && kt) {
+            } else if (k == t && kt) {
                 d = dot_key(kr);
             } else {
-                const uint4* k = reinterpret_cast<const uint4*>(kbase + j * a.cache_row);
+                const uint4* kp = reinterpret_cast<const uint4*>(kbase + j * a.cache_row);
                 uint4 w[kD / 8];
 #pragma unroll
-                for (int i = 0; i < kD / 8; i++) w[i] = __ldg(k + i);
+                for (int i = 0; i < kD / 8; i++) w[i] = __ldg(kp + i);
                 d = dot_key(w);
             }
-            s = d * a.kq_scale + __half2float(mask[j]);
+            sc = d * a.kq_scale + __half2float(mask[j]);
         }
-        p[j] = s;
-        m = fmaxf(m, s);
+        p[k] = sc;
+        m = fmaxf(m, sc);
     }
     m = consumers_max<kConsumers>(m, red);
     float l = 0.0f;
-    for (int j = t; j < n; j += 32 * kConsumers) {
-        const float e = p[j] == -INFINITY ? 0.0f : __expf(p[j] - m);
-        p[j] = e;
+    for (int k = t; k < n; k += 32 * kConsumers) {
+        const float e = p[k] == -INFINITY ? 0.0f : __expf(p[k] - m);
+        p[k] = e;
         l += e;
     }
     l = consumers_sum<kConsumers>(l, red);
     float2 o = make_float2(0.0f, 0.0f);
-    auto add_value = [&](int j, float2 v) {
-        o.x += p[j] * v.x;
-        o.y += p[j] * v.y;
+    auto add_value = [&](int k, float2 v) {
+        o.x += p[k] * v.x;
+        o.y += p[k] * v.y;
     };
+    const float2 vnew = make_float2(vn[2 * lane], vn[2 * lane + 1]);
 #pragma unroll
     for (int i = 0; i < kEarlyValues; i++) {
-        const int j = warp + kConsumers * i;
-        if (j < n && p[j] != 0.0f) {
-            add_value(
-                j, j == pos ? make_float2(vn[2 * lane], vn[2 * lane + 1]) : __half22float2(vr[i]));
-        }
+        const int k = warp + kConsumers * i;
+        if (k < n && p[k] != 0.0f) add_value(k, key(k) == pos ? vnew : __half22float2(vr[i]));
     }
     // The rest kValueBatch at a time, each round's loads issued together (stop 53: one value
     // at a time made tg512 slower than the kernel plan), summed in the same order as before.
-    for (int j0 = warp + kConsumers * kEarlyValues; j0 < n; j0 += kConsumers * kValueBatch) {
+    for (int k0 = warp + kConsumers * kEarlyValues; k0 < n; k0 += kConsumers * kValueBatch) {
         __half2 vb[kValueBatch];
 #pragma unroll
         for (int u = 0; u < kValueBatch; u++) {
-            const int j = j0 + kConsumers * u;
-            if (j < n && j != pos && p[j] != 0.0f) vb[u] = __ldg(vbase + j * row2);
+            const int k = k0 + kConsumers * u;
+            vb[u] =
+                k < n && key(k) != pos && p[k] != 0.0f ? __ldg(vbase + key(k) * row2) : __half2{};
         }
 #pragma unroll
         for (int u = 0; u < kValueBatch; u++) {
-            const int j = j0 + kConsumers * u;
-            if (j < n && p[j] != 0.0f) {
-                add_value(j, j == pos ? make_float2(vn[2 * lane], vn[2 * lane + 1])
-                                      : __half22float2(vb[u]));
-            }
+            const int k = k0 + kConsumers * u;
+            if (k < n && p[k] != 0.0f) add_value(k, key(k) == pos ? vnew : __half22float2(vb[u]));
         }
     }
     part[warp * kD + 2 * lane] = o.x;
     part[warp * kD + 2 * lane + 1] = o.y;
     consumers_sync<kConsumers>();
+    const unsigned mine = tag_of(epoch, pi);
     if (t < kD) {
         float sum = 0.0f;
         for (int w = 0; w < kConsumers; w++) sum += part[w * kD + t];
-        st_word(a.attn + h * kD + t, l > 0.0f ? sum / l : 0.0f, tag_of(epoch, pi));
+        if (S == 1) {
+            st_word(a.attn + h * kD + t, l > 0.0f ? sum / l : 0.0f, mine);
+        } else {
+            st_word(a.part + static_cast<int64_t>(s) * a.H + h * kD + t, sum, mine);
+            if (t == 0) {
+                Word* ml = a.ml + 2 * (static_cast<int64_t>(s) * a.n_head + h);
+                st_word(ml, m, mine);
+                st_word(ml + 1, l, mine);
+            }
+        }
     }
 }
 
@@ -468,7 +548,9 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
         const Phase ph = a.phases[pi];
         if (threadIdx.x == 0) *cur_kind = ph.kind;
         if (ph.kind == kAttnK) {
-            if (b < a.n_head) attention(a, ph, pi, b, epoch, pos, scratch, red);
+            if (b < a.n_head * a.splits) {
+                attention(a, ph, pi, b % a.n_head, b / a.n_head, epoch, pos, scratch, red);
+            }
         } else {
             // A block with no tiles of this phase (wo and down share 128 groups among 132
             // blocks of an H100 or H200 for a 1B model) does not read its input. It must not:
@@ -657,7 +739,7 @@ struct Persist::Impl {
     };
     std::vector<Table> tables;
     std::vector<void*> allocs;  // freed with the backend (captured graphs may name any)
-    Word* words = nullptr;      // x, qkv, attn, h
+    Word* words = nullptr;      // x, qkv, attn, h, the attention splits' words
     size_t words_cap = 0;
     unsigned* ctl = nullptr;
     size_t smem_set = 0;  // k_persist's dynamic shared memory attribute
@@ -740,10 +822,17 @@ Status Persist::prepare(const PersistModel& m, int device, int n_sm, int* id) {
         max_tiles =
             std::max<int>(max_tiles, static_cast<int>((groups + n_sm - 1) / n_sm * p.group));
     }
-    // The words (x, qkv, attn, h), grown when a larger model comes; the old ones stay
-    // allocated (a captured graph may still name them).
+    // The attention's blocks a head: as many as the SMs take, up to m.splits (0: kMaxSplits).
+    const int most_splits = m.splits > 0 ? std::min(m.splits, kMaxSplits) : kMaxSplits;
+    int splits = 1;
+    while (splits * 2 <= most_splits && m.n_head * splits * 2 <= n_sm) splits *= 2;
+    const size_t split_words =
+        splits > 1 ? static_cast<size_t>(splits) * (static_cast<size_t>(H) + 2 * m.n_head) : 0;
+    // The words (x, qkv, attn, h, the splits'), grown when a larger model comes; the old ones
+    // stay allocated (a captured graph may still name them).
     const size_t words = static_cast<size_t>(H) + static_cast<size_t>(n_qkv) +
-                         static_cast<size_t>(m.n_head) * kD + static_cast<size_t>(m.n_ff);
+                         static_cast<size_t>(m.n_head) * kD + static_cast<size_t>(m.n_ff) +
+                         split_words;
     if (cudaSetDevice(device) != cudaSuccess) {
         return Status::errorf("persistent decode: cudaSetDevice(%d) failed", device);
     }
@@ -775,6 +864,9 @@ Status Persist::prepare(const PersistModel& m, int device, int n_sm, int* id) {
     a.qkv = a.x + H;
     a.attn = a.qkv + n_qkv;
     a.h = a.attn + static_cast<int64_t>(m.n_head) * kD;
+    a.splits = splits;
+    a.part = a.h + m.n_ff;  // (every offset even: ld_words2's 16 bytes stay aligned)
+    a.ml = a.part + static_cast<int64_t>(splits) * H;
     a.x0 = m.x0;
     a.logits = m.logits;
     a.pos = m.pos;

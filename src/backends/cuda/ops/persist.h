@@ -58,7 +58,9 @@ struct PersistModel {
     // The index picking the last layer's one row (GET_ROWS by the step's out_ids), or nullptr:
     // anything but 0 is GET_ROWS's out-of-range error.
     const int32_t* out_ids = nullptr;
-    int n_kv = 0;                 // keys attended: cache rows [0, n_kv)
+    int n_kv = 0;  // keys attended: cache rows [0, n_kv)
+    // The attention's blocks a head at most (1, 2 or 4; 0: 4): as many as the SMs take.
+    int splits = 0;
     int64_t cache_rows = 0;       // rows of each cache (the position's range)
     int64_t cache_row_bytes = 0;  // bytes from a cache row to the next
     std::vector<PersistLayer> layers;

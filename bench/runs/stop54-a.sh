@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Stop 54, call A: the persistent step's attention with a head's keys split over four blocks
+# (merged by wo's input read), every key and value of up to 1,024 loaded before its wait.
+# Stop 54's first calls (H100, wip53-values): with one block a head, tg512 0.984 -> 1.05 of
+# the plan's, but tg1024 still 0.98 (its last 256 tokens ~15% slower than the plan's).
+# The two persistent tests (split and one block a head against the plan, up to 1,024 keys),
+# then 1B F16 tg128 / tg512 / tg1024: the plan (FERRY_CUDA_PERSIST=0) | every graph, split
+# (=1) | every graph, one block a head (=1, FERRY_CUDA_PERSIST_SPLITS=1).
+# Prediction: tg128 split within 0.5% of one block a head; tg512 +2-4% and tg1024 +8-12% over
+# one block a head, both above the plan's.
+# .dev54: ferry.xz, test_cuda.xz (bench/build-for-device.sh). Carry [".dev54"].
+BIN=${BIN:-.dev54} source bench/runs/common.sh
+nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
+$F gen-model --preset llama-3.2-1b --type f16 -o $H > /dev/null 2>&1 &
+GEN=$!
+tests 'Cuda.PersistentDecode*' $(cap 150)
+grep "persistent decode vs\|persistent decode queued" $OUT/test_cuda.*.txt | head
+wait $GEN
+t() { FERRY_CUDA_PERSIST=$1 FERRY_CUDA_PERSIST_SPLITS=$2 $F bench -m $H --device CUDA0 -p 0 -n $3 -r ${4:-3} 2>&1 | awk -F'|' '$7 ~ /tg/ { split($8, v, " "); print v[1] }'; }
+echo "--- tg128: plan | split | a block a head"
+for r in 1 2; do echo "$(t 0 0 128 5) | $(t 1 0 128 5) | $(t 1 1 128 5)"; done
+for n in 512 1024; do
+  echo "--- tg$n: plan | split | a block a head"
+  for r in 1 2; do left 45 "tg$n round $r" && echo "$(t 0 0 $n 2) | $(t 1 0 $n 2) | $(t 1 1 $n 2)"; done
+done
+date +%T
