@@ -23,4 +23,11 @@ for n in 512 1024; do
   echo "--- tg$n: plan | split | a block a head"
   for r in 1 2; do left 45 "tg$n round $r" && echo "$(t 0 0 $n 2) | $(t 1 0 $n 2) | $(t 1 1 $n 2)"; done
 done
+# The step's kernels' own durations (ncu, clocks left alone) against the step's period: what
+# lies between two persistent launches.
+if left 60 "ncu"; then
+  timeout $(cap 60) ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip 300 \
+    --launch-count 16 $F bench -m $H --device CUDA0 -p 0 -n 256 -r 1 2>&1 |
+    grep -E "^  [a-zA-Z_].*\(|gpu__time_duration" | head -40
+fi
 date +%T
