@@ -8,6 +8,8 @@
 # (=1) | every graph, one block a head (=1, FERRY_CUDA_PERSIST_SPLITS=1).
 # Prediction: tg128 split within 0.5% of one block a head; tg512 +2-4% and tg1024 +8-12% over
 # one block a head, both above the plan's.
+# Then tg128 by the producer's copies in flight (FERRY_CUDA_PERSIST_INFLIGHT), and ncu's
+# durations of the step's kernels.
 # .dev54: ferry.xz, test_cuda.xz (bench/build-for-device.sh). Carry [".dev54"].
 BIN=${BIN:-.dev54} source bench/runs/common.sh
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
@@ -23,6 +25,11 @@ for n in 512 1024; do
   echo "--- tg$n: plan | split | a block a head"
   for r in 1 2; do left 45 "tg$n round $r" && echo "$(t 0 0 $n 2) | $(t 1 0 $n 2) | $(t 1 1 $n 2)"; done
 done
+# The producer's copies in flight (elsewhere, in the attention's chain), split attention, tg128:
+# stop 51 measured the prototype's on an H200 with strided tiles only.
+ti() { FERRY_CUDA_PERSIST=1 FERRY_CUDA_PERSIST_INFLIGHT=$1 $F bench -m $H --device CUDA0 -p 0 -n 128 -r 3 2>&1 | awk -F'|' '$7 ~ /tg/ { split($8, v, " "); print v[1] }'; }
+echo "--- tg128 by copies in flight: 3,1 | 3,2 | 2,1 | 4,1 | 4,2 | 3,3 | 5,1"
+for r in 1 2; do left 50 "in flight round $r" && echo "$(ti 3,1) | $(ti 3,2) | $(ti 2,1) | $(ti 4,1) | $(ti 4,2) | $(ti 3,3) | $(ti 5,1)"; done
 # The step's kernels' own durations (ncu, clocks left alone) against the step's period: what
 # lies between two persistent launches.
 if left 60 "ncu"; then

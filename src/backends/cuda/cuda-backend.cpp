@@ -554,6 +554,11 @@ class CudaBackend : public Backend {
         if (const char* v = std::getenv("FERRY_CUDA_PERSIST_SPLITS")) {
             persist_splits_ = std::clamp(std::atoi(v), 0, 4);
         }
+        if (const char* v = std::getenv("FERRY_CUDA_PERSIST_INFLIGHT")) {  // "3,1"
+            persist_inflight_[0] = std::max(0, std::atoi(v));
+            if (const char* c = std::strchr(v, ','))
+                persist_inflight_[1] = std::max(0, std::atoi(c + 1));
+        }
         use_fusion_ = !env_off("FERRY_CUDA_FUSION");
         use_add_norm_ = !env_off("FERRY_CUDA_FUSE_ADD_NORM");
         use_epilogue_ = !env_off("FERRY_CUDA_FUSE_EPILOGUE");
@@ -1053,6 +1058,9 @@ class CudaBackend : public Backend {
     // Its attention's blocks a head at most (FERRY_CUDA_PERSIST_SPLITS=1, 2 or 4; 0: as many
     // as the SMs take, up to 4).
     int persist_splits_ = 0;
+    // Its weight copies in flight a block, and in the attention's chain
+    // (FERRY_CUDA_PERSIST_INFLIGHT=3,1; 0: the kernel's own).
+    int persist_inflight_[2] = {0, 0};
     std::unique_ptr<Persist> persist_;
     bool use_graphs_ = true, use_fusion_ = true, use_add_norm_ = true, use_epilogue_ = true,
          use_qkv_ = true, use_norm_mv_ = true, use_fnorm_ = false;
@@ -1430,6 +1438,8 @@ Status CudaBackend::plan(Graph& g) {
             if (!persist_) persist_ = std::make_unique<Persist>();
             // (A device that cannot take it, e.g. a block a SM not fitting, keeps the plan.)
             pm.splits = persist_splits_;
+            pm.inflight = persist_inflight_[0];
+            pm.chain_inflight = persist_inflight_[1];
             const Status ps = persist_->prepare(pm, ctx_.device, ctx_.n_sm, &p_id);
             lowered = ps.is_ok();
             if (!lowered) why = ps.message();

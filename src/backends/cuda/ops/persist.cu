@@ -92,6 +92,9 @@ struct Args {
     int splits;
     Word* part;
     Word* ml;
+    // Copies in flight a block, and in q/k/v, the attention and wo (kInflight, kChainInflight
+    // unless PersistModel asks for others).
+    int inflight, chain_inflight;
     const float* x0;
     float* logits;
     const int32_t* pos;
@@ -520,7 +523,8 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
                 const int s = static_cast<int>(it % kStages);
                 mbar_wait(a, empty + s, static_cast<unsigned>((it / kStages) & 1) ^ 1u, kWaitStage);
                 const int k = *cur_kind;
-                const int cap = k == kQkvK || k == kAttnK || k == kWoK ? kChainInflight : kInflight;
+                const int cap =
+                    k == kQkvK || k == kAttnK || k == kWoK ? a.chain_inflight : a.inflight;
                 if (it >= cap) {
                     const int64_t o = it - cap;
                     mbar_wait(a, full + o % kStages, static_cast<unsigned>((o / kStages) & 1),
@@ -883,6 +887,9 @@ Status Persist::prepare(const PersistModel& m, int device, int n_sm, int* id) {
     a.rope_ff = m.rope_ff;
     a.rope_ff_nb0 = m.rope_ff_nb0;
     a.ctl = I.ctl;
+    auto cap = [](int v, int d) { return v > 0 ? std::min(v, kStages - 1) : d; };
+    a.inflight = cap(m.inflight, kInflight);
+    a.chain_inflight = cap(m.chain_inflight, kChainInflight);
     const size_t table_bytes = ph.size() * sizeof(Phase);
     for (size_t i = 0; i < I.tables.size(); i++) {
         Impl::Table& t = I.tables[i];

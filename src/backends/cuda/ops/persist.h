@@ -61,6 +61,9 @@ struct PersistModel {
     int n_kv = 0;  // keys attended: cache rows [0, n_kv)
     // The attention's blocks a head at most (1, 2 or 4; 0: 4): as many as the SMs take.
     int splits = 0;
+    // Weight copies in flight a block, and in q/k/v, the attention and wo (0: the kernel's
+    // own, 3 and 1; at most its stages less one).
+    int inflight = 0, chain_inflight = 0;
     int64_t cache_rows = 0;       // rows of each cache (the position's range)
     int64_t cache_row_bytes = 0;  // bytes from a cache row to the next
     std::vector<PersistLayer> layers;
