@@ -211,7 +211,10 @@ __device__ __forceinline__ void merge_words(const Args& a, int e, unsigned want,
 #pragma unroll
             for (int i = 0; i < 8; i++) ok = ok && tag_word(w[s][i]) == want;
         }
-        if (__all_sync(0xffffffffu, ok) || give_up(a, t0, kWaitAttn)) break;
+        // (The lanes leave together: a lane gone would leave the others' votes waiting.)
+        if (__all_sync(0xffffffffu, ok) || __any_sync(0xffffffffu, give_up(a, t0, kWaitAttn))) {
+            break;
+        }
     }
     const float mine = val_word(ml);
     const int base = lane & ~7;
