@@ -1404,28 +1404,35 @@ TEST(Cuda, PersistentDecodeQueuedAheadGivesTheSameBits) {
     ASSERT_FALSE(path.empty());
     std::vector<float> runs[2];
     cuda::AheadCounts counts[2];
-    uint64_t lowered[2];
+    uint64_t lowered[2], host_reads[2];
     for (int mode = 0; mode < 2; mode++) {
         const OpenSession os =
             open_session(path, {gpu()}, Type::F16,
                          {mode == 0 ? "FERRY_AHEAD=0" : "FERRY_AHEAD=1", "FERRY_CUDA_PERSIST=1"});
         ASSERT_TRUE(os.s);
         const cuda::AheadCounts before = cuda::ahead_counts();
-        const uint64_t plans = cuda::persist_plans();
+        const uint64_t plans = cuda::persist_plans(), reads = cuda::host_reads();
         runs[mode] = ahead_script(os.s.get(), toks, p.n_vocab);
         ASSERT_FALSE(runs[mode].empty());
         lowered[mode] = cuda::persist_plans() - plans;
+        host_reads[mode] = cuda::host_reads() - reads;
         counts[mode] = ahead_since(before);
     }
     std::printf(
         "[ cuda     ] persistent decode queued ahead: %llu steps, %llu started by their inputs; "
-        "%llu and %llu plans lowered\n",
+        "%llu and %llu plans lowered; %llu logits stored into the read's memory by the step\n",
         static_cast<unsigned long long>(counts[1].queued),
         static_cast<unsigned long long>(counts[1].started),
-        static_cast<unsigned long long>(lowered[0]), static_cast<unsigned long long>(lowered[1]));
+        static_cast<unsigned long long>(lowered[0]), static_cast<unsigned long long>(lowered[1]),
+        static_cast<unsigned long long>(host_reads[1]));
     EXPECT_GT(lowered[0], 0u);
     EXPECT_GT(lowered[1], 0u);
     EXPECT_GT(counts[1].started, 250u);
+    // Every step started by its inputs had its logits stored by the step itself, but for the
+    // 6 steps that read TOP_K's result instead (the rest were copied): the same bits either way.
+    EXPECT_EQ(host_reads[0], 0u);
+    EXPECT_LE(host_reads[1], counts[1].started);
+    EXPECT_GE(host_reads[1] + 6, counts[1].started);
     const size_t first = first_difference(runs[0], runs[1]);
     EXPECT_EQ(first, runs[0].size())
         << "first differing value " << first << " of " << runs[0].size();

@@ -8,7 +8,8 @@
 # (=1) | every graph, one block a head (=1, FERRY_CUDA_PERSIST_SPLITS=1).
 # Prediction: tg128 split within 0.5% of one block a head; tg512 +2-4% and tg1024 +8-12% over
 # one block a head, both above the plan's.
-# Then tg128 by the producer's copies in flight (FERRY_CUDA_PERSIST_INFLIGHT), and ncu's
+# Then tg128 with the logits copied or stored by the step (prediction: +1.0-1.5%, the ~9 us
+# copy of 513 KB a token), tg128 by the producer's copies in flight (FERRY_CUDA_PERSIST_INFLIGHT), and ncu's
 # durations of the step's kernels.
 # .dev54: ferry.xz, test_cuda.xz (bench/build-for-device.sh). Carry [".dev54"].
 BIN=${BIN:-.dev54} source bench/runs/common.sh
@@ -25,6 +26,11 @@ for n in 512 1024; do
   echo "--- tg$n: plan | split | a block a head"
   for r in 1 2; do left 45 "tg$n round $r" && echo "$(t 0 0 $n 2) | $(t 1 0 $n 2) | $(t 1 1 $n 2)"; done
 done
+# The persistent step's logits stored into the session's read memory by the step queued ahead
+# (no device-to-host copy after it) against the copy (FERRY_CUDA_HOST_READ=0), tg128, split.
+th() { FERRY_CUDA_PERSIST=1 FERRY_CUDA_HOST_READ=$1 $F bench -m $H --device CUDA0 -p 0 -n 128 -r 5 2>&1 | awk -F'|' '$7 ~ /tg/ { split($8, v, " "); print v[1] }'; }
+echo "--- tg128 host read: copy | stored by the step"
+for r in 1 2 3; do left 30 "host read round $r" && echo "$(th 0) | $(th 1)"; done
 # The producer's copies in flight (elsewhere, in the attention's chain), split attention, tg128:
 # stop 51 measured the prototype's on an H200 with strided tiles only.
 ti() { FERRY_CUDA_PERSIST=1 FERRY_CUDA_PERSIST_INFLIGHT=$1 $F bench -m $H --device CUDA0 -p 0 -n 128 -r 3 2>&1 | awk -F'|' '$7 ~ /tg/ { split($8, v, " "); print v[1] }'; }

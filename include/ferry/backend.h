@@ -191,7 +191,11 @@ class Backend {
     // queued before it, and every other call on this backend first releases it with the
     // inputs it last had (the step before, repeated: the same writes land again). A caller
     // that is about to change what g reads by any other path (a buffer's own calls) calls
-    // settle_ahead first.
+    // settle_ahead first. The read issued just before (get_tensor_async of g's result into
+    // host memory) is taken as the one the queued run's result will get: a backend may store
+    // it there as that run computes it (then the same read after it copies nothing), so the
+    // caller keeps that memory allocated, and writes nothing there, until the queued run has
+    // run or been settled.
     virtual Expected<bool> compute_ahead(Graph& g) {
         (void)g;
         return false;

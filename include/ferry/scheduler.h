@@ -56,7 +56,9 @@ class Scheduler {
     // (Backend::compute_ahead) to run again once run_ahead gives it its inputs: a decode
     // step launched while the device computes the one before. `then` must be the graph
     // computed last, run whole by the backend that writes t. *queued: whether it was (a
-    // graph of several splits, or a backend that does not offer it: not).
+    // graph of several splits, or a backend that does not offer it: not). The queued run may
+    // store its t into dst as it computes it (Backend::compute_ahead): dst stays allocated
+    // and unwritten until it has run, or synchronize() settled it.
     Status get_tensor_then(const Tensor* t, void* dst, size_t size, Graph& then, bool* queued);
     // Starts the graph queued by get_tensor_then with these inputs (set_tensors and compute
     // in one). false: it could not (nothing queued, or the inputs are not all that graph's),

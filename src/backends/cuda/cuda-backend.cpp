@@ -538,6 +538,7 @@ constexpr int64_t kL2NextPart = 8;
 constexpr double kL2NextMaxBandwidth = 4.0e12;
 
 std::atomic<uint64_t> g_persist_plans{0};                                      // persist_plans
+std::atomic<uint64_t> g_host_reads{0};                                         // host_reads
 std::atomic<uint64_t> g_ahead_queued{0}, g_ahead_started{0}, g_ahead_idle{0};  // ahead_counts
 
 class CudaBackend : public Backend {
@@ -551,6 +552,7 @@ class CudaBackend : public Backend {
         use_persist_ = !env_off("FERRY_CUDA_PERSIST");
         persist_all_ = env_on("FERRY_CUDA_PERSIST");
         persist_why_ = env_on("FERRY_CUDA_PERSIST_WHY");
+        use_host_read_ = !env_off("FERRY_CUDA_HOST_READ");
         if (const char* v = std::getenv("FERRY_CUDA_PERSIST_SPLITS")) {
             persist_splits_ = std::clamp(std::atoi(v), 0, 4);
         }
@@ -709,6 +711,12 @@ class CudaBackend : public Backend {
         if (size == 0) return Status::ok();
         FERRY_TRY(dev_->activate());
         FERRY_TRY(issue_inputs());
+        const HostRead r{t, dst, offset, size};
+        last_read_ = r;
+        if (done_read_ == r) {  // the step in flight stores them there
+            g_host_reads.fetch_add(1, std::memory_order_relaxed);
+            return Status::ok();
+        }
         CUDA_TRY(cudaMemcpyAsync(dst, b->dev_ptr() + t->offs + offset, size, cudaMemcpyDeviceToHost,
                                  stream_),
                  "%s: get_tensor_async '%s'", name(), t->name);
@@ -1062,6 +1070,29 @@ class CudaBackend : public Backend {
     // (FERRY_CUDA_PERSIST_INFLIGHT=3,1; 0: the kernel's own).
     int persist_inflight_[2] = {0, 0};
     std::unique_ptr<Persist> persist_;
+    // The plan's persistent step's logits (device memory), or nullptr.
+    const char* persist_logits_ = nullptr;
+    size_t persist_logits_bytes_ = 0;
+    // A read of a result into host memory (get_tensor_async).
+    struct HostRead {
+        const Tensor* t = nullptr;
+        void* dst = nullptr;
+        size_t offset = 0, size = 0;
+        bool operator==(const HostRead&) const = default;
+    };
+    // The read before a launch queued ahead (Scheduler::get_tensor_then: the session's read
+    // of a decode step's logits, then the next step queued) is the one that step's logits
+    // will get: when the step is the persistent one and the destination host memory the
+    // device maps, the queued launch stores its logits there too (Persist::set_host_logits),
+    // and that read then copies nothing (1B: 513 KB, ~9 us a token on the copy engine, stop
+    // 28). last_read_: the last read; ahead_read_: the one the queued launch stores;
+    // done_read_: the one the launch in flight stores (run_ahead started it; any other
+    // compute clears it). FERRY_CUDA_HOST_READ=0: never.
+    HostRead last_read_, ahead_read_, done_read_;
+    bool use_host_read_ = true;
+    // Where the queued launch stores its logits besides device memory: the device's address
+    // of last_read_'s host memory when it is the persistent step's whole logits, else nullptr.
+    float* host_read_target() const;
     bool use_graphs_ = true, use_fusion_ = true, use_add_norm_ = true, use_epilogue_ = true,
          use_qkv_ = true, use_norm_mv_ = true, use_fnorm_ = false;
     // FERRY_CUDA_ATTN_EARLY=0: decode attention loads its keys and values after the wait.
@@ -1421,6 +1452,8 @@ Status CudaBackend::plan(Graph& g) {
     // A one-token decode step of the layers' pattern: one persistent launch for its nodes
     // kn[p_lo .. p_hi].
     size_t p_lo = kn.size(), p_hi = 0;
+    persist_logits_ = nullptr;
+    persist_logits_bytes_ = 0;
     int p_id = -1;
     double p_bytes = 0.0;
     if (use_persist_ && use_fusion_) {
@@ -1446,6 +1479,8 @@ Status CudaBackend::plan(Graph& g) {
         }
         if (lowered) {
             g_persist_plans.fetch_add(1, std::memory_order_relaxed);
+            persist_logits_ = reinterpret_cast<const char*>(pm.logits);
+            persist_logits_bytes_ = static_cast<size_t>(pm.n_vocab) * sizeof(float);
             for (size_t i = p_lo; i <= p_hi; i++) {
                 if (kn[i]->op == Op::MUL_MAT) {
                     p_bytes += static_cast<double>(kn[i]->src[0]->nbytes());
@@ -2063,6 +2098,8 @@ bool CudaBackend::sources_listed(const Graph& g) {
 Status CudaBackend::compute(Graph& g) {
     FERRY_TRY(dev_->activate());
     release_ahead();  // runs before this one, with the inputs it last had
+    done_read_ = {};
+    if (persist_) FERRY_TRY(persist_->set_host_logits(stream_, nullptr));
     if (!ctx_.counters) {
         // The attention splits' counters.
         constexpr size_t kCounterBytes = sizeof(int32_t) << 16;
@@ -2215,6 +2252,11 @@ Expected<bool> CudaBackend::compute_ahead(Graph& g) {
                  name());
     }
     CUDA_TRY(cudaEventRecord(ahead_ev_, stream_), "%s: ahead event", name());
+    if (persist_) {
+        float* host = host_read_target();
+        FERRY_TRY(persist_->set_host_logits(stream_, host));
+        ahead_read_ = host ? last_read_ : HostRead{};
+    }
     FERRY_TRY(launch_exec());
     pieces_issued(exec_layout_);
     {
@@ -2233,6 +2275,21 @@ Expected<bool> CudaBackend::compute_ahead(Graph& g) {
     return true;
 }
 
+float* CudaBackend::host_read_target() const {
+    const HostRead& r = last_read_;
+    if (!use_host_read_ || !persist_logits_ || !r.t || r.size != persist_logits_bytes_) {
+        return nullptr;
+    }
+    const CudaBuffer* b = cuda_buffer(r.t);
+    if (!b || b->dev_ptr() + r.t->offs + r.offset != persist_logits_) return nullptr;
+    cudaPointerAttributes pa{};
+    if (cudaPointerGetAttributes(&pa, r.dst) != cudaSuccess) {
+        cudaGetLastError();
+        return nullptr;
+    }
+    return pa.type == cudaMemoryTypeHost ? static_cast<float*>(pa.devicePointer) : nullptr;
+}
+
 Expected<bool> CudaBackend::run_ahead(std::span<const TensorWrite> inputs) {
     Expected<uint32_t> bytes = stage_size(inputs);
     if (!bytes) return bytes.status();
@@ -2244,6 +2301,7 @@ Expected<bool> CudaBackend::run_ahead(std::span<const TensorWrite> inputs) {
             ahead_ = false;
             stage(inputs, true);
             in_bytes_ = 0;  // copied by the queued graph's first node
+            done_read_ = ahead_read_;
             g_ahead_started.fetch_add(1, std::memory_order_relaxed);
             return true;
         }
@@ -2367,6 +2425,10 @@ class CudaRegistry : public Registry {
 
 uint64_t persist_plans() {
     return g_persist_plans.load(std::memory_order_relaxed);
+}
+
+uint64_t host_reads() {
+    return g_host_reads.load(std::memory_order_relaxed);
 }
 
 AheadCounts ahead_counts() {

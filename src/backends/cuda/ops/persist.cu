@@ -97,6 +97,9 @@ struct Args {
     int inflight, chain_inflight;
     const float* x0;
     float* logits;
+    // Where the output phase also stores the logits (Persist::set_host_logits): host memory
+    // the device maps, or nullptr. Read at the phase, so that a captured launch keeps up.
+    float* const* host_logits;
     const int32_t* pos;
     const int32_t* out_ids;         // or nullptr (persist.h)
     int64_t cache_rows, cache_row;  // rows, and halves from one to the next
@@ -629,6 +632,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
                 return s;
             };
             const unsigned mine = tag_of(epoch, pi);
+            float* const host = ph.kind == kOutK ? *a.host_logits : nullptr;
             if (ph.kind == kGuK) {
                 // A tile: rows_per_tile / 2 gate rows, then their up rows.
                 const int half = rows_per_tile / 2;
@@ -651,6 +655,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
                             break;
                         case kOutK:
                             a.logits[row] = s;
+                            if (host) host[row] = s;
                             break;
                         default: {  // wo, down: into the residual
                             float old;
@@ -682,6 +687,14 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
             a.ctl[0] = epoch + 1;
         }
     }
+}
+
+// The launch counters (Args::ctl) and the host logits' pointer after them.
+constexpr size_t kCtlBytes = 4 * sizeof(unsigned) + sizeof(float*);
+static_assert(4 * sizeof(unsigned) % alignof(float*) == 0, "the pointer's alignment");
+
+__global__ void k_set_host_logits(float** slot, float* p) {
+    *slot = p;
 }
 
 // Tiles of a matrix of `rows` x K F16 weights, or 0 when its rows do not fill whole tiles.
@@ -748,8 +761,9 @@ struct Persist::Impl {
     std::vector<void*> allocs;  // freed with the backend (captured graphs may name any)
     Word* words = nullptr;      // x, qkv, attn, h, the attention splits' words
     size_t words_cap = 0;
-    unsigned* ctl = nullptr;
-    size_t smem_set = 0;  // k_persist's dynamic shared memory attribute
+    unsigned* ctl = nullptr;    // Args::ctl, then (at ctl + 4) Args::host_logits' pointer
+    float* host_set = nullptr;  // the pointer last set there, in stream order
+    size_t smem_set = 0;        // k_persist's dynamic shared memory attribute
 };
 
 Persist::Persist() : impl_(std::make_unique<Impl>()) {}
@@ -845,8 +859,8 @@ Status Persist::prepare(const PersistModel& m, int device, int n_sm, int* id) {
     }
     if (!I.ctl) {
         void* p = nullptr;
-        PERSIST_TRY(cudaMalloc(&p, 4 * sizeof(unsigned)), "persistent decode: counters");
-        PERSIST_TRY(cudaMemset(p, 0, 4 * sizeof(unsigned)), "persistent decode: counters");
+        PERSIST_TRY(cudaMalloc(&p, kCtlBytes), "persistent decode: counters");
+        PERSIST_TRY(cudaMemset(p, 0, kCtlBytes), "persistent decode: counters");
         I.ctl = static_cast<unsigned*>(p);
         const unsigned one = 1;  // epoch 1 first: no word is left with a tag of epoch 0
         PERSIST_TRY(cudaMemcpy(I.ctl, &one, sizeof(one), cudaMemcpyHostToDevice),
@@ -890,6 +904,7 @@ Status Persist::prepare(const PersistModel& m, int device, int n_sm, int* id) {
     a.rope_ff = m.rope_ff;
     a.rope_ff_nb0 = m.rope_ff_nb0;
     a.ctl = I.ctl;
+    a.host_logits = reinterpret_cast<float* const*>(I.ctl + 4);
     auto cap = [](int v, int d) { return v > 0 ? std::min(v, kStages - 1) : d; };
     a.inflight = cap(m.inflight, kInflight);
     a.chain_inflight = cap(m.chain_inflight, kChainInflight);
@@ -934,6 +949,15 @@ Status Persist::prepare(const PersistModel& m, int device, int n_sm, int* id) {
     t.args = a;
     I.tables.push_back(std::move(t));
     *id = static_cast<int>(I.tables.size()) - 1;
+    return Status::ok();
+}
+
+Status Persist::set_host_logits(cudaStream_t stream, float* p) {
+    Impl& I = *impl_;
+    if (!I.ctl || p == I.host_set) return Status::ok();
+    k_set_host_logits<<<1, 1, 0, stream>>>(reinterpret_cast<float**>(I.ctl + 4), p);
+    PERSIST_TRY(cudaGetLastError(), "persistent decode: the host logits' pointer");
+    I.host_set = p;
     return Status::ok();
 }
 
