@@ -1332,13 +1332,14 @@ TEST(Cuda, PersistentLoweringMatchesDecodeGraphsOnly) {
 // F16 models of the shapes it takes: Llama 3.2 1B's layers (hidden 2048, 32 heads of 64 over 8
 // KV heads, FFN 8192, Llama 3's rope frequency factors, tied output) with 2 layers, and hidden
 // 1024 (16 heads over 4, FFN 4096, untied) with 3. A 20-token prompt, then one token at a time
-// to position 800 (KV lengths 256 to 1,024, the most the kernel takes), or to position 60 (the
+// to position 800 (KV lengths 256 to 1,024, the most the kernel takes), or to position 160 (the
 // large model). Both sum
 // the same F16 weights and values in fp32 in different orders (~1e-7 relative a value) and may
 // round a key or value to F16 the other way (one F16 ulp, 5e-4 relative in that one element):
 // the logits' nmse stays below 1e-9, and the lowering ran (none with it off). Its attention
-// both ways: a head's keys split over as many blocks as the SMs take (four for these shapes on
-// 132 SMs), merged by wo's input read, and one block a head (FERRY_CUDA_PERSIST_SPLITS=1).
+// both ways: from position 127 on, a head's keys split over as many blocks as the SMs take
+// (four for these shapes on 132 SMs), merged by wo's input read, and one block a head
+// throughout (FERRY_CUDA_PERSIST_SPLITS=1).
 TEST(Cuda, PersistentDecodeMatchesTheKernelPlan) {
     REQUIRE_GPU();
     const ModelPreset presets[] = {
@@ -1346,7 +1347,7 @@ TEST(Cuda, PersistentDecodeMatchesTheKernelPlan) {
         {"test-h1024", 2048, 1024, 1024, 3, 16, 4, 4096, 10000.0f, 1e-5f, false}};
     for (const ModelPreset& p : presets) {
         std::vector<int32_t> toks;
-        const std::string path = generated_f16_model(p, 11u, &toks, p.n_embd == 2048 ? 60 : 800);
+        const std::string path = generated_f16_model(p, 11u, &toks, p.n_embd == 2048 ? 160 : 800);
         ASSERT_FALSE(path.empty());
         const size_t steps = toks.size();
         std::vector<float> runs[3];

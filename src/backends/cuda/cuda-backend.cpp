@@ -1055,13 +1055,12 @@ class CudaBackend : public Backend {
     cudaStream_t stream_;
     OpContext ctx_;
     // The persistent decode step (persist.h), by default for graphs of at most
-    // kPersistDefaultKeys keys (stop 53, H200, 1B F16: tg128 1,314 t/s against the kernel
-    // plan's 1,203; stop 54, H100, its values loaded 8 at a time: tg512 984-992 against
-    // 937-940, but tg1024 894 against 912: its attention, a block a head, costs more than the
-    // plan's split one as the keys grow, 15% more a token at 1,024); FERRY_CUDA_PERSIST=1 for
-    // every graph the kernel takes (persist_shapes_ok: up to 1,024 keys), =0 never.
-    // FERRY_CUDA_PERSIST_WHY=1 says why a one-token graph was not lowered to it.
-    static constexpr int kPersistDefaultKeys = 512;
+    // kPersistDefaultKeys keys: every graph the kernel takes (persist_shapes_ok: up to 1,024).
+    // Stop 54, H100, 1B F16, plan | step: tg128 978 | 1,094, tg512 951 | 1,059, tg1024 927 |
+    // 1,012 t/s (a head's attention split over four blocks past 128 keys; with one block a
+    // head, tg1024 was 884, below the plan). FERRY_CUDA_PERSIST=1: every graph it takes, =0
+    // never. FERRY_CUDA_PERSIST_WHY=1 says why a one-token graph was not lowered to it.
+    static constexpr int kPersistDefaultKeys = 1024;
     bool use_persist_ = true, persist_all_ = false, persist_why_ = false;
     // Its attention's blocks a head at most (FERRY_CUDA_PERSIST_SPLITS=1, 2 or 4; 0: as many
     // as the SMs take, up to 4).

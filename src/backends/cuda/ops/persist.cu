@@ -40,7 +40,10 @@ constexpr int kChainInflight = 1;            // ... and 1 in q/k/v, the attentio
 constexpr int kEarlyKeys = 32 * kConsumers;  // keys a block loads before its wait: a thread each
 constexpr int kEarlyValues = kEarlyKeys / kConsumers;  // values a warp loads before its wait
 constexpr int kValueBatch = 8;                         // values a warp loads at once after its wait
-constexpr int kMaxSplits = 4;  // blocks a head's attention at most (merge_words' registers)
+constexpr int kMaxSplits = 4;
+// Positions below which a head's attention stays one block (stop 54, H100, 1B F16: tg128 1,093-
+// 1,096 t/s with one block a head against 1,075 with four; tg256 1,055-1,057 against 1,075).
+constexpr int kOneBlockKeys = 128;  // blocks a head's attention at most (merge_words' registers)
 // Shared floats besides the ring: the attention's q, new key and value, its scores and its
 // per-warp sums; or a K = n_embd product's input shared by its warps.
 constexpr int kAttnScratch = (3 * kD + kMaxKeys + kConsumers * kD + 7) / 8 * 8;
@@ -243,9 +246,10 @@ __device__ __forceinline__ void merge_words(const Args& a, int e, unsigned want,
 // A product's input, a warp's slice of it into registers: lane l holds in[k0 + 256 j + 8 l + c]
 // as v[8 j + c] (j < 4, c < 8). K = n_embd: the warps wait for 256 values each (those of warp
 // w * 256 < H) and share them through shared memory (xs), with the RMS norm's sum of squares
-// summed there; down (K = n_ff) reads its own 1024 values.
-__device__ void load_input(const Args& a, const Phase& ph, unsigned epoch, int k0, float* xs,
-                           float* red, float (&v)[32]) {
+// summed there; down (K = n_ff) reads its own 1024 values. wo merges the attention's `splits`
+// blocks a head (merge_words).
+__device__ void load_input(const Args& a, const Phase& ph, unsigned epoch, int splits, int k0,
+                           float* xs, float* red, float (&v)[32]) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const unsigned want = tag_of(epoch, ph.in);
     if (ph.kind == kDownK) {
@@ -269,10 +273,10 @@ __device__ void load_input(const Args& a, const Phase& ph, unsigned epoch, int k
             const float4 lo = src[0], hi = src[1];
             u[0] = lo.x, u[1] = lo.y, u[2] = lo.z, u[3] = lo.w;
             u[4] = hi.x, u[5] = hi.y, u[6] = hi.z, u[7] = hi.w;
-        } else if (norm || a.splits == 1) {
+        } else if (norm || splits == 1) {
             wait_words<1>(a, (norm ? a.x : a.attn) + warp * 256 + 8 * lane, want, u,
                           norm ? kWaitX : kWaitAttn);
-        } else if (a.splits == 2) {
+        } else if (splits == 2) {
             merge_words<2>(a, warp * 256 + 8 * lane, want, u);
         } else {
             merge_words<4>(a, warp * 256 + 8 * lane, want, u);
@@ -318,7 +322,7 @@ __device__ __forceinline__ bool masked(const __half m) {
     return __hisinf(m) < 0;
 }
 
-// One head's attention, split s of a.splits: the cache rows j = s + splits k of [0, n_kv)
+// One head's attention, split s of S: the cache rows j = s + S k of [0, n_kv)
 // (split k-th key: every split sees its share of the visible keys whatever the position), each
 // score plus the mask's value; the key and value at the step's position are the ones q/k/v
 // just made (as F16, the value the cache holds). A thread a key (its 128 bytes in 8 loads at
@@ -328,9 +332,9 @@ __device__ __forceinline__ bool masked(const __half m) {
 // rest loaded after the wait, made tg1024 slower than the kernel plan). One split stores the
 // head's output; more store their sums unscaled, with their max score and sum of weights,
 // which wo's input read merges (merge_words).
-__device__ void attention(const Args& a, const Phase& ph, int pi, int h, int s, unsigned epoch,
-                          int pos, float* sm, float* red) {
-    const int t = threadIdx.x, warp = t / 32, lane = t % 32, S = a.splits;
+__device__ void attention(const Args& a, const Phase& ph, int pi, int h, int s, int S,
+                          unsigned epoch, int pos, float* sm, float* red) {
+    const int t = threadIdx.x, warp = t / 32, lane = t % 32;
     const int n = (a.n_kv - s + S - 1) / S;  // this split's keys
     auto key = [&](int k) { return s + S * k; };
     const int hk = h / (a.n_head / a.n_head_kv);
@@ -544,6 +548,9 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
     }
     // The consumers. Rope's angles are the same in every layer: computed once.
     const int pos = *a.pos;
+    // The attention's blocks a head this step: one while it attends to fewer than
+    // kOneBlockKeys keys (the splits' merge costs more than it saves there), else a.splits.
+    const int splits = pos + 1 < kOneBlockKeys ? 1 : a.splits;
     if (a.out_ids && b == 0 && threadIdx.x == 0 && *a.out_ids != 0) {
         report_error(a.err, Op::GET_ROWS, *a.out_ids, 1, 0);
     }
@@ -558,8 +565,8 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
         const Phase ph = a.phases[pi];
         if (threadIdx.x == 0) *cur_kind = ph.kind;
         if (ph.kind == kAttnK) {
-            if (b < a.n_head * a.splits) {
-                attention(a, ph, pi, b % a.n_head, b / a.n_head, epoch, pos, scratch, red);
+            if (b < a.n_head * splits) {
+                attention(a, ph, pi, b % a.n_head, b / a.n_head, splits, epoch, pos, scratch, red);
             }
         } else {
             // A block with no tiles of this phase (wo and down share 128 groups among 132
@@ -575,7 +582,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
             const int e0 = warp * 1024;
             const int k0 = e0 % ph.K;
             float v[32];
-            load_input(a, ph, epoch, k0, scratch, red, v);
+            load_input(a, ph, epoch, splits, k0, scratch, red, v);
             const bool residual = ph.kind == kWoK || ph.kind == kDownK;
             const int my_rows = static_cast<int>(sh.count) * rows_per_tile;
             const int64_t row0 = sh.first * rows_per_tile;
