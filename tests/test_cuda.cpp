@@ -264,7 +264,7 @@ OpenSession open_session(const std::string& path, const std::vector<Device*>& de
 }
 
 // An F16 model of preset p generated into the test's temporary folder (its path; empty, the
-// failure recorded, when it could not be made) and 300 token ids drawn from `seed`.
+// failure recorded, when it could not be made) and n_toks token ids drawn from `seed`.
 std::string generated_f16_model(const ModelPreset& p, uint32_t seed, std::vector<int32_t>* toks,
                                 size_t n_toks = 300) {
     GenModelOptions o;

@@ -550,7 +550,6 @@ class CudaBackend : public Backend {
         ctx_.err = err;
         use_graphs_ = !env_off("FERRY_CUDA_GRAPH");
         use_persist_ = !env_off("FERRY_CUDA_PERSIST");
-        persist_all_ = env_on("FERRY_CUDA_PERSIST");
         persist_why_ = env_on("FERRY_CUDA_PERSIST_WHY");
         use_host_read_ = !env_off("FERRY_CUDA_HOST_READ");
         if (const char* v = std::getenv("FERRY_CUDA_PERSIST_SPLITS")) {
@@ -1054,14 +1053,13 @@ class CudaBackend : public Backend {
     CudaDevice* dev_;
     cudaStream_t stream_;
     OpContext ctx_;
-    // The persistent decode step (persist.h), by default for graphs of at most
-    // kPersistDefaultKeys keys: every graph the kernel takes (persist_shapes_ok: up to 1,024).
-    // Stop 54, H100, 1B F16, plan | step: tg128 978 | 1,094, tg512 951 | 1,059, tg1024 927 |
-    // 1,012 t/s (a head's attention split over four blocks past 128 keys; with one block a
-    // head, tg1024 was 884, below the plan). FERRY_CUDA_PERSIST=1: every graph it takes, =0
-    // never. FERRY_CUDA_PERSIST_WHY=1 says why a one-token graph was not lowered to it.
-    static constexpr int kPersistDefaultKeys = 1024;
-    bool use_persist_ = true, persist_all_ = false, persist_why_ = false;
+    // The persistent decode step (persist.h), on for every graph the kernel takes
+    // (persist_shapes_ok: up to 1,024 keys). Stop 54, H100, 1B F16, plan | step: tg128 978 |
+    // 1,094, tg512 951 | 1,059, tg1024 927 | 1,012 t/s (a head's attention split over four
+    // blocks past 128 keys; with one block a head, tg1024 was 884, below the plan).
+    // FERRY_CUDA_PERSIST=0: never. FERRY_CUDA_PERSIST_WHY=1 says why a one-token graph was not
+    // lowered to it.
+    bool use_persist_ = true, persist_why_ = false;
     // Its attention's blocks a head at most (FERRY_CUDA_PERSIST_SPLITS=1, 2 or 4; 0: as many
     // as the SMs take, up to 4).
     int persist_splits_ = 0;
@@ -1459,14 +1457,8 @@ Status CudaBackend::plan(Graph& g) {
         PersistModel pm;
         std::string why;
         bool lowered = false;
-        auto keys_ok = [&] {
-            if (persist_all_ || pm.n_kv <= kPersistDefaultKeys) return true;
-            why = strfmt("%d keys, more than %d (FERRY_CUDA_PERSIST=1: up to 1,024)", pm.n_kv,
-                         kPersistDefaultKeys);
-            return false;
-        };
         if (match_persist(g, kn, &p_lo, &p_hi, &pm, &why) &&
-            persist_shapes_ok(pm, ctx_.n_sm, &why) && keys_ok()) {
+            persist_shapes_ok(pm, ctx_.n_sm, &why)) {
             if (!persist_) persist_ = std::make_unique<Persist>();
             // (A device that cannot take it, e.g. a block a SM not fitting, keeps the plan.)
             pm.splits = persist_splits_;
