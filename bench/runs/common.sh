@@ -68,6 +68,19 @@ gen_models() {
   p+=($!)
   wait "${p[@]}"
 }
+# persist_tests FILTER SECONDS: the card, then test_cuda's tests FILTER (the persistent step's)
+# with their figures' lines, while the 1B F16 file ($H) is generated beside them.
+persist_tests() {
+  nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
+  local gen=
+  if [ ! -f $H ]; then
+    $F gen-model --preset llama-3.2-1b --type f16 -o $H > /dev/null 2>&1 &
+    gen=$!
+  fi
+  tests "$1" $(cap $2)
+  grep "persistent decode vs\|persistent decode queued" $OUT/test_cuda.*.txt | head
+  [ -z "$gen" ] || wait $gen
+}
 # gen_types TYPE...: 1B models of those weight types, /tmp/TYPE.gguf, made side by side.
 gen_types() {
   local t p=()

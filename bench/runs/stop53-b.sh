@@ -9,17 +9,11 @@
 # .dev53: ferry.xz, test_cuda.xz (bench/build-for-device.sh at 94e6c15 + the value batches).
 # Carry [".dev53"].
 BIN=${BIN:-.dev53} source bench/runs/common.sh
-nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
-$F gen-model --preset llama-3.2-1b --type f16 -o $H > /dev/null 2>&1 &
-GEN=$!
-tests 'Cuda.Persistent*' $(cap 120)
-grep "persistent decode vs\|persistent decode queued" $OUT/test_cuda.*.txt | head
-wait $GEN
-t() { FERRY_CUDA_PERSIST=$1 $F bench -m $H --device CUDA0 -p 0 -n $2 -r ${3:-3} 2>&1 | awk -F'|' '$7 ~ /tg/ { split($8, v, " "); print v[1] }'; }
+persist_tests 'Cuda.Persistent*' 120
 echo "--- tg128: plan | default | all"
-for r in 1 2; do echo "$(t 0 128 5) | $(t '' 128 5) | $(t 1 128 5)"; done
+for r in 1 2; do echo "$(R=5 tg $H 128 FERRY_CUDA_PERSIST=0) | $(R=5 tg $H 128) | $(R=5 tg $H 128 FERRY_CUDA_PERSIST=1)"; done
 echo "--- tg512: plan | default | all"
-for r in 1 2; do left 40 "tg512 round $r" && echo "$(t 0 512 2) | $(t '' 512 2) | $(t 1 512 2)"; done
+for r in 1 2; do left 40 "tg512 round $r" && echo "$(R=2 tg $H 512 FERRY_CUDA_PERSIST=0) | $(R=2 tg $H 512) | $(R=2 tg $H 512 FERRY_CUDA_PERSIST=1)"; done
 echo "--- tg1024: plan | default | all"
-left 40 "tg1024" && echo "$(t 0 1024 1) | $(t '' 1024 1) | $(t 1 1024 1)"
+left 40 "tg1024" && echo "$(R=1 tg $H 1024 FERRY_CUDA_PERSIST=0) | $(R=1 tg $H 1024) | $(R=1 tg $H 1024 FERRY_CUDA_PERSIST=1)"
 date +%T

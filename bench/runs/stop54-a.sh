@@ -13,27 +13,21 @@
 # durations of the step's kernels.
 # .dev54: ferry.xz, test_cuda.xz (bench/build-for-device.sh). Carry [".dev54"].
 BIN=${BIN:-.dev54} source bench/runs/common.sh
-nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
-$F gen-model --preset llama-3.2-1b --type f16 -o $H > /dev/null 2>&1 &
-GEN=$!
-tests 'Cuda.PersistentDecode*' $(cap 150)
-grep "persistent decode vs\|persistent decode queued" $OUT/test_cuda.*.txt | head
-wait $GEN
-t() { FERRY_CUDA_PERSIST=$1 FERRY_CUDA_PERSIST_SPLITS=$2 $F bench -m $H --device CUDA0 -p 0 -n $3 -r ${4:-3} 2>&1 | awk -F'|' '$7 ~ /tg/ { split($8, v, " "); print v[1] }'; }
+persist_tests 'Cuda.PersistentDecode*' 150
+S=(FERRY_CUDA_PERSIST=1 FERRY_CUDA_PERSIST_SPLITS=0) O=(FERRY_CUDA_PERSIST=1 FERRY_CUDA_PERSIST_SPLITS=1)
 echo "--- tg128: plan | split | a block a head"
-for r in 1 2; do echo "$(t 0 0 128 5) | $(t 1 0 128 5) | $(t 1 1 128 5)"; done
+for r in 1 2; do echo "$(R=5 tg $H 128 FERRY_CUDA_PERSIST=0) | $(R=5 tg $H 128 ${S[@]}) | $(R=5 tg $H 128 ${O[@]})"; done
 for n in 512 1024; do
   echo "--- tg$n: plan | split | a block a head"
-  for r in 1 2; do left 45 "tg$n round $r" && echo "$(t 0 0 $n 2) | $(t 1 0 $n 2) | $(t 1 1 $n 2)"; done
+  for r in 1 2; do left 45 "tg$n round $r" && echo "$(R=2 tg $H $n FERRY_CUDA_PERSIST=0) | $(R=2 tg $H $n ${S[@]}) | $(R=2 tg $H $n ${O[@]})"; done
 done
 # The persistent step's logits stored into the session's read memory by the step queued ahead
 # (no device-to-host copy after it) against the copy (FERRY_CUDA_HOST_READ=0), tg128, split.
-th() { FERRY_CUDA_PERSIST=1 FERRY_CUDA_HOST_READ=$1 $F bench -m $H --device CUDA0 -p 0 -n 128 -r 5 2>&1 | awk -F'|' '$7 ~ /tg/ { split($8, v, " "); print v[1] }'; }
 echo "--- tg128 host read: copy | stored by the step"
-for r in 1 2 3; do left 30 "host read round $r" && echo "$(th 0) | $(th 1)"; done
+for r in 1 2 3; do left 30 "host read round $r" && echo "$(R=5 tg $H 128 ${S[@]} FERRY_CUDA_HOST_READ=0) | $(R=5 tg $H 128 ${S[@]})"; done
 # The producer's copies in flight (elsewhere, in the attention's chain), split attention, tg128:
 # stop 51 measured the prototype's on an H200 with strided tiles only.
-ti() { FERRY_CUDA_PERSIST=1 FERRY_CUDA_PERSIST_INFLIGHT=$1 $F bench -m $H --device CUDA0 -p 0 -n 128 -r 3 2>&1 | awk -F'|' '$7 ~ /tg/ { split($8, v, " "); print v[1] }'; }
+ti() { R=3 tg $H 128 ${S[@]} FERRY_CUDA_PERSIST_INFLIGHT=$1; }
 echo "--- tg128 by copies in flight: 3,1 | 3,2 | 2,1 | 4,1 | 4,2 | 3,3 | 5,1"
 for r in 1 2; do left 50 "in flight round $r" && echo "$(ti 3,1) | $(ti 3,2) | $(ti 2,1) | $(ti 4,1) | $(ti 4,2) | $(ti 3,3) | $(ti 5,1)"; done
 # The step's kernels' own durations (ncu, clocks left alone) against the step's period: what

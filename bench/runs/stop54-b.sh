@@ -8,15 +8,9 @@
 # (~1,094 on an H100), tg512 and tg1024 as call A's split (~1,060, ~1,012).
 # .dev54: ferry.xz, test_cuda.xz (bench/build-for-device.sh). Carry [".dev54"].
 BIN=${BIN:-.dev54} source bench/runs/common.sh
-nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
-$F gen-model --preset llama-3.2-1b --type f16 -o $H > /dev/null 2>&1 &
-GEN=$!
-tests 'Cuda.PersistentDecode*' $(cap 150)
-grep "persistent decode vs\|persistent decode queued" $OUT/test_cuda.*.txt | head
-wait $GEN
-t() { env $1 $F bench -m $H --device CUDA0 -p 0 -n $2 -r ${3:-3} 2>&1 | awk -F'|' '$7 ~ /tg/ { split($8, v, " "); print v[1] }'; }
+persist_tests 'Cuda.PersistentDecode*' 150
 for n in 128 512 1024; do
   echo "--- tg$n: plan | default | one block a head"
-  for r in 1 2; do left 40 "tg$n round $r" && echo "$(t FERRY_CUDA_PERSIST=0 $n) | $(t FERRY_X=0 $n) | $(t FERRY_CUDA_PERSIST_SPLITS=1 $n)"; done
+  for r in 1 2; do left 40 "tg$n round $r" && echo "$(R=3 tg $H $n FERRY_CUDA_PERSIST=0) | $(R=3 tg $H $n) | $(R=3 tg $H $n FERRY_CUDA_PERSIST_SPLITS=1)"; done
 done
 date +%T

@@ -4,7 +4,8 @@
 # that BIN set for the source alone stays set after it, that gen_models and gen_types return
 # once the models are written (stops 48-d and 49-a hung in a bare `wait`, which also waited for
 # the tee, until their calls' limits), that unpack makes a carried BIN/NAME.xz runnable as
-# /tmp/NAME, that persist keeps the lines a run records (and only those), and that the output
+# /tmp/NAME, that persist keeps the lines a run records (and only those), that persist_tests
+# returns once its model is written with the tests' figures printed, and that the output
 # reaches run.log.
 #   run-helpers-test.sh SOURCE_DIR
 set -u
@@ -31,6 +32,13 @@ echo "a launch a product: args $*: 1200.0 us a step"
 echo "qkv            5.38    1.54/2.30"
 PERSIST
 chmod +x "$tmp/persist"
+# In test_cuda's place: a persistent test's figure line among gtest's.
+cat > "$tmp/tc" <<'TC'
+#!/usr/bin/env bash
+echo "[ cuda     ] m: persistent decode vs the kernel plan over 2 steps: nmse 1e-10"
+echo "[  PASSED  ] 1 test."
+TC
+chmod +x "$tmp/tc"
 # A carried benchmark, as the device scripts' BIN holds them.
 printf '#!/bin/sh\necho unpacked\n' | xz > "$tmp/bin/ferry-helpers-$$-bench.xz"
 cat > "$tmp/script.sh" <<SCRIPT
@@ -54,6 +62,11 @@ P="$tmp/persist" persist 64 1 > "$tmp/short.txt"
 FULL=1 P="$tmp/persist" persist 64 > "$tmp/full.txt"
 [ "\$(wc -l < "$tmp/full.txt")" = 4 ] && ! grep -q "^check, persistent" "$tmp/full.txt" ||
   { echo "persist FULL=1 kept: \$(cat "$tmp/full.txt")"; exit 8; }
+nvidia-smi() { echo card; }
+F="$tmp/gen" TC="$tmp/tc" H="$tmp/h2.gguf" persist_tests 'Cuda.Persistent*' 20 > "$tmp/pt.txt"
+[ -f "$tmp/h2.gguf" ] || { echo "persist_tests returned before its model"; exit 9; }
+grep -q "^card" "$tmp/pt.txt" && grep -q "persistent decode vs the kernel plan" "$tmp/pt.txt" ||
+  { echo "persist_tests printed: \$(cat "$tmp/pt.txt")"; exit 10; }
 echo "helpers done"
 SCRIPT
 OUT="$tmp/out" timeout 30 bash "$tmp/script.sh"
