@@ -158,6 +158,7 @@ TEST(Cli, BadOptionsAreNamedInTheError) {
         {"run -n -2", "-n -2: give a token count, or -1 for no limit"},
         {"bench -m x.gguf -n -1", "-n -1: must be 0 or more"},
         {"bench -m x.gguf --format csv", "--format csv: not md or json"},
+        {"bench -m x.gguf -p 512 -c 100", "-c 100: must be 528 (the longer test's tokens + 16)"},
         {"run -d NoSuchDevice -n 1", "no device named 'NoSuchDevice'"},
         {"test-ops --device NoSuchDevice", "no device named 'NoSuchDevice'"},
     };
@@ -199,8 +200,8 @@ TEST(Cli, OutputAndDeviceMeanOneThingAcrossCommands) {
     // --out, the older name, still works.
     ASSERT_EQ(run("logits -m " + model + " --tokens 1,2,3 --out " + dir + "/l2.bin").rc, 0);
     EXPECT_EQ(file_size(dir + "/l2.bin"), 3 * n_vocab * 4);
-    Output b = run("bench -m " + model + " -p 4 -n 2 -r 1 --device CPU --format json -o " + dir +
-                   "/b.json");
+    Output b = run("bench -m " + model + " -p 4 -n 2 -c 64 -r 1 --device CPU --format json -o " +
+                   dir + "/b.json");
     ASSERT_EQ(b.rc, 0);
     EXPECT_EQ(b.out, "");  // the results went to the file
     std::ifstream f(dir + "/b.json");

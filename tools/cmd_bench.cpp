@@ -101,6 +101,9 @@ int cmd_bench(int argc, char** argv) {
             {{"-t", "--threads"}, "N", "CPU threads (default: all cores)"},
             {{"-o", "--output"}, "FILE", "write the results to FILE (default: stdout)"},
             {{"--format"}, "FMT", "md (default: a markdown table) or json"},
+            {{"-c", "--ctx"},
+             "N",
+             "context size (default: the longer test's tokens + 16; at least that many)"},
             {{"--kv-type"}, "TYPE", "KV cache type: f16 (default), f32 or bf16"},
             {{"--kv-pad"},
              "N",
@@ -124,6 +127,7 @@ int cmd_bench(int argc, char** argv) {
     const std::string fmt = args.value({"--format"}).value_or("md");
     const std::optional<std::string> kv = args.value({"--kv-type"});
     const long long kv_pad = args.integer({"--kv-pad"}).value_or(0);
+    const std::optional<long long> ctx = args.integer({"-c", "--ctx"});
     const bool use_mmap = args.flag({"--mmap"});
     const Placement placement = read_placement(args);
     if (Status st = args.finish(); !st) return fail("bench", st.message());
@@ -137,6 +141,12 @@ int cmd_bench(int argc, char** argv) {
     if (reps < 1) return fail("bench", strfmt("-r %lld: must be 1 or more", reps));
     if (kv_pad < 0 || kv_pad > (1 << 20)) {
         return fail("bench", strfmt("--kv-pad %lld: must be 0 to 1048576", kv_pad));
+    }
+    const long long min_ctx = std::max(n_prompt, n_gen) + 16;
+    if (ctx && (*ctx < min_ctx || *ctx > (1 << 24))) {
+        return fail("bench", strfmt("-c %lld: must be %lld (the longer test's tokens + 16) to "
+                                    "16777216",
+                                    *ctx, min_ctx));
     }
     // Created before the run, so that a bad path fails at once, not after minutes of timing.
     FILE* out = stdout;
@@ -156,7 +166,7 @@ int cmd_bench(int argc, char** argv) {
     if (Status st = apply_placement(placement, &mo); !st) return fail("bench", st.message());
     mo.mmap = use_mmap;
     so.n_batch = static_cast<int32_t>(std::max<long long>(n_prompt, 1));
-    so.n_ctx = static_cast<int32_t>(std::max<long long>(n_prompt, n_gen) + 16);
+    so.n_ctx = static_cast<int32_t>(ctx.value_or(min_ctx));
 
     Expected<std::unique_ptr<LlamaModel>> model = load_model(*model_path, mo);
     if (!model) return fail("bench", model.message());
