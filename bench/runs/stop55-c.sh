@@ -12,7 +12,8 @@ for r in 1 2; do
   for v in "$H" "$H FERRY_CUDA_PERSIST=0" "$Q"; do
     left 40 "$v round $r" || break
     row="$(echo $v | sed 's|/tmp/llama-1b-||')":
-    for c in 144 200 256 1040; do row="$row $(R=5 tg $v -c $c) |"; done
+    set -- $v
+    for c in 144 200 256 1040; do row="$row $(R=5 tg $1 128 ${2:-} -c $c) |"; done
     echo "$row"
   done
 done
