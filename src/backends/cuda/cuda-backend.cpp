@@ -574,6 +574,7 @@ class CudaBackend : public Backend {
         use_attn_early_ = !env_off("FERRY_CUDA_ATTN_EARLY");
         ctx_.attn_early_idx = !env_off("FERRY_CUDA_ATTN_EARLY_IDX");
         ctx_.attn_late_trigger = env_on("FERRY_CUDA_ATTN_LATE_TRIGGER");
+        ctx_.attn_early_mask = !env_off("FERRY_CUDA_ATTN_EARLY_MASK");
         if (const char* v = std::getenv("FERRY_CUDA_L2_NEXT")) {
             l2_next_kib_ = std::clamp<int64_t>(std::atoll(v), -1, int64_t{1} << 20);
         } else if (!(dev->peak_bandwidth() > 0.0 && dev->peak_bandwidth() < kL2NextMaxBandwidth)) {
@@ -1971,6 +1972,9 @@ bool CudaBackend::early_rows(const std::vector<const Tensor*>& kn, size_t a, Att
         for (size_t i = 0; i < a && ready; i++) ready = !overlaps(kn[i], idx);
     }
     e->idx_ready = ready;
+    const Tensor* mask = att->src[3];
+    e->mask_ready = mask != nullptr;
+    for (size_t i = 0; i < a && e->mask_ready; i++) e->mask_ready = !overlaps(kn[i], mask);
     return true;
 }
 

@@ -37,6 +37,8 @@ uint64_t host_reads();
 uint64_t early_attention_launches();
 // Of those, the launches that also read the cache rows' indices before the wait.
 uint64_t early_index_launches();
+// Of those, the launches that read the mask first and loaded no row past its last visible key.
+uint64_t early_mask_launches();
 // Of those, the launches that asked for weights in L2 (AttnEarly::next).
 uint64_t l2_ask_launches();
 
@@ -89,6 +91,9 @@ struct AttnEarly {
     // No kernel of the graph writes the indices (they are its inputs, in place before its
     // first kernel starts): k_attn_row may read them before griddepcontrol.wait too.
     bool idx_ready = false;
+    // Nor the mask: k_attn_row reads it first and loads only the rows up to the last key it
+    // lets through.
+    bool mask_ready = false;
     // The first bytes of the product after the next one (gate and up, after wo), asked for in
     // L2 by the attention at its start (CudaBackend::plan_l2_next; FERRY_CUDA_L2_NEXT=KiB).
     L2Ask next;
@@ -182,6 +187,9 @@ struct OpContext {
     // after the wait are issued (FERRY_CUDA_ATTN_LATE_TRIGGER=1; else at the wait).
     bool attn_early_idx = true;
     bool attn_late_trigger = false;
+    // The early form's mask read before its loads where it is the graph's input, and no row
+    // past the last key it lets through loaded (FERRY_CUDA_ATTN_EARLY_MASK=0: every row).
+    bool attn_early_mask = true;
     // Set by the backend for the launch of a progressive product (HostMirror); the product's
     // launcher sets mirror_taken when its kernel stores the rows there (the streaming form
     // does: mirror_product_ok).

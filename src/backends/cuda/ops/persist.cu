@@ -322,20 +322,54 @@ __device__ __forceinline__ bool masked(const __half m) {
     return __hisinf(m) < 0;
 }
 
-// One head's attention, split s of S: the cache rows j = s + S k of [0, n_kv)
-// (split k-th key: every split sees its share of the visible keys whatever the position), each
-// score plus the mask's value; the key and value at the step's position are the ones q/k/v
-// just made (as F16, the value the cache holds). A thread a key (its 128 bytes in 8 loads at
-// once), then a warp a value at a time (a lane 2 of its dimensions). The first kEarlyKeys keys
-// and each warp's first kEarlyValues values load before the wait for q (they do not depend on
-// it): with four splits, every key and value of up to 1,024 (stop 54: one block a head, the
-// rest loaded after the wait, made tg1024 slower than the kernel plan). One split stores the
-// head's output; more store their sums unscaled, with their max score and sum of weights,
-// which wo's input read merges (merge_words).
+// One past the last key of [0, n_kv) the mask lets through (0: none), found by each warp alone
+// (the same in every warp): a lane loads 8 mask values at once (up to 1,024 keys in 4 loads).
+// A session's attended length is padded (256 keys on a GPU): stop 55 (H100, 1B F16, tg128) the
+// masked keys past the position cost the step 2% at 256 keys against 144, though none of
+// their rows is loaded.
+__device__ __forceinline__ int visible_end(const __half* mask, int n_kv) {
+    const int lane = threadIdx.x % 32;
+    int last = -1;
+    if (n_kv % 8 == 0 && reinterpret_cast<uintptr_t>(mask) % 16 == 0) {
+        uint4 w[kMaxKeys / 256];
+#pragma unroll
+        for (int i = 0; i < kMaxKeys / 256; i++) {
+            const int j0 = 8 * (lane + 32 * i);
+            w[i] = j0 < n_kv ? __ldg(reinterpret_cast<const uint4*>(mask + j0)) : uint4{};
+        }
+#pragma unroll
+        for (int i = 0; i < kMaxKeys / 256; i++) {
+            const int j0 = 8 * (lane + 32 * i);
+            const __half* h = reinterpret_cast<const __half*>(&w[i]);
+#pragma unroll
+            for (int c = 0; c < 8; c++) {
+                if (j0 + c < n_kv && !masked(h[c])) last = j0 + c;
+            }
+        }
+    } else {
+        for (int j = lane; j < n_kv; j += 32) {
+            if (!masked(mask[j])) last = j;
+        }
+    }
+    return __reduce_max_sync(0xffffffffu, last) + 1;
+}
+
+// One head's attention, split s of S: the cache rows j = s + S k of [0, n_vis) (n_vis: one past
+// the last key the mask lets through; split k-th key: every split sees its share of the visible
+// keys whatever the position), each score plus the mask's value; the key and value at the step's
+// position are the ones q/k/v just made (as F16, the value the cache holds). A thread a key (its
+// 128 bytes in 8 loads at once), then a warp a value at a time (a lane 2 of its dimensions). The
+// first kEarlyKeys keys and each warp's first kEarlyValues values load before the wait for q (they
+// do not depend on it): with four splits, every key and value of up to 1,024 (stop 54: one block a
+// head, the rest loaded after the wait, made tg1024 slower than the kernel plan). One split stores
+// the head's output; more store their sums unscaled, with their max score and sum of weights, which
+// wo's input read merges (merge_words).
 __device__ void attention(const Args& a, const Phase& ph, int pi, int h, int s, int S,
                           unsigned epoch, int pos, float* sm, float* red) {
     const int t = threadIdx.x, warp = t / 32, lane = t % 32;
-    const int n = (a.n_kv - s + S - 1) / S;  // this split's keys
+    const __half* mask = ph.last ? a.mask_last : a.mask;
+    const int n_vis = visible_end(mask, a.n_kv);            // keys past it: never attended
+    const int n = n_vis > s ? (n_vis - s + S - 1) / S : 0;  // this split's keys
     auto key = [&](int k) { return s + S * k; };
     const int hk = h / (a.n_head / a.n_head_kv);
     float* q = sm;        // [kD]
@@ -347,7 +381,6 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, int s, 
     const __half2* vbase =
         reinterpret_cast<const __half2*>(ph.vc + static_cast<int64_t>(hk) * kD) + lane;
     const int64_t row2 = a.cache_row / 2;
-    const __half* mask = ph.last ? a.mask_last : a.mask;
     auto visible = [&](int j) { return j != pos && !masked(mask[j]); };  // (and cached)
     // (Selects, not conditional stores: a value kept when not loaded made them spill.)
     uint4 kr[kD / 8];
