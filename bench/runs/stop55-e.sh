@@ -6,7 +6,7 @@
 # local | unix | tcp. On an H200 this is the 1,330 t/s F16 target's measurement (stop 53:
 # 1,314 there; since then +1.7% from the logits' store on an H100, and tg128 at 144 keys
 # otherwise unchanged): prediction 1,330-1,350.
-# .dev55: ferry.xz, test_cuda.xz, fx.tar.xz (the tiny-llama fixtures but q4_1 and q5_k_m).
+# .dev55: ferry.xz, test_cuda.xz, fx.tar.xz (every tiny-llama fixture, xz -9: 35 MB).
 # Carry [".dev55"].
 BIN=${BIN:-.dev55} source bench/runs/common.sh
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
