@@ -6,9 +6,13 @@
 # local | unix | tcp. On an H200 this is the 1,330 t/s F16 target's measurement (stop 53:
 # 1,314 there; since then +1.7% from the logits' store on an H100, and tg128 at 144 keys
 # otherwise unchanged): prediction 1,330-1,350.
-# .dev55: ferry.xz, test_cuda.xz, fx.tar.xz (every tiny-llama fixture, xz -9: 35 MB).
-# Carry [".dev55"].
+# .dev55: ferry.xz, test_cuda.xz, fx.tar.xz (every tiny-llama fixture but the Q8_0 file, which
+# is the repository's models/tiny-llama-q8_0.gguf: the carry's 64 MiB). Carry [".dev55"].
 BIN=${BIN:-.dev55} source bench/runs/common.sh
+for d in /work/shared/fixtures/tiny-llama ../shared/fixtures/tiny-llama; do
+  cp models/tiny-llama-q8_0.gguf $d/
+done
+T=../shared/fixtures/tiny-llama/tiny-llama-q8_0.gguf
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
 date +%T
 gen_models &
