@@ -996,13 +996,16 @@ std::vector<float> ahead_script(LlamaSession* s, const std::vector<int32_t>& tok
 // (Scheduler::get_tensor_then), and the next step's inputs start it: ahead_script gives the
 // logits of a session that never queues ahead (FERRY_AHEAD=0) bit for bit, most steps start
 // queued, some queued steps ran again with their last inputs, and the session is destroyed with
-// a step still queued.
+// a step still queued. The graph's last product (the logits, the streaming form) of a step
+// started by its inputs stores them into the session's read memory itself: every such read but
+// those of TOP_K's steps copies nothing.
 TEST(Cuda, StepsQueuedAheadGiveTheSameBits) {
     REQUIRE_GPU();
     const std::vector<int32_t>& toks = cases()[0].tokens;
     ASSERT_GE(toks.size(), 8u);
     std::vector<float> runs[2];
     cuda::AheadCounts counts[2];
+    uint64_t host_reads[2];
     for (int mode = 0; mode < 2; mode++) {
         Expected<std::unique_ptr<LlamaModel>> m = load("f16", gpu());
         ASSERT_TRUE(m) << m.message();
@@ -1014,19 +1017,26 @@ TEST(Cuda, StepsQueuedAheadGiveTheSameBits) {
         ASSERT_TRUE(s) << s.message();
         ASSERT_EQ((*s)->kv_pad(), 256);
         const cuda::AheadCounts before = cuda::ahead_counts();
+        const uint64_t reads = cuda::host_reads();
         runs[mode] = ahead_script(s->get(), toks, kVocab);
         ASSERT_FALSE(runs[mode].empty());
         s->reset();  // destroyed with a step queued
         counts[mode] = ahead_since(before);
+        host_reads[mode] = cuda::host_reads() - reads;
     }
     std::printf(
         "[ cuda     ] queued ahead: %llu steps, %llu started by their inputs, %llu released "
-        "idle (%llu queued with FERRY_AHEAD=0)\n",
+        "idle (%llu queued with FERRY_AHEAD=0); %llu logits stored into the read's memory by "
+        "the step\n",
         static_cast<unsigned long long>(counts[1].queued),
         static_cast<unsigned long long>(counts[1].started),
         static_cast<unsigned long long>(counts[1].idle),
-        static_cast<unsigned long long>(counts[0].queued));
+        static_cast<unsigned long long>(counts[0].queued),
+        static_cast<unsigned long long>(host_reads[1]));
     EXPECT_EQ(counts[0].queued, 0u);
+    EXPECT_EQ(host_reads[0], 0u);
+    EXPECT_LE(host_reads[1], counts[1].started);
+    EXPECT_GE(host_reads[1] + 6, counts[1].started);
     EXPECT_GE(counts[1].idle, 1u);  // the pause
     EXPECT_GT(counts[1].started, 250u);
     EXPECT_LT(counts[1].started, counts[1].queued);  // some ran again with their last inputs

@@ -246,8 +246,16 @@ class CudaDevice : public Device {
                                                            size_t max_tensor_size) override {
         (void)max_tensor_size;
         FERRY_TRY(activate());
-        CUDA_TRY(cudaHostRegister(ptr, std::max<size_t>(size, 1), cudaHostRegisterPortable),
-                 "%s: cannot page-lock %zu bytes of host memory", name(), size);
+        // Mapped too, so that a kernel may store a result there (CudaBackend::host_read_target:
+        // a server's reads into a client's shared memory); page-locked alone where the device
+        // cannot map it.
+        const size_t n = std::max<size_t>(size, 1);
+        if (cudaHostRegister(ptr, n, cudaHostRegisterPortable | cudaHostRegisterMapped) !=
+            cudaSuccess) {
+            cudaGetLastError();
+            CUDA_TRY(cudaHostRegister(ptr, n, cudaHostRegisterPortable),
+                     "%s: cannot page-lock %zu bytes of host memory", name(), size);
+        }
         return std::unique_ptr<Buffer>(
             new PinnedBuffer(&pinned_type_, ptr, size, PinnedBuffer::Owner::Registered));
     }
@@ -626,6 +634,7 @@ class CudaBackend : public Backend {
         if (in_host_) release_ahead();
         cudaStreamSynchronize(stream_);
         if (ctx_.counters) cudaFree(ctx_.counters);
+        if (host_out_slot_) cudaFree(host_out_slot_);
         if (profile_) print_profile();
         if (gstats_.on) print_graph_stats();
         for (cudaEvent_t e : prof_ev_) cudaEventDestroy(e);
@@ -711,10 +720,11 @@ class CudaBackend : public Backend {
         if (size == 0) return Status::ok();
         FERRY_TRY(dev_->activate());
         FERRY_TRY(issue_inputs());
-        const HostRead r{t, dst, offset, size};
+        const HostRead r{b->dev_ptr() + t->offs + offset, dst, size};
         last_read_ = r;
         if (done_read_ == r) {  // the step in flight stores them there
             g_host_reads.fetch_add(1, std::memory_order_relaxed);
+            gstats_.host_reads++;
             return Status::ok();
         }
         CUDA_TRY(cudaMemcpyAsync(dst, b->dev_ptr() + t->offs + offset, size, cudaMemcpyDeviceToHost,
@@ -1068,28 +1078,40 @@ class CudaBackend : public Backend {
     // (FERRY_CUDA_PERSIST_INFLIGHT=3,1; 0: the kernel's own).
     int persist_inflight_[2] = {0, 0};
     std::unique_ptr<Persist> persist_;
-    // The plan's persistent step's logits (device memory), or nullptr.
-    const char* persist_logits_ = nullptr;
-    size_t persist_logits_bytes_ = 0;
+    // The step whose output a session reads (the persistent step, or the graph's last product),
+    // or -1: its launch gets OpContext::host_out. direct_out_: that output (device memory) when
+    // its kernel also stores it into the host memory the word names (the persistent step; the
+    // streaming form), else nullptr. The word (device memory; host_out_set_: its value, set in
+    // stream order by set_host_out) is the same while the backend lives, so captured graphs
+    // keep it.
+    int out_step_ = -1;
+    const char* direct_out_ = nullptr;
+    size_t direct_out_bytes_ = 0;
+    float** host_out_slot_ = nullptr;
+    float* host_out_set_ = nullptr;
+    Status set_host_out(float* p);
     // A read of a result into host memory (get_tensor_async).
+    // (By the device address read, not the tensor: a caller may read through a temporary
+    // Tensor, as a server does for a client's copy into its shared memory; stop 55's first
+    // run kept its address and crashed the server when the next queued launch looked at it.)
     struct HostRead {
-        const Tensor* t = nullptr;
+        const char* src = nullptr;
         void* dst = nullptr;
-        size_t offset = 0, size = 0;
+        size_t size = 0;
         bool operator==(const HostRead&) const = default;
     };
     // The read before a launch queued ahead (Scheduler::get_tensor_then: the session's read
     // of a decode step's logits, then the next step queued) is the one that step's logits
-    // will get: when the step is the persistent one and the destination host memory the
-    // device maps, the queued launch stores its logits there too (Persist::set_host_logits),
-    // and that read then copies nothing (1B: 513 KB, ~9 us a token on the copy engine, stop
-    // 28). last_read_: the last read; ahead_read_: the one the queued launch stores;
-    // done_read_: the one the launch in flight stores (run_ahead started it; any other
+    // will get: when it is direct_out_ whole and the destination host memory the device maps,
+    // the queued launch stores its output there too (set_host_out), and that read then copies
+    // nothing (1B: 513 KB, ~9 us a token on the copy engine, stop 28; +1.7% for the
+    // persistent step, stop 54). last_read_: the last read; ahead_read_: the one the queued launch
+    // stores; done_read_: the one the launch in flight stores (run_ahead started it; any other
     // compute clears it). FERRY_CUDA_HOST_READ=0: never.
     HostRead last_read_, ahead_read_, done_read_;
     bool use_host_read_ = true;
-    // Where the queued launch stores its logits besides device memory: the device's address
-    // of last_read_'s host memory when it is the persistent step's whole logits, else nullptr.
+    // Where the queued launch stores its output besides device memory: the device's address
+    // of last_read_'s host memory when it is direct_out_ whole, else nullptr.
     float* host_read_target() const;
     bool use_graphs_ = true, use_fusion_ = true, use_add_norm_ = true, use_epilogue_ = true,
          use_qkv_ = true, use_norm_mv_ = true, use_fnorm_ = false;
@@ -1148,13 +1170,14 @@ class CudaBackend : public Backend {
     void print_profile();
     // FERRY_CUDA_GRAPH_STATS=1: how compute() ran each graph (replayed, run kernel by kernel,
     // captured and updated in place, or captured and instantiated anew) and the host time of
-    // each way, printed when the backend goes away.
+    // each way, and the reads the step had stored itself (no copy), printed when the backend
+    // goes away.
     struct GraphStats {
         bool on = false;
         int64_t n[4] = {0, 0, 0, 0};
         double us[4] = {0, 0, 0, 0};
         double key_us = 0, plan_us = 0;
-        int64_t plans = 0;
+        int64_t plans = 0, host_reads = 0;
     } gstats_;
     enum { kReplay, kDirect, kUpdate, kInstantiate };
     void print_graph_stats() const;
@@ -1177,7 +1200,8 @@ void CudaBackend::print_graph_stats() const {
                      static_cast<long long>(gstats_.n[w]),
                      gstats_.us[w] / static_cast<double>(gstats_.n[w]));
     }
-    std::fprintf(stderr, "\n");
+    std::fprintf(stderr, "; %lld reads stored by the step\n",
+                 static_cast<long long>(gstats_.host_reads));
 }
 
 bool is_view_op(Op op) {
@@ -1450,8 +1474,9 @@ Status CudaBackend::plan(Graph& g) {
     // A one-token decode step of the layers' pattern: one persistent launch for its nodes
     // kn[p_lo .. p_hi].
     size_t p_lo = kn.size(), p_hi = 0;
-    persist_logits_ = nullptr;
-    persist_logits_bytes_ = 0;
+    out_step_ = -1;
+    direct_out_ = nullptr;
+    direct_out_bytes_ = 0;
     int p_id = -1;
     double p_bytes = 0.0;
     if (use_persist_ && use_fusion_) {
@@ -1471,8 +1496,8 @@ Status CudaBackend::plan(Graph& g) {
         }
         if (lowered) {
             g_persist_plans.fetch_add(1, std::memory_order_relaxed);
-            persist_logits_ = reinterpret_cast<const char*>(pm.logits);
-            persist_logits_bytes_ = static_cast<size_t>(pm.n_vocab) * sizeof(float);
+            direct_out_ = reinterpret_cast<const char*>(pm.logits);
+            direct_out_bytes_ = static_cast<size_t>(pm.n_vocab) * sizeof(float);
             for (size_t i = p_lo; i <= p_hi; i++) {
                 if (kn[i]->op == Op::MUL_MAT) {
                     p_bytes += static_cast<double>(kn[i]->src[0]->nbytes());
@@ -1577,6 +1602,18 @@ Status CudaBackend::plan(Graph& g) {
     if (cublas) FERRY_TRY(ensure_cublas());
     piece_step_ = -1;
     if (pieces_ > 0) FERRY_TRY(plan_pieces());
+    // The step whose output a session reads: the persistent step, or the graph's last product
+    // of one F32 column (not a progressive one: its pieces go their own way).
+    for (size_t i = 0; i < steps_.size(); i++) {
+        if (steps_[i].kind == 6) out_step_ = static_cast<int>(i);
+    }
+    if (out_step_ < 0 && !steps_.empty() && piece_step_ != static_cast<int>(steps_.size()) - 1) {
+        const Tensor* mm = steps_.back().node;
+        if (steps_.back().kind == 0 && mm->op == Op::MUL_MAT && mm->type == Type::F32 &&
+            mm->is_contiguous() && mm->ne[1] == 1 && mm->ne[2] == 1 && mm->ne[3] == 1) {
+            out_step_ = static_cast<int>(steps_.size()) - 1;
+        }
+    }
     return Status::ok();
 }
 
@@ -2008,9 +2045,36 @@ Status CudaBackend::run_steps() {
     run_layout_ = PieceLayout{};
     for (size_t i = 0; i < steps_.size(); i++) {
         const Step& s = steps_[i];
+        const bool out = static_cast<int>(i) == out_step_;
+        if (out) {
+            ctx_.host_out = host_out_slot_;
+            ctx_.host_out_taken = false;
+        }
         Status st = static_cast<int>(i) == piece_step_ ? run_pieces(s) : run_step(s);
+        if (out) {
+            // (The persistent step's logits were known when it was planned.)
+            if (s.kind != 6) {
+                direct_out_ = ctx_.host_out_taken ? device_ptr(s.node) : nullptr;
+                direct_out_bytes_ = ctx_.host_out_taken ? s.node->nbytes() : 0;
+            }
+            ctx_.host_out = nullptr;
+            ctx_.host_out_taken = false;
+        }
         if (!st) return st.context(strfmt("%s: %s", name(), describe(s.node).c_str()));
     }
+    return Status::ok();
+}
+
+Status CudaBackend::set_host_out(float* p) {
+    if (!host_out_slot_) {
+        void* q = nullptr;
+        CUDA_TRY(cudaMalloc(&q, sizeof(float*)), "%s: the host output's word", name());
+        CUDA_TRY(cudaMemset(q, 0, sizeof(float*)), "%s: the host output's word", name());
+        host_out_slot_ = static_cast<float**>(q);
+    }
+    if (p == host_out_set_) return Status::ok();
+    FERRY_TRY(cuda::set_host_out(stream_, host_out_slot_, p));
+    host_out_set_ = p;
     return Status::ok();
 }
 
@@ -2094,7 +2158,7 @@ Status CudaBackend::compute(Graph& g) {
     FERRY_TRY(dev_->activate());
     release_ahead();  // runs before this one, with the inputs it last had
     done_read_ = {};
-    if (persist_) FERRY_TRY(persist_->set_host_logits(stream_, nullptr));
+    FERRY_TRY(set_host_out(nullptr));
     if (!ctx_.counters) {
         // The attention splits' counters.
         constexpr size_t kCounterBytes = sizeof(int32_t) << 16;
@@ -2247,9 +2311,9 @@ Expected<bool> CudaBackend::compute_ahead(Graph& g) {
                  name());
     }
     CUDA_TRY(cudaEventRecord(ahead_ev_, stream_), "%s: ahead event", name());
-    if (persist_) {
+    {
         float* host = host_read_target();
-        FERRY_TRY(persist_->set_host_logits(stream_, host));
+        FERRY_TRY(set_host_out(host));
         ahead_read_ = host ? last_read_ : HostRead{};
     }
     FERRY_TRY(launch_exec());
@@ -2272,17 +2336,21 @@ Expected<bool> CudaBackend::compute_ahead(Graph& g) {
 
 float* CudaBackend::host_read_target() const {
     const HostRead& r = last_read_;
-    if (!use_host_read_ || !persist_logits_ || !r.t || r.size != persist_logits_bytes_) {
+    if (!use_host_read_ || !direct_out_ || r.src != direct_out_ || r.size != direct_out_bytes_) {
         return nullptr;
     }
-    const CudaBuffer* b = cuda_buffer(r.t);
-    if (!b || b->dev_ptr() + r.t->offs + r.offset != persist_logits_) return nullptr;
+    // Host memory the device maps: page-locked and mapped (cudaHostAlloc, or registered with
+    // cudaHostRegisterMapped). Memory registered without that flag is page-locked, but not
+    // the kernels' to store into.
     cudaPointerAttributes pa{};
-    if (cudaPointerGetAttributes(&pa, r.dst) != cudaSuccess) {
+    void* mapped = nullptr;
+    if (cudaPointerGetAttributes(&pa, r.dst) != cudaSuccess || pa.type != cudaMemoryTypeHost ||
+        !pa.devicePointer || cudaHostGetDevicePointer(&mapped, r.dst, 0) != cudaSuccess ||
+        mapped != pa.devicePointer) {
         cudaGetLastError();
         return nullptr;
     }
-    return pa.type == cudaMemoryTypeHost ? static_cast<float*>(pa.devicePointer) : nullptr;
+    return static_cast<float*>(mapped);
 }
 
 Expected<bool> CudaBackend::run_ahead(std::span<const TensorWrite> inputs) {

@@ -195,6 +195,13 @@ struct OpContext {
     // does: mirror_product_ok).
     HostMirror mirror;
     mutable bool mirror_taken = false;
+    // Set by the backend for the launch of the step whose output a session reads (the
+    // persistent step, or the graph's last product): the device word holding the host memory
+    // (mapped) that the launch also stores the output into, nullptr in it for none
+    // (set_host_out, in stream order). The product's launcher sets host_out_taken when its
+    // kernel does (the streaming form).
+    float* const* host_out = nullptr;
+    mutable bool host_out_taken = false;
     mutable int64_t mirror_step_rows = 0;  // W G of the launch that took it
 };
 

@@ -615,6 +615,10 @@ struct MvArgs {
     // A progressive product's host copy (HostMirror; buf nullptr: none). Taken by the
     // streaming form for one column of one matrix without an epilogue.
     HostMirror mirror;
+    // The graph's output also stored into host memory the device maps: the device word that
+    // holds its address (OpContext::host_out; nullptr, or nullptr in it: not stored). Taken
+    // like the mirror; read at run time, so that a captured launch follows the word.
+    float* const* host_out;
     int trace_id;  // FERRY_CUDA_TRACE builds: the launch's number
 };
 

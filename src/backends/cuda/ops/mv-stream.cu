@@ -63,6 +63,19 @@ __device__ __forceinline__ void mirror_row(const MvArgs& g, int64_t r, float v, 
     }
 }
 
+// The graph's output stored into host memory (MvArgs::host_out): the rows of a warp's run as
+// mirror_row collects them (lane i holds row r0 + i), written as one line after its last row.
+// No flags: the reader waits for the whole launch.
+__device__ __forceinline__ void host_row(float* host, int64_t r, float v, bool last,
+                                         uint32_t& stash) {
+    constexpr int G = kMirrorGroup;
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    const int i = static_cast<int>(r % G);
+    if (lane == i) stash = __float_as_uint(v);
+    if (i != G - 1 && !last) return;  // (the same in every lane)
+    if (lane <= i) host[r - i + lane] = __uint_as_float(stash);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Decode, the streaming form (F16, BF16, Q4_0 and Q6_K weights, one column; FERRY_CUDA_MV_STREAM=0
 // turns it off, per backend): a grid of at most two blocks per SM whose warps stream their rows
@@ -166,21 +179,24 @@ struct SPiece<Type::Q6_K> : SBlkPiece<Type::Q6_K> {};
 
 // A warp's walk through its work items (the streaming and the bulk form): item it's row r
 // (two rows an item for glu and pair), piece p of ppr; item i goes to warp i % W, or, in a
-// mirrored launch (HostMirror), warp gw takes runs of kMirrorGroup rows, its k-th run rows
-// (k W + gw) G ..., so that each of its line writes holds whole rows in order.
+// mirrored launch (HostMirror, or the output stored into host memory: MvArgs::host_out), warp
+// gw takes runs of kMirrorGroup rows, its k-th run rows (k W + gw) G ..., so that each of its
+// line writes holds whole rows in order.
 template <bool glu, bool pair>
 struct StreamWalk {
     static constexpr int kRows = (glu || pair) ? 2 : 1;  // rows loaded per item
     const MvArgs& g;
     int64_t W, items;
     int ppr;
+    float* host;  // where the rows also go (MvArgs::host_out), or nullptr
     bool mirrored;
     __device__ StreamWalk(const MvArgs& ga, int64_t w)
         : g(ga),
           W(w),
           items(pair ? ga.M / 2 : ga.M),
           ppr(static_cast<int>((ga.K + 2047) / 2048)),
-          mirrored(!glu && !pair && ga.mirror.buf) {}
+          host(!glu && !pair && !ga.mirror.buf && ga.host_out ? *ga.host_out : nullptr),
+          mirrored(!glu && !pair && (ga.mirror.buf || host)) {}
     __device__ const char* row(int64_t it, int r) const {
         if constexpr (glu) return (r == 0 ? g.a : g.a2) + it * g.a_nb1;
         if constexpr (pair) {
@@ -216,7 +232,11 @@ struct StreamWalk {
             if constexpr (glu) v = v / (1.0f + expf(-v)) * v1;
             if (g.res) v += reinterpret_cast<const float*>(g.res)[it];
             if (lane == 0) g.out[it] = v;
-            if (mirrored) mirror_row(g, it, v, next_item(it) >= items, W, stash);
+            if (host) {
+                host_row(host, it, v, next_item(it) >= items, stash);
+            } else if (mirrored) {
+                mirror_row(g, it, v, next_item(it) >= items, W, stash);
+            }
         }
     }
 };
@@ -577,8 +597,13 @@ __global__ void __launch_bounds__(32 * kMvWarps, kBulkMinBlocks)
 // A plain streaming launch of `warps` warps (one column of one matrix: stream_ok) takes the
 // backend's host mirror (OpContext::mirror, set only for a progressive product's launch) when
 // the rows fit and come in at most kMirrorSteps steps, and says so (OpContext::mirror_taken,
-// mirror_step_rows).
+// mirror_step_rows); else the word of the graph's output in host memory (OpContext::host_out,
+// set only for the launch of the graph's last product), and says so (host_out_taken).
 void keep_mirror(const OpContext& ctx, MvArgs& g, int64_t warps) {
+    if (ctx.host_out && !ctx.mirror.buf) {
+        g.host_out = ctx.host_out;
+        ctx.host_out_taken = true;
+    }
     const int64_t step = warps * kMirrorGroup;
     if (!ctx.mirror.buf ||
         (g.M + kMirrorGroup - 1) / kMirrorGroup * kMirrorGroup > ctx.mirror.stride ||

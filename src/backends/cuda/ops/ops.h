@@ -71,6 +71,9 @@ struct UploadDesc {
 static_assert(sizeof(UploadDesc) == 16);
 Status launch_stage_inputs(cudaStream_t st, const void* area, uint32_t bytes, uint32_t* consumed,
                            uint32_t* last);
+// *slot = p in stream order (one thread): the host memory the launches queued after it store
+// the graph's output into (OpContext::host_out), or nullptr.
+Status set_host_out(cudaStream_t st, float** slot, float* p);
 
 // Whether a node calls cuBLAS (the backend creates its handle before running it).
 bool needs_cublas(const Tensor* node);

@@ -100,8 +100,9 @@ struct Args {
     int inflight, chain_inflight;
     const float* x0;
     float* logits;
-    // Where the output phase also stores the logits (Persist::set_host_logits): host memory
-    // the device maps, or nullptr. Read at the phase, so that a captured launch keeps up.
+    // Where the output phase also stores the logits: the device word holding host memory the
+    // device maps (OpContext::host_out), or nullptr (also in it). Read at the phase, so that a
+    // captured launch keeps up.
     float* const* host_logits;
     const int32_t* pos;
     const int32_t* out_ids;         // or nullptr (persist.h)
@@ -672,7 +673,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
                 return s;
             };
             const unsigned mine = tag_of(epoch, pi);
-            float* const host = ph.kind == kOutK ? *a.host_logits : nullptr;
+            float* const host = ph.kind == kOutK && a.host_logits ? *a.host_logits : nullptr;
             if (ph.kind == kGuK) {
                 // A tile: rows_per_tile / 2 gate rows, then their up rows.
                 const int half = rows_per_tile / 2;
@@ -730,12 +731,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
 }
 
 // The launch counters (Args::ctl) and the host logits' pointer after them.
-constexpr size_t kCtlBytes = 4 * sizeof(unsigned) + sizeof(float*);
-static_assert(4 * sizeof(unsigned) % alignof(float*) == 0, "the pointer's alignment");
-
-__global__ void k_set_host_logits(float** slot, float* p) {
-    *slot = p;
-}
+constexpr size_t kCtlBytes = 4 * sizeof(unsigned);
 
 // Tiles of a matrix of `rows` x K F16 weights, or 0 when its rows do not fill whole tiles.
 int64_t tiles_of(int64_t rows, int K) {
@@ -801,9 +797,8 @@ struct Persist::Impl {
     std::vector<void*> allocs;  // freed with the backend (captured graphs may name any)
     Word* words = nullptr;      // x, qkv, attn, h, the attention splits' words
     size_t words_cap = 0;
-    unsigned* ctl = nullptr;    // Args::ctl, then (at ctl + 4) Args::host_logits' pointer
-    float* host_set = nullptr;  // the pointer last set there, in stream order
-    size_t smem_set = 0;        // k_persist's dynamic shared memory attribute
+    unsigned* ctl = nullptr;  // Args::ctl
+    size_t smem_set = 0;      // k_persist's dynamic shared memory attribute
 };
 
 Persist::Persist() : impl_(std::make_unique<Impl>()) {}
@@ -944,7 +939,7 @@ Status Persist::prepare(const PersistModel& m, int device, int n_sm, int* id) {
     a.rope_ff = m.rope_ff;
     a.rope_ff_nb0 = m.rope_ff_nb0;
     a.ctl = I.ctl;
-    a.host_logits = reinterpret_cast<float* const*>(I.ctl + 4);
+    a.host_logits = nullptr;  // (the launch's OpContext::host_out)
     auto cap = [](int v, int d) { return v > 0 ? std::min(v, kStages - 1) : d; };
     a.inflight = cap(m.inflight, kInflight);
     a.chain_inflight = cap(m.chain_inflight, kChainInflight);
@@ -992,19 +987,12 @@ Status Persist::prepare(const PersistModel& m, int device, int n_sm, int* id) {
     return Status::ok();
 }
 
-Status Persist::set_host_logits(cudaStream_t stream, float* p) {
-    Impl& I = *impl_;
-    if (!I.ctl || p == I.host_set) return Status::ok();
-    k_set_host_logits<<<1, 1, 0, stream>>>(reinterpret_cast<float**>(I.ctl + 4), p);
-    PERSIST_TRY(cudaGetLastError(), "persistent decode: the host logits' pointer");
-    I.host_set = p;
-    return Status::ok();
-}
-
 Status Persist::launch(const OpContext& ctx, int id) const {
     const Impl::Table& t = impl_->tables[static_cast<size_t>(id)];
     Args a = t.args;
     a.err = ctx.err;
+    a.host_logits = ctx.host_out;
+    ctx.host_out_taken = ctx.host_out != nullptr;
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(static_cast<unsigned>(ctx.n_sm));
     cfg.blockDim = dim3(kThreads);

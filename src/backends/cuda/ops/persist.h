@@ -94,10 +94,8 @@ class Persist {
     Persist& operator=(const Persist&) = delete;
     // Builds (or finds) m's table; `*id` then names it for launch.
     Status prepare(const PersistModel& m, int device, int n_sm, int* id);
+    // With ctx.host_out, the launch also stores the logits into the host memory it names.
     Status launch(const OpContext& ctx, int id) const;
-    // The launches queued on `stream` after this also store their logits into p, host memory
-    // the device maps (nullptr: device memory only). p must stay valid until they have run.
-    Status set_host_logits(cudaStream_t stream, float* p);
 
   private:
     struct Impl;
