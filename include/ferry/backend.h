@@ -195,7 +195,9 @@ class Backend {
     // host memory) is taken as the one the queued run's result will get: a backend may store
     // it there as that run computes it (then the same read after it copies nothing), so the
     // caller keeps that memory allocated, and writes nothing there, until the queued run has
-    // run or been settled.
+    // run or been settled. (A read is the same read by the bytes it reads and the memory it
+    // writes: the Tensor it names may be the caller's temporary, and a backend keeps no
+    // pointer to it past the call.)
     virtual Expected<bool> compute_ahead(Graph& g) {
         (void)g;
         return false;
