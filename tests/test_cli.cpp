@@ -209,6 +209,8 @@ TEST(Cli, OutputAndDeviceMeanOneThingAcrossCommands) {
     text << f.rdbuf();
     EXPECT_EQ(text.str().rfind("[\n", 0), 0u) << text.str();
     EXPECT_NE(text.str().find("\"test\": \"tg2\""), std::string::npos) << text.str();
+    // (The GPU's memory in use is a GPU's alone: 0 on the CPU.)
+    EXPECT_NE(text.str().find("\"device_used_bytes\": 0}"), std::string::npos) << text.str();
     // --device names the device in test-ops too; --backend and -b are its older names.
     Output d = run("test-ops --device CPU --op scale");
     ASSERT_EQ(d.rc, 0) << d.out;

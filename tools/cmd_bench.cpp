@@ -21,6 +21,9 @@ struct Result {
     std::string test;  // "pp512", "tg128"
     int n_tokens = 0;
     std::vector<double> tps;
+    // The model's GPU's memory in use (total less free, every process on it) at the end of the
+    // test's runs, its session still holding its buffers; 0 on other devices.
+    size_t dev_used = 0;
     double mean() const {
         double s = 0;
         for (double v : tps) s += v;
@@ -191,6 +194,10 @@ int cmd_bench(int argc, char** argv) {
             if (!st) return fail("bench", st.message());
             if (i > 0) r.tps.push_back(tps);  // the first run warms up
         }
+        if (Device* d = (*model)->device(); d->type() == DeviceType::GPU) {
+            const DeviceMemory dm = d->memory();
+            r.dev_used = dm.total > dm.free ? dm.total - dm.free : 0;
+        }
     }
     const LlamaModel& m = **model;
     const int nth = threads > 0
@@ -212,6 +219,16 @@ int cmd_bench(int argc, char** argv) {
         }
         std::fprintf(out, "\npeak memory (max RSS): %s\n",
                      human_size(static_cast<double>(peak)).c_str());
+        if (!results.empty() && results[0].dev_used > 0) {
+            // (Buffers live as long as their test's session, so this is each test's peak but
+            // for scratch freed within a step; every process on the device counts.)
+            std::fprintf(out, "%s memory in use at the end of each test:", dev_name.c_str());
+            for (const Result& r : results) {
+                std::fprintf(out, " %s %s", r.test.c_str(),
+                             human_size(static_cast<double>(r.dev_used)).c_str());
+            }
+            std::fprintf(out, "\n");
+        }
     } else {
         std::fprintf(out, "[\n");
         for (size_t i = 0; i < results.size(); i++) {
@@ -225,8 +242,8 @@ int cmd_bench(int argc, char** argv) {
                          r.test.c_str(), r.mean(), r.sd());
             for (size_t j = 0; j < r.tps.size(); j++)
                 std::fprintf(out, "%s%.4f", j ? ", " : "", r.tps[j]);
-            std::fprintf(out, "], \"peak_rss_bytes\": %zu}%s\n", peak,
-                         i + 1 < results.size() ? "," : "");
+            std::fprintf(out, "], \"peak_rss_bytes\": %zu, \"device_used_bytes\": %zu}%s\n", peak,
+                         r.dev_used, i + 1 < results.size() ? "," : "");
         }
         std::fprintf(out, "]\n");
     }
