@@ -112,7 +112,7 @@ void LlamaSession::Impl::reserve_logits(size_t n_floats) {
         BufferType* bt = m->device ? m->device->host_buffer_type() : nullptr;
         if (bt && bt->is_host()) {
             // A step queued ahead may store its logits into the old buffer (the CUDA
-            // backend's persistent step does, into the read's destination): it runs first.
+            // backend's last product does, into the read's destination): it runs first.
             if (logits_buf && sched) (void)sched->synchronize();
             logits_buf.reset();
             Expected<std::unique_ptr<Buffer>> b = bt->allocate(bytes);

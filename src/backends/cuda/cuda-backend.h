@@ -28,8 +28,9 @@ void set_declined_ops(const std::vector<Op>& ops);
 // Test hook: graphs lowered to the persistent decode step (persist.h) since the process
 // started.
 uint64_t persist_plans();
-// Test hook: reads of a result that copied nothing since the process started: the persistent
-// step queued ahead had stored it into the read's host memory itself.
+// Test hook: reads of a result that copied nothing since the process started: the step queued
+// ahead (the persistent step, or the graph's last product) had stored it into the read's host
+// memory itself.
 uint64_t host_reads();
 
 // Test hook: decode attention launches queued with their rows loaded before the wait

@@ -730,7 +730,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
     }
 }
 
-// The launch counters (Args::ctl) and the host logits' pointer after them.
+// The launch counters (Args::ctl).
 constexpr size_t kCtlBytes = 4 * sizeof(unsigned);
 
 // Tiles of a matrix of `rows` x K F16 weights, or 0 when its rows do not fill whole tiles.
