@@ -264,14 +264,16 @@ OpenSession open_session(const std::string& path, const std::vector<Device*>& de
     return o;
 }
 
-// An F16 model of preset p generated into the test's temporary folder (its path; empty, the
-// failure recorded, when it could not be made) and n_toks token ids drawn from `seed`.
-std::string generated_f16_model(const ModelPreset& p, uint32_t seed, std::vector<int32_t>* toks,
-                                size_t n_toks = 300) {
+// A model of preset p and weight type `type` generated into the test's temporary folder (its
+// path; empty, the failure recorded, when it could not be made) and n_toks token ids drawn
+// from `seed`.
+std::string generated_model(const ModelPreset& p, uint32_t seed, std::vector<int32_t>* toks,
+                            size_t n_toks = 300, Type type = Type::F16) {
     GenModelOptions o;
-    o.type = Type::F16;
+    o.type = type;
     o.n_threads = 2;
-    const std::string path = ::testing::TempDir() + "/ferry-" + p.name + ".gguf";
+    const std::string path =
+        ::testing::TempDir() + "/ferry-" + p.name + "-" + type_name(type) + ".gguf";
     const Status st = generate_model(p, o, path);
     EXPECT_TRUE(st) << st.message();
     toks->resize(n_toks);
@@ -1114,7 +1116,7 @@ TEST(Cuda, EarlyAttentionLoadsGiveTheSameBits) {
     REQUIRE_GPU();
     const ModelPreset p = {"test-d64", 384, 512, 256, 2, 4, 2, 512, 10000.0f, 1e-5f, false};
     std::vector<int32_t> toks;
-    const std::string path = generated_f16_model(p, 7u, &toks);
+    const std::string path = generated_model(p, 7u, &toks);
     ASSERT_FALSE(path.empty());
     // Rows loaded after the wait; before it with the indices after it; with the indices
     // before it too (the default: they are the graph's inputs); the dependents' launch
@@ -1207,17 +1209,26 @@ class LoweringProbe : public HostKernelDevice {
         size_t lo = 0, hi = 0, kernel_nodes = 0;
     };
     std::vector<Seen> seen_graphs;
+    // Set: each graph is matched with its first product's F16 weight taken as BF16 for the
+    // match alone (a model of two weight types, which the kernel does not take).
+    bool mix_types = false;
     LoweringProbe() : HostKernelDevice("lowering-probe") {}
 
   protected:
     void seen(const Graph& g) override {
         std::vector<const Tensor*> kn;
+        Tensor* mixed = nullptr;
         for (const Tensor* n : g.nodes) {
             if (n->op != Op::NONE && (op_info(n->op).flags & kOpView) == 0) kn.push_back(n);
+            if (mix_types && !mixed && n->op == Op::MUL_MAT && n->src[0]->type == Type::F16) {
+                mixed = n->src[0];
+            }
         }
+        if (mixed) mixed->type = Type::BF16;
         Seen s;
         s.kernel_nodes = kn.size();
         s.matched = cuda::match_persist(g, kn, &s.lo, &s.hi, &s.m, &s.why, host);
+        if (mixed) mixed->type = Type::F16;
         seen_graphs.push_back(std::move(s));
     }
 
@@ -1225,11 +1236,13 @@ class LoweringProbe : public HostKernelDevice {
     static char* host(const Tensor* t) { return static_cast<char*>(t->data); }
 };
 
-// A 3-token prompt and one more token of a generated F16 model of preset p on dev, its graphs
-// in dev.seen_graphs (cleared first); false, the failure recorded, when a step did not run.
-bool probe_generated(LoweringProbe& dev, const ModelPreset& p, uint32_t seed) {
+// A 3-token prompt and one more token of a generated model of preset p (weights of `type`) on
+// dev, its graphs in dev.seen_graphs (cleared first); false, the failure recorded, when a step
+// did not run.
+bool probe_generated(LoweringProbe& dev, const ModelPreset& p, uint32_t seed,
+                     Type type = Type::F16) {
     std::vector<int32_t> ids;
-    const std::string path = generated_f16_model(p, seed, &ids);
+    const std::string path = generated_model(p, seed, &ids, 300, type);
     if (path.empty()) return false;
     ModelOptions mo;
     mo.devices.push_back(&dev);
@@ -1299,6 +1312,7 @@ TEST(Cuda, PersistentLoweringMatchesDecodeGraphsOnly) {
         EXPECT_NE(pm.x0, nullptr);
         EXPECT_NE(pm.logits, nullptr);
         EXPECT_EQ(pm.cache_row_bytes, 4 * 32 * 2);
+        EXPECT_FALSE(pm.bf16);
         for (const cuda::PersistLayer& l : pm.layers) {
             EXPECT_TRUE(l.wq && l.wk && l.wv && l.wo && l.gate && l.up && l.down && l.attn_norm &&
                         l.ffn_norm && l.kc && l.vc && l.mask);
@@ -1322,15 +1336,18 @@ TEST(Cuda, PersistentLoweringMatchesDecodeGraphsOnly) {
     }
     // The shapes the GPU tests below run: lowered, and taken by the kernel on a device of an
     // H100's or H200's 132 SMs and 227 KiB of shared memory a block (a 1B layer with Llama 3's
-    // rope factors, the F16 embedding as the output; hidden 1024).
-    for (const ModelPreset& p : {ModelPreset{"test-1b-2l-cpu", 4096, 1024, 2048, 2, 32, 8, 8192,
-                                             500000.0f, 1e-5f, true, "llama", 0, 32.0f},
-                                 ModelPreset{"test-h1024-cpu", 2048, 1024, 1024, 3, 16, 4, 4096,
-                                             10000.0f, 1e-5f, false}}) {
-        ASSERT_TRUE(probe_generated(dev, p, 5u)) << p.name;
+    // rope factors, the embedding as the output, F16 and BF16; hidden 1024).
+    const ModelPreset b1 = {"test-1b-2l-cpu", 4096,  1024, 2048,    2, 32,   8, 8192,
+                            500000.0f,        1e-5f, true, "llama", 0, 32.0f};
+    const ModelPreset h1024 = {"test-h1024-cpu", 2048,  1024, 1024, 3, 16, 4, 4096,
+                               10000.0f,         1e-5f, false};
+    for (const auto& [p, type] :
+         {std::pair{b1, Type::F16}, std::pair{b1, Type::BF16}, std::pair{h1024, Type::F16}}) {
+        ASSERT_TRUE(probe_generated(dev, p, 5u, type)) << p.name;
         ASSERT_GE(dev.seen_graphs.size(), 2u);
         const LoweringProbe::Seen& e = dev.seen_graphs.back();
-        ASSERT_TRUE(e.matched) << p.name << ": " << e.why;
+        ASSERT_TRUE(e.matched) << p.name << " " << type_name(type) << ": " << e.why;
+        EXPECT_EQ(e.m.bf16, type == Type::BF16) << p.name;
         EXPECT_EQ(e.m.layers.size(), static_cast<size_t>(p.n_layer)) << p.name;
         EXPECT_EQ(e.m.rope_ff != nullptr, p.llama3_rope_factor > 0.0f) << p.name;
         std::string why;
@@ -1338,6 +1355,14 @@ TEST(Cuda, PersistentLoweringMatchesDecodeGraphsOnly) {
         EXPECT_FALSE(cuda::persist_shapes_ok(e.m, 132, &why, 200 << 10)) << p.name;
         EXPECT_EQ(why, "shared memory") << p.name;
     }
+    // One weight of another type than the rest: not lowered.
+    dev.mix_types = true;
+    ASSERT_TRUE(probe_generated(dev, h1024, 5u));
+    dev.mix_types = false;
+    ASSERT_FALSE(dev.seen_graphs.empty());
+    EXPECT_FALSE(dev.seen_graphs.back().matched);
+    std::printf("[ cuda     ] a decode graph with one weight BF16, the rest F16, not lowered: %s\n",
+                dev.seen_graphs.back().why.c_str());
     for (const char* arch : {"qwen2", "qwen3"}) {
         const ModelPreset p = {"tiny-lowering", 1024,  512,   256,  2, 8, 4, 768,
                                10000.0f,        1e-6f, false, arch, 32};
@@ -1355,26 +1380,27 @@ TEST(Cuda, PersistentLoweringMatchesDecodeGraphsOnly) {
 #ifdef FERRY_HAVE_CUDA
 // The persistent decode step (one cooperative launch from the first layer's norm to the logits,
 // src/backends/cuda/ops/persist.cu) against the kernel-per-node plan (FERRY_CUDA_PERSIST=0) on
-// F16 models of the shapes it takes: Llama 3.2 1B's layers (hidden 2048, 32 heads of 64 over 8
-// KV heads, FFN 8192, Llama 3's rope frequency factors, tied output) with 2 layers, and hidden
-// 1024 (16 heads over 4, FFN 4096, untied) with 3. A 20-token prompt, then one token at a time
-// to position 800 (KV lengths 256 to 1,024, the most the kernel takes), or to position 160 (the
-// large model, in a context of 170: a KV length that is not a multiple of 8, which the
-// attention's search for the last visible key reads one value at a time). Both sum
-// the same F16 weights and values in fp32 in different orders (~1e-7 relative a value) and may
-// round a key or value to F16 the other way (one F16 ulp, 5e-4 relative in that one element):
-// the logits' nmse stays below 1e-9, and the lowering ran (none with it off). Its attention
-// both ways: from position 127 on, a head's keys split over as many blocks as the SMs take
-// (four for these shapes on 132 SMs), merged by wo's input read, and one block a head
-// throughout (FERRY_CUDA_PERSIST_SPLITS=1).
+// models of the shapes it takes: Llama 3.2 1B's layers (hidden 2048, 32 heads of 64 over 8
+// KV heads, FFN 8192, Llama 3's rope frequency factors, tied output) with 2 layers, F16 and
+// BF16, and hidden 1024 (16 heads over 4, FFN 4096, untied) with 3, F16. A 20-token prompt, then
+// one token at a time to position 800 (KV lengths 256 to 1,024, the most the kernel takes), or to
+// position 160 (the large model, in a context of 170: a KV length that is not a multiple of 8,
+// which the attention's search for the last visible key reads one value at a time). Both sum the
+// same weights and values in fp32 in different orders (~1e-7 relative a value) and may round a key
+// or value to F16 the other way (one F16 ulp, 5e-4 relative in that one element): the logits' nmse
+// stays below 1e-9, and the lowering ran (none with it off). Its attention both ways: from position
+// 127 on, a head's keys split over as many blocks as the SMs take (four for these shapes on 132
+// SMs), merged by wo's input read, and one block a head throughout (FERRY_CUDA_PERSIST_SPLITS=1).
 TEST(Cuda, PersistentDecodeMatchesTheKernelPlan) {
     REQUIRE_GPU();
-    const ModelPreset presets[] = {
-        {"test-1b-2l", 4096, 1024, 2048, 2, 32, 8, 8192, 500000.0f, 1e-5f, true, "llama", 0, 32.0f},
-        {"test-h1024", 2048, 1024, 1024, 3, 16, 4, 4096, 10000.0f, 1e-5f, false}};
-    for (const ModelPreset& p : presets) {
+    const ModelPreset b1 = {"test-1b-2l", 4096,      1024,  2048, 2,       32, 8,
+                            8192,         500000.0f, 1e-5f, true, "llama", 0,  32.0f};
+    const ModelPreset h1024 = {"test-h1024", 2048,     1024,  1024, 3, 16, 4,
+                               4096,         10000.0f, 1e-5f, false};
+    for (const auto& [p, type] :
+         {std::pair{b1, Type::F16}, std::pair{b1, Type::BF16}, std::pair{h1024, Type::F16}}) {
         std::vector<int32_t> toks;
-        const std::string path = generated_f16_model(p, 11u, &toks, p.n_embd == 2048 ? 160 : 800);
+        const std::string path = generated_model(p, 11u, &toks, p.n_embd == 2048 ? 160 : 800, type);
         ASSERT_FALSE(path.empty());
         const size_t steps = toks.size();
         std::vector<float> runs[3];
@@ -1408,11 +1434,12 @@ TEST(Cuda, PersistentDecodeMatchesTheKernelPlan) {
                             std::max_element(y, y + p.n_vocab) - y;
             }
             std::printf(
-                "[ cuda     ] %s (%s): persistent decode vs the kernel plan over %zu steps: nmse "
-                "%.2e, same top-1 %zu, %llu plans lowered\n",
-                p.name, form, rows, e, same_top, static_cast<unsigned long long>(lowered[on]));
-            EXPECT_GT(lowered[on], 0u) << p.name << " " << form;
-            EXPECT_LE(e, 1e-9) << p.name << " " << form;
+                "[ cuda     ] %s %s (%s): persistent decode vs the kernel plan over %zu steps: "
+                "nmse %.2e, same top-1 %zu, %llu plans lowered\n",
+                p.name, type_name(type), form, rows, e, same_top,
+                static_cast<unsigned long long>(lowered[on]));
+            EXPECT_GT(lowered[on], 0u) << p.name << " " << type_name(type) << " " << form;
+            EXPECT_LE(e, 1e-9) << p.name << " " << type_name(type) << " " << form;
         }
         std::remove(path.c_str());
     }
@@ -1429,7 +1456,7 @@ TEST(Cuda, PersistentDecodeQueuedAheadGivesTheSameBits) {
     const ModelPreset p = {"test-h1024-ahead", 2048,  1024, 1024, 3, 16, 4, 4096,
                            10000.0f,           1e-5f, false};
     std::vector<int32_t> toks;
-    const std::string path = generated_f16_model(p, 13u, &toks);
+    const std::string path = generated_model(p, 13u, &toks);
     ASSERT_FALSE(path.empty());
     std::vector<float> runs[2];
     cuda::AheadCounts counts[2];
@@ -2243,7 +2270,7 @@ TEST(Cuda, ServedTcpLogitsEqualLocalWithProgressiveReads) {
     REQUIRE_GPU();
     const ModelPreset p = {"test-v20k", 20000, 1024, 256, 2, 4, 2, 512, 10000.0f, 1e-5f, false};
     std::vector<int32_t> toks;
-    const std::string path = generated_f16_model(p, 5u, &toks);
+    const std::string path = generated_model(p, 5u, &toks);
     ASSERT_FALSE(path.empty());
     std::vector<float> local;
     {

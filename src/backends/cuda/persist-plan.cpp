@@ -41,6 +41,7 @@ struct Matcher {
     int rope_params[4] = {0, 0, 0, 0};
     bool have_rope = false;
     float eps = NAN;
+    const Tensor* first_weight = nullptr;  // its type (F16 or BF16) is every weight's
 
     bool f32_row(const Tensor* t, int64_t n) const {
         return t && t->type == Type::F32 && t->ne[0] == n && t->ne[1] == 1 && t->ne[2] == 1 &&
@@ -56,12 +57,15 @@ struct Matcher {
         nodes.insert(t);
         return t;
     }
-    // A contiguous 2-D F16 weight of K columns; its rows.
+    // A contiguous 2-D weight of K columns, F16 or BF16 as every other one (the kernel
+    // converts one type); its rows.
     int64_t weight(const Tensor* w, int64_t K) {
-        if (!w || w->type != Type::F16 || w->ne[0] != K || w->ne[2] != 1 || w->ne[3] != 1 ||
-            !w->is_contiguous() || !addr(w)) {
+        if (!w || (w->type != Type::F16 && w->type != Type::BF16) || w->ne[0] != K ||
+            w->ne[2] != 1 || w->ne[3] != 1 || !w->is_contiguous() || !addr(w)) {
             return 0;
         }
+        if (!first_weight) first_weight = w;
+        if (w->type != first_weight->type) return 0;
         return w->ne[1];
     }
     // MUL_MAT(w, b) of one column with b = `b`; the weight's address, or nullptr.
@@ -279,6 +283,7 @@ bool match_persist(const Graph& g, const std::vector<const Tensor*>& kn, size_t*
     const Tensor* x = mt.normed(c, H, &m->out_norm);
     m->w_out = mt.product(out, c, H, m->n_vocab);
     if (!x || !m->w_out) return no("the output's norm or weights");
+    m->bf16 = mt.first_weight->type == Type::BF16;
     m->logits = reinterpret_cast<float*>(addr(out));
     if (!out->is_contiguous()) return no("the logits");
     // Heads from the first attention met (the last layer's).

@@ -2,7 +2,7 @@
 // came from (bench/bench_cuda_persist.cu): mbarriers, bulk copies into shared memory with an L2
 // policy, activations as tagged 64-bit words (a value's float bits low, the tag of the phase
 // and launch that stored it high, stored and read whole), and a warp's dot product of its
-// 1024 F16 weights of a 16 KiB tile. Plain CUDA (C++17), sm_90.
+// 1024 F16 or BF16 weights of a 16 KiB tile. Plain CUDA (C++17), sm_90.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -14,7 +14,7 @@ namespace ferry::cuda::psync {
 
 using Word = unsigned long long;
 
-// A tile: one ring stage, 8192 F16 weights (tile_dot: 8 warps of 1024 each).
+// A tile: one ring stage, 8192 F16 or BF16 weights (tile_dot: 8 warps of 1024 each).
 constexpr int kTileBytes = 16384;
 
 // A step's phases: each layer's q/k/v, attention, wo, gate/up and down, then the output.
@@ -134,7 +134,9 @@ __device__ float consumers_max(float v, float* red) {
 // (which expects its bytes): from up to three row-major matrices one after another (seg[i]
 // tiles each), or, paired (gate/up), half a tile from each of w[0] and w[1] (gate rows, then
 // the same rows of up).
-__device__ __forceinline__ void copy_tile(unsigned char* dst, const __half* const (&w)[3],
+// (T: the weights' element type, or bytes; only their addresses are read.)
+template <typename T>
+__device__ __forceinline__ void copy_tile(unsigned char* dst, const T* const (&w)[3],
                                           const int64_t (&seg)[3], bool paired, int64_t tile,
                                           uint64_t* full, uint64_t policy) {
     mbar_expect(full, kTileBytes);
@@ -148,7 +150,7 @@ __device__ __forceinline__ void copy_tile(unsigned char* dst, const __half* cons
     }
     // (selects, not an index: the phase stays in registers)
     int64_t t = tile;
-    const __half* m = w[0];
+    const T* m = w[0];
     if (t >= seg[0]) {
         t -= seg[0];
         m = w[1];
@@ -161,7 +163,9 @@ __device__ __forceinline__ void copy_tile(unsigned char* dst, const __half* cons
               policy);
 }
 
-// A warp's dot product of its 1024 weights of a tile with v: 4 chains.
+// A warp's dot product of its 1024 weights of a tile with v: 4 chains. Bf16: the weights are
+// BF16 (a float's high half: exact as a float by a shift), else F16.
+template <bool Bf16 = false>
 __device__ __forceinline__ float tile_dot(const unsigned char* stage, int e0, int lane,
                                           const float (&v)[32]) {
     const uint4* src = reinterpret_cast<const uint4*>(stage + e0 * 2);
@@ -169,12 +173,21 @@ __device__ __forceinline__ float tile_dot(const unsigned char* stage, int e0, in
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         const uint4 w = src[j * 32 + lane];
-        const __half2* h2 = reinterpret_cast<const __half2*>(&w);
+        if constexpr (Bf16) {
+            const unsigned u[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const float2 f = __half22float2(h2[c]);
-            acc[j] = fmaf(f.x, v[8 * j + 2 * c], acc[j]);
-            acc[j] = fmaf(f.y, v[8 * j + 2 * c + 1], acc[j]);
+            for (int c = 0; c < 4; c++) {
+                acc[j] = fmaf(__uint_as_float(u[c] << 16), v[8 * j + 2 * c], acc[j]);
+                acc[j] = fmaf(__uint_as_float(u[c] & 0xffff0000u), v[8 * j + 2 * c + 1], acc[j]);
+            }
+        } else {
+            const __half2* h2 = reinterpret_cast<const __half2*>(&w);
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const float2 f = __half22float2(h2[c]);
+                acc[j] = fmaf(f.x, v[8 * j + 2 * c], acc[j]);
+                acc[j] = fmaf(f.y, v[8 * j + 2 * c + 1], acc[j]);
+            }
         }
     }
     return (acc[0] + acc[1]) + (acc[2] + acc[3]);

@@ -63,7 +63,7 @@ struct Phase {
     // Up to three matrices one after another (q/k/v: seg[i] tiles each), or, `paired`
     // (gate/up), w[0] the gate and w[1] the up matrix: a tile holds rows_per_tile / 2 rows of
     // each (two 8 KiB copies), that many values of silu(g) u.
-    const __half* w[3];
+    const unsigned char* w[3];  // F16 or BF16 (the launch's kernel says which)
     int64_t seg[3];
     int paired;
     int K;
@@ -529,6 +529,8 @@ __device__ __forceinline__ Share share_of(const Phase& ph, int b, int nb) {
     return {lo, hi - lo};
 }
 
+// Bf16: every weight is BF16, else F16 (the only difference: tile_dot's conversion).
+template <bool Bf16>
 __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
     extern __shared__ __align__(128) unsigned char smem[];
     const SmemLayout L{a.max_tiles};
@@ -633,12 +635,12 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
             while (lt < sh.count) {
                 const int s0 = static_cast<int>(it % kStages);
                 mbar_wait(a, full + s0, static_cast<unsigned>((it / kStages) & 1), kWaitTile);
-                const float d0 = tile_dot(ring + s0 * kStageBytes, e0, lane, v);
+                const float d0 = tile_dot<Bf16>(ring + s0 * kStageBytes, e0, lane, v);
                 if (lt + 1 < sh.count) {
                     const int s1 = static_cast<int>((it + 1) % kStages);
                     mbar_wait(a, full + s1, static_cast<unsigned>(((it + 1) / kStages) & 1),
                               kWaitTile);
-                    const float d1 = tile_dot(ring + s1 * kStageBytes, e0, lane, v);
+                    const float d1 = tile_dot<Bf16>(ring + s1 * kStageBytes, e0, lane, v);
                     const bool hi = lane & 16;
                     float keep = hi ? d1 : d0;
                     keep += __shfl_xor_sync(0xffffffffu, hi ? d0 : d1, 16);
@@ -733,7 +735,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
 // The launch counters (Args::ctl).
 constexpr size_t kCtlBytes = 4 * sizeof(unsigned);
 
-// Tiles of a matrix of `rows` x K F16 weights, or 0 when its rows do not fill whole tiles.
+// Tiles of a matrix of `rows` x K weights of 2 bytes, or 0 when its rows do not fill whole tiles.
 int64_t tiles_of(int64_t rows, int K) {
     const int64_t bytes = rows * K * 2;
     return bytes % kStageBytes == 0 ? bytes / kStageBytes : 0;
@@ -792,13 +794,14 @@ struct Persist::Impl {
         Args args{};
         Phase* dev = nullptr;
         size_t smem = 0;
+        bool bf16 = false;  // which k_persist
     };
     std::vector<Table> tables;
     std::vector<void*> allocs;  // freed with the backend (captured graphs may name any)
     Word* words = nullptr;      // x, qkv, attn, h, the attention splits' words
     size_t words_cap = 0;
-    unsigned* ctl = nullptr;  // Args::ctl
-    size_t smem_set = 0;      // k_persist's dynamic shared memory attribute
+    unsigned* ctl = nullptr;      // Args::ctl
+    size_t smem_set[2] = {0, 0};  // each k_persist's dynamic shared memory attribute
 };
 
 Persist::Persist() : impl_(std::make_unique<Impl>()) {}
@@ -823,7 +826,7 @@ Status Persist::prepare(const PersistModel& m, int device, int n_sm, int* id) {
         int i = 0;
         auto r = rows.begin();
         for (const void* wi : w) {
-            p.w[i] = static_cast<const __half*>(wi);
+            p.w[i] = static_cast<const unsigned char*>(wi);
             p.seg[i] = tiles_of(*r, K);
             if (p.seg[i] == 0) p.tiles = -1;  // (declined below)
             i++;
@@ -946,7 +949,8 @@ Status Persist::prepare(const PersistModel& m, int device, int n_sm, int* id) {
     const size_t table_bytes = ph.size() * sizeof(Phase);
     for (size_t i = 0; i < I.tables.size(); i++) {
         Impl::Table& t = I.tables[i];
-        if (t.host.size() == ph.size() && std::memcmp(t.host.data(), ph.data(), table_bytes) == 0) {
+        if (t.bf16 == m.bf16 && t.host.size() == ph.size() &&
+            std::memcmp(t.host.data(), ph.data(), table_bytes) == 0) {
             a.phases = t.dev;
             t.args = a;
             *id = static_cast<int>(i);
@@ -958,16 +962,18 @@ Status Persist::prepare(const PersistModel& m, int device, int n_sm, int* id) {
     const cudaError_t ce = cudaMemcpy(p, ph.data(), table_bytes, cudaMemcpyHostToDevice);
     const size_t smem = SmemLayout{max_tiles}.bytes();
     // (The function's attribute: the most any table needs, so that every table's launch fits.)
-    const size_t most = std::max(smem, I.smem_set);
+    auto* const kernel = m.bf16 ? k_persist<true> : k_persist<false>;
+    size_t& smem_set = I.smem_set[m.bf16 ? 1 : 0];
+    const size_t most = std::max(smem, smem_set);
     const cudaError_t fe =
         ce != cudaSuccess
             ? ce
-            : cudaFuncSetAttribute(k_persist, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            : cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(most));
     int per_sm = 0;
     const cudaError_t oe = fe != cudaSuccess ? fe
                                              : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                                   &per_sm, k_persist, kThreads, smem);
+                                                   &per_sm, kernel, kThreads, smem);
     if (oe != cudaSuccess || per_sm < 1) {
         cudaGetLastError();
         cudaFree(p);
@@ -975,8 +981,9 @@ Status Persist::prepare(const PersistModel& m, int device, int n_sm, int* id) {
             "persistent decode: its table, %zu bytes of shared memory or a block a SM: %s", smem,
             oe != cudaSuccess ? cudaGetErrorString(oe) : "no block fits");
     }
-    I.smem_set = most;
+    smem_set = most;
     Impl::Table t;
+    t.bf16 = m.bf16;
     t.host = std::move(ph);
     t.dev = static_cast<Phase*>(p);
     t.smem = smem;
@@ -1003,7 +1010,7 @@ Status Persist::launch(const OpContext& ctx, int id) const {
     attr[0].val.cooperative = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, k_persist, a);
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, t.bf16 ? k_persist<true> : k_persist<false>, a);
     if (e != cudaSuccess) {
         cudaGetLastError();
         return Status::errorf("CUDA: persistent decode step: launch failed: %s",

@@ -22,8 +22,9 @@
 
 namespace ferry::cuda {
 
-// One layer's tensors, as the graph holds them (device addresses). Weights F16, row-major
-// (rows x K); the caches F16, a row a position of n_head_kv heads of head_dim.
+// One layer's tensors, as the graph holds them (device addresses). Weights F16 or BF16
+// (PersistModel::bf16), row-major (rows x K); the caches F16, a row a position of n_head_kv
+// heads of head_dim.
 struct PersistLayer {
     const void* wq = nullptr;
     const void* wk = nullptr;
@@ -52,7 +53,8 @@ struct PersistModel {
     int64_t rope_ff_nb0 = 0;
     const float* x0 = nullptr;  // the step's input row (F32 [n_embd]), written before the launch
     const float* out_norm = nullptr;
-    const void* w_out = nullptr;   // [n_vocab, n_embd] F16
+    const void* w_out = nullptr;   // [n_vocab, n_embd], of the layers' weight type
+    bool bf16 = false;             // every weight BF16 (else every one F16)
     float* logits = nullptr;       // [n_vocab] F32
     const int32_t* pos = nullptr;  // the position: rope's and the caches' row (device memory)
     // The index picking the last layer's one row (GET_ROWS by the step's out_ids), or nullptr:
