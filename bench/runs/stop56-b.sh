@@ -26,7 +26,9 @@ done
 for r in 1 2; do
   left 50 "sweep round $r" || break
   row="F16 tg128 inflight default $(tg $H 128)"
-  for k in 2,1 4,1 4,2 6,1 3,2; do row="$row | $k $(tg $H 128 FERRY_CUDA_PERSIST_INFLIGHT=$k)"; done
+  for k in ${SWEEP:-2,1 4,1 4,2 6,1 3,2}; do
+    row="$row | $k $(tg $H 128 FERRY_CUDA_PERSIST_INFLIGHT=$k)"
+  done
   echo "$row"
 done
 [[ $CARD == *H200* ]] || exit 0
