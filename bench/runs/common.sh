@@ -9,7 +9,7 @@
 # be FERRY_*=V ...: that tg128 for 1B Q4_0 on CUDA0 with those variables set.
 # persist ARGS: a bench_cuda_persist run; f16_tg128: ferry's 1B F16 tg128 (below).
 # Served runs side by side: serve_unix, serve_tcp, servers_up, side_by_side, served_rounds,
-# tcp_step_trace, logits_reads (below).
+# step_trace, tcp_step_trace, logits_reads (below).
 # tests FILTER [SECONDS]: test_cuda with that filter into $OUT/test_cuda.RUN.N.txt (RUN: the run
 # script's name, N: the call), its exit status (124: timed out), summary lines and the context
 # of any failure (TESTS_RC: that exit status). profiles ADDR...: session profiles (below).
@@ -171,20 +171,23 @@ served_rounds() {
     echo "$(bt $Q --device CUDA0) | $(bt $Q --remote unix:$SD/u) | $(bt $Q --remote tcp:127.0.0.1:$P)"
   done
 }
-# tcp_step_trace: a tcp server and a 1B Q4_0 client, both with FERRY_STEP_TRACE=$OUT/trace
-# (stripe lanes included), then bench/tools/step-trace.py's medians.
-tcp_step_trace() {
-  local tr=$OUT/trace
+# step_trace [unix|tcp]: a server of that transport (tcp unless given) and a 1B Q4_0 client,
+# both with FERRY_STEP_TRACE=$OUT/trace-KIND (stripe lanes included), then bench/tools/
+# step-trace.py's medians. tcp_step_trace: step_trace tcp.
+step_trace() {
+  local kind=${1:-tcp} tr=$OUT/trace-${1:-tcp} addr
   mkdir -p $tr
-  FERRY_STEP_TRACE=$tr $F serve --listen tcp:127.0.0.1:$((P + 9)) --device ${DEV:-CUDA0} > $SD/t9.log 2>&1 &
+  if [ $kind = unix ]; then addr=unix:$SD/ut; else addr=tcp:127.0.0.1:$((P + 9)); fi
+  FERRY_STEP_TRACE=$tr $F serve --listen $addr --device ${DEV:-CUDA0} > $SD/t9.log 2>&1 &
   local pid=$!
   SERVER_PIDS+=($pid)
   sleep 3
-  FERRY_STEP_TRACE=$tr bt $Q --remote tcp:127.0.0.1:$((P + 9))
+  echo "$kind traced: $(FERRY_STEP_TRACE=$tr bt $Q --remote $addr)"
   kill $pid
   sleep 1
   python3 bench/tools/step-trace.py $tr
 }
+tcp_step_trace() { step_trace tcp; }
 # persist ARGS: bench_cuda_persist (P, default /tmp/bench_cuda_persist) 50 steps of 16 layers with
 # ARGS, when 20 s are left: the persistent form's line (and any FAILED check); FULL=1: every
 # form's line, the checks but the per-form ones that passed, and the stamped table.
