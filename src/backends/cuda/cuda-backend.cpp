@@ -727,8 +727,7 @@ class CudaBackend : public Backend {
             gstats_.host_reads++;
             return Status::ok();
         }
-        CUDA_TRY(cudaMemcpyAsync(dst, b->dev_ptr() + t->offs + offset, size, cudaMemcpyDeviceToHost,
-                                 stream_),
+        CUDA_TRY(cudaMemcpyAsync(dst, r.src, size, cudaMemcpyDeviceToHost, stream_),
                  "%s: get_tensor_async '%s'", name(), t->name);
         return Status::ok();
     }
@@ -1518,6 +1517,7 @@ Status CudaBackend::plan(Graph& g) {
             Step st{n, nullptr, 6, nullptr};
             st.persist = p_id;
             st.persist_bytes = p_bytes;
+            out_step_ = static_cast<int>(steps_.size());  // its logits are the graph's output
             steps_.push_back(st);
             i = p_hi;
             continue;
@@ -1602,11 +1602,9 @@ Status CudaBackend::plan(Graph& g) {
     if (cublas) FERRY_TRY(ensure_cublas());
     piece_step_ = -1;
     if (pieces_ > 0) FERRY_TRY(plan_pieces());
-    // The step whose output a session reads: the persistent step, or the graph's last product
-    // of one F32 column (not a progressive one: its pieces go their own way).
-    for (size_t i = 0; i < steps_.size(); i++) {
-        if (steps_[i].kind == 6) out_step_ = static_cast<int>(i);
-    }
+    // The step whose output a session reads: the persistent step (set where it was pushed), or
+    // the graph's last product of one F32 column (not a progressive one: its pieces go their
+    // own way).
     if (out_step_ < 0 && !steps_.empty() && piece_step_ != static_cast<int>(steps_.size()) - 1) {
         const Tensor* mm = steps_.back().node;
         if (steps_.back().kind == 0 && mm->op == Op::MUL_MAT && mm->type == Type::F32 &&

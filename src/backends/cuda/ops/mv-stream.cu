@@ -19,6 +19,17 @@ int trace_next_id() {
 }
 #endif
 
+// A warp's run of kMirrorGroup rows from r - r % G, collected a row at a time into its lanes
+// (lane i holds row r - r % G + i; v, row r's value, is in every lane; `last`: the warp has no
+// further row). *i: row r's index in the run; true once the run is complete (its last row, or
+// the warp's), the same in every lane.
+__device__ __forceinline__ bool run_stash(int64_t r, float v, bool last, uint32_t& stash, int* i) {
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    *i = static_cast<int>(r % kMirrorGroup);
+    if (lane == *i) stash = __float_as_uint(v);
+    return *i == kMirrorGroup - 1 || last;
+}
+
 // The host copy of a progressive product (HostMirror). mirror_row: row r (of the warp's run
 // of kMirrorGroup rows from r - r % G), its value v in every lane; `last`: the warp has no
 // further row. After the run's last row the warp writes its line; after the warp's barrier
@@ -33,10 +44,9 @@ int trace_next_id() {
 __device__ __forceinline__ void mirror_row(const MvArgs& g, int64_t r, float v, bool last,
                                            int64_t W, uint32_t& stash) {
     constexpr int G = kMirrorGroup;
+    int i;
+    if (!run_stash(r, v, last, stash, &i)) return;
     const int lane = static_cast<int>(threadIdx.x % 32);
-    const int i = static_cast<int>(r % G);
-    if (lane == i) stash = __float_as_uint(v);
-    if (i != G - 1 && !last) return;  // (the same in every lane)
     const int64_t r0 = r - i;
     if (lane <= i) {
         asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(g.mirror.buf + r0 + lane),
@@ -63,16 +73,13 @@ __device__ __forceinline__ void mirror_row(const MvArgs& g, int64_t r, float v, 
     }
 }
 
-// The graph's output stored into host memory (MvArgs::host_out): the rows of a warp's run as
-// mirror_row collects them (lane i holds row r0 + i), written as one line after its last row.
-// No flags: the reader waits for the whole launch.
+// The graph's output stored into host memory (MvArgs::host_out): a warp's run of rows written
+// as one line once complete (run_stash). No flags: the reader waits for the whole launch.
 __device__ __forceinline__ void host_row(float* host, int64_t r, float v, bool last,
                                          uint32_t& stash) {
-    constexpr int G = kMirrorGroup;
+    int i;
+    if (!run_stash(r, v, last, stash, &i)) return;
     const int lane = static_cast<int>(threadIdx.x % 32);
-    const int i = static_cast<int>(r % G);
-    if (lane == i) stash = __float_as_uint(v);
-    if (i != G - 1 && !last) return;  // (the same in every lane)
     if (lane <= i) host[r - i + lane] = __uint_as_float(stash);
 }
 
