@@ -706,6 +706,53 @@ TEST_P(Remote, AsyncErrorSurfacesAtTheNextWait) {
     }
 }
 
+TEST_P(Remote, ComputeAheadSendsTheHeldStepBeforeItsCompare) {
+    // A decode step as Scheduler::get_tensor_then drives it: the compute and the read of its
+    // result are held to go out in one send; compute_ahead then compares the graph with the
+    // one computed last (every tensor's image: microseconds for a 1B model) while the server
+    // computes, so the step must be on its way before that compare, not at the wait after it.
+    Context ctx;
+    Tensor* a = ctx.new_tensor(Type::F32, {256});
+    Tensor* b = ctx.new_tensor(Type::F32, {256});
+    Tensor* out = ctx.add(a, b);
+    out->flags |= kTensorOutput;
+    Graph g;
+    g.build_forward(out);
+    auto buf = allocate_context_tensors(ctx, dev_->buffer_type(), BufferUsage::Weights);
+    ASSERT_TRUE(buf) << buf.message();
+    auto be = dev_->make_backend();
+    ASSERT_TRUE(be);
+    std::vector<float> got(256);
+    for (int step = 0; step < 3; step++) {
+        auto xa = random_floats(256, 80 + step), xb = random_floats(256, 90 + step);
+        ASSERT_TRUE((*be)->set_tensor_async(a, xa.data(), 0, 1024).is_ok());
+        ASSERT_TRUE((*be)->set_tensor_async(b, xb.data(), 0, 1024).is_ok());
+        ASSERT_TRUE((*be)->compute(g).is_ok());
+        ASSERT_TRUE((*be)->get_tensor_async(out, got.data(), 0, 1024).is_ok());
+        // (client_sends is read before the stats request's own send.)
+        auto s0 = remote_stats(reg_.get());
+        ASSERT_TRUE(s0);
+        ASSERT_TRUE((*be)->synchronize().is_ok());
+        if (step > 0) {
+            auto xa2 = random_floats(256, 180 + step), xb2 = random_floats(256, 190 + step);
+            ASSERT_TRUE((*be)->set_tensor_async(a, xa2.data(), 0, 1024).is_ok());
+            ASSERT_TRUE((*be)->set_tensor_async(b, xb2.data(), 0, 1024).is_ok());
+            ASSERT_TRUE((*be)->compute(g).is_ok());
+            ASSERT_TRUE((*be)->get_tensor_async(out, got.data(), 0, 1024).is_ok());
+            Expected<bool> q = (*be)->compute_ahead(g);
+            ASSERT_TRUE(q) << q.message();
+            EXPECT_TRUE(*q) << "the graph is the one computed last";
+            auto s1 = remote_stats(reg_.get());
+            ASSERT_TRUE(s1);
+            // s0's request, then this step's compute and read, sent by compute_ahead.
+            EXPECT_EQ(s1->client_sends - s0->client_sends, 2u) << "step " << step;
+            EXPECT_EQ(s1->client_waits - s0->client_waits, 1u) << "step " << step;
+            ASSERT_TRUE((*be)->settle_ahead().is_ok());
+            for (int i = 0; i < 256; i++) ASSERT_EQ(got[i], xa2[i] + xb2[i]) << step << " " << i;
+        }
+    }
+}
+
 TEST_P(Remote, SmallInputWritesTravelInTheComputeFrame) {
     // Inputs in memory the client does not map (server-private here, a GPU's on a CUDA
     // server): a step's small writes travel inside its GRAPH_COMPUTE frame, so the server

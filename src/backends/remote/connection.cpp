@@ -561,6 +561,12 @@ Expected<Connection::Result> Connection::call(Cmd cmd, const wire::Writer& prefi
     return res;
 }
 
+Status Connection::send_held() {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    if (dead_) return error("connection lost: " + dead_why_, ErrorCode::ConnectionLost);
+    return flush();
+}
+
 Status Connection::drain() {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     if (!dead_) FERRY_TRY(spill_inputs());

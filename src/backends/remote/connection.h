@@ -82,6 +82,9 @@ class Connection {
     bool idle() const { return pending_.empty(); }
     // Waits for every request in flight; returns (and clears) the first asynchronous error.
     Status drain();
+    // Sends what is held (inputs, posted reads, a held compute) now, without waiting: work the
+    // caller does next then overlaps the server's.
+    Status send_held();
 
     // Client mirror of the server's graph cache (see protocol.h: kClientGraphCache).
     struct SentGraph {
