@@ -855,8 +855,10 @@ class RemoteBackend : public Backend {
     // are held to go out in one send (Connection::send_frame); they go now, before the
     // compare: held until the wait after it, they went out only after it (1B: ~700 tensor
     // images, the 5-6 us a served step spent between its result and the next send, stop 56).
+    // FERRY_REMOTE_SEND_EARLY=0: at the wait, as before (for before/after measurements).
     Expected<bool> compute_ahead(Graph& g) override {
-        FERRY_TRY(conn_->send_held());
+        static const bool early = !env_off("FERRY_REMOTE_SEND_EARLY");
+        if (early) FERRY_TRY(conn_->send_held());
         ahead_ = unchanged_since_last(g) ? &g : nullptr;
         return ahead_ != nullptr;
     }
