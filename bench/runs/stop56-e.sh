@@ -12,6 +12,10 @@
 CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 echo "$CARD"
 BIN=${BIN:-.dev56c} source bench/runs/common.sh
+# (fx.tar.xz holds every tiny-llama fixture but the Q8_0 file: the repository's models/ copy.)
+for d in /work/shared/fixtures/tiny-llama ../shared/fixtures/tiny-llama; do
+  cp models/tiny-llama-q8_0.gguf $d/
+done
 tables() {
   for m in "$@"; do
     left 40 "bench $(basename $m)" || break
