@@ -133,7 +133,6 @@ Session::Session(const ServerOptions& opts, ServerCounters* counters, bool share
     counters_->sessions.fetch_add(1);
     backends_.resize(opts_.devices.size());
     ahead_on_ = !env_off("FERRY_SERVE_AHEAD");
-    ahead_early_ = !env_off("FERRY_SERVE_AHEAD_EARLY");
 }
 
 Session::~Session() {
@@ -214,16 +213,7 @@ void Session::handle(uint16_t cmd, const uint8_t* payload, size_t len, Reply* ou
     if (cmd != static_cast<uint16_t>(Cmd::GRAPH_COMPUTE)) settle_ahead();
     if (!read) settle_now();
     Status st = dispatch(cmd, payload, len, out);
-    // A read of a step's result still running, answered whole (not progressive): the step's
-    // graph is queued now, behind the step, as a local session queues it (the scheduler's
-    // get_tensor_then), so that its launch overlaps the step. After the reply (replied()) it
-    // held the next step's request: the client sends that within microseconds of the reply,
-    // and the launch took ~10 us of the server's time (stop 56, H100 traces).
-    if (read && st && ahead_early_ && !out->more && last_step_ && unsynced_ == last_step_dev_ + 1) {
-        queue_ahead();
-    }
     if (read) settle_now();
-    if (!settled_ && ahead_graph_) settle_ahead();  // the step failed: nothing stays queued
     // A step's result read: once its reply is sent, its graph may be queued (replied()).
     ahead_due_ = read && st && settled_ && last_step_;
     if (cmd != static_cast<uint16_t>(Cmd::GRAPH_COMPUTE) && !ahead_due_) last_step_ = nullptr;

@@ -105,8 +105,7 @@ class Session {
     // After the reply to the last request went out (whole, a progressive one included);
     // next_waiting: bytes of another request have arrived. A read of a decode step's result
     // then queues the step's graph on its device to run again once the next step's inputs
-    // come (Backend::compute_ahead; FERRY_SERVE_AHEAD=0: never), unless handle() queued it
-    // already: a read answered whole of a step still running queues it before the wait.
+    // come (Backend::compute_ahead; FERRY_SERVE_AHEAD=0: never).
     void replied(bool next_waiting);
     bool sync_pending() const { return unsynced_ != 0; }
     Status take_settled();
@@ -285,9 +284,6 @@ class Session {
     uint32_t last_step_dev_ = 0;
     bool pending_inputs_ = false;  // input_writes_ not given to the backend yet (run_cached)
     bool ahead_on_ = true;
-    // FERRY_SERVE_AHEAD_EARLY=0: a step read whole is queued after its reply, not before the
-    // wait for the step (for before/after measurements).
-    bool ahead_early_ = true;
     bool ahead_due_ = false;  // the last request read a step's result (replied() may queue)
     void settle_ahead();
     void queue_ahead();
