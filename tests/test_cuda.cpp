@@ -1047,10 +1047,14 @@ TEST(Cuda, StepsQueuedAheadGiveTheSameBits) {
         << "first differing value " << first << " of " << runs[0].size();
 }
 
-// A server queues a session's decode step ahead once its logits are read (unix: no
-// progressive reads), and the next GRAPH_COMPUTE of that graph starts it: ahead_script through
-// servers over unix and tcp, with and without FERRY_SERVE_AHEAD=0, gives a local session's
-// logits bit for bit.
+// A server queues a session's decode step ahead when its logits are read, and the next
+// GRAPH_COMPUTE of that graph starts it; a read into the client's shared memory (unix) of a step
+// still running queues it before the server waits for the step, as a local session does, and
+// any other read after its reply. ahead_script through servers over unix and tcp, by default,
+// with FERRY_SERVE_AHEAD_EARLY=0 (always after the reply) and with FERRY_SERVE_AHEAD=0
+// (never), gives a local session's logits bit for bit; the unix server's step trace
+// (FERRY_STEP_TRACE, 'Q') shows the steps queued before its wait by default, and none with
+// FERRY_SERVE_AHEAD_EARLY=0.
 TEST(Cuda, ServedStepsQueuedAheadGiveTheSameBits) {
     REQUIRE_GPU();
     const std::vector<int32_t>& toks = cases()[0].tokens;
@@ -1069,35 +1073,67 @@ TEST(Cuda, ServedStepsQueuedAheadGiveTheSameBits) {
         ASSERT_FALSE(local.empty());
     }
     const std::string dir = make_temp_dir();
+    int n = 0;
     for (const char* listen : {"unix", "tcp"}) {
-        for (const bool off : {false, true}) {
-            SCOPED_TRACE(std::string(listen) + (off ? " FERRY_SERVE_AHEAD=0" : ""));
-            if (off) setenv("FERRY_SERVE_AHEAD", "0", 1);
+        for (const char* form : {"", "FERRY_SERVE_AHEAD_EARLY", "FERRY_SERVE_AHEAD"}) {
+            SCOPED_TRACE(std::string(listen) + " " + (*form ? form : "default"));
+            const bool unix_sock = std::string(listen) == "unix";
+            const std::string trace = dir + "/trace" + std::to_string(n);
+            if (*form) setenv(form, "0", 1);
+            if (unix_sock) {
+                std::filesystem::create_directory(trace);
+                setenv("FERRY_STEP_TRACE", trace.c_str(), 1);
+            }
             ServerProcess srv;
             std::string err;
-            const std::string addr = std::string(listen) == "unix"
-                                         ? "unix:" + dir + "/s" + (off ? "0" : "1")
-                                         : std::string("tcp:127.0.0.1:0");
+            const std::string addr = unix_sock ? "unix:" + dir + "/s" + std::to_string(n++)
+                                               : std::string("tcp:127.0.0.1:0");
             const bool up = srv.start(addr, {"-d", "CUDA0"}, &err);
-            unsetenv("FERRY_SERVE_AHEAD");
+            if (*form) unsetenv(form);
+            unsetenv("FERRY_STEP_TRACE");
             ASSERT_TRUE(up) << err;
-            Expected<std::unique_ptr<Registry>> reg = remote_open(srv.addr());
-            ASSERT_TRUE(reg) << reg.message();
-            ASSERT_FALSE((*reg)->devices().empty());
-            Expected<std::unique_ptr<LlamaModel>> m = load("f16", (*reg)->devices()[0]);
-            ASSERT_TRUE(m) << m.message();
-            SessionOptions so;
-            so.n_ctx = 512;
-            Expected<std::unique_ptr<LlamaSession>> s = LlamaSession::create(**m, so);
-            ASSERT_TRUE(s) << s.message();
-            const std::vector<float> served = ahead_script(s->get(), toks, kVocab);
-            ASSERT_FALSE(served.empty());
-            const size_t first = first_difference(local, served);
-            EXPECT_EQ(first, local.size())
-                << "first differing value " << first << " of " << local.size();
-            Expected<RemoteStats> st = remote_stats(reg->get());
-            ASSERT_TRUE(st) << st.message();
-            EXPECT_EQ(st->errors, 0u);
+            {
+                Expected<std::unique_ptr<Registry>> reg = remote_open(srv.addr());
+                ASSERT_TRUE(reg) << reg.message();
+                ASSERT_FALSE((*reg)->devices().empty());
+                Expected<std::unique_ptr<LlamaModel>> m = load("f16", (*reg)->devices()[0]);
+                ASSERT_TRUE(m) << m.message();
+                SessionOptions so;
+                so.n_ctx = 512;
+                Expected<std::unique_ptr<LlamaSession>> s = LlamaSession::create(**m, so);
+                ASSERT_TRUE(s) << s.message();
+                const std::vector<float> served = ahead_script(s->get(), toks, kVocab);
+                ASSERT_FALSE(served.empty());
+                const size_t first = first_difference(local, served);
+                EXPECT_EQ(first, local.size())
+                    << "first differing value " << first << " of " << local.size();
+                Expected<RemoteStats> st = remote_stats(reg->get());
+                ASSERT_TRUE(st) << st.message();
+                EXPECT_EQ(st->errors, 0u);
+            }
+            if (!unix_sock) continue;
+            // The server writes a connection's events when it ends (the client has gone).
+            size_t queued_early = 0, lines = 0;
+            for (int tries = 0; tries < 100 && lines == 0; tries++) {
+                for (const auto& e : std::filesystem::directory_iterator(trace)) {
+                    if (e.path().filename().string().rfind("server-", 0) != 0) continue;
+                    std::ifstream f(e.path());
+                    std::string t, kind, cmd;
+                    while (f >> t >> kind >> cmd) {
+                        lines++;
+                        queued_early += kind == "Q";
+                    }
+                }
+                if (lines == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            }
+            ASSERT_GT(lines, 0u) << "no server step trace in " << trace;
+            std::printf("[ cuda     ] unix server, %s: %zu steps queued before its wait\n",
+                        *form ? form : "default", queued_early);
+            if (*form) {
+                EXPECT_EQ(queued_early, 0u);
+            } else {
+                EXPECT_GT(queued_early, 250u);
+            }
         }
     }
     std::filesystem::remove_all(dir);

@@ -76,8 +76,9 @@ class FakeType : public BufferType {
 struct StreamLog {
     int computes = 0, syncs = 0, async_reads = 0;
     int ahead_queued = 0, ahead_started = 0, ahead_settled = 0;
-    int fail_next_sync = 0;  // > 0: the next synchronize fails
-    uint8_t generation = 0;  // written into every node's bytes by a compute
+    int ahead_queued_behind = 0;  // of ahead_queued: with work still on the stream (unwaited)
+    int fail_next_sync = 0;       // > 0: the next synchronize fails
+    uint8_t generation = 0;       // written into every node's bytes by a compute
 };
 
 class FakeBackend : public Backend {
@@ -109,6 +110,7 @@ class FakeBackend : public Backend {
         release();
         ahead_ = &g;
         log_->ahead_queued++;
+        log_->ahead_queued_behind += !queue_.empty();
         return true;
     }
     Expected<bool> run_ahead(std::span<const TensorWrite> inputs) override {
@@ -443,6 +445,9 @@ TEST_F(Deferred, AStepQueuedAheadStartsWithTheNextInputsOrIsReleased) {
         EXPECT_EQ(f.out[0].first.flags, remote::kFlagReply) << message(f.out[0].second);
         EXPECT_EQ(f.out[1].first.flags, remote::kFlagReply) << message(f.out[1].second);
         EXPECT_EQ(log_.ahead_queued, s) << "step " << s;
+        // Queued behind the step and its read, before the server waited for them (a read
+        // into host memory, as a local session orders it).
+        EXPECT_EQ(log_.ahead_queued_behind, s) << "step " << s;
         EXPECT_EQ(log_.ahead_started, s - 1) << "step " << s;
         EXPECT_EQ(log_.ahead_settled, 0) << "step " << s;
         EXPECT_EQ(log_.computes, s);
@@ -468,6 +473,49 @@ TEST_F(Deferred, AStepQueuedAheadStartsWithTheNextInputsOrIsReleased) {
     EXPECT_EQ(log_.ahead_queued, 3);
     EXPECT_EQ(log_.computes, 5);
     EXPECT_EQ(host_bytes(), std::vector<uint8_t>(256, 5));
+}
+
+TEST_F(Deferred, FerryServeAheadEarlyOffQueuesAfterTheReply) {
+    setenv("FERRY_SERVE_AHEAD_EARLY", "0", 1);
+    SetUp();  // a session made with it
+    unsetenv("FERRY_SERVE_AHEAD_EARLY");
+    for (int s = 1; s <= 3; s++) {
+        Frames f;
+        f.add(Cmd::GRAPH_COMPUTE, step_with_inputs(dev_h_, compute_, static_cast<uint8_t>(s)));
+        f.add(Cmd::TENSOR_COPY, copy_to_host());
+        f = run(std::move(f));
+        ASSERT_EQ(f.out.size(), 2u);
+        EXPECT_EQ(log_.ahead_queued, s) << "step " << s;
+        EXPECT_EQ(log_.ahead_queued_behind, 0) << "step " << s;
+        EXPECT_EQ(log_.ahead_started, s - 1) << "step " << s;
+        EXPECT_EQ(log_.computes, s);
+    }
+    EXPECT_EQ(host_bytes(), std::vector<uint8_t>(256, 3));  // (this read releases step 4)
+}
+
+// The step fails at its wait: the step queued before that wait is released (run again with
+// its last inputs, as any release does) and nothing stays queued; the error is the read's.
+TEST_F(Deferred, AStepQueuedBeforeAFailedWaitIsReleased) {
+    Frames f;
+    f.add(Cmd::GRAPH_COMPUTE, step_with_inputs(dev_h_, compute_, 1));
+    f.add(Cmd::TENSOR_COPY, copy_to_host());
+    f = run(std::move(f));
+    ASSERT_EQ(f.out.size(), 2u);
+    ASSERT_EQ(log_.ahead_queued, 1);
+    log_.fail_next_sync = 1;
+    Frames g;
+    g.add(Cmd::GRAPH_COMPUTE, step_with_inputs(dev_h_, compute_, 2));
+    g.add(Cmd::TENSOR_COPY, copy_to_host());
+    g = run(std::move(g));
+    ASSERT_EQ(g.out.size(), 2u);
+    EXPECT_NE(g.out[1].first.flags & remote::kFlagError, 0u) << "the read reports the failure";
+    EXPECT_EQ(log_.ahead_queued, 2);
+    EXPECT_EQ(log_.ahead_settled, 1);
+    // Nothing is left queued: a PING releases nothing more.
+    Frames h;
+    h.add(Cmd::PING, {});
+    h = run(std::move(h));
+    EXPECT_EQ(log_.ahead_settled, 1);
 }
 
 TEST_F(Deferred, FerryServeAheadOffNeverQueues) {

@@ -17,7 +17,8 @@ class StepTrace {
   public:
     // Kinds: what happened when. Client: 'S' a send of frames, 'H' a reply's header read, 'E'
     // the reply all in. Server: 'H' a request's header read, 'D' the request handled, 'R' its
-    // reply sent; a progressive reply's first piece 'F', each later piece 'P', the last 'L',
+    // reply sent, 'Q' a decode step queued ahead before the wait for the step before (the
+    // read's cmd); a progressive reply's first piece 'F', each later piece 'P', the last 'L',
     // its stripe 0 sent by the connection itself '0', every stripe sent 'A'. A stripe lane
     // (StripeLanes, a trace of its own): 'w' a send of bytes in place begins, 's' it returned,
     // 'r' a transfer's stripe all received.

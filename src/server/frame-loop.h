@@ -134,6 +134,7 @@ void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t ke
     FrameProfile prof(session);
     remote::StepTrace steps("server");
     if constexpr (requires { io.set_step_trace(&steps); }) io.set_step_trace(&steps);
+    session.set_step_trace(&steps);
     for (;;) {
         uint8_t hdr[remote::kHeaderSize];
         size_t hdr_got = 0;
@@ -247,6 +248,7 @@ void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t ke
                 // (Only for frames the buffer keeps anyway: the held payload costs nothing.)
                 session.set_more_input(h.cmd == static_cast<uint16_t>(remote::Cmd::GRAPH_COMPUTE) &&
                                        h.len <= keep_bytes && io.more_input());
+                session.set_next_waiting(io.more_input());
                 try {
                     session.handle(h.cmd, payload.data(), static_cast<size_t>(h.len), &reply);
                 } catch (const std::exception& e) {

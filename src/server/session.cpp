@@ -133,6 +133,7 @@ Session::Session(const ServerOptions& opts, ServerCounters* counters, bool share
     counters_->sessions.fetch_add(1);
     backends_.resize(opts_.devices.size());
     ahead_on_ = !env_off("FERRY_SERVE_AHEAD");
+    ahead_early_ = !env_off("FERRY_SERVE_AHEAD_EARLY");
 }
 
 Session::~Session() {
@@ -741,7 +742,17 @@ Status Session::cmd_tensor_io(uint16_t cmd, const uint8_t* p, size_t n, Reply* o
             // one wait for both.
             unsynced_ = 0;
             const Status st = be->get_tensor_async(&ts, dbase + doff, 0, size);
+            // The step's graph is queued now, behind the step (a local session's order:
+            // the scheduler's get_tensor_then), so that its launch overlaps the step. After
+            // the reply (replied()) the launch was on the way of the next request, which the
+            // client sends within microseconds of the reply (stop 56).
+            if (st && ahead_early_ && !next_waiting_ && last_step_ &&
+                backends_[last_step_dev_].get() == be) {
+                queue_ahead();
+                if (trace_ && ahead_graph_) trace_->ev('Q', cmd);
+            }
             settled_ = be->synchronize();
+            if (!settled_ && ahead_graph_) settle_ahead();  // the step failed: none queued
             return st ? settled_ : st;
         }
         settle_now();

@@ -22,6 +22,7 @@
 #include "ferry/backend.h"
 #include "ferry/graph.h"
 #include "remote-proto/protocol.h"
+#include "remote-proto/step-trace.h"
 #include "remote-proto/wire.h"
 
 namespace ferry::server {
@@ -102,11 +103,20 @@ class Session {
     // there turns the compute's held reply into an error reply. Without set_more_input
     // (the fuzzer, HELLO) every compute is waited for before its reply, as before.
     void set_more_input(bool more) { more_input_ = more; }
+    // Before each request: whether bytes of another request have arrived behind it (a read of a
+    // step's result then queues nothing before its wait: the next request would only release
+    // it, and replied() queues nothing either).
+    void set_next_waiting(bool waiting) { next_waiting_ = waiting; }
     // After the reply to the last request went out (whole, a progressive one included);
     // next_waiting: bytes of another request have arrived. A read of a decode step's result
     // then queues the step's graph on its device to run again once the next step's inputs
-    // come (Backend::compute_ahead; FERRY_SERVE_AHEAD=0: never).
+    // come (Backend::compute_ahead; FERRY_SERVE_AHEAD=0: never), unless the read queued it
+    // already: a read of the step's result into host memory, behind the step still running,
+    // queues it before it waits for the step (cmd_tensor_io), as a local session does.
     void replied(bool next_waiting);
+    // The frame loop's FERRY_STEP_TRACE events: the session adds 'Q' (a step queued ahead
+    // before the wait for the one before).
+    void set_step_trace(remote::StepTrace* t) { trace_ = t; }
     bool sync_pending() const { return unsynced_ != 0; }
     Status take_settled();
     Status settle();
@@ -284,6 +294,10 @@ class Session {
     uint32_t last_step_dev_ = 0;
     bool pending_inputs_ = false;  // input_writes_ not given to the backend yet (run_cached)
     bool ahead_on_ = true;
+    // FERRY_SERVE_AHEAD_EARLY=0: a step is queued only after its result's reply.
+    bool ahead_early_ = true;
+    bool next_waiting_ = false;
+    remote::StepTrace* trace_ = nullptr;
     bool ahead_due_ = false;  // the last request read a step's result (replied() may queue)
     void settle_ahead();
     void queue_ahead();
