@@ -1970,6 +1970,15 @@ Expected<size_t> CudaBackend::wait_piece(size_t lo, size_t size, size_t have) {
 // map a cache row to one key) says no.
 bool CudaBackend::early_rows(const std::vector<const Tensor*>& kn, size_t a, AttnEarly* e) {
     const Tensor* att = kn[a];
+    // No node before the attention writes t: t is the graph's input. (Written by a node, it
+    // could still be in the making when the attention starts: a launch may start before the
+    // one two places before it has ended.)
+    auto unwritten = [&](const Tensor* t) {
+        for (size_t i = 0; i < a; i++) {
+            if (overlaps(kn[i], t)) return false;
+        }
+        return true;
+    };
     bool ready = true;
     for (int which = 0; which < 2; which++) {
         const Tensor* view = att->src[1 + which];
@@ -2001,15 +2010,10 @@ bool CudaBackend::early_rows(const std::vector<const Tensor*>& kn, size_t a, Att
         w.idx = reinterpret_cast<const int32_t*>(device_ptr(idx));
         w.n = static_cast<int>(src->ne[1]);
         w.j0 = delta / nb1;
-        // Indices no node before the attention writes: the graph's inputs. (Written by a node,
-        // they could still be in the making when the attention starts: a launch may start
-        // before the one two places before it has ended.)
-        for (size_t i = 0; i < a && ready; i++) ready = !overlaps(kn[i], idx);
+        ready = ready && unwritten(idx);
     }
     e->idx_ready = ready;
-    const Tensor* mask = att->src[3];
-    e->mask_ready = mask != nullptr;
-    for (size_t i = 0; i < a && e->mask_ready; i++) e->mask_ready = !overlaps(kn[i], mask);
+    e->mask_ready = att->src[3] && unwritten(att->src[3]);
     return true;
 }
 

@@ -40,10 +40,10 @@ constexpr int kChainInflight = 1;            // ... and 1 in q/k/v, the attentio
 constexpr int kEarlyKeys = 32 * kConsumers;  // keys a block loads before its wait: a thread each
 constexpr int kEarlyValues = kEarlyKeys / kConsumers;  // values a warp loads before its wait
 constexpr int kValueBatch = 8;                         // values a warp loads at once after its wait
-constexpr int kMaxSplits = 4;
+constexpr int kMaxSplits = 4;  // blocks a head's attention at most (merge_words' registers)
 // Positions below which a head's attention stays one block (stop 54, H100, 1B F16: tg128 1,093-
 // 1,096 t/s with one block a head against 1,075 with four; tg256 1,055-1,057 against 1,075).
-constexpr int kOneBlockKeys = 128;  // blocks a head's attention at most (merge_words' registers)
+constexpr int kOneBlockKeys = 128;
 // Shared floats besides the ring: the attention's q, new key and value, its scores and its
 // per-warp sums; or a K = n_embd product's input shared by its warps.
 constexpr int kAttnScratch = (3 * kD + kMaxKeys + kConsumers * kD + 7) / 8 * 8;
