@@ -241,6 +241,22 @@ std::string message(const std::vector<uint8_t>& p) {
     return r.str(1u << 16);
 }
 
+// A compute with input writes whose result is read, as a decode step sends them (version 4:
+// the writes in the GRAPH_COMPUTE frame): x (offset 0, 16 bytes) gets `v` in every byte.
+std::vector<uint8_t> step_with_inputs(uint64_t dev_h, const std::vector<uint8_t>& compute,
+                                      uint8_t v) {
+    return payload([&](wire::Writer& w) {
+        w.u32(0);
+        w.u8(static_cast<uint8_t>(remote::kGraphFull | remote::kGraphInputs));
+        w.u32(1);
+        w.u64(dev_h);
+        w.u64(0);
+        w.u64(16);
+        for (int i = 0; i < 16; i++) w.u8(v);
+        w.bytes(compute.data() + 5, compute.size() - 5);  // the table after dev and mode
+    });
+}
+
 class Deferred : public ::testing::Test {
   protected:
     void SetUp() override {
@@ -304,6 +320,14 @@ class Deferred : public ::testing::Test {
             w.u64(256);
             w.u64(256);
         });
+    }
+    // A decode step through the frame loop: a compute with input writes (every input byte
+    // `value`) and the read of its result into host memory, in one batch; returns the replies.
+    Frames decode_step(uint8_t value) {
+        Frames f;
+        f.add(Cmd::GRAPH_COMPUTE, step_with_inputs(dev_h_, compute_, value));
+        f.add(Cmd::TENSOR_COPY, copy_to_host());
+        return run(std::move(f));
     }
     // Runs the frames through the frame loop; returns the replies.
     Frames run(Frames f) {
@@ -415,32 +439,13 @@ TEST_F(Deferred, AComputeFollowedByAPartFrameIsAnsweredBeforeTheSessionEnds) {
     EXPECT_EQ(log_.generation, 1);
 }
 
-// A compute with input writes whose result is read, as a decode step sends them (version 4:
-// the writes in the GRAPH_COMPUTE frame): x (offset 0, 16 bytes) gets `v` in every byte.
-std::vector<uint8_t> step_with_inputs(uint64_t dev_h, const std::vector<uint8_t>& compute,
-                                      uint8_t v) {
-    return payload([&](wire::Writer& w) {
-        w.u32(0);
-        w.u8(static_cast<uint8_t>(remote::kGraphFull | remote::kGraphInputs));
-        w.u32(1);
-        w.u64(dev_h);
-        w.u64(0);
-        w.u64(16);
-        for (int i = 0; i < 16; i++) w.u8(v);
-        w.bytes(compute.data() + 5, compute.size() - 5);  // the table after dev and mode
-    });
-}
-
 // Once a step's result has been read and no request follows, the server queues the step's
 // graph ahead (Session::replied); the next GRAPH_COMPUTE of that graph with its inputs starts
 // it, and anything else releases it first with the inputs it last had. Every read still sees
 // its own step.
 TEST_F(Deferred, AStepQueuedAheadStartsWithTheNextInputsOrIsReleased) {
     for (int s = 1; s <= 3; s++) {
-        Frames f;
-        f.add(Cmd::GRAPH_COMPUTE, step_with_inputs(dev_h_, compute_, static_cast<uint8_t>(s)));
-        f.add(Cmd::TENSOR_COPY, copy_to_host());
-        f = run(std::move(f));
+        Frames f = decode_step(static_cast<uint8_t>(s));
         ASSERT_EQ(f.out.size(), 2u);
         EXPECT_EQ(f.out[0].first.flags, remote::kFlagReply) << message(f.out[0].second);
         EXPECT_EQ(f.out[1].first.flags, remote::kFlagReply) << message(f.out[1].second);
@@ -480,10 +485,7 @@ TEST_F(Deferred, FerryServeAheadEarlyOffQueuesAfterTheReply) {
     SetUp();  // a session made with it
     unsetenv("FERRY_SERVE_AHEAD_EARLY");
     for (int s = 1; s <= 3; s++) {
-        Frames f;
-        f.add(Cmd::GRAPH_COMPUTE, step_with_inputs(dev_h_, compute_, static_cast<uint8_t>(s)));
-        f.add(Cmd::TENSOR_COPY, copy_to_host());
-        f = run(std::move(f));
+        Frames f = decode_step(static_cast<uint8_t>(s));
         ASSERT_EQ(f.out.size(), 2u);
         EXPECT_EQ(log_.ahead_queued, s) << "step " << s;
         EXPECT_EQ(log_.ahead_queued_behind, 0) << "step " << s;
@@ -496,17 +498,11 @@ TEST_F(Deferred, FerryServeAheadEarlyOffQueuesAfterTheReply) {
 // The step fails at its wait: the step queued before that wait is released (run again with
 // its last inputs, as any release does) and nothing stays queued; the error is the read's.
 TEST_F(Deferred, AStepQueuedBeforeAFailedWaitIsReleased) {
-    Frames f;
-    f.add(Cmd::GRAPH_COMPUTE, step_with_inputs(dev_h_, compute_, 1));
-    f.add(Cmd::TENSOR_COPY, copy_to_host());
-    f = run(std::move(f));
+    Frames f = decode_step(1);
     ASSERT_EQ(f.out.size(), 2u);
     ASSERT_EQ(log_.ahead_queued, 1);
     log_.fail_next_sync = 1;
-    Frames g;
-    g.add(Cmd::GRAPH_COMPUTE, step_with_inputs(dev_h_, compute_, 2));
-    g.add(Cmd::TENSOR_COPY, copy_to_host());
-    g = run(std::move(g));
+    Frames g = decode_step(2);
     ASSERT_EQ(g.out.size(), 2u);
     EXPECT_NE(g.out[1].first.flags & remote::kFlagError, 0u) << "the read reports the failure";
     EXPECT_EQ(log_.ahead_queued, 2);
@@ -523,10 +519,7 @@ TEST_F(Deferred, FerryServeAheadOffNeverQueues) {
     SetUp();  // a session made with it
     unsetenv("FERRY_SERVE_AHEAD");
     for (int s = 1; s <= 2; s++) {
-        Frames f;
-        f.add(Cmd::GRAPH_COMPUTE, step_with_inputs(dev_h_, compute_, static_cast<uint8_t>(s)));
-        f.add(Cmd::TENSOR_COPY, copy_to_host());
-        f = run(std::move(f));
+        Frames f = decode_step(static_cast<uint8_t>(s));
         ASSERT_EQ(f.out.size(), 2u);
     }
     EXPECT_EQ(log_.ahead_queued, 0);
