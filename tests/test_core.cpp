@@ -319,3 +319,39 @@ TEST(Core, CopyBytesCopiesEveryByteAtEveryRelativeAlignment) {
         }
     }
 }
+
+// A buffer's reads and writes stay inside it: a range past its end (by its size, or by an
+// offset that overflows), or a tensor placed in another buffer, is an error that names the
+// tensor, the range and the buffer's size, and touches nothing.
+TEST(Core, BufferRangesPastTheEndOrOfAnotherBufferAreErrors) {
+    Context ctx;
+    Tensor* a = ctx.new_tensor(Type::F32, {64});
+    Tensor* other = ctx.new_tensor(Type::F32, {64});
+    std::strcpy(a->name, "a");
+    std::strcpy(other->name, "other");
+    Expected<std::unique_ptr<Buffer>> ab = cpu::host_buffer_type()->allocate(256);
+    Expected<std::unique_ptr<Buffer>> ob = cpu::host_buffer_type()->allocate(256);
+    ASSERT_TRUE(ab && ob);
+    a->buffer = ab->get();
+    a->data = (*ab)->base();
+    other->buffer = ob->get();
+    other->data = (*ob)->base();
+    ASSERT_TRUE((*ab)->clear(0).is_ok());
+    std::vector<uint8_t> bytes(16, 7);
+    Buffer* b = ab->get();
+    const Status past = b->set_tensor(a, bytes.data(), 248, 16);
+    ASSERT_FALSE(past.is_ok());
+    EXPECT_NE(past.message().find("tensor 'a': range [248, +16) past its buffer of 256 bytes"),
+              std::string::npos)
+        << past.message();
+    EXPECT_FALSE(b->get_tensor(a, bytes.data(), 250, 8).is_ok());
+    EXPECT_FALSE(b->memset_tensor(a, 1, SIZE_MAX - 4, 8).is_ok());  // offset + size overflows
+    const Status foreign = b->set_tensor(other, bytes.data(), 0, 16);
+    ASSERT_FALSE(foreign.is_ok());
+    EXPECT_NE(foreign.message().find("tensor 'other' is not in this buffer"), std::string::npos)
+        << foreign.message();
+    const uint8_t* base = static_cast<const uint8_t*>(b->base());
+    for (size_t i = 0; i < 256; i++) ASSERT_EQ(base[i], 0) << i;
+    // The last bytes themselves are in range.
+    EXPECT_TRUE(b->set_tensor(a, bytes.data(), 240, 16).is_ok());
+}

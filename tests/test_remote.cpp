@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
@@ -284,9 +285,15 @@ TEST_P(Remote, SetGetRoundTrips) {
     for (size_t i = 0; i < 4000; i++) {
         ASSERT_EQ(back[i], (i >= 10 && i < 30) ? 0xAB : data[i]) << i;
     }
-    // Out-of-range ranges are refused on the client, naming the server.
+    // Out-of-range ranges are refused on the client, naming the server, the tensor and sizes.
+    std::strcpy(t.name, "t");
     Status st = b->set_tensor(&t, data.data(), (1 << 20) - 4096, 8);
-    EXPECT_FALSE(st.is_ok());
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_NE(st.message().find("remote server " + addr_of(GetParam())), std::string::npos)
+        << st.message();
+    EXPECT_NE(st.message().find("tensor 't': range [1044480, +8) past its buffer of 1048576"),
+              std::string::npos)
+        << st.message();
     // Copy between two buffers of the server.
     auto buf2 = dev_->buffer_type()->allocate(8192);
     ASSERT_TRUE(buf2);

@@ -121,6 +121,10 @@ class Buffer {
     }
     virtual Status clear(uint8_t value) = 0;
 
+    // Whether t is placed in this buffer and [offset, offset + size) from its first byte lies
+    // within it; the error names the tensor, the range and the buffer's size.
+    Status check_range(const Tensor* t, size_t offset, size_t size) const;
+
     BufferUsage usage() const { return usage_; }
     void set_usage(BufferUsage u) { usage_ = u; }
 

@@ -21,6 +21,17 @@ const char* device_type_name(DeviceType t) {
     return "?";
 }
 
+Status Buffer::check_range(const Tensor* t, size_t offset, size_t size) const {
+    if (t->buffer != this) return Status::errorf("tensor '%s' is not in this buffer", t->name);
+    size_t end = 0;
+    if (__builtin_add_overflow(t->offs, offset, &end) || __builtin_add_overflow(end, size, &end) ||
+        end > this->size()) {
+        return Status::errorf("tensor '%s': range [%zu, +%zu) past its buffer of %zu bytes",
+                              t->name, offset, size, this->size());
+    }
+    return Status::ok();
+}
+
 Status Backend::set_tensor_async(Tensor* t, const void* src, size_t offset, size_t size) {
     if (!t->buffer) return Status::errorf("tensor '%s' has no buffer", t->name);
     return t->buffer->set_tensor(t, src, offset, size);

@@ -86,17 +86,6 @@ HostBuffer::~HostBuffer() {
     if (owner_ == Owner::Mmap) ::munmap(base_, map_len_);
 }
 
-Status HostBuffer::check_range(const Tensor* t, size_t offset, size_t size) const {
-    size_t end = 0;
-    if (t->buffer != this) return Status::errorf("tensor '%s' is not in this buffer", t->name);
-    if (__builtin_add_overflow(t->offs, offset, &end) || __builtin_add_overflow(end, size, &end) ||
-        end > size_) {
-        return Status::errorf("tensor '%s': range [%zu, +%zu) past its buffer of %zu bytes",
-                              t->name, offset, size, size_);
-    }
-    return Status::ok();
-}
-
 Status HostBuffer::set_tensor(Tensor* t, const void* src, size_t offset, size_t size) {
     FERRY_TRY(check_range(t, offset, size));
     restore(t->offs + offset, t->offs + offset + size);

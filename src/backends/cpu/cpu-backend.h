@@ -55,7 +55,6 @@ class HostBuffer : public Buffer {
     const Repacked* repacked(const Tensor* t, bool* partial) const;
 
   private:
-    Status check_range(const Tensor* t, size_t offset, size_t size) const;
     // Puts every repacked tensor overlapping bytes [begin, end) back into the GGUF layout.
     void restore(size_t begin, size_t end);
     // dst[0, end - begin) = GGUF bytes [begin, end) (dst holds the raw bytes already).

@@ -106,17 +106,17 @@ class PinnedBuffer : public Buffer {
     size_t size() const override { return size_; }
     void* base() const override { return p_; }
     Status set_tensor(Tensor* t, const void* src, size_t offset, size_t size) override {
-        FERRY_TRY(check(t, offset, size));
+        FERRY_TRY(check_range(t, offset, size));
         if (size) std::memcpy(static_cast<char*>(p_) + t->offs + offset, src, size);
         return Status::ok();
     }
     Status get_tensor(const Tensor* t, void* dst, size_t offset, size_t size) override {
-        FERRY_TRY(check(t, offset, size));
+        FERRY_TRY(check_range(t, offset, size));
         if (size) std::memcpy(dst, static_cast<char*>(p_) + t->offs + offset, size);
         return Status::ok();
     }
     Status memset_tensor(Tensor* t, uint8_t value, size_t offset, size_t size) override {
-        FERRY_TRY(check(t, offset, size));
+        FERRY_TRY(check_range(t, offset, size));
         if (size) std::memset(static_cast<char*>(p_) + t->offs + offset, value, size);
         return Status::ok();
     }
@@ -131,16 +131,6 @@ class PinnedBuffer : public Buffer {
     }
 
   private:
-    Status check(const Tensor* t, size_t offset, size_t size) const {
-        size_t end = 0;
-        if (t->buffer != this) return Status::errorf("tensor '%s' is not in this buffer", t->name);
-        if (__builtin_add_overflow(t->offs, offset, &end) ||
-            __builtin_add_overflow(end, size, &end) || end > size_) {
-            return Status::errorf("tensor '%s': range [%zu, +%zu) past its buffer of %zu bytes",
-                                  t->name, offset, size, size_);
-        }
-        return Status::ok();
-    }
     BufferType* type_;
     void* p_;
     size_t size_;
@@ -460,14 +450,7 @@ CudaBuffer::~CudaBuffer() {
 }
 
 Status CudaBuffer::check_range(const Tensor* t, size_t offset, size_t size) const {
-    size_t end = 0;
-    if (t->buffer != this) return Status::errorf("tensor '%s' is not in this buffer", t->name);
-    if (__builtin_add_overflow(t->offs, offset, &end) || __builtin_add_overflow(end, size, &end) ||
-        end > size_) {
-        return Status::errorf("%s: tensor '%s': range [%zu, +%zu) past its buffer of %zu bytes",
-                              dev_->name(), t->name, offset, size, size_);
-    }
-    return Status::ok();
+    return Buffer::check_range(t, offset, size).context(dev_->name());
 }
 
 Status CudaBuffer::set_tensor(Tensor* t, const void* src, size_t offset, size_t size) {

@@ -154,13 +154,13 @@ class OvBuffer : public Buffer {
     size_t size() const override { return size_; }
     void* base() const override { return base_; }
     Status set_tensor(Tensor* t, const void* src, size_t offset, size_t size) override {
-        FERRY_TRY(check(t, offset, size));
+        FERRY_TRY(check_range(t, offset, size));
         FERRY_TRY(check_writable(t));
         if (size) std::memcpy(static_cast<uint8_t*>(base_) + t->offs + offset, src, size);
         return Status::ok();
     }
     Status get_tensor(const Tensor* t, void* dst, size_t offset, size_t size) override {
-        FERRY_TRY(check(t, offset, size));
+        FERRY_TRY(check_range(t, offset, size));
         if (const PreparedWeight* w = converted(t)) {
             if (w->in_place) return restore_blocks(t, *w, offset, size, dst);
             return Status::errorf(
@@ -173,7 +173,7 @@ class OvBuffer : public Buffer {
         return Status::ok();
     }
     Status memset_tensor(Tensor* t, uint8_t value, size_t offset, size_t size) override {
-        FERRY_TRY(check(t, offset, size));
+        FERRY_TRY(check_range(t, offset, size));
         FERRY_TRY(check_writable(t));
         if (size) std::memset(static_cast<uint8_t*>(base_) + t->offs + offset, value, size);
         return Status::ok();
@@ -203,16 +203,6 @@ class OvBuffer : public Buffer {
                               "tensor '%s' was converted for OpenVINO (prepare_weights) and cannot "
                               "be written any more",
                               t->name);
-    }
-    Status check(const Tensor* t, size_t offset, size_t size) const {
-        size_t end = 0;
-        if (t->buffer != this) return Status::errorf("tensor '%s' is not in this buffer", t->name);
-        if (__builtin_add_overflow(t->offs, offset, &end) ||
-            __builtin_add_overflow(end, size, &end) || end > size_) {
-            return Status::errorf("tensor '%s': range [%zu, +%zu) past its buffer of %zu bytes",
-                                  t->name, offset, size, size_);
-        }
-        return Status::ok();
     }
     BufferType* type_;
     void* base_;

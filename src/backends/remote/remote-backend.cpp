@@ -237,17 +237,8 @@ class RemoteBuffer : public Buffer {
     Expected<bool> read_staged(uint64_t off, void* dst, size_t size);
 
     Status range(const Tensor* t, size_t offset, size_t size, uint64_t* off) const {
-        if (t->buffer != this) {
-            return conn_->error(strfmt("tensor '%s' is not in this buffer", t->name));
-        }
-        uint64_t o = 0;
-        if (!checked_add(t->offs, offset, &o) || !range_within(o, size, size_)) {
-            return conn_->error(
-                strfmt("tensor '%s': range [%zu, +%zu) past its buffer of %zu "
-                       "bytes",
-                       t->name, offset, size, size_));
-        }
-        *off = o;
+        if (Status st = check_range(t, offset, size); !st) return conn_->error(st.message());
+        *off = t->offs + offset;
         return Status::ok();
     }
 
