@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "ferry/gguf.h"
+#include "ferry/status.h"
 #include "shell.h"
 
 namespace {
@@ -211,6 +213,38 @@ TEST(Cli, OutputAndDeviceMeanOneThingAcrossCommands) {
     EXPECT_NE(text.str().find("\"test\": \"tg2\""), std::string::npos) << text.str();
     // (The GPU's memory in use is a GPU's alone: 0 on the CPU.)
     EXPECT_NE(text.str().find("\"device_used_bytes\": 0}"), std::string::npos) << text.str();
+    // tg's weights a token, from the file's tensors: all of them but the token embeddings,
+    // of which one row (the tiny preset has an output matrix of its own); times its tokens/s.
+    ferry::Expected<std::unique_ptr<ferry::GgufFile>> gf = ferry::GgufFile::open(model);
+    ASSERT_TRUE(gf) << gf.message();
+    ASSERT_NE((*gf)->find_tensor("output.weight"), nullptr);
+    uint64_t step_bytes = 0;
+    for (const ferry::GgufTensorInfo& t : (*gf)->tensors()) {
+        step_bytes +=
+            t.name == "token_embd.weight" ? t.nbytes / static_cast<size_t>(t.ne[1]) : t.nbytes;
+    }
+    std::string pp_line, tg_line, line;
+    for (std::istringstream lines(text.str()); std::getline(lines, line);) {
+        if (line.find("\"test\": \"pp4\"") != std::string::npos) pp_line = line;
+        if (line.find("\"test\": \"tg2\"") != std::string::npos) tg_line = line;
+    }
+    EXPECT_EQ(pp_line.find("weight_bytes"), std::string::npos) << "only tg reads them a token";
+    EXPECT_EQ(number_after(tg_line, "\"weight_bytes_per_token\": (\\d+)"),
+              static_cast<long long>(step_bytes))
+        << tg_line;
+    std::smatch tg;
+    ASSERT_TRUE(std::regex_search(
+        tg_line, tg, std::regex("\"avg_ts\": ([0-9.]+).*\"weight_bytes_per_s\": ([0-9]+)")))
+        << tg_line;
+    const double rate = std::stod(tg[2].str());
+    EXPECT_NEAR(rate, static_cast<double>(step_bytes) * std::stod(tg[1].str()), 1.0 + 1e-4 * rate);
+    // The table's line says the same in GB and GB/s.
+    Output md = run("bench -m " + model + " -p 0 -n 2 -c 64 -r 1 --device CPU");
+    ASSERT_EQ(md.rc, 0) << md.out;
+    EXPECT_NE(md.out.find(ferry::strfmt("weights read a token: %.2f MB; tg2 ",
+                                        static_cast<double>(step_bytes) / 1e6)),
+              std::string::npos)
+        << md.out;
     // --device names the device in test-ops too; --backend and -b are its older names.
     Output d = run("test-ops --device CPU --op scale");
     ASSERT_EQ(d.rc, 0) << d.out;

@@ -54,6 +54,12 @@ std::string human_size(double bytes) {
     return strfmt("%.2f MiB", bytes / (1024.0 * 1024));
 }
 
+// Bytes a second in decimal units, as memory bandwidth is quoted.
+std::string human_rate(double bytes_per_s) {
+    if (bytes_per_s >= 1e12) return strfmt("%.2f TB/s", bytes_per_s / 1e12);
+    return strfmt("%.1f GB/s", bytes_per_s / 1e9);
+}
+
 std::string human_params(double n) {
     if (n >= 1e9) return strfmt("%.2f B", n / 1e9);
     if (n >= 1e6) return strfmt("%.2f M", n / 1e6);
@@ -95,7 +101,8 @@ int cmd_bench(int argc, char** argv) {
         "usage: ferry bench -m MODEL [-p N] [-n N] [-r REPS] [options]\n"
         "  pp: one batch of N prompt tokens from an empty cache; tg: N tokens one at a\n"
         "  time from an empty cache (as llama-bench). Each test runs once to warm up, then\n"
-        "  REPS times; prints mean ± sd tokens/s, and the process's peak resident memory.\n",
+        "  REPS times; prints mean ± sd tokens/s, the process's peak resident memory, and for\n"
+        "  tg the weights a token reads times tokens/s (the memory bandwidth it reached).\n",
         with_placement({
             {{"-m", "--model"}, "PATH", "GGUF model"},
             {{"-p", "--n-prompt"}, "N", "prompt tokens of the pp test (default 512; 0: skip)"},
@@ -208,6 +215,7 @@ int cmd_bench(int argc, char** argv) {
                human_params(static_cast<double>(m.n_params())).c_str(), m.type_desc().c_str());
     const std::string dev_name = m.device()->name();
     const size_t peak = peak_rss_bytes();
+    const uint64_t step_bytes = m.step_weight_bytes();
     if (fmt == "md") {
         std::fprintf(out, "| model | size | params | device | threads | test | t/s |\n");
         std::fprintf(out, "| --- | ---: | ---: | --- | ---: | ---: | ---: |\n");
@@ -229,6 +237,22 @@ int cmd_bench(int argc, char** argv) {
             }
             std::fprintf(out, "\n");
         }
+        // Decode reads every weight once a token: its bytes times tokens/s is the bandwidth
+        // reached (the KV cache's reads, small at these lengths, left out).
+        bool first = true;
+        for (const Result& r : results) {
+            if (r.test[0] != 't') continue;
+            if (first) {
+                const double b = static_cast<double>(step_bytes);
+                std::fprintf(
+                    out, "weights read a token: %s;",
+                    (b >= 1e9 ? strfmt("%.3f GB", b / 1e9) : strfmt("%.2f MB", b / 1e6)).c_str());
+            }
+            std::fprintf(out, " %s %s", r.test.c_str(),
+                         human_rate(static_cast<double>(step_bytes) * r.mean()).c_str());
+            first = false;
+        }
+        if (!first) std::fprintf(out, "\n");
     } else {
         std::fprintf(out, "[\n");
         for (size_t i = 0; i < results.size(); i++) {
@@ -242,8 +266,15 @@ int cmd_bench(int argc, char** argv) {
                          r.test.c_str(), r.mean(), r.sd());
             for (size_t j = 0; j < r.tps.size(); j++)
                 std::fprintf(out, "%s%.4f", j ? ", " : "", r.tps[j]);
-            std::fprintf(out, "], \"peak_rss_bytes\": %zu, \"device_used_bytes\": %zu}%s\n", peak,
-                         r.dev_used, i + 1 < results.size() ? "," : "");
+            std::fprintf(out, "], \"peak_rss_bytes\": %zu, \"device_used_bytes\": %zu", peak,
+                         r.dev_used);
+            if (r.test[0] == 't') {
+                std::fprintf(out,
+                             ", \"weight_bytes_per_token\": %llu, \"weight_bytes_per_s\": %.0f",
+                             static_cast<unsigned long long>(step_bytes),
+                             static_cast<double>(step_bytes) * r.mean());
+            }
+            std::fprintf(out, "}%s\n", i + 1 < results.size() ? "," : "");
         }
         std::fprintf(out, "]\n");
     }

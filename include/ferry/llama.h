@@ -73,6 +73,9 @@ class LlamaModel {
     const std::string& path() const;
     uint64_t n_params() const;
     uint64_t size_bytes() const;  // bytes of weights
+    // Bytes of weights a one-token step reads: every weight whole but the token embeddings,
+    // of which it reads one row (all of them where the output shares that matrix).
+    uint64_t step_weight_bytes() const;
     std::string type_desc()
         const;  // dominant weight type, e.g. "Q4_0" (from general.file_type or tensors)
     Device* device() const;  // where the last layer (and the output) lives: the main device

@@ -470,6 +470,11 @@ uint64_t LlamaModel::n_params() const {
 uint64_t LlamaModel::size_bytes() const {
     return impl_->size_bytes;
 }
+uint64_t LlamaModel::step_weight_bytes() const {
+    const Tensor* e = impl_->tok_embd;
+    if (!e || impl_->output == e) return impl_->size_bytes;
+    return impl_->size_bytes - e->nbytes() + e->nb[1];
+}
 std::string LlamaModel::type_desc() const {
     return impl_->type_desc;
 }
