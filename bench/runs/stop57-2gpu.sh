@@ -5,7 +5,7 @@
 # 128 -r 3` on CUDA0 | split over CUDA0,CUDA1 | CUDA1, and served (`ferry serve` of both: the
 # client's device list). Prediction: the split's tg128 ~0.9-0.97 of one GPU's (one hand-over
 # of 8 KiB a token, the two halves in turn; no overlap at batch 1).
-# Binaries of main at 16d1c7f (.dev57: ferry.xz, test_cuda.xz, fx.tar.xz). Carry [".dev57"].
+# Binaries of main at 36c26d8 (.dev57: ferry.xz, test_cuda.xz, fx.tar.xz). Carry [".dev57"].
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 nvidia-smi topo -m 2>&1 | head -6
 BIN=${BIN:-.dev57} source bench/runs/common.sh
@@ -23,7 +23,7 @@ for m in $Q $H; do
   for d in CUDA0 CUDA0,CUDA1 CUDA1; do
     left 40 "bench $(basename $m) $d" || break
     echo "--- $(basename $m) on $d"
-    $F bench -m $m --device $d -p 512 -n 128 -r 3 2>&1 | grep -E "pp512|tg128|memory"
+    $F bench -m $m --device $d -p 512 -n 128 -r 3 2>&1 | grep -E "pp512|tg128|memory|weights read"
   done
 done
 $F serve --listen unix:$SD/u > $SD/u.log 2>&1 &

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stop 57, call A (any card), binaries of main at f73f390 (.dev57: ferry.xz, test_cuda.xz,
+# Stop 57, call A (any card), binaries of main at 36c26d8 (.dev57: ferry.xz, test_cuda.xz,
 # fx.tar.xz; carry [".dev57"]). On an H200 first: the F16 target (1B F16 tg128 plan | default,
 # three rounds; prediction ~1,335: stop 53's 1,314 x1.017 for the logits' store), the copies in
 # flight swept (2,1 4,1 4,2 6,2 8,2: stop 53's step was 1.37x the H200's floor against 1.17x on
@@ -37,7 +37,7 @@ if [[ $CARD == *H200* ]]; then
   gen_types bf16
   for m in $H /tmp/bf16.gguf $Q $T; do
     left 40 "bench $(basename $m)" || break
-    $F bench -m $m --device CUDA0 -p 512 -n 128 -r 5 2>&1 | grep -E "pp512|tg128|memory"
+    $F bench -m $m --device CUDA0 -p 512 -n 128 -r 5 2>&1 | grep -E "pp512|tg128|memory|weights read"
   done
   date +%T
   served
@@ -49,5 +49,11 @@ tests "*" $(cap 200)
 left 40 "test-ops" && { timeout $(cap 60) $F test-ops --backend CUDA0 2>&1 | tail -n 1; }
 wait $GEN
 date +%T
-[[ $CARD == *H200* ]] || served
+if [[ $CARD != *H200* ]]; then
+  served
+  for m in $H $Q; do
+    left 40 "bench $(basename $m)" || break
+    $F bench -m $m --device CUDA0 -p 512 -n 128 -r 3 2>&1 | grep -E "pp512|tg128|memory|weights read"
+  done
+fi
 date +%T
