@@ -9,6 +9,10 @@
 # phase goes away when the server and client are pinned to disjoint physical cores, and it shows
 # over unix too (less: no lanes). Each trace: a fresh server; the threads' CPUs sampled during
 # the run. Binaries of main (.dev57); carry [".dev57"].
+# (On an H200 the F16 target comes first: call A's script, whose H200 part leads.)
+if [[ $(nvidia-smi --query-gpu=name --format=csv,noheader) == *H200* ]]; then
+  LIMIT=${LIMIT:-420} exec bash bench/runs/stop57-a.sh
+fi
 nvidia-smi --query-gpu=name --format=csv,noheader
 nproc
 lscpu | grep -E "Model name|Thread|Core|Socket|NUMA node"
