@@ -11,7 +11,7 @@
 # the run. Binaries of main (.dev57); carry [".dev57"].
 # (On an H200 the F16 target comes first: call A's script, whose H200 part leads.)
 if [[ $(nvidia-smi --query-gpu=name --format=csv,noheader) == *H200* ]]; then
-  LIMIT=${LIMIT:-420} exec bash bench/runs/stop57-a.sh
+  LIMIT=${LIMIT:-190} exec bash bench/runs/stop57-a.sh
 fi
 nvidia-smi --query-gpu=name --format=csv,noheader
 nproc
