@@ -499,6 +499,11 @@ TEST_F(LlamaErrors, UnchangedRewriteLoads) {
     EXPECT_EQ((*m)->hparams().n_vocab, 1024);
     EXPECT_FALSE((*m)->hparams().tied_output);
     EXPECT_EQ((*m)->type_desc(), "Q4_0");
+    // A step reads every weight but the embeddings' other rows (the output has its own).
+    const GgufTensorInfo* e = src_->find_tensor("token_embd.weight");
+    ASSERT_NE(e, nullptr);
+    EXPECT_EQ((*m)->step_weight_bytes(),
+              (*m)->size_bytes() - e->nbytes + e->nbytes / static_cast<size_t>(e->ne[1]));
 }
 
 TEST_F(LlamaErrors, WithoutOutputTheEmbeddingIsTied) {
@@ -507,6 +512,8 @@ TEST_F(LlamaErrors, WithoutOutputTheEmbeddingIsTied) {
     std::unique_ptr<LlamaModel> m = load(path);
     ASSERT_TRUE(m);
     EXPECT_TRUE(m->hparams().tied_output);
+    // The output reads the embeddings whole: a step reads every weight.
+    EXPECT_EQ(m->step_weight_bytes(), m->size_bytes());
     std::unique_ptr<LlamaSession> s = session(*m, Type::F16, 64);
     ASSERT_TRUE(s);
     ASSERT_TRUE(s->decode(cases()[0].tokens, false));
