@@ -1036,5 +1036,30 @@ TEST(GgufOpen, Errors) {
     std::remove(bad.c_str());
 }
 
+// general.file_type, one table both ways: the values of llama.cpp's public file-type enum for a
+// file of one weight type (a K type's is its _S form), each value's name starting with the
+// type's, the _M mixtures named but never a single type's value, and 0 / nullptr elsewhere.
+TEST(GgufFileType, ValuesAndNamesAgree) {
+    const std::pair<Type, uint32_t> known[] = {
+        {Type::F32, 0},     {Type::F16, 1},     {Type::Q4_0, 2},  {Type::Q4_1, 3},
+        {Type::Q8_0, 7},    {Type::Q5_0, 8},    {Type::Q5_1, 9},  {Type::Q2_K, 10},
+        {Type::Q3_K, 11},   {Type::Q4_K, 14},   {Type::Q5_K, 16}, {Type::Q6_K, 18},
+        {Type::IQ4_NL, 25}, {Type::IQ4_XS, 30}, {Type::BF16, 32}, {Type::MXFP4, 38},
+    };
+    for (const auto& [t, v] : known) {
+        EXPECT_EQ(gguf_file_type(t), v) << type_name(t);
+        const char* name = gguf_file_type_name(v);
+        ASSERT_NE(name, nullptr) << v;
+        std::string upper = type_name(t);
+        for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+        EXPECT_EQ(std::string(name).rfind(upper, 0), 0u) << name << " for " << upper;
+    }
+    EXPECT_STREQ(gguf_file_type_name(15), "Q4_K_M");
+    EXPECT_STREQ(gguf_file_type_name(17), "Q5_K_M");
+    EXPECT_EQ(gguf_file_type_name(4), nullptr);  // a value the enum retired
+    EXPECT_EQ(gguf_file_type_name(-1), nullptr);
+    EXPECT_EQ(gguf_file_type(Type::I32), 0u);
+}
+
 }  // namespace
 }  // namespace ferry

@@ -35,6 +35,12 @@ enum class GgufValueType : uint32_t {
 // True for the eight integer value types (not BOOL).
 bool gguf_is_integer(GgufValueType t);
 
+// general.file_type, llama.cpp's file-type enum (a public enum of the GGUF ecosystem): the value
+// for a file whose weights are all of type t (its _S form for a K type; 0, F32, for a type the
+// enum has no value for), and a value's name (nullptr for one it does not know).
+uint32_t gguf_file_type(Type t);
+const char* gguf_file_type_name(int64_t ft);
+
 // One metadata value. Arrays hold elements of a single type (arrays of arrays are allowed by
 // the format and supported).
 struct GgufValue {

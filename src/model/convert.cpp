@@ -201,30 +201,6 @@ std::string shape_str(const std::vector<int64_t>& s) {
     return r + "]";
 }
 
-// GGUF general.file_type (the llama file-type enum) of a single-type conversion.
-uint32_t file_type_of(Type t) {
-    switch (t) {
-        case Type::F16:
-            return 1;
-        case Type::Q4_0:
-            return 2;
-        case Type::Q4_1:
-            return 3;
-        case Type::Q8_0:
-            return 7;
-        case Type::Q4_K:
-            return 14;  // Q4_K_S: every weight Q4_K
-        case Type::Q5_K:
-            return 16;  // Q5_K_S
-        case Type::Q6_K:
-            return 18;
-        case Type::BF16:
-            return 32;
-        default:
-            return 0;
-    }
-}
-
 bool file_exists(const std::string& p) {
     struct stat st {};
     return stat(p.c_str(), &st) == 0;
@@ -383,7 +359,7 @@ Status convert_hf_to_gguf(const ConvertOptions& o) {
         w.add_u32(a + ".attention.key_length", static_cast<uint32_t>(c.head_dim));
         w.add_u32(a + ".attention.value_length", static_cast<uint32_t>(c.head_dim));
     }
-    w.add_u32("general.file_type", file_type_of(o.type));
+    w.add_u32("general.file_type", gguf_file_type(o.type));
     if (a == "llama") {
         w.add_u32(a + ".vocab_size", static_cast<uint32_t>(c.n_vocab));
         w.add_u32(a + ".rope.dimension_count", static_cast<uint32_t>(c.head_dim));

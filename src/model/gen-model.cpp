@@ -130,46 +130,11 @@ void add_vocab(GgufWriter& w, int32_t n_vocab) {
     w.add_bool("tokenizer.ggml.add_eos_token", false);
 }
 
-// GGUF general.file_type values (the llama file-type enum) for the weight types.
+// GGUF general.file_type: the _M mixtures' own values, else the weight type's.
 uint32_t file_type_of(Type t, Mixture mix) {
     if (mix == Mixture::Q4_K_M) return 15;
     if (mix == Mixture::Q5_K_M) return 17;
-    switch (t) {
-        case Type::F32:
-            return 0;
-        case Type::F16:
-            return 1;
-        case Type::Q4_0:
-            return 2;
-        case Type::Q4_1:
-            return 3;
-        case Type::Q8_0:
-            return 7;
-        case Type::Q5_0:
-            return 8;
-        case Type::Q5_1:
-            return 9;
-        case Type::Q2_K:
-            return 10;
-        case Type::Q3_K:
-            return 11;  // Q3_K_S: all Q3_K
-        case Type::Q4_K:
-            return 14;  // Q4_K_S: all Q4_K
-        case Type::Q5_K:
-            return 16;  // Q5_K_S: all Q5_K
-        case Type::Q6_K:
-            return 18;
-        case Type::IQ4_NL:
-            return 25;
-        case Type::IQ4_XS:
-            return 30;
-        case Type::MXFP4:
-            return 38;
-        case Type::BF16:
-            return 32;
-        default:
-            return 0;
-    }
+    return gguf_file_type(t);
 }
 
 // llama.cpp's rule for the layers whose attn_v / ffn_down get more bits in the _M mixtures.

@@ -82,6 +82,44 @@ size_t min_value_size(GgufValueType t) {
 
 }  // namespace
 
+namespace {
+
+struct FileType {
+    uint32_t value;
+    const char* name;
+    bool one_type;  // a file of `type` alone (not a mixture)
+    Type type;
+};
+
+constexpr FileType kFileTypes[] = {
+    {0, "F32", true, Type::F32},        {1, "F16", true, Type::F16},
+    {2, "Q4_0", true, Type::Q4_0},      {3, "Q4_1", true, Type::Q4_1},
+    {7, "Q8_0", true, Type::Q8_0},      {8, "Q5_0", true, Type::Q5_0},
+    {9, "Q5_1", true, Type::Q5_1},      {10, "Q2_K", true, Type::Q2_K},
+    {11, "Q3_K_S", true, Type::Q3_K},   {12, "Q3_K_M", false, Type::Q3_K},
+    {13, "Q3_K_L", false, Type::Q3_K},  {14, "Q4_K_S", true, Type::Q4_K},
+    {15, "Q4_K_M", false, Type::Q4_K},  {16, "Q5_K_S", true, Type::Q5_K},
+    {17, "Q5_K_M", false, Type::Q5_K},  {18, "Q6_K", true, Type::Q6_K},
+    {25, "IQ4_NL", true, Type::IQ4_NL}, {30, "IQ4_XS", true, Type::IQ4_XS},
+    {32, "BF16", true, Type::BF16},     {38, "MXFP4_MOE", true, Type::MXFP4},
+};
+
+}  // namespace
+
+uint32_t gguf_file_type(Type t) {
+    for (const FileType& f : kFileTypes) {
+        if (f.one_type && f.type == t) return f.value;
+    }
+    return 0;
+}
+
+const char* gguf_file_type_name(int64_t ft) {
+    for (const FileType& f : kFileTypes) {
+        if (f.value == ft) return f.name;
+    }
+    return nullptr;
+}
+
 bool gguf_is_integer(GgufValueType t) {
     switch (t) {
         case GgufValueType::UINT8:

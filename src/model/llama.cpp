@@ -126,54 +126,6 @@ Status read_hparams(const GgufFile& f, LlamaHParams* hp) {
     return Status::ok();
 }
 
-// Name of llama.cpp's general.file_type values (a public enum of the GGUF ecosystem).
-const char* file_type_name(int64_t ft) {
-    switch (ft) {
-        case 0:
-            return "F32";
-        case 1:
-            return "F16";
-        case 2:
-            return "Q4_0";
-        case 3:
-            return "Q4_1";
-        case 7:
-            return "Q8_0";
-        case 8:
-            return "Q5_0";
-        case 9:
-            return "Q5_1";
-        case 10:
-            return "Q2_K";
-        case 11:
-            return "Q3_K_S";
-        case 12:
-            return "Q3_K_M";
-        case 13:
-            return "Q3_K_L";
-        case 14:
-            return "Q4_K_S";
-        case 15:
-            return "Q4_K_M";
-        case 16:
-            return "Q5_K_S";
-        case 17:
-            return "Q5_K_M";
-        case 18:
-            return "Q6_K";
-        case 25:
-            return "IQ4_NL";
-        case 30:
-            return "IQ4_XS";
-        case 38:
-            return "MXFP4_MOE";
-        case 32:
-            return "BF16";
-        default:
-            return nullptr;
-    }
-}
-
 std::string upper(std::string s) {
     for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     return s;
@@ -215,7 +167,7 @@ class Loader {
         const char* ft = nullptr;
         if (f_.find_kv("general.file_type")) {
             Expected<int64_t> v = f_.get_int("general.file_type");
-            if (v) ft = file_type_name(*v);
+            if (v) ft = gguf_file_type_name(*v);
         }
         if (ft) {
             m_.type_desc = ft;
