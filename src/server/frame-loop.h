@@ -246,9 +246,10 @@ void serve_frames(Io& io, Session& session, const ServerOptions& opts, size_t ke
                 // A compute may be left running when the next request is already arriving
                 // (a decode step's read of its logits): that read then waits for both.
                 // (Only for frames the buffer keeps anyway: the held payload costs nothing.)
+                const bool more = io.more_input();
                 session.set_more_input(h.cmd == static_cast<uint16_t>(remote::Cmd::GRAPH_COMPUTE) &&
-                                       h.len <= keep_bytes && io.more_input());
-                session.set_next_waiting(io.more_input());
+                                       h.len <= keep_bytes && more);
+                session.set_next_waiting(more);
                 try {
                     session.handle(h.cmd, payload.data(), static_cast<size_t>(h.len), &reply);
                 } catch (const std::exception& e) {
