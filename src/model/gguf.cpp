@@ -80,10 +80,6 @@ size_t min_value_size(GgufValueType t) {
     return scalar_size(t);
 }
 
-}  // namespace
-
-namespace {
-
 struct FileType {
     uint32_t value;
     const char* name;
