@@ -22,7 +22,11 @@ set -u
 declare -g BIN="$BIN"
 # Everything a run script prints also goes to $OUT/run.log as it is printed: a call killed at
 # its limit returns $OUT's files but not the tail a pipe still held (stop 48, call C).
-[ -n "${OUT:-}" ] && exec > >(tee -a "$OUT/run.log") 2>&1
+# (Once: a run script that calls another one's would otherwise write each line twice.)
+if [ -n "${OUT:-}" ] && [ -z "${FERRY_RUN_TEED:-}" ]; then
+  export FERRY_RUN_TEED=1
+  exec > >(tee -a "$OUT/run.log") 2>&1
+fi
 LIMIT=${LIMIT:-585}
 left() { # SECS WHAT
   [ $((SECONDS + $1)) -lt $LIMIT ] || { echo "(skipped at ${SECONDS}s: $2)"; return 1; }
