@@ -24,6 +24,8 @@ struct Result {
     // The model's GPU's memory in use (total less free, every process on it) at the end of the
     // test's runs, its session still holding its buffers; 0 on other devices.
     size_t dev_used = 0;
+    // A decode test (tg: a token at a time), else a prompt batch (pp).
+    bool decode() const { return test[0] == 't'; }
     double mean() const {
         double s = 0;
         for (double v : tps) s += v;
@@ -186,7 +188,7 @@ int cmd_bench(int argc, char** argv) {
         results.push_back({strfmt("pp%lld", n_prompt), static_cast<int>(n_prompt), {}});
     if (n_gen > 0) results.push_back({strfmt("tg%lld", n_gen), static_cast<int>(n_gen), {}});
     for (Result& r : results) {
-        const bool pp = r.test[0] == 'p';
+        const bool pp = !r.decode();
         // Each test in a session of its own, as llama-bench gives each its own context (one
         // context sized for pp512 had tg128 attend 256 padded keys instead of 144: stop 55,
         // H100, 1B tg128 2.4-2.8% slower before the attention skipped the masked ones).
@@ -241,7 +243,7 @@ int cmd_bench(int argc, char** argv) {
         // reached (the KV cache's reads, small at these lengths, left out).
         bool first = true;
         for (const Result& r : results) {
-            if (r.test[0] != 't') continue;
+            if (!r.decode()) continue;
             if (first) {
                 const double b = static_cast<double>(step_bytes);
                 std::fprintf(
@@ -268,7 +270,7 @@ int cmd_bench(int argc, char** argv) {
                 std::fprintf(out, "%s%.4f", j ? ", " : "", r.tps[j]);
             std::fprintf(out, "], \"peak_rss_bytes\": %zu, \"device_used_bytes\": %zu", peak,
                          r.dev_used);
-            if (r.test[0] == 't') {
+            if (r.decode()) {
                 std::fprintf(out,
                              ", \"weight_bytes_per_token\": %llu, \"weight_bytes_per_s\": %.0f",
                              static_cast<unsigned long long>(step_bytes),
