@@ -11,7 +11,7 @@
 # shortens that hop by ~1-2 us a layer, F16 tg128 +2-4%; 2 alone less (the norms' hops poll
 # 2 KB a warp).
 # On an H200: the F16 target first (main: plan | default, three rounds; prediction ~1,335),
-# then the sentinel rounds, bench tables, test-ops, served rounds. On an H100: the sentinel
+# stop 57's copies-in-flight sweep (never run on an H200), then the sentinel rounds, bench tables, test-ops, served rounds. On an H100: the sentinel
 # rounds, the stamps of the best against none, the Q4_0 step.
 CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
@@ -40,6 +40,12 @@ if [[ $CARD == *H200* ]]; then
     left 30 "F16 round $r" || break
     echo "$(tg $H 128 FERRY_CUDA_PERSIST=0) | $(tg $H 128)"
   done
+  row="F16 tg128 inflight"
+  for k in 2,1 4,1 4,2 6,2 8,2; do
+    left 20 "inflight $k" || break
+    row="$row | $k $(tg $H 128 FERRY_CUDA_PERSIST_INFLIGHT=$k)"
+  done
+  echo "$row | default $(tg $H 128)"
   sentinel_rounds 2
   stamps 0
   stamps 3
