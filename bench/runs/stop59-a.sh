@@ -3,13 +3,13 @@
 # (stop 58's .dev58: main's code since differs only in `ferry bench`'s internals), and
 # .dev59/ferry-s.xz, branch persist-quant with FERRY_CUDA_PERSIST_SENTINEL's bits (1: down's
 # input waited for on one word a lane before its 1,024 are read; 2: after a round of any wait's
-# loads finds a word missing, that word alone polled until it is there), and
+# loads finds a word missing, that word alone polled until it is there; 4: any wait's runs'
+# last words, one a run of 8, polled at once before the runs are read), and
 # .dev59/persist-stamps.py (the branch's summary of FERRY_CUDA_PERSIST_STAMPS=1).
 # Stop 58 call C's stamps (H100) put 11-13 us of every 1B layer in the hops between phases,
 # 4.2 us (F16) before down, where every warp of 132 blocks polls 8 KB a round (~8.6 MB of L2
-# reads a round across the card, against the weights' stream). Prediction: sentinel 1 or 3
-# shortens that hop by ~1-2 us a layer, F16 tg128 +2-4%; 2 alone less (the norms' hops poll
-# 2 KB a warp).
+# reads a round across the card, against the weights' stream). Prediction: sentinel 1, 3 or 4
+# shortens that hop by ~1-2 us a layer, F16 tg128 +2-4%; 4 (every hop) most.
 # On an H200: the F16 target first (main: plan | default, three rounds; prediction ~1,335),
 # stop 57's copies-in-flight sweep (never run on an H200), then the sentinel rounds, bench tables, test-ops, served rounds. On an H100: the sentinel
 # rounds, the stamps of the best against none, the Q4_0 step.
@@ -22,10 +22,12 @@ date +%T
 gen_models
 sentinel_rounds() { # N
   local r
-  echo "--- 1B F16 tg128 (-p 0 -r 5): main | branch sentinel 0 | 1 | 2 | 3"
+  echo "--- 1B F16 tg128 (-p 0 -r 5): main | branch sentinel 0 | 1 | 3 | 4 | 6"
   for r in $(seq $1); do
     left 60 "sentinel round $r" || break
-    echo "$(tg $H 128) | $(S $H 128) | $(S $H 128 FERRY_CUDA_PERSIST_SENTINEL=1) | $(S $H 128 FERRY_CUDA_PERSIST_SENTINEL=2) | $(S $H 128 FERRY_CUDA_PERSIST_SENTINEL=3)"
+    local row="$(tg $H 128) | $(S $H 128)" b
+    for b in 1 3 4 6; do row="$row | $(S $H 128 FERRY_CUDA_PERSIST_SENTINEL=$b)"; done
+    echo "$row"
   done
 }
 stamps() { # SENTINEL
@@ -48,7 +50,7 @@ if [[ $CARD == *H200* ]]; then
   echo "$row | default $(tg $H 128)"
   sentinel_rounds 2
   stamps 0
-  stamps 3
+  stamps 4
   gen_types bf16
   for m in $H /tmp/bf16.gguf $Q $T; do
     left 40 "bench $(basename $m)" || break
@@ -63,8 +65,8 @@ if [[ $CARD == *H200* ]]; then
 else
   sentinel_rounds 3
   stamps 0
-  stamps 1
   stamps 3
-  left 30 "Q4_0" && echo "Q4_0 step 0 | 3: $(S $Q 128 FERRY_CUDA_PERSIST=1) | $(S $Q 128 FERRY_CUDA_PERSIST=1 FERRY_CUDA_PERSIST_SENTINEL=3)"
+  stamps 4
+  left 30 "Q4_0" && echo "Q4_0 step 0 | 4: $(S $Q 128 FERRY_CUDA_PERSIST=1) | $(S $Q 128 FERRY_CUDA_PERSIST=1 FERRY_CUDA_PERSIST_SENTINEL=4)"
 fi
 date +%T
