@@ -64,6 +64,13 @@ if [[ $CARD == *H200* ]]; then
   served_rounds 3
 else
   sentinel_rounds 3
+  # (With fewer polls the weights' stream may take more copies in flight in the chain.)
+  row="F16 tg128 sentinel 4, inflight"
+  for k in 3,2 4,1 4,2 6,2; do
+    left 30 "inflight $k" || break
+    row="$row | $k $(S $H 128 FERRY_CUDA_PERSIST_SENTINEL=4 FERRY_CUDA_PERSIST_INFLIGHT=$k)"
+  done
+  echo "$row | 3,1 $(S $H 128 FERRY_CUDA_PERSIST_SENTINEL=4)"
   stamps 0
   stamps 3
   stamps 4
