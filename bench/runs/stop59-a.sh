@@ -6,7 +6,8 @@
 # - .dev59/ferry-s.xz: branch persist-quant with FERRY_CUDA_PERSIST_SENTINEL's bits (1: down's
 #   input waited for on one word a lane; 2: after a round finds a word missing, that word alone
 #   polled; 4: every run's last word first, as poll 1) and the stamps
-#   (FERRY_CUDA_PERSIST_STAMPS=1), summed up by .dev59/persist-stamps.py.
+#   (FERRY_CUDA_PERSIST_STAMPS=1), summed up by .dev59/persist-stamps.py;
+# - .dev59/fx/tiny-llama-f16.gguf: the one fixture the persistent step's tests read.
 # Stop 58 call C's stamps (H100) put 11-13 us of every 1B layer in the hops between phases,
 # 4.2 us (F16) before down, where every warp of 132 blocks polls 8 KB a round (~8.6 MB of L2
 # reads a round across the card, beside the weights' stream through the same L2). Prediction:
