@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Stop 59, call D (the session's last device seconds): the F16 target, on an H200 only (an H100
+# ends at once: its figures are in calls A-C). Binary of main at 15633df (.dev59d/ferry.xz, stop
+# 58's .dev58 build; main's code since differs in `ferry bench`'s internals only; carry
+# [".dev59d"]). 1B F16 tg128 plan | default, three rounds (prediction ~1,335: stop 53's 1,314
+# x1.017 for the logits' store); bench tables with memory and bandwidth; test-ops; served rounds.
+CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader)
+nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
+[[ $CARD == *H200* ]] || { echo "not an H200: nothing run"; exit 0; }
+BIN=${BIN:-.dev59d} source bench/runs/common.sh
+date +%T
+gen_models
+echo "--- 1B F16 tg128 (-p 0 -r 5): plan | default"
+for r in 1 2 3; do
+  left 30 "F16 round $r" || break
+  echo "$(tg $H 128 FERRY_CUDA_PERSIST=0) | $(tg $H 128)"
+done
+for m in $H $Q; do
+  left 40 "bench $(basename $m)" || break
+  $F bench -m $m --device CUDA0 -p 512 -n 128 -r 5 2>&1 | grep -E "pp512|tg128|memory|weights read"
+done
+left 40 "test-ops" && { timeout $(cap 60) $F test-ops --backend CUDA0 2>&1 | tail -n 1; }
+serve_unix
+serve_tcp 0
+echo "listening: $(servers_up)"
+served_rounds 3
+date +%T
