@@ -7,7 +7,9 @@
 #   input waited for on one word a lane; 2: after a round finds a word missing, that word alone
 #   polled; 4: every run's last word first, as poll 1) and the stamps
 #   (FERRY_CUDA_PERSIST_STAMPS=1), summed up by .dev59/persist-stamps.py;
-# - .dev59/fx/tiny-llama-f16.gguf: the one fixture the persistent step's tests read.
+# - .dev59/fx/tiny-llama-f16.gguf: the model the persistent step's tests read. (Call A's tests
+#   stopped at once: the oracle reads fx's reference.json and case*.logits.f32 as well; a rerun
+#   carries those small files in .dev59/fx too.)
 # Stop 58 call C's stamps (H100) put 11-13 us of every 1B layer in the hops between phases,
 # 4.2 us (F16) before down, where every warp of 132 blocks polls 8 KB a round (~8.6 MB of L2
 # reads a round across the card, beside the weights' stream through the same L2). Prediction:
