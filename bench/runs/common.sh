@@ -7,9 +7,11 @@
 # T (tiny-llama Q8_0) and defines tg MODEL N [ARGS or FERRY_*=V ...]: the tg t/s column, and
 # bt MODEL [ARGS]: the tg128 t/s alone (3 repetitions; ARGS pick the device or --remote ADDR).
 # be FERRY_*=V ...: that tg128 for 1B Q4_0 on CUDA0 with those variables set.
-# persist ARGS: a bench_cuda_persist run; f16_tg128: ferry's 1B F16 tg128 (below).
-# Served runs side by side: serve_unix, serve_tcp, servers_up, side_by_side, served_rounds,
-# step_trace, tcp_step_trace, logits_reads (below).
+# persist ARGS: a bench_cuda_persist run; f16_tg128: ferry's 1B F16 tg128; plan_rounds N: F16
+# tg128 plan | default; bench_tables REPS MODEL...: bench's tables; stamps NAME: the persistent
+# step's per-phase stamps (below).
+# Served runs side by side: serve_unix, serve_tcp, servers_up, servers_start, side_by_side,
+# served_rounds, step_trace, tcp_step_trace, logits_reads (below).
 # tests FILTER [SECONDS]: test_cuda with that filter into $OUT/test_cuda.RUN.N.txt (RUN: the run
 # script's name, N: the call), its exit status (124: timed out), summary lines and the context
 # of any failure (TESTS_RC: that exit status). profiles ADDR...: session profiles (below).
@@ -150,11 +152,15 @@ side_by_side() {
     done
   done
 }
-# served_side_by_side: a unix and a tcp server, then side_by_side's rows (local | unix | tcp).
-served_side_by_side() {
+# servers_start: a unix server and a tcp one at offset 0, then how many listen.
+servers_start() {
   serve_unix
   serve_tcp 0
   echo "listening: $(servers_up)"
+}
+# served_side_by_side: servers_start, then side_by_side's rows (local | unix | tcp).
+served_side_by_side() {
+  servers_start
   side_by_side "tcp" "0" "0"
 }
 # local_rounds N: after gen_models and gen_types bf16, rows of 1B tg128 F16 | BF16 | Q4_0 on
@@ -250,6 +256,38 @@ tests() { # FILTER [SECONDS]
   echo "(rc $TESTS_RC, $f)"
   grep -E "FAILED|PASSED|tests ran|SKIPPED|op cases" $f | head -30
   grep -B2 -A12 "Failure" $f | head -40
+}
+
+# plan_rounds N: after gen_models, rows of 1B F16 tg128 (-p 0 -r 5) plan | default, N rounds.
+plan_rounds() {
+  local r
+  echo "--- 1B F16 tg128 (-p 0 -r 5): plan | default"
+  for r in $(seq $1); do
+    left 30 "F16 round $r" || break
+    echo "$(tg $H 128 FERRY_CUDA_PERSIST=0) | $(tg $H 128)"
+  done
+}
+# bench_tables REPS MODEL...: `ferry bench -p 512 -n 128 -r REPS` on CUDA0 for each model, when
+# 40 s are left: its pp512 and tg128 rows, GPU memory and bandwidth lines.
+bench_tables() {
+  local reps=$1 m
+  shift
+  for m in "$@"; do
+    left 40 "bench $(basename $m)" || break
+    $F bench -m $m --device CUDA0 -p 512 -n 128 -r $reps 2>&1 | grep -E "pp512|tg128|memory|weights read"
+  done
+}
+# stamps NAME [FERRY_*=V ...]: the persistent step's per-phase stamps (FERRY_CUDA_PERSIST_STAMPS=1,
+# branch persist-quant's builds) of a 1B F16 tg32 run with those variables, into
+# $OUT/stamps-NAME.txt, summed up by $BIN/persist-stamps.py (that branch's bench/tools), when
+# 20 s are left.
+stamps() {
+  local name=$1
+  shift
+  left 20 "stamps $name" || return
+  env "$@" FERRY_CUDA_PERSIST_STAMPS=1 $F bench -m $H --device CUDA0 -p 0 -n 32 -r 1 > $OUT/stamps-$name.txt 2>&1
+  echo "== stamps $name ($*): $(grep tg32 $OUT/stamps-$name.txt | awk -F'|' '{print $8}')"
+  python3 $BIN/persist-stamps.py $OUT/stamps-$name.txt
 }
 
 # timeline NAME [FERRY_*=V ...]: the per-kernel timeline of one decode step (bench/tools/

@@ -16,18 +16,12 @@ done
 T=../shared/fixtures/tiny-llama/tiny-llama-q8_0.gguf
 date +%T
 served() {
-  serve_unix
-  serve_tcp 0
-  echo "listening: $(servers_up)"
+  servers_start
   served_rounds 3
 }
 if [[ $CARD == *H200* ]]; then
   gen_models
-  echo "--- 1B F16 tg128 (-p 0 -r 5): plan | default"
-  for r in 1 2 3; do
-    left 30 "F16 round $r" || break
-    echo "$(tg $H 128 FERRY_CUDA_PERSIST=0) | $(tg $H 128)"
-  done
+  plan_rounds 3
   row="F16 tg128 inflight"
   for k in 2,1 4,1 4,2 6,2 8,2; do
     left 20 "inflight $k" || break
@@ -35,10 +29,7 @@ if [[ $CARD == *H200* ]]; then
   done
   echo "$row | default $(tg $H 128)"
   gen_types bf16
-  for m in $H /tmp/bf16.gguf $Q $T; do
-    left 40 "bench $(basename $m)" || break
-    $F bench -m $m --device CUDA0 -p 512 -n 128 -r 5 2>&1 | grep -E "pp512|tg128|memory|weights read"
-  done
+  bench_tables 5 $H /tmp/bf16.gguf $Q $T
   date +%T
   served
   date +%T
@@ -51,9 +42,6 @@ wait $GEN
 date +%T
 if [[ $CARD != *H200* ]]; then
   served
-  for m in $H $Q; do
-    left 40 "bench $(basename $m)" || break
-    $F bench -m $m --device CUDA0 -p 512 -n 128 -r 3 2>&1 | grep -E "pp512|tg128|memory|weights read"
-  done
+  bench_tables 3 $H $Q
 fi
 date +%T

@@ -25,6 +25,6 @@ for k in 6,2 8,3 14,3 14,5 20,6 28,8; do
 done
 echo "$row | default $(tg $Q 128)"
 left 30 "F16" && echo "F16 tg128 plan | step: $(tg $H 128 FERRY_CUDA_PERSIST=0) | $(tg $H 128)"
-left 40 "bench" && $F bench -m $Q --device CUDA0 -p 512 -n 128 -r 3 2>&1 | grep -E "pp512|tg128|memory|weights read"
+bench_tables 3 $Q
 left 60 "tg512" && echo "Q4_0 tg512 plan | step: $(tg $Q 512 FERRY_CUDA_PERSIST=0) | $(tg $Q 512)"
 date +%T

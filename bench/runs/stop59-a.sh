@@ -44,12 +44,8 @@ inflight() {
   done
   echo "$row | 3,1 $(tg $H 128)"
 }
-stamps() { # SENTINEL
-  left 20 "stamps $1" || return
-  FERRY_CUDA_PERSIST_SENTINEL=$1 FERRY_CUDA_PERSIST_STAMPS=1 /tmp/ferry-s bench -m $H --device CUDA0 -p 0 -n 32 -r 1 > $OUT/stamps-s$1.txt 2>&1
-  echo "== stamps, sentinel $1: $(grep tg32 $OUT/stamps-s$1.txt | awk -F'|' '{print $8}')"
-  python3 $BIN/persist-stamps.py $OUT/stamps-s$1.txt
-}
+# sentinel_stamps BITS: the branch binary's stamps with FERRY_CUDA_PERSIST_SENTINEL=BITS.
+sentinel_stamps() { F=/tmp/ferry-s stamps s$1 FERRY_CUDA_PERSIST_SENTINEL=$1; }
 if [[ $CARD == *H200* ]]; then
   echo "--- 1B F16 tg128 (-p 0 -r 5): plan | poll 1 | poll 0"
   for r in 1 2 3; do
@@ -57,27 +53,22 @@ if [[ $CARD == *H200* ]]; then
     echo "$(tg $H 128 FERRY_CUDA_PERSIST=0) | $(tg $H 128) | $(tg $H 128 FERRY_CUDA_PERSIST_POLL=0)"
   done
   inflight
-  stamps 0
-  stamps 4
+  sentinel_stamps 0
+  sentinel_stamps 4
   gen_types bf16
-  for m in $H /tmp/bf16.gguf $Q $T; do
-    left 40 "bench $(basename $m)" || break
-    $F bench -m $m --device CUDA0 -p 512 -n 128 -r 5 2>&1 | grep -E "pp512|tg128|memory|weights read"
-  done
+  bench_tables 5 $H /tmp/bf16.gguf $Q $T
   left 40 "test-ops" && { timeout $(cap 60) $F test-ops --backend CUDA0 2>&1 | tail -n 1; }
   date +%T
-  serve_unix
-  serve_tcp 0
-  echo "listening: $(servers_up)"
+  servers_start
   served_rounds 3
   left 60 "tests" && tests "Cuda.Persistent*" $(cap 120)
 else
   tests "Cuda.Persistent*" $(cap 120)
   poll_rounds 3
   inflight
-  stamps 0
-  stamps 1
-  stamps 4
+  sentinel_stamps 0
+  sentinel_stamps 1
+  sentinel_stamps 4
   left 30 "BF16" && { gen_types bf16; echo "BF16 tg128 poll 0 | 1: $(tg /tmp/bf16.gguf 128 FERRY_CUDA_PERSIST_POLL=0) | $(tg /tmp/bf16.gguf 128)"; }
 fi
 date +%T

@@ -12,15 +12,6 @@ BIN=${BIN:-.dev59b} source bench/runs/common.sh
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
 date +%T
 gen_models
-# stamps NAME [FERRY_*=V ...]: the stamps of a 1B F16 tg32 run with those variables, summed up.
-stamps() {
-  local name=$1
-  shift
-  left 20 "stamps $name" || return
-  env "$@" FERRY_CUDA_PERSIST_STAMPS=1 $F bench -m $H --device CUDA0 -p 0 -n 32 -r 1 > $OUT/stamps-$name.txt 2>&1
-  echo "== stamps $name ($*): $(grep tg32 $OUT/stamps-$name.txt | awk -F'|' '{print $8}')"
-  python3 $BIN/persist-stamps.py $OUT/stamps-$name.txt
-}
 stamps base
 stamps in11 FERRY_CUDA_PERSIST_INFLIGHT=1,1
 stamps s8 FERRY_CUDA_PERSIST_SENTINEL=8

@@ -11,14 +11,8 @@ BIN=${BIN:-.dev59b} source bench/runs/common.sh
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
 date +%T
 gen_models
-stamps() {
-  local name=$1
-  shift
-  left 20 "stamps $name" || return
-  env "$@" FERRY_CUDA_PERSIST_STAMPS=1 $F bench -m $H --device CUDA0 -p 0 -n 32 -r 1 > $OUT/stamps-$name.txt 2>&1
-  echo "== stamps $name ($*): $(grep tg32 $OUT/stamps-$name.txt | awk -F'|' '{print $8}')"
-  python3 $BIN/persist-stamps.py $OUT/stamps-$name.txt | grep -E "hop|gu tiles|down tiles|step end"
-}
+# (The stamps' summary: the hops, gate/up's and down's tiles and the step's end.)
+some_stamps() { stamps "$@" | grep -E "^==|^\(skipped|hop|gu tiles|down tiles|step end"; }
 C="2,3,1 2,4,1 2,4,0 3,4,0 2,5,1"
 echo "--- 1B F16 tg128 (-p 0 -r 5): default | caps $C"
 for r in 1 2 3; do
@@ -27,6 +21,6 @@ for r in 1 2 3; do
   for c in $C; do row="$row | $(tg $H 128 FERRY_CUDA_PERSIST_CAPS=$c)"; done
   echo "$row"
 done
-stamps c241 FERRY_CUDA_PERSIST_CAPS=2,4,1
-stamps c240 FERRY_CUDA_PERSIST_CAPS=2,4,0
+some_stamps c241 FERRY_CUDA_PERSIST_CAPS=2,4,1
+some_stamps c240 FERRY_CUDA_PERSIST_CAPS=2,4,0
 date +%T

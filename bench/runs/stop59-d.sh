@@ -10,18 +10,9 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
 BIN=${BIN:-.dev59d} source bench/runs/common.sh
 date +%T
 gen_models
-echo "--- 1B F16 tg128 (-p 0 -r 5): plan | default"
-for r in 1 2 3; do
-  left 30 "F16 round $r" || break
-  echo "$(tg $H 128 FERRY_CUDA_PERSIST=0) | $(tg $H 128)"
-done
-for m in $H $Q; do
-  left 40 "bench $(basename $m)" || break
-  $F bench -m $m --device CUDA0 -p 512 -n 128 -r 5 2>&1 | grep -E "pp512|tg128|memory|weights read"
-done
+plan_rounds 3
+bench_tables 5 $H $Q
 left 40 "test-ops" && { timeout $(cap 60) $F test-ops --backend CUDA0 2>&1 | tail -n 1; }
-serve_unix
-serve_tcp 0
-echo "listening: $(servers_up)"
+servers_start
 served_rounds 3
 date +%T

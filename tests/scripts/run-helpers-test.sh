@@ -5,8 +5,10 @@
 # once the models are written (stops 48-d and 49-a hung in a bare `wait`, which also waited for
 # the tee, until their calls' limits), that unpack makes a carried BIN/NAME.xz runnable as
 # /tmp/NAME, that persist keeps the lines a run records (and only those), that persist_tests
-# returns once its model is written with the tests' figures printed, and that the output
-# reaches run.log.
+# returns once its model is written with the tests' figures printed, that bench_tables keeps
+# bench's rows, memory and bandwidth lines (and only those) for each model, that stamps writes
+# $OUT/stamps-NAME.txt with its variables set and sums it up by BIN's persist-stamps.py, and
+# that the output reaches run.log.
 #   run-helpers-test.sh SOURCE_DIR
 set -u
 src=$1
@@ -39,6 +41,21 @@ echo "[ cuda     ] m: persistent decode vs the kernel plan over 2 steps: nmse 1e
 echo "[  PASSED  ] 1 test."
 TC
 chmod +x "$tmp/tc"
+# In ferry bench's place: the kinds of lines it prints, the model and the stamps' variable in
+# them, the stamps themselves on stderr.
+cat > "$tmp/bench" <<'BENCH'
+#!/usr/bin/env bash
+echo "| model | size | backend | test | t/s |"
+echo "| $3 | pp512 | 1000 |"
+echo "| $3 | tg128 | 100 |"
+echo "GPU memory in use: 1.0 GiB"
+echo "weights read a token: 2.47 GB, 2.5 TB/s"
+echo "build: something else"
+echo "stamps 0 qkv blocks 132 stamped=${FERRY_CUDA_PERSIST_STAMPS:-} caps=${FERRY_CUDA_PERSIST_CAPS:-}" >&2
+BENCH
+chmod +x "$tmp/bench"
+# persist-stamps.py's place: says which file it read.
+printf 'import sys\nprint("summed", sys.argv[1])\n' > "$tmp/bin/persist-stamps.py"
 # A carried benchmark, as the device scripts' BIN holds them.
 printf '#!/bin/sh\necho unpacked\n' | xz > "$tmp/bin/ferry-helpers-$$-bench.xz"
 cat > "$tmp/script.sh" <<SCRIPT
@@ -67,6 +84,15 @@ F="$tmp/gen" TC="$tmp/tc" H="$tmp/h2.gguf" persist_tests 'Cuda.Persistent*' 20 >
 [ -f "$tmp/h2.gguf" ] || { echo "persist_tests returned before its model"; exit 9; }
 grep -q "^card" "$tmp/pt.txt" && grep -q "persistent decode vs the kernel plan" "$tmp/pt.txt" ||
   { echo "persist_tests printed: \$(cat "$tmp/pt.txt")"; exit 10; }
+F="$tmp/bench" bench_tables 5 m1 m2 > "$tmp/bt.txt"
+[ "\$(wc -l < "$tmp/bt.txt")" = 8 ] && [ "\$(grep -c "| m2 |" "$tmp/bt.txt")" = 2 ] &&
+  ! grep -q "^build\|model | size" "$tmp/bt.txt" ||
+  { echo "bench_tables kept: \$(cat "$tmp/bt.txt")"; exit 11; }
+F="$tmp/bench" stamps c1 FERRY_CUDA_PERSIST_CAPS=2,4,1 > "$tmp/st.txt"
+grep -q "stamped=1 caps=2,4,1" "$tmp/out/stamps-c1.txt" && grep -q "^== stamps c1 (FERRY_CUDA_PERSIST_CAPS=2,4,1)" "$tmp/st.txt" &&
+  grep -q "^summed $tmp/out/stamps-c1.txt" "$tmp/st.txt" ||
+  { echo "stamps printed: \$(cat "$tmp/st.txt")"; exit 12; }
+rm -f "$tmp/out/stamps-c1.txt"
 echo "helpers done"
 SCRIPT
 OUT="$tmp/out" timeout 30 bash "$tmp/script.sh"
