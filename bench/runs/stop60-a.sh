@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Stop 60, call A (any card). Binaries (carry [".dev59d", ".dev59b"]): .dev59d/ferry.xz, main's
+# build at 15633df (main's code since differs in `ferry bench`'s internals and the run scripts
+# only); .dev59b/ferry.xz, branch persist-quant's build with the stamps
+# (FERRY_CUDA_PERSIST_STAMPS=1, summed up by .dev59b/persist-stamps.py).
+# On an H200 (none since stop 53): the F16 target, plan | default, three rounds (prediction
+# ~1,335: stop 53's 1,314 x1.017 for the logits' store). Then the copies in flight a block, never
+# run on an H200: stop 59's H100 stamps made the hops the weights' stream's queue (Little's law);
+# the H200 streams ~1.4x faster, so the same bytes in flight queue ~1.4x shorter and may not
+# fill its stream. Prediction: 4,1 at least as fast as 3,1 there (on an H100 it was 1.6% slower).
+# Then the stamps (where an H200's layer goes, never measured), bench tables with memory and
+# bandwidth, test-ops and the served rounds.
+# On an H100: the same steps but the sweep and the stamps (main's run-script helpers of
+# 75a3139 had not run on a device).
+CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader)
+nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
+BIN=${BIN:-.dev59d} source bench/runs/common.sh
+SBIN=${SBIN:-.dev59b}
+date +%T
+gen_models
+if [[ $CARD == *H200* ]]; then
+  plan_rounds 3
+  echo "--- 1B F16 tg128 (-p 0 -r 5), copies in flight: 3,1 | 4,1 | 5,1 | 4,2 | 2,1"
+  for r in 1 2; do
+    left 40 "inflight round $r" || break
+    row="$(tg $H 128)"
+    for k in 4,1 5,1 4,2 2,1; do row="$row | $(tg $H 128 FERRY_CUDA_PERSIST_INFLIGHT=$k)"; done
+    echo "$row"
+  done
+  unxz_bin $SBIN/ferry.xz /tmp/ferry-s
+  BIN=$SBIN F=/tmp/ferry-s stamps base
+  BIN=$SBIN F=/tmp/ferry-s stamps in41 FERRY_CUDA_PERSIST_INFLIGHT=4,1
+  bench_tables 5 $H $Q
+else
+  plan_rounds 2
+  bench_tables 3 $H $Q
+fi
+left 40 "test-ops" && { timeout $(cap 60) $F test-ops --backend CUDA0 2>&1 | tail -n 1; }
+servers_start
+served_rounds 3
+date +%T
