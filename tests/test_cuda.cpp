@@ -150,8 +150,8 @@ Device* gpu() {
 }
 
 // The product of c on the GPU twice, with the switches off0 and then off1 set while each backend
-// is made ("NAME": NAME=0; or "NAME=VALUE"), and on the CPU (`cpu_be`): outs[0], outs[1],
-// outs[2] (empty on failure).
+// is made ("NAME": NAME=0; or "NAME=VALUE"; only those read per backend take effect: docs/cuda.md,
+// "Switches"), and on the CPU (`cpu_be`): outs[0], outs[1], outs[2] (empty on failure).
 void gpu_forms_and_cpu(Backend* cpu_be, const ProductCase& c, bool glu, bool with_add,
                        std::initializer_list<const char*> off0,
                        std::initializer_list<const char*> off1, std::vector<float> (&outs)[3]) {
