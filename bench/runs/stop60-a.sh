@@ -8,8 +8,9 @@
 # run on an H200: stop 59's H100 stamps made the hops the weights' stream's queue (Little's law);
 # the H200 streams ~1.4x faster, so the same bytes in flight queue ~1.4x shorter and may not
 # fill its stream. Prediction: 4,1 at least as fast as 3,1 there (on an H100 it was 1.6% slower).
-# Then the stamps (where an H200's layer goes, never measured), bench tables with memory and
-# bandwidth, test-ops and the served rounds.
+# Then bench tables with memory and bandwidth, the served rounds, test-ops and last the stamps
+# (where an H200's layer goes, never measured). LIMIT=S ends the steps sooner (a call with
+# less device time left).
 # On an H100: the same steps but the sweep and the stamps (main's run-script helpers of
 # 75a3139 had not run on a device).
 CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader)
@@ -27,15 +28,17 @@ if [[ $CARD == *H200* ]]; then
     for k in 4,1 5,1 4,2 2,1; do row="$row | $(tg $H 128 FERRY_CUDA_PERSIST_INFLIGHT=$k)"; done
     echo "$row"
   done
-  unxz_bin $SBIN/ferry.xz /tmp/ferry-s
-  BIN=$SBIN F=/tmp/ferry-s stamps base
-  BIN=$SBIN F=/tmp/ferry-s stamps in41 FERRY_CUDA_PERSIST_INFLIGHT=4,1
   bench_tables 5 $H $Q
 else
   plan_rounds 2
   bench_tables 3 $H $Q
 fi
-left 40 "test-ops" && { timeout $(cap 60) $F test-ops --backend CUDA0 2>&1 | tail -n 1; }
 servers_start
 served_rounds 3
+left 40 "test-ops" && { timeout $(cap 60) $F test-ops --backend CUDA0 2>&1 | tail -n 1; }
+if [[ $CARD == *H200* ]]; then
+  unxz_bin $SBIN/ferry.xz /tmp/ferry-s
+  BIN=$SBIN F=/tmp/ferry-s stamps base
+  BIN=$SBIN F=/tmp/ferry-s stamps in41 FERRY_CUDA_PERSIST_INFLIGHT=4,1
+fi
 date +%T
