@@ -8,7 +8,8 @@
 # bt MODEL [ARGS]: the tg128 t/s alone (3 repetitions; ARGS pick the device or --remote ADDR).
 # be FERRY_*=V ...: that tg128 for 1B Q4_0 on CUDA0 with those variables set.
 # persist ARGS: a bench_cuda_persist run; f16_tg128: ferry's 1B F16 tg128; plan_rounds N: F16
-# tg128 plan | default; bench_tables REPS MODEL...: bench's tables; stamps NAME: the persistent
+# tg128 plan | default; sweep_rounds N VAR V...: F16 tg128 default | each VAR=V; test_ops:
+# test-ops on CUDA0; bench_tables REPS MODEL...: bench's tables; stamps NAME: the persistent
 # step's per-phase stamps (below).
 # Served runs side by side: serve_unix, serve_tcp, servers_up, servers_start, side_by_side,
 # served_rounds, step_trace, tcp_step_trace, logits_reads (below).
@@ -276,6 +277,23 @@ bench_tables() {
     left 40 "bench $(basename $m)" || break
     $F bench -m $m --device CUDA0 -p 512 -n 128 -r $reps 2>&1 | grep -E "pp512|tg128|memory|weights read"
   done
+}
+# sweep_rounds N VAR V...: after gen_models, rows of 1B F16 tg128 (-p 0 -r 5) default | VAR=V
+# for each V, N rounds (each when 40 s are left).
+sweep_rounds() {
+  local n=$1 var=$2 r v row
+  shift 2
+  echo "--- 1B F16 tg128 (-p 0 -r 5): default | $var= $*"
+  for r in $(seq $n); do
+    left 40 "$var round $r" || break
+    row="$(tg $H 128)"
+    for v in "$@"; do row="$row | $(tg $H 128 $var=$v)"; done
+    echo "$row"
+  done
+}
+# test_ops: `ferry test-ops --backend CUDA0`'s summary line, when 40 s are left.
+test_ops() {
+  left 40 "test-ops" && { timeout $(cap 60) $F test-ops --backend CUDA0 2>&1 | tail -n 1; }
 }
 # stamps NAME [FERRY_*=V ...]: the persistent step's per-phase stamps (FERRY_CUDA_PERSIST_STAMPS=1,
 # branch persist-quant's builds) of a 1B F16 tg32 run with those variables, into

@@ -57,7 +57,7 @@ if [[ $CARD == *H200* ]]; then
   sentinel_stamps 4
   gen_types bf16
   bench_tables 5 $H /tmp/bf16.gguf $Q $T
-  left 40 "test-ops" && { timeout $(cap 60) $F test-ops --backend CUDA0 2>&1 | tail -n 1; }
+  test_ops
   date +%T
   servers_start
   served_rounds 3

@@ -13,14 +13,7 @@ date +%T
 gen_models
 # (The stamps' summary: the hops, gate/up's and down's tiles and the step's end.)
 some_stamps() { stamps "$@" | grep -E "^==|^\(skipped|hop|gu tiles|down tiles|step end"; }
-C="2,3,1 2,4,1 2,4,0 3,4,0 2,5,1"
-echo "--- 1B F16 tg128 (-p 0 -r 5): default | caps $C"
-for r in 1 2 3; do
-  left 40 "round $r" || break
-  row="$(tg $H 128)"
-  for c in $C; do row="$row | $(tg $H 128 FERRY_CUDA_PERSIST_CAPS=$c)"; done
-  echo "$row"
-done
+sweep_rounds 3 FERRY_CUDA_PERSIST_CAPS 2,3,1 2,4,1 2,4,0 3,4,0 2,5,1
 some_stamps c241 FERRY_CUDA_PERSIST_CAPS=2,4,1
 some_stamps c240 FERRY_CUDA_PERSIST_CAPS=2,4,0
 date +%T

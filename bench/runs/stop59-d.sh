@@ -12,7 +12,7 @@ date +%T
 gen_models
 plan_rounds 3
 bench_tables 5 $H $Q
-left 40 "test-ops" && { timeout $(cap 60) $F test-ops --backend CUDA0 2>&1 | tail -n 1; }
+test_ops
 servers_start
 served_rounds 3
 date +%T

@@ -21,13 +21,7 @@ date +%T
 gen_models
 if [[ $CARD == *H200* ]]; then
   plan_rounds 3
-  echo "--- 1B F16 tg128 (-p 0 -r 5), copies in flight: 3,1 | 4,1 | 5,1 | 4,2 | 2,1"
-  for r in 1 2; do
-    left 40 "inflight round $r" || break
-    row="$(tg $H 128)"
-    for k in 4,1 5,1 4,2 2,1; do row="$row | $(tg $H 128 FERRY_CUDA_PERSIST_INFLIGHT=$k)"; done
-    echo "$row"
-  done
+  sweep_rounds 2 FERRY_CUDA_PERSIST_INFLIGHT 4,1 5,1 4,2 2,1
   bench_tables 5 $H $Q
 else
   plan_rounds 2
@@ -35,7 +29,7 @@ else
 fi
 servers_start
 served_rounds 3
-left 40 "test-ops" && { timeout $(cap 60) $F test-ops --backend CUDA0 2>&1 | tail -n 1; }
+test_ops
 if [[ $CARD == *H200* ]]; then
   unxz_bin $SBIN/ferry.xz /tmp/ferry-s
   BIN=$SBIN F=/tmp/ferry-s stamps base

@@ -7,8 +7,9 @@
 # /tmp/NAME, that persist keeps the lines a run records (and only those), that persist_tests
 # returns once its model is written with the tests' figures printed, that bench_tables keeps
 # bench's rows, memory and bandwidth lines (and only those) for each model, that stamps writes
-# $OUT/stamps-NAME.txt with its variables set and sums it up by BIN's persist-stamps.py, and
-# that the output reaches run.log.
+# $OUT/stamps-NAME.txt with its variables set and sums it up by BIN's persist-stamps.py, that
+# sweep_rounds prints a row a round of the default and each value, that test_ops prints
+# test-ops' summary line alone, and that the output reaches run.log.
 #   run-helpers-test.sh SOURCE_DIR
 set -u
 src=$1
@@ -45,6 +46,15 @@ chmod +x "$tmp/tc"
 # them, the stamps themselves on stderr.
 cat > "$tmp/bench" <<'BENCH'
 #!/usr/bin/env bash
+if [ "$1" = test-ops ]; then
+  echo "op case one: ok"
+  echo "226 passed, 0 failed"
+  exit 0
+fi
+if [[ " $* " == *" -p 0 -n 128 "* ]]; then  # tg's runs: the t/s column (the 8th) names the caps
+  echo "| m | s | p | b | t | tg128 | caps=${FERRY_CUDA_PERSIST_CAPS:-none} |"
+  exit 0
+fi
 echo "| model | size | backend | test | t/s |"
 echo "| $3 | pp512 | 1000 |"
 echo "| $3 | tg128 | 100 |"
@@ -93,6 +103,11 @@ grep -q "stamped=1 caps=2,4,1" "$tmp/out/stamps-c1.txt" && grep -q "^== stamps c
   grep -q "^summed $tmp/out/stamps-c1.txt" "$tmp/st.txt" ||
   { echo "stamps printed: \$(cat "$tmp/st.txt")"; exit 12; }
 rm -f "$tmp/out/stamps-c1.txt"
+F="$tmp/bench" H=m sweep_rounds 2 FERRY_CUDA_PERSIST_CAPS 2,4,1 3,1,1 > "$tmp/sw.txt"
+[ "\$(wc -l < "$tmp/sw.txt")" = 3 ] && head -1 "$tmp/sw.txt" | grep -q "default | FERRY_CUDA_PERSIST_CAPS= 2,4,1 3,1,1" &&
+  [ "\$(grep -c "^ caps=none  |  caps=2,4,1  |  caps=3,1,1 \$" "$tmp/sw.txt")" = 2 ] ||
+  { echo "sweep_rounds printed: \$(cat "$tmp/sw.txt")"; exit 13; }
+[ "\$(F="$tmp/bench" test_ops)" = "226 passed, 0 failed" ] || { echo "test_ops printed: \$(F="$tmp/bench" test_ops)"; exit 14; }
 echo "helpers done"
 SCRIPT
 OUT="$tmp/out" timeout 30 bash "$tmp/script.sh"
