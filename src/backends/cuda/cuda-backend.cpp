@@ -546,10 +546,15 @@ class CudaBackend : public Backend {
         if (const char* v = std::getenv("FERRY_CUDA_PERSIST_SPLITS")) {
             persist_splits_ = std::clamp(std::atoi(v), 0, 4);
         }
-        if (const char* v = std::getenv("FERRY_CUDA_PERSIST_INFLIGHT")) {  // "3,1"
-            persist_inflight_[0] = std::max(0, std::atoi(v));
-            if (const char* c = std::strchr(v, ','))
-                persist_inflight_[1] = std::max(0, std::atoi(c + 1));
+        if (const char* v = std::getenv("FERRY_CUDA_PERSIST_INFLIGHT")) {
+            // "A,C" (C in the whole chain) or "A,Q,T,I,W" (the chain's parts apart).
+            int n = 0;
+            for (const char* c = v; n < 5; c++) {
+                persist_inflight_[n++] = std::max(0, std::atoi(c));
+                if (!(c = std::strchr(c, ','))) break;
+            }
+            if (n == 2)
+                std::fill(persist_inflight_ + 2, persist_inflight_ + 5, persist_inflight_[1]);
         }
         use_fusion_ = !env_off("FERRY_CUDA_FUSION");
         use_add_norm_ = !env_off("FERRY_CUDA_FUSE_ADD_NORM");
@@ -1056,9 +1061,9 @@ class CudaBackend : public Backend {
     // Its attention's blocks a head at most (FERRY_CUDA_PERSIST_SPLITS=1, 2 or 4; 0: as many
     // as the SMs take, up to 4).
     int persist_splits_ = 0;
-    // Its weight copies in flight a block, and in the attention's chain
-    // (FERRY_CUDA_PERSIST_INFLIGHT=3,1; 0: the kernel's own).
-    int persist_inflight_[2] = {0, 0};
+    // Its weight copies in flight a block, and in the attention's chain's parts (PersistModel::
+    // chain: FERRY_CUDA_PERSIST_INFLIGHT=3,1 or 3,1,1,1,1; 0: the kernel's own).
+    int persist_inflight_[5] = {0, 0, 0, 0, 0};
     std::unique_ptr<Persist> persist_;
     // The step whose output a session reads (the persistent step, or the graph's last product),
     // or -1: its launch gets OpContext::host_out. direct_out_: that output (device memory) when
@@ -1471,7 +1476,7 @@ Status CudaBackend::plan(Graph& g) {
             // (A device that cannot take it, e.g. a block a SM not fitting, keeps the plan.)
             pm.splits = persist_splits_;
             pm.inflight = persist_inflight_[0];
-            pm.chain_inflight = persist_inflight_[1];
+            std::copy(persist_inflight_ + 1, persist_inflight_ + 5, pm.chain);
             const Status ps = persist_->prepare(pm, ctx_.device, ctx_.n_sm, &p_id);
             lowered = ps.is_ok();
             if (!lowered) why = ps.message();

@@ -51,6 +51,10 @@ constexpr int kScratch = kAttnScratch > kMaxEmbd ? kAttnScratch : kMaxEmbd;
 
 using SmemLayout = RingLayout<kStages, kScratch, kConsumers>;
 
+// The parts of the attention's chain that PersistModel::chain caps apart (Args::chain).
+enum ChainPart : int { kChainQkv, kChainAttn, kChainWait, kChainWo, kChainParts };
+static_assert(sizeof(PersistModel::chain) == kChainParts * sizeof(int), "PersistModel::chain");
+
 // Tags: tag_of(epoch, phase) is unique to a phase of a launch among the launches of the last
 // 2^32 / kTagPhases; every word is stored again each step, so an old tag is never waited for.
 constexpr unsigned kTagPhases = 512;
@@ -95,9 +99,11 @@ struct Args {
     int splits;
     Word* part;
     Word* ml;
-    // Copies in flight a block, and in q/k/v, the attention and wo (kInflight, kChainInflight
-    // unless PersistModel asks for others).
-    int inflight, chain_inflight;
+    // Copies in flight a block, and in each part of the attention's chain (ChainPart: q/k/v, a
+    // block's attention split, a block waiting for wo's input, wo): kInflight, kChainInflight
+    // unless PersistModel asks for others.
+    int inflight;
+    int chain[kChainParts];
     const float* x0;
     float* logits;
     // Where the output phase also stores the logits: the device word holding host memory the
@@ -542,11 +548,12 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
     uint64_t* empty = full + kStages;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int nb = gridDim.x, b = blockIdx.x;
-    __shared__ int cur_kind_word;
-    volatile int* cur_kind = &cur_kind_word;
+    // The consumers' phase sets the producer's cap on copies in flight (Args::inflight, chain).
+    __shared__ int cur_cap_word;
+    volatile int* cur_cap = &cur_cap_word;
     const unsigned epoch = *reinterpret_cast<volatile unsigned*>(a.ctl);
     if (threadIdx.x == 0) {
-        *cur_kind = a.phases[0].kind;
+        *cur_cap = a.phases[0].kind == kQkvK ? a.chain[kChainQkv] : a.inflight;
         for (int s = 0; s < kStages; s++) {
             psync::mbar_init(full + s, 1);
             psync::mbar_init(empty + s, kConsumers);
@@ -568,9 +575,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
                 const int64_t tile = sh.first + i;
                 const int s = static_cast<int>(it % kStages);
                 mbar_wait(a, empty + s, static_cast<unsigned>((it / kStages) & 1) ^ 1u, kWaitStage);
-                const int k = *cur_kind;
-                const int cap =
-                    k == kQkvK || k == kAttnK || k == kWoK ? a.chain_inflight : a.inflight;
+                const int cap = *cur_cap;
                 if (it >= cap) {
                     const int64_t o = it - cap;
                     mbar_wait(a, full + o % kStages, static_cast<unsigned>((o / kStages) & 1),
@@ -599,9 +604,15 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
     int64_t it = 0;
     for (int pi = 0; pi < a.n_phases; pi++) {
         const Phase ph = a.phases[pi];
-        if (threadIdx.x == 0) *cur_kind = ph.kind;
+        const bool attends = ph.kind == kAttnK && b < a.n_head * splits;
+        if (threadIdx.x == 0) {
+            *cur_cap = ph.kind == kQkvK                       ? a.chain[kChainQkv]
+                       : attends                              ? a.chain[kChainAttn]
+                       : ph.kind == kAttnK || ph.kind == kWoK ? a.chain[kChainWait]
+                                                              : a.inflight;
+        }
         if (ph.kind == kAttnK) {
-            if (b < a.n_head * splits) {
+            if (attends) {
                 attention(a, ph, pi, b % a.n_head, b / a.n_head, splits, epoch, pos, scratch, red);
             }
         } else {
@@ -619,6 +630,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
             const int k0 = e0 % ph.K;
             float v[32];
             load_input(a, ph, epoch, splits, k0, scratch, red, v);
+            if (ph.kind == kWoK && threadIdx.x == 0) *cur_cap = a.chain[kChainWo];
             const bool residual = ph.kind == kWoK || ph.kind == kDownK;
             const int my_rows = static_cast<int>(sh.count) * rows_per_tile;
             const int64_t row0 = sh.first * rows_per_tile;
@@ -945,7 +957,7 @@ Status Persist::prepare(const PersistModel& m, int device, int n_sm, int* id) {
     a.host_logits = nullptr;  // (the launch's OpContext::host_out)
     auto cap = [](int v, int d) { return v > 0 ? std::min(v, kStages - 1) : d; };
     a.inflight = cap(m.inflight, kInflight);
-    a.chain_inflight = cap(m.chain_inflight, kChainInflight);
+    for (int i = 0; i < kChainParts; i++) a.chain[i] = cap(m.chain[i], kChainInflight);
     const size_t table_bytes = ph.size() * sizeof(Phase);
     for (size_t i = 0; i < I.tables.size(); i++) {
         Impl::Table& t = I.tables[i];

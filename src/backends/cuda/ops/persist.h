@@ -63,9 +63,12 @@ struct PersistModel {
     int n_kv = 0;  // keys attended: cache rows [0, n_kv)
     // The attention's blocks a head at most (1, 2 or 4; 0: 4): as many as the SMs take.
     int splits = 0;
-    // Weight copies in flight a block, and in q/k/v, the attention and wo (0: the kernel's
-    // own, 3 and 1; at most its stages less one).
-    int inflight = 0, chain_inflight = 0;
+    // Weight copies in flight a block (0: the kernel's own, 3), and in the attention's chain:
+    // in q/k/v, in a block's attention split, while a block waits for wo's input (a block with
+    // no split waits from the attention's start), in wo (each 0: the kernel's own, 1). Each at
+    // most the kernel's stages less one.
+    int inflight = 0;
+    int chain[4] = {0, 0, 0, 0};
     int64_t cache_rows = 0;       // rows of each cache (the position's range)
     int64_t cache_row_bytes = 0;  // bytes from a cache row to the next
     std::vector<PersistLayer> layers;
