@@ -1535,36 +1535,62 @@ TEST(Cuda, PersistentDecodeQueuedAheadGivesTheSameBits) {
 // chain's parts apart, A,Q,T,I,W) only pace the weights' stream: every setting gives the
 // default's bits, past 128 keys too (the attention split over blocks), and none stalls. The
 // settings: the default; one copy everywhere; the chain's parts each at another value; and the
-// most the ring takes (each is clamped to its stages less one).
-TEST(Cuda, PersistentDecodeCopiesInFlightChangeNoBits) {
+// most the ring takes (each is clamped to its stages less one). The per-phase stamps
+// (FERRY_CUDA_PERSIST_STAMPS=1, a diagnostic) change no bits either, and print a line a phase
+// (3 layers of 5, then the output) when the backend goes.
+TEST(Cuda, PersistentDecodeCopiesInFlightAndStampsChangeNoBits) {
     REQUIRE_GPU();
     const ModelPreset p = {
         "test-h1024-inflight", 2048, 1024, 1024, 3, 16, 4, 4096, 10000.0f, 1e-5f, false};
     std::vector<int32_t> toks;
     const std::string path = generated_model(p, 17u, &toks, 160);
     ASSERT_FALSE(path.empty());
-    const char* settings[] = {nullptr,     "1,1",       "3,1,1,3,1",     "3,2,1,1,1",
-                              "3,1,2,1,3", "4,1,1,1,2", "99,99,99,99,99"};
+    const std::string settings[] = {"",
+                                    "FERRY_CUDA_PERSIST_INFLIGHT=1,1",
+                                    "FERRY_CUDA_PERSIST_INFLIGHT=3,1,1,3,1",
+                                    "FERRY_CUDA_PERSIST_INFLIGHT=3,2,1,1,1",
+                                    "FERRY_CUDA_PERSIST_INFLIGHT=3,1,2,1,3",
+                                    "FERRY_CUDA_PERSIST_INFLIGHT=4,1,1,1,2",
+                                    "FERRY_CUDA_PERSIST_INFLIGHT=99,99,99,99,99",
+                                    "FERRY_CUDA_PERSIST_STAMPS=1"};
     std::vector<float> runs[std::size(settings)];
     for (size_t i = 0; i < std::size(settings); i++) {
+        const std::string& set = settings[i];
+        const std::string name = set.empty() ? "default" : set;
         std::vector<std::string> env = {"FERRY_CUDA_PERSIST=1"};
-        if (settings[i]) env.push_back(std::string("FERRY_CUDA_PERSIST_INFLIGHT=") + settings[i]);
-        const OpenSession os = open_session(path, {gpu()}, Type::F16, env);
-        ASSERT_TRUE(os.s);
-        LlamaSession* s = os.s.get();
-        const uint64_t before = cuda::persist_plans();
-        ASSERT_TRUE(s->decode(std::span<const int32_t>(toks.data(), 8), false));
-        for (size_t t = 8; t < toks.size(); t++) {
-            const Status st = s->decode(std::span<const int32_t>(&toks[t], 1), false);
-            ASSERT_TRUE(st) << (settings[i] ? settings[i] : "default") << " step " << t << ": "
-                            << st.message();
-            runs[i].insert(runs[i].end(), s->logits(0), s->logits(0) + p.n_vocab);
+        if (!set.empty()) env.push_back(set);
+        const bool stamps = set == "FERRY_CUDA_PERSIST_STAMPS=1";
+        // (The session and its backend gone before the stamps' lines are read: they print then.)
+        auto run = [&]() -> std::string {
+            const OpenSession os = open_session(path, {gpu()}, Type::F16, env);
+            if (!os.s) return "no session";
+            LlamaSession* s = os.s.get();
+            const uint64_t before = cuda::persist_plans();
+            if (!s->decode(std::span<const int32_t>(toks.data(), 8), false)) return "the prompt";
+            for (size_t t = 8; t < toks.size(); t++) {
+                const Status st = s->decode(std::span<const int32_t>(&toks[t], 1), false);
+                if (!st) return "step " + std::to_string(t) + ": " + st.message();
+                runs[i].insert(runs[i].end(), s->logits(0), s->logits(0) + p.n_vocab);
+            }
+            return cuda::persist_plans() > before ? "" : "not lowered";
+        };
+        if (stamps) ::testing::internal::CaptureStderr();
+        const std::string failed = run();
+        const std::string err = stamps ? ::testing::internal::GetCapturedStderr() : "";
+        ASSERT_EQ(failed, "") << name;
+        if (stamps) {
+            size_t lines = 0;
+            for (size_t at = err.find("stamps "); at != std::string::npos;
+                 at = err.find("stamps ", at + 1)) {
+                lines++;
+            }
+            EXPECT_EQ(lines, 16u) << err;
+            EXPECT_NE(err.find("attn blocks"), std::string::npos) << err;
         }
-        EXPECT_GT(cuda::persist_plans() - before, 0u) << (settings[i] ? settings[i] : "default");
         if (i > 0) {
             const size_t first = first_difference(runs[0], runs[i]);
             EXPECT_EQ(first, runs[0].size())
-                << settings[i] << ": first differing value " << first << " of " << runs[0].size();
+                << name << ": first differing value " << first << " of " << runs[0].size();
         }
     }
     std::remove(path.c_str());

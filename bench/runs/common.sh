@@ -295,17 +295,19 @@ sweep_rounds() {
 test_ops() {
   left 40 "test-ops" && { timeout $(cap 60) $F test-ops --backend CUDA0 2>&1 | tail -n 1; }
 }
-# stamps NAME [FERRY_*=V ...]: the persistent step's per-phase stamps (FERRY_CUDA_PERSIST_STAMPS=1,
-# branch persist-quant's builds) of a 1B F16 tg32 run with those variables, into
-# $OUT/stamps-NAME.txt, summed up by $BIN/persist-stamps.py (that branch's bench/tools), when
-# 20 s are left.
+# stamps NAME [FERRY_*=V ...]: the persistent step's per-phase stamps (FERRY_CUDA_PERSIST_STAMPS=1:
+# main's builds since stop 61, branch persist-quant's before) of a 1B F16 tg32 run with those
+# variables, into $OUT/stamps-NAME.txt, summed up by $BIN/persist-stamps.py where BIN has one (a
+# branch build's), else bench/tools/persist-stamps.py, when 20 s are left.
 stamps() {
   local name=$1
   shift
   left 20 "stamps $name" || return
   env "$@" FERRY_CUDA_PERSIST_STAMPS=1 $F bench -m $H --device CUDA0 -p 0 -n 32 -r 1 > $OUT/stamps-$name.txt 2>&1
   echo "== stamps $name ($*): $(grep tg32 $OUT/stamps-$name.txt | awk -F'|' '{print $8}')"
-  python3 $BIN/persist-stamps.py $OUT/stamps-$name.txt
+  local py=$BIN/persist-stamps.py
+  [ -f $py ] || py=bench/tools/persist-stamps.py
+  python3 $py $OUT/stamps-$name.txt
 }
 
 # timeline NAME [FERRY_*=V ...]: the per-kernel timeline of one decode step (bench/tools/

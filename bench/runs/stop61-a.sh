@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Stop 61, call A (any card). Carry [".dev59d", ".dev59b", ".dev61"]: stop60-a's two binaries
-# (main at 15633df, whose CUDA code was main's until this stop; branch persist-quant with the
-# stamps) and .dev61, main with the chain's copies in flight capped part by part
-# (FERRY_CUDA_PERSIST_INFLIGHT=A,Q,T,I,W: in q/k/v, in a block's attention split, while a block
-# waits for wo's input, in wo), with its test_cuda.
+# Stop 61, call A (any card). Carry [".dev59d", ".dev61"]: main at 15633df (stop60-a's binary,
+# whose CUDA code was main's until this stop) and .dev61, main with the chain's copies in flight
+# capped part by part (FERRY_CUDA_PERSIST_INFLIGHT=A,Q,T,I,W: in q/k/v, in a block's attention
+# split, while a block waits for wo's input, in wo) and the per-phase stamps
+# (FERRY_CUDA_PERSIST_STAMPS=1, on branch persist-quant until now), with its test_cuda.
 # The chain sweep asks where the queue that sets the hops sits (stop 59: copies in flight
 # lengthen every hop, by Little's law over the whole card's stream). At tg128 the attention runs
 # in 32 of the 132 blocks; the other 100 wait for wo's input with one copy in flight each, so the
@@ -13,12 +13,12 @@
 # every request), I=3 slows the attention and the hop after it by more than the stream gains:
 # slower. Q and W at 2 (q/k/v's and wo's own streams against their hops) test the other parts.
 # On an H200: stop60-a's steps (the F16 target first), the chain sweep after its sweep, then the
-# new test last but the stamps. On an H100: the chain sweep and the new test only (stop 59's
-# H100 figures are the baseline; the device time is kept for another try at an H200).
+# new test, then the stamps (main's own now: the default, 4,1 and 3,1,1,3,1). On an H100: the
+# chain sweep, the new test and the stamps only (stop 59's H100 figures are the baseline; the
+# device time is kept for another try at an H200).
 CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
 BIN=${BIN:-.dev59d} source bench/runs/common.sh
-SBIN=${SBIN:-.dev59b}
 CBIN=${CBIN:-.dev61}
 date +%T
 unxz_bin $CBIN/ferry.xz /tmp/ferry61
@@ -28,7 +28,7 @@ CHAIN="3,1,1,3,1 3,1,1,2,1 3,2,1,1,1 3,1,1,1,2 3,1,2,1,1"
 chain_tests() {
   left 60 "the chain's tests" &&
     F=/tmp/ferry61 TC=/tmp/test_cuda61 tests \
-      "Cuda.PersistentDecodeCopiesInFlightChangeNoBits:Cuda.PersistentDecodeMatchesTheKernelPlan" \
+      "Cuda.PersistentDecodeCopiesInFlightAndStampsChangeNoBits:Cuda.PersistentDecodeMatchesTheKernelPlan" \
       $(cap 150)
 }
 if [[ $CARD == *H200* ]]; then
@@ -41,12 +41,14 @@ if [[ $CARD == *H200* ]]; then
   served_rounds 3
   test_ops
   chain_tests
-  unxz_bin $SBIN/ferry.xz /tmp/ferry-s
-  BIN=$SBIN F=/tmp/ferry-s stamps base
-  BIN=$SBIN F=/tmp/ferry-s stamps in41 FERRY_CUDA_PERSIST_INFLIGHT=4,1
+  BIN=$CBIN F=/tmp/ferry61 stamps base
+  BIN=$CBIN F=/tmp/ferry61 stamps in41 FERRY_CUDA_PERSIST_INFLIGHT=4,1
+  BIN=$CBIN F=/tmp/ferry61 stamps i3 FERRY_CUDA_PERSIST_INFLIGHT=3,1,1,3,1
 else
   echo "(.dev61:)"
   F=/tmp/ferry61 sweep_rounds 3 FERRY_CUDA_PERSIST_INFLIGHT $CHAIN
   chain_tests
+  BIN=$CBIN F=/tmp/ferry61 stamps base
+  BIN=$CBIN F=/tmp/ferry61 stamps i3 FERRY_CUDA_PERSIST_INFLIGHT=3,1,1,3,1
 fi
 date +%T

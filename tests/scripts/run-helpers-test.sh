@@ -7,7 +7,8 @@
 # /tmp/NAME, that persist keeps the lines a run records (and only those), that persist_tests
 # returns once its model is written with the tests' figures printed, that bench_tables keeps
 # bench's rows, memory and bandwidth lines (and only those) for each model, that stamps writes
-# $OUT/stamps-NAME.txt with its variables set and sums it up by BIN's persist-stamps.py, that
+# $OUT/stamps-NAME.txt with its variables set and sums it up by BIN's persist-stamps.py (by
+# bench/tools/persist-stamps.py where BIN has none), that
 # sweep_rounds prints a row a round of the default and each value, that test_ops prints
 # test-ops' summary line alone, and that the output reaches run.log.
 #   run-helpers-test.sh SOURCE_DIR
@@ -61,7 +62,11 @@ echo "| $3 | tg128 | 100 |"
 echo "GPU memory in use: 1.0 GiB"
 echo "weights read a token: 2.47 GB, 2.5 TB/s"
 echo "build: something else"
-echo "stamps 0 qkv blocks 132 stamped=${FERRY_CUDA_PERSIST_STAMPS:-} caps=${FERRY_CUDA_PERSIST_CAPS:-}" >&2
+echo "stamped=${FERRY_CUDA_PERSIST_STAMPS:-} caps=${FERRY_CUDA_PERSIST_CAPS:-}" >&2
+echo "stamps   0 qkv  blocks 132 start      0.0 input      0.5 (max      0.9) tiles      5.0 (max      5.5) end      5.2 (max      6.0)" >&2
+echo "stamps   1 attn blocks  32 start      6.1 input     -1.0 (max     -1.0) tiles     -1.0 (max     -1.0) end     10.0 (max     11.0)" >&2
+echo "stamps   2 wo   blocks 128 start     10.2 input     12.0 (max     12.5) tiles     14.0 (max     14.2) end     14.5 (max     15.0)" >&2
+echo "stamps   3 out  blocks 132 start     15.1 input     16.0 (max     16.2) tiles     20.0 (max     20.1) end     20.5 (max     21.0)" >&2
 BENCH
 chmod +x "$tmp/bench"
 # persist-stamps.py's place: says which file it read.
@@ -103,6 +108,12 @@ grep -q "stamped=1 caps=2,4,1" "$tmp/out/stamps-c1.txt" && grep -q "^== stamps c
   grep -q "^summed $tmp/out/stamps-c1.txt" "$tmp/st.txt" ||
   { echo "stamps printed: \$(cat "$tmp/st.txt")"; exit 12; }
 rm -f "$tmp/out/stamps-c1.txt"
+mkdir "$tmp/bin2"
+BIN="$tmp/bin2" F="$tmp/bench" stamps c2 > "$tmp/st2.txt"
+grep -q "^attention  *median    4.0 us" "$tmp/st2.txt" && grep -q "^hop attn -> wo  *median    1.0 us" "$tmp/st2.txt" &&
+  grep -q "^step end 20.5 us" "$tmp/st2.txt" ||
+  { echo "stamps without BIN's persist-stamps.py printed: \$(cat "$tmp/st2.txt")"; exit 15; }
+rm -f "$tmp/out/stamps-c2.txt"
 F="$tmp/bench" H=m sweep_rounds 2 FERRY_CUDA_PERSIST_CAPS 2,4,1 3,1,1 > "$tmp/sw.txt"
 [ "\$(wc -l < "$tmp/sw.txt")" = 3 ] && head -1 "$tmp/sw.txt" | grep -q "default | FERRY_CUDA_PERSIST_CAPS= 2,4,1 3,1,1" &&
   [ "\$(grep -c "^ caps=none  |  caps=2,4,1  |  caps=3,1,1 \$" "$tmp/sw.txt")" = 2 ] ||

@@ -542,6 +542,7 @@ class CudaBackend : public Backend {
         use_graphs_ = !env_off("FERRY_CUDA_GRAPH");
         use_persist_ = !env_off("FERRY_CUDA_PERSIST");
         persist_why_ = env_on("FERRY_CUDA_PERSIST_WHY");
+        persist_stamps_ = env_on("FERRY_CUDA_PERSIST_STAMPS");
         use_host_read_ = !env_off("FERRY_CUDA_HOST_READ");
         if (const char* v = std::getenv("FERRY_CUDA_PERSIST_SPLITS")) {
             persist_splits_ = std::clamp(std::atoi(v), 0, 4);
@@ -1057,7 +1058,7 @@ class CudaBackend : public Backend {
     // blocks past 128 keys; with one block a head, tg1024 was 884, below the plan).
     // FERRY_CUDA_PERSIST=0: never. FERRY_CUDA_PERSIST_WHY=1 says why a one-token graph was not
     // lowered to it.
-    bool use_persist_ = true, persist_why_ = false;
+    bool use_persist_ = true, persist_why_ = false, persist_stamps_ = false;
     // Its attention's blocks a head at most (FERRY_CUDA_PERSIST_SPLITS=1, 2 or 4; 0: as many
     // as the SMs take, up to 4).
     int persist_splits_ = 0;
@@ -1476,6 +1477,7 @@ Status CudaBackend::plan(Graph& g) {
             // (A device that cannot take it, e.g. a block a SM not fitting, keeps the plan.)
             pm.splits = persist_splits_;
             pm.inflight = persist_inflight_[0];
+            pm.stamps = persist_stamps_;
             std::copy(persist_inflight_ + 1, persist_inflight_ + 5, pm.chain);
             const Status ps = persist_->prepare(pm, ctx_.device, ctx_.n_sm, &p_id);
             lowered = ps.is_ok();

@@ -129,6 +129,9 @@ struct Args {
     // at once; the last block clears it).
     unsigned* ctl;
     DeviceError* err;
+    // FERRY_CUDA_PERSIST_STAMPS=1 (a diagnostic): each block's global nanoseconds in each phase,
+    // [phase][block][4] (start, input read, tiles summed, rows stored), or nullptr.
+    unsigned long long* stamps;
 };
 
 // Waits give up after kWaitNs: a wait that long is a bug in this kernel's bookkeeping, and it
@@ -189,6 +192,12 @@ __device__ __forceinline__ void wait_words(const Args& a, const Word* p, unsigne
     }
 #pragma unroll
     for (int i = 0; i < 8 * J; i++) o[i] = val_word(w[i]);
+}
+// Stamp i of block b in phase pi (Args::stamps), by the block's first thread.
+__device__ __forceinline__ void stamp(const Args& a, int pi, int i) {
+    if (a.stamps && threadIdx.x == 0) {
+        a.stamps[(static_cast<int64_t>(pi) * gridDim.x + blockIdx.x) * 4 + i] = now_ns();
+    }
 }
 // What a wait that gave up was for (DeviceError::value).
 enum What : int { kWaitX = 1, kWaitAttn, kWaitH, kWaitQkv, kWaitRow, kWaitStage, kWaitTile };
@@ -613,6 +622,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
         }
         if (ph.kind == kAttnK) {
             if (attends) {
+                stamp(a, pi, 0);
                 attention(a, ph, pi, b % a.n_head, b / a.n_head, splits, epoch, pos, scratch, red);
             }
         } else {
@@ -629,7 +639,9 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
             const int e0 = warp * 1024;
             const int k0 = e0 % ph.K;
             float v[32];
+            stamp(a, pi, 0);
             load_input(a, ph, epoch, splits, k0, scratch, red, v);
+            stamp(a, pi, 1);
             if (ph.kind == kWoK && threadIdx.x == 0) *cur_cap = a.chain[kChainWo];
             const bool residual = ph.kind == kWoK || ph.kind == kDownK;
             const int my_rows = static_cast<int>(sh.count) * rows_per_tile;
@@ -679,6 +691,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
                 }
             }
             consumers_sync<kConsumers>();
+            stamp(a, pi, 2);
             auto row_sum = [&](int t, int r) {
                 float s = 0.0f;
                 for (int w = r * warps_per_row; w < (r + 1) * warps_per_row; w++) {
@@ -730,6 +743,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
             }
         }
         // The next phase may reuse part, the input's copy and the attention's scratch.
+        stamp(a, pi, 3);
         consumers_sync<kConsumers>();
     }
     // The launch's last block moves the epoch on for the next launch (every block read it at
@@ -814,10 +828,56 @@ struct Persist::Impl {
     size_t words_cap = 0;
     unsigned* ctl = nullptr;      // Args::ctl
     size_t smem_set[2] = {0, 0};  // each k_persist's dynamic shared memory attribute
+    // PersistModel::stamps: the last launch's stamps (Args::stamps) of the last table prepared
+    // with them, summed up per phase on stderr when the backend goes.
+    unsigned long long* stamps = nullptr;
+    size_t stamps_n = 0;
+    int stamps_blocks = 0;
+    std::vector<int> stamps_kinds;
+    void print_stamps() const;
 };
+
+// A line a phase: its blocks' first start, median and last input read, tiles summed and rows
+// stored, in us from the launch's first start (over the blocks that stamped the phase in that
+// launch). bench/tools/persist-stamps.py sums the lines up per hop and product.
+void Persist::Impl::print_stamps() const {
+    std::vector<unsigned long long> h(stamps_n);
+    if (cudaMemcpy(h.data(), stamps, h.size() * 8, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    const int nb = stamps_blocks;
+    unsigned long long t0 = ~0ull;
+    for (int b = 0; b < nb; b++) {
+        if (h[static_cast<size_t>(b) * 4]) t0 = std::min(t0, h[static_cast<size_t>(b) * 4]);
+    }
+    static const char* kinds[] = {"qkv", "attn", "wo", "gu", "down", "out"};
+    for (size_t pi = 0; pi < stamps_kinds.size(); pi++) {
+        std::vector<double> v[4];
+        for (int b = 0; b < nb; b++) {
+            const unsigned long long* q = &h[(pi * nb + b) * 4];
+            if (!q[0] || q[0] < t0) continue;  // (not stamped in that launch)
+            for (int i = 0; i < 4; i++) {
+                if (q[i]) v[i].push_back(static_cast<double>(q[i] - t0) / 1e3);
+            }
+        }
+        for (std::vector<double>& x : v) std::sort(x.begin(), x.end());
+        auto med = [](const std::vector<double>& x) { return x.empty() ? -1.0 : x[x.size() / 2]; };
+        auto mx = [](const std::vector<double>& x) { return x.empty() ? -1.0 : x.back(); };
+        std::fprintf(stderr,
+                     "stamps %3zu %-4s blocks %3zu start %8.1f input %8.1f (max %8.1f) tiles %8.1f "
+                     "(max %8.1f) end %8.1f (max %8.1f)\n",
+                     pi, kinds[stamps_kinds[pi]], v[0].size(), v[0].empty() ? -1.0 : v[0].front(),
+                     med(v[1]), mx(v[1]), med(v[2]), mx(v[2]), med(v[3]), mx(v[3]));
+    }
+}
 
 Persist::Persist() : impl_(std::make_unique<Impl>()) {}
 Persist::~Persist() {
+    if (impl_->stamps) {
+        impl_->print_stamps();
+        cudaFree(impl_->stamps);
+    }
     for (const Impl::Table& t : impl_->tables) cudaFree(t.dev);
     for (void* p : impl_->allocs) cudaFree(p);
     cudaFree(impl_->ctl);
@@ -955,6 +1015,22 @@ Status Persist::prepare(const PersistModel& m, int device, int n_sm, int* id) {
     a.rope_ff_nb0 = m.rope_ff_nb0;
     a.ctl = I.ctl;
     a.host_logits = nullptr;  // (the launch's OpContext::host_out)
+    a.stamps = nullptr;
+    if (m.stamps) {
+        const size_t n = ph.size() * static_cast<size_t>(n_sm) * 4;
+        if (I.stamps_n < n) {
+            cudaFree(I.stamps);
+            I.stamps = nullptr;
+            I.stamps_n = 0;
+            PERSIST_TRY(cudaMalloc(&I.stamps, n * 8), "persistent decode: stamps");
+            I.stamps_n = n;
+        }
+        PERSIST_TRY(cudaMemset(I.stamps, 0, I.stamps_n * 8), "persistent decode: stamps");
+        I.stamps_blocks = n_sm;
+        I.stamps_kinds.clear();
+        for (const Phase& p : ph) I.stamps_kinds.push_back(p.kind);
+        a.stamps = I.stamps;
+    }
     auto cap = [](int v, int d) { return v > 0 ? std::min(v, kStages - 1) : d; };
     a.inflight = cap(m.inflight, kInflight);
     for (int i = 0; i < kChainParts; i++) a.chain[i] = cap(m.chain[i], kChainInflight);

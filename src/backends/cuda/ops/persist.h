@@ -69,6 +69,9 @@ struct PersistModel {
     // most the kernel's stages less one.
     int inflight = 0;
     int chain[4] = {0, 0, 0, 0};
+    // Per-phase stamps of each block (a diagnostic, FERRY_CUDA_PERSIST_STAMPS=1): the last
+    // launch's, summed up per phase on stderr when the Persist goes.
+    bool stamps = false;
     int64_t cache_rows = 0;       // rows of each cache (the position's range)
     int64_t cache_row_bytes = 0;  // bytes from a cache row to the next
     std::vector<PersistLayer> layers;

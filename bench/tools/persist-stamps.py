@@ -1,0 +1,48 @@
+#!/usr/bin/env python3
+"""Sums up FERRY_CUDA_PERSIST_STAMPS=1 output (the persistent step's per-phase stamps, printed on
+stderr when the backend goes: one `stamps PHASE KIND blocks N start .. input .. (max ..) tiles ..
+(max ..) end .. (max ..)` line a phase, us from the step's start).
+
+    FERRY_CUDA_PERSIST_STAMPS=1 ferry bench -m M --device CUDA0 -p 0 -n 32 -r 1 2> stamps.txt
+    python3 bench/tools/persist-stamps.py stamps.txt
+
+Prints, as medians over the layers: each hop (the producing phase's last block's rows stored to
+the next phase's median input read), each product's tiles (input read to tiles summed), the
+attention (q/k/v's last store to its median end), and the step's end."""
+import re
+import statistics
+import sys
+
+LINE = re.compile(r"stamps\s+(\d+) (\w+)\s+blocks\s+(\d+) start\s+([-\d.]+) input\s+([-\d.]+) "
+                  r"\(max\s+([-\d.]+)\) tiles\s+([-\d.]+) \(max\s+([-\d.]+)\) end\s+([-\d.]+) "
+                  r"\(max\s+([-\d.]+)\)")
+
+
+def main(path):
+    rows = {}
+    for line in open(path):
+        m = LINE.match(line)
+        if m:
+            pi = int(m[1])
+            rows[pi] = (m[2], *map(float, m.groups()[3:]))
+    if not rows:
+        sys.exit(f"{path}: no stamps lines")
+    # (kind, start, input, input max, tiles, tiles max, end, end max)
+    out = {}
+    for pi in sorted(rows):
+        k, _, inp, _, tiles, _, end, _ = rows[pi]
+        prev = rows.get(pi - 1)
+        if k == "attn" and prev:
+            out.setdefault("attention", []).append(end - prev[7])
+            continue
+        if prev and k != "out":
+            out.setdefault(f"hop {prev[0]} -> {k}", []).append(inp - prev[7])
+        out.setdefault(f"{k} tiles", []).append(tiles - inp)
+    for name, v in out.items():
+        print(f"{name:20s} median {statistics.median(v):6.1f} us (min {min(v):6.1f}, max {max(v):6.1f}, {len(v)})")
+    last = rows[max(rows)]
+    print(f"step end {last[6]:.1f} us (the output phase's input {last[2]:.1f})")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
