@@ -1537,7 +1537,7 @@ TEST(Cuda, PersistentDecodeQueuedAheadGivesTheSameBits) {
 // settings: the default; one copy everywhere; the chain's parts each at another value; and the
 // most the ring takes (each is clamped to its stages less one). The per-phase stamps
 // (FERRY_CUDA_PERSIST_STAMPS=1, a diagnostic) change no bits either, and print a line a phase
-// (3 layers of 5, then the output) when the backend goes.
+// (3 layers of 5, then the output, whose producer is stamped too) when the backend goes.
 TEST(Cuda, PersistentDecodeCopiesInFlightAndStampsChangeNoBits) {
     REQUIRE_GPU();
     const ModelPreset p = {
@@ -1586,6 +1586,11 @@ TEST(Cuda, PersistentDecodeCopiesInFlightAndStampsChangeNoBits) {
             }
             EXPECT_EQ(lines, 16u) << err;
             EXPECT_NE(err.find("attn blocks"), std::string::npos) << err;
+            EXPECT_NE(err.find("out  blocks"), std::string::npos) << err;
+            char unstamped[32];  // (as print_stamps writes a median over no blocks)
+            std::snprintf(unstamped, sizeof unstamped, "producer %8.1f", -1.0);
+            EXPECT_EQ(err.find(unstamped, err.find("out  blocks")), std::string::npos)
+                << "the output phase's producer not stamped: " << err;
         }
         if (i > 0) {
             const size_t first = first_difference(runs[0], runs[i]);

@@ -129,8 +129,11 @@ struct Args {
     // at once; the last block clears it).
     unsigned* ctl;
     DeviceError* err;
-    // FERRY_CUDA_PERSIST_STAMPS=1 (a diagnostic): each block's global nanoseconds in each phase,
-    // [phase][block][4] (start, input read, tiles summed, rows stored), or nullptr.
+    // FERRY_CUDA_PERSIST_STAMPS=1 (a diagnostic), or nullptr: [phase][block][kStampSlots], the
+    // consumers' global nanoseconds (start, input read, tiles summed, rows stored), then the
+    // producer's cycles (from its first wait for the phase's tiles to its last copy's issue,
+    // those waiting for a free stage, those waiting under the cap on copies in flight) and the
+    // phase's tiles.
     unsigned long long* stamps;
 };
 
@@ -194,10 +197,12 @@ __device__ __forceinline__ void wait_words(const Args& a, const Word* p, unsigne
     for (int i = 0; i < 8 * J; i++) o[i] = val_word(w[i]);
 }
 // Stamp i of block b in phase pi (Args::stamps), by the block's first thread.
+constexpr int kStampSlots = 8;
+__device__ __forceinline__ unsigned long long* stamps_of(const Args& a, int pi) {
+    return a.stamps + (static_cast<int64_t>(pi) * gridDim.x + blockIdx.x) * kStampSlots;
+}
 __device__ __forceinline__ void stamp(const Args& a, int pi, int i) {
-    if (a.stamps && threadIdx.x == 0) {
-        a.stamps[(static_cast<int64_t>(pi) * gridDim.x + blockIdx.x) * 4 + i] = now_ns();
-    }
+    if (a.stamps && threadIdx.x == 0) stamps_of(a, pi)[i] = now_ns();
 }
 // What a wait that gave up was for (DeviceError::value).
 enum What : int { kWaitX = 1, kWaitAttn, kWaitH, kWaitQkv, kWaitRow, kWaitStage, kWaitTile };
@@ -575,23 +580,40 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
         // frees stages and the cap on copies in flight allows.
         if (lane != 0) return;
         const uint64_t policy = evict_first();
+        const bool timed = a.stamps != nullptr;
         int64_t it = 0;
         for (int pi = 0; pi < a.n_phases; pi++) {
             const Phase ph = a.phases[pi];
             if (ph.kind == kAttnK) continue;
             const Share sh = share_of(ph, b, nb);
+            const long long c0 = timed ? clock64() : 0;
+            long long c_free = 0, c_cap = 0, c_last = c0;
             for (int64_t i = 0; i < sh.count; i++, it++) {
                 const int64_t tile = sh.first + i;
                 const int s = static_cast<int>(it % kStages);
+                const long long w0 = timed ? clock64() : 0;
                 mbar_wait(a, empty + s, static_cast<unsigned>((it / kStages) & 1) ^ 1u, kWaitStage);
+                const long long w1 = timed ? clock64() : 0;
                 const int cap = *cur_cap;
                 if (it >= cap) {
                     const int64_t o = it - cap;
                     mbar_wait(a, full + o % kStages, static_cast<unsigned>((o / kStages) & 1),
                               kWaitTile);
                 }
+                if (timed) {
+                    c_last = clock64();
+                    c_free += w1 - w0;
+                    c_cap += c_last - w1;
+                }
                 psync::copy_tile(ring + s * kStageBytes, ph.w, ph.seg, ph.paired, tile, full + s,
                                  policy);
+            }
+            if (timed && sh.count > 0) {
+                unsigned long long* q = stamps_of(a, pi);
+                q[4] = static_cast<unsigned long long>(c_last - c0);
+                q[5] = static_cast<unsigned long long>(c_free);
+                q[6] = static_cast<unsigned long long>(c_cap);
+                q[7] = static_cast<unsigned long long>(sh.count);
             }
         }
         return;
@@ -833,13 +855,17 @@ struct Persist::Impl {
     unsigned long long* stamps = nullptr;
     size_t stamps_n = 0;
     int stamps_blocks = 0;
+    double stamps_clock_khz = 0.0;  // the SMs' clock (cudaDevAttrClockRate): cycles to us
     std::vector<int> stamps_kinds;
     void print_stamps() const;
 };
 
 // A line a phase: its blocks' first start, median and last input read, tiles summed and rows
 // stored, in us from the launch's first start (over the blocks that stamped the phase in that
-// launch). bench/tools/persist-stamps.py sums the lines up per hop and product.
+// launch); then, over the blocks with tiles in it, the median of the producer's span in the
+// phase (us at the SMs' rated clock) and of the shares of that span it waited for a free stage
+// (the consumers behind) and under the cap on copies in flight (the copies' latency).
+// bench/tools/persist-stamps.py sums the lines up per hop and product.
 void Persist::Impl::print_stamps() const {
     std::vector<unsigned long long> h(stamps_n);
     if (cudaMemcpy(h.data(), stamps, h.size() * 8, cudaMemcpyDeviceToHost) != cudaSuccess) {
@@ -847,28 +873,38 @@ void Persist::Impl::print_stamps() const {
         return;
     }
     const int nb = stamps_blocks;
+    constexpr size_t S = kStampSlots;
     unsigned long long t0 = ~0ull;
     for (int b = 0; b < nb; b++) {
-        if (h[static_cast<size_t>(b) * 4]) t0 = std::min(t0, h[static_cast<size_t>(b) * 4]);
+        if (h[b * S]) t0 = std::min(t0, h[b * S]);
     }
     static const char* kinds[] = {"qkv", "attn", "wo", "gu", "down", "out"};
     for (size_t pi = 0; pi < stamps_kinds.size(); pi++) {
-        std::vector<double> v[4];
+        std::vector<double> v[4], span, free_share, cap_share;
         for (int b = 0; b < nb; b++) {
-            const unsigned long long* q = &h[(pi * nb + b) * 4];
+            const unsigned long long* q = &h[(pi * nb + b) * S];
+            if (q[7] && q[4]) {  // the producer's
+                span.push_back(static_cast<double>(q[4]) / stamps_clock_khz * 1e3);
+                free_share.push_back(100.0 * static_cast<double>(q[5]) / static_cast<double>(q[4]));
+                cap_share.push_back(100.0 * static_cast<double>(q[6]) / static_cast<double>(q[4]));
+            }
             if (!q[0] || q[0] < t0) continue;  // (not stamped in that launch)
             for (int i = 0; i < 4; i++) {
                 if (q[i]) v[i].push_back(static_cast<double>(q[i] - t0) / 1e3);
             }
         }
         for (std::vector<double>& x : v) std::sort(x.begin(), x.end());
+        for (std::vector<double>* x : {&span, &free_share, &cap_share}) {
+            std::sort(x->begin(), x->end());
+        }
         auto med = [](const std::vector<double>& x) { return x.empty() ? -1.0 : x[x.size() / 2]; };
         auto mx = [](const std::vector<double>& x) { return x.empty() ? -1.0 : x.back(); };
         std::fprintf(stderr,
                      "stamps %3zu %-4s blocks %3zu start %8.1f input %8.1f (max %8.1f) tiles %8.1f "
-                     "(max %8.1f) end %8.1f (max %8.1f)\n",
+                     "(max %8.1f) end %8.1f (max %8.1f) producer %8.1f free %5.1f%% cap %5.1f%%\n",
                      pi, kinds[stamps_kinds[pi]], v[0].size(), v[0].empty() ? -1.0 : v[0].front(),
-                     med(v[1]), mx(v[1]), med(v[2]), mx(v[2]), med(v[3]), mx(v[3]));
+                     med(v[1]), mx(v[1]), med(v[2]), mx(v[2]), med(v[3]), mx(v[3]), med(span),
+                     med(free_share), med(cap_share));
     }
 }
 
@@ -1017,7 +1053,7 @@ Status Persist::prepare(const PersistModel& m, int device, int n_sm, int* id) {
     a.host_logits = nullptr;  // (the launch's OpContext::host_out)
     a.stamps = nullptr;
     if (m.stamps) {
-        const size_t n = ph.size() * static_cast<size_t>(n_sm) * 4;
+        const size_t n = ph.size() * static_cast<size_t>(n_sm) * kStampSlots;
         if (I.stamps_n < n) {
             cudaFree(I.stamps);
             I.stamps = nullptr;
@@ -1027,6 +1063,10 @@ Status Persist::prepare(const PersistModel& m, int device, int n_sm, int* id) {
         }
         PERSIST_TRY(cudaMemset(I.stamps, 0, I.stamps_n * 8), "persistent decode: stamps");
         I.stamps_blocks = n_sm;
+        int khz = 0;
+        PERSIST_TRY(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device),
+                    "persistent decode: the SMs' clock");
+        I.stamps_clock_khz = khz > 0 ? khz : 1.0;
         I.stamps_kinds.clear();
         for (const Phase& p : ph) I.stamps_kinds.push_back(p.kind);
         a.stamps = I.stamps;
