@@ -13,7 +13,9 @@
 # every request), I=3 slows the attention and the hop after it by more than the stream gains:
 # slower. Q and W at 2 (q/k/v's and wo's own streams against their hops) test the other parts.
 # On an H200: stop60-a's steps (the F16 target first), the chain sweep after its sweep, then the
-# new test, then the stamps (main's own now: the default, 4,1 and 3,1,1,3,1). On an H100: the
+# new test, then the stamps (main's own now: the default, 4,1 and 3,1,1,3,1; since this stop they
+# also split the attention into its hop from q/k/v and its sums, and give each product's producer
+# the shares of its span spent waiting for a free stage and under the cap). On an H100: the
 # chain sweep, the new test and the stamps only (stop 59's H100 figures are the baseline; the
 # device time is kept for another try at an H200).
 CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader)
@@ -24,7 +26,7 @@ date +%T
 unxz_bin $CBIN/ferry.xz /tmp/ferry61
 unxz_bin $CBIN/test_cuda.xz /tmp/test_cuda61
 gen_models
-CHAIN="3,1,1,3,1 3,1,1,2,1 3,2,1,1,1 3,1,1,1,2 3,1,2,1,1"
+CHAIN="3,1,1,3,1 3,1,1,2,1 3,2,1,1,1 3,3,1,1,1 3,1,1,1,2 3,1,2,1,1"
 chain_tests() {
   left 60 "the chain's tests" &&
     F=/tmp/ferry61 TC=/tmp/test_cuda61 tests \

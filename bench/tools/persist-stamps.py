@@ -10,8 +10,9 @@ waiting for a free ring stage and under the cap on copies in flight, medians ove
 
 Prints, as medians over the layers: each hop (the producing phase's last block's rows stored to
 the next phase's median input read), each product's tiles (input read to tiles summed), the
-attention (q/k/v's last store to its median end), and the step's end; where the lines have
-them, each product's producer span and its shares waiting for a free stage and under the cap."""
+attention (q/k/v's last store to its median end; where the lines have them, its hop from q/k/v
+and its sums), and the step's end; where the lines have them, each product's producer span and
+its shares waiting for a free stage and under the cap."""
 import re
 import statistics
 import sys
@@ -40,6 +41,9 @@ def main(path):
         prev = rows.get(pi - 1)
         if k == "attn" and prev:
             out.setdefault("attention", []).append(end - prev[7])
+            if inp >= 0 and tiles >= 0:  # (main's since stop 61: its input read, sums done)
+                out.setdefault("hop qkv -> attn", []).append(inp - prev[7])
+                out.setdefault("attn sums", []).append(tiles - inp)
             continue
         if prev and k != "out":
             out.setdefault(f"hop {prev[0]} -> {k}", []).append(inp - prev[7])

@@ -64,7 +64,7 @@ echo "weights read a token: 2.47 GB, 2.5 TB/s"
 echo "build: something else"
 echo "stamped=${FERRY_CUDA_PERSIST_STAMPS:-} caps=${FERRY_CUDA_PERSIST_CAPS:-}" >&2
 echo "stamps   0 qkv  blocks 132 start      0.0 input      0.5 (max      0.9) tiles      5.0 (max      5.5) end      5.2 (max      6.0) producer      7.0 free   2.0% cap  80.0%" >&2
-echo "stamps   1 attn blocks  32 start      6.1 input     -1.0 (max     -1.0) tiles     -1.0 (max     -1.0) end     10.0 (max     11.0)" >&2
+echo "stamps   1 attn blocks  32 start      6.1 input      7.0 (max      7.5) tiles      9.5 (max      9.8) end     10.0 (max     11.0)" >&2
 echo "stamps   2 wo   blocks 128 start     10.2 input     12.0 (max     12.5) tiles     14.0 (max     14.2) end     14.5 (max     15.0)" >&2
 echo "stamps   3 out  blocks 132 start     15.1 input     16.0 (max     16.2) tiles     20.0 (max     20.1) end     20.5 (max     21.0)" >&2
 BENCH
@@ -111,7 +111,8 @@ rm -f "$tmp/out/stamps-c1.txt"
 mkdir "$tmp/bin2"
 BIN="$tmp/bin2" F="$tmp/bench" stamps c2 > "$tmp/st2.txt"
 grep -q "^attention  *median    4.0 us" "$tmp/st2.txt" && grep -q "^hop attn -> wo  *median    1.0 us" "$tmp/st2.txt" &&
-  grep -q "^step end 20.5 us" "$tmp/st2.txt" &&
+  grep -q "^step end 20.5 us" "$tmp/st2.txt" && grep -q "^hop qkv -> attn  *median    1.0 us" "$tmp/st2.txt" &&
+  grep -q "^attn sums  *median    2.5 us" "$tmp/st2.txt" &&
   grep -q "^qkv producer  *median    7.0 us, waiting for a stage  2.0%, under the cap 80.0%" "$tmp/st2.txt" ||
   { echo "stamps without BIN's persist-stamps.py printed: \$(cat "$tmp/st2.txt")"; exit 15; }
 rm -f "$tmp/out/stamps-c2.txt"

@@ -130,7 +130,8 @@ struct Args {
     unsigned* ctl;
     DeviceError* err;
     // FERRY_CUDA_PERSIST_STAMPS=1 (a diagnostic), or nullptr: [phase][block][kStampSlots], the
-    // consumers' global nanoseconds (start, input read, tiles summed, rows stored), then the
+    // consumers' global nanoseconds (start, input read, tiles summed or the attention's sums
+    // done, rows stored), then the
     // producer's cycles (from its first wait for the phase's tiles to its last copy's issue,
     // those waiting for a free stage, those waiting under the cap on copies in flight) and the
     // phase's tiles.
@@ -426,6 +427,7 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, int s, 
             __float2half(wait_word(a, a.qkv + a.H + kvd + hk * kD + t, want, kWaitQkv)));
     }
     consumers_sync<kConsumers>();
+    stamp(a, pi, 1);  // (the attention's input read: its hop from q/k/v)
     auto dot_key = [&](const uint4* w) {
         float d = 0.0f;
 #pragma unroll
@@ -499,6 +501,7 @@ __device__ void attention(const Args& a, const Phase& ph, int pi, int h, int s, 
     part[warp * kD + 2 * lane] = o.x;
     part[warp * kD + 2 * lane + 1] = o.y;
     consumers_sync<kConsumers>();
+    stamp(a, pi, 2);  // (its sums done, before its stores)
     const unsigned mine = tag_of(epoch, pi);
     if (t < kD) {
         float sum = 0.0f;
