@@ -131,10 +131,9 @@ struct Args {
     DeviceError* err;
     // FERRY_CUDA_PERSIST_STAMPS=1 (a diagnostic), or nullptr: [phase][block][kStampSlots], the
     // consumers' global nanoseconds (start, input read, tiles summed or the attention's sums
-    // done, rows stored), then the
-    // producer's cycles (from its first wait for the phase's tiles to its last copy's issue,
-    // those waiting for a free stage, those waiting under the cap on copies in flight) and the
-    // phase's tiles.
+    // done, rows stored), then the producer's cycles (from its first wait for the phase's tiles
+    // to its last copy's issue, those waiting for a free stage, those waiting under the cap on
+    // copies in flight) and the phase's tiles.
     unsigned long long* stamps;
 };
 
@@ -197,7 +196,7 @@ __device__ __forceinline__ void wait_words(const Args& a, const Word* p, unsigne
 #pragma unroll
     for (int i = 0; i < 8 * J; i++) o[i] = val_word(w[i]);
 }
-// Stamp i of block b in phase pi (Args::stamps), by the block's first thread.
+// This block's stamps in phase pi (Args::stamps), and its consumer stamp i, by its first thread.
 constexpr int kStampSlots = 8;
 __device__ __forceinline__ unsigned long long* stamps_of(const Args& a, int pi) {
     return a.stamps + (static_cast<int64_t>(pi) * gridDim.x + blockIdx.x) * kStampSlots;
