@@ -13,10 +13,10 @@
 # every request), I=3 slows the attention and the hop after it by more than the stream gains:
 # slower. Q and W at 2 (q/k/v's and wo's own streams against their hops) test the other parts.
 # On an H200: stop60-a's steps (the F16 target first), the chain sweep after its sweep, then the
-# new test, then the stamps (main's own now: the default, 4,1 and 3,1,1,3,1; since this stop they
-# also split the attention into its hop from q/k/v and its sums, and give each product's producer
-# the shares of its span spent waiting for a free stage and under the cap). On an H100: the
-# chain sweep, the new test and the stamps only (stop 59's H100 figures are the baseline; the
+# stamps (main's own now: the default, 4,1 and 3,1,1,3,1; since this stop they also split the
+# attention into its hop from q/k/v and its sums, and give each product's producer the shares of
+# its span spent waiting for a free stage and under the cap), then the new test. On an H100: the
+# chain sweep, the stamps and the new test only (stop 59's H100 figures are the baseline; the
 # device time is kept for another try at an H200).
 CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
@@ -42,15 +42,15 @@ if [[ $CARD == *H200* ]]; then
   servers_start
   served_rounds 3
   test_ops
-  chain_tests
   BIN=$CBIN F=/tmp/ferry61 stamps base
   BIN=$CBIN F=/tmp/ferry61 stamps in41 FERRY_CUDA_PERSIST_INFLIGHT=4,1
   BIN=$CBIN F=/tmp/ferry61 stamps i3 FERRY_CUDA_PERSIST_INFLIGHT=3,1,1,3,1
+  chain_tests
 else
   echo "(.dev61:)"
   F=/tmp/ferry61 sweep_rounds 3 FERRY_CUDA_PERSIST_INFLIGHT $CHAIN
-  chain_tests
   BIN=$CBIN F=/tmp/ferry61 stamps base
   BIN=$CBIN F=/tmp/ferry61 stamps i3 FERRY_CUDA_PERSIST_INFLIGHT=3,1,1,3,1
+  chain_tests
 fi
 date +%T
