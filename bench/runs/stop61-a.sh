@@ -12,11 +12,11 @@
 # polls: prediction +1-3% for 3,1,1,3,1 against 3,1. If it is the card's (one queue in front of
 # every request), I=3 slows the attention and the hop after it by more than the stream gains:
 # slower. Q and W at 2 (q/k/v's and wo's own streams against their hops) test the other parts.
-# On an H200: stop60-a's steps (the F16 target first), the chain sweep after its sweep, then the
+# On an H200: stop60-a's steps (the F16 target first, with this stop's main beside it), the chain sweep after its sweep, then the
 # stamps (main's own now: the default, 4,1 and 3,1,1,3,1; since this stop they also split the
 # attention into its hop from q/k/v and its sums, and give each product's producer the shares of
-# its span spent waiting for a free stage and under the cap), then the new test. On an H100: the
-# chain sweep, the stamps and the new test only (stop 59's H100 figures are the baseline; the
+# its span spent waiting for a free stage and under the cap), then the new test. On an H100:
+# stop60-a's binary beside this stop's main, the chain sweep, the stamps and the new test only (stop 59's H100 figures are the baseline; the
 # device time is kept for another try at an H200).
 CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
@@ -34,7 +34,13 @@ chain_tests() {
       $(cap 150)
 }
 if [[ $CARD == *H200* ]]; then
-  plan_rounds 3
+  # The F16 target: the plan | stop60-a's binary | this stop's main (its stamps' checks compiled
+  # in, off), side by side.
+  echo "--- 1B F16 tg128 (-p 0 -r 5): plan | default (.dev59d) | default (.dev61)"
+  for r in 1 2 3; do
+    left 40 "F16 round $r" || break
+    echo "$(tg $H 128 FERRY_CUDA_PERSIST=0) | $(tg $H 128) | $(F=/tmp/ferry61 tg $H 128)"
+  done
   sweep_rounds 2 FERRY_CUDA_PERSIST_INFLIGHT 4,1 5,1 4,2 2,1
   echo "(.dev61:)"
   F=/tmp/ferry61 sweep_rounds 2 FERRY_CUDA_PERSIST_INFLIGHT $CHAIN
@@ -47,6 +53,11 @@ if [[ $CARD == *H200* ]]; then
   BIN=$CBIN F=/tmp/ferry61 stamps i3 FERRY_CUDA_PERSIST_INFLIGHT=3,1,1,3,1
   chain_tests
 else
+  echo "--- 1B F16 tg128 (-p 0 -r 5): default (.dev59d) | default (.dev61)"
+  for r in 1 2; do
+    left 40 "F16 round $r" || break
+    echo "$(tg $H 128) | $(F=/tmp/ferry61 tg $H 128)"
+  done
   echo "(.dev61:)"
   F=/tmp/ferry61 sweep_rounds 3 FERRY_CUDA_PERSIST_INFLIGHT $CHAIN
   BIN=$CBIN F=/tmp/ferry61 stamps base
