@@ -259,15 +259,27 @@ tests() { # FILTER [SECONDS]
   grep -B2 -A12 "Failure" $f | head -40
 }
 
-# plan_rounds N: after gen_models, rows of 1B F16 tg128 (-p 0 -r 5) plan | default, N rounds.
-plan_rounds() {
-  local r
-  echo "--- 1B F16 tg128 (-p 0 -r 5): plan | default"
-  for r in $(seq $1); do
-    left 30 "F16 round $r" || break
-    echo "$(tg $H 128 FERRY_CUDA_PERSIST=0) | $(tg $H 128)"
+# tg_rounds N HEADER COLUMN...: after gen_models, N rows (each when 40 s are left) of 1B F16
+# tg128 (-p 0 -r 5), a column each: COLUMN's words FERRY_*=V set for its run, F=PATH its binary
+# (an empty COLUMN: $F with nothing set).
+tg_rounds() {
+  local n=$1 head=$2 r c row
+  shift 2
+  echo "--- 1B F16 tg128 (-p 0 -r 5): $head"
+  for r in $(seq $n); do
+    left 40 "F16 round $r" || break
+    row=
+    for c in "$@"; do row="${row:+$row | }$(tg_column $c)"; done
+    echo "$row"
   done
 }
+tg_column() { # WORD...: tg $H 128 with FERRY_*=V set and F=PATH the binary
+  local F=$F w args=()
+  for w in "$@"; do if [[ $w == F=* ]]; then F=${w#F=}; else args+=("$w"); fi; done
+  tg $H 128 "${args[@]}"
+}
+# plan_rounds N: rows of 1B F16 tg128 plan | default, N rounds.
+plan_rounds() { tg_rounds $1 "plan | default" FERRY_CUDA_PERSIST=0 ""; }
 # bench_tables REPS MODEL...: `ferry bench -p 512 -n 128 -r REPS` on CUDA0 for each model, when
 # 40 s are left: its pp512 and tg128 rows, GPU memory and bandwidth lines.
 bench_tables() {
@@ -278,18 +290,12 @@ bench_tables() {
     $F bench -m $m --device CUDA0 -p 512 -n 128 -r $reps 2>&1 | grep -E "pp512|tg128|memory|weights read"
   done
 }
-# sweep_rounds N VAR V...: after gen_models, rows of 1B F16 tg128 (-p 0 -r 5) default | VAR=V
-# for each V, N rounds (each when 40 s are left).
+# sweep_rounds N VAR V...: rows of 1B F16 tg128 default | VAR=V for each V, N rounds.
 sweep_rounds() {
-  local n=$1 var=$2 r v row
+  local n=$1 var=$2 v cols=("")
   shift 2
-  echo "--- 1B F16 tg128 (-p 0 -r 5): default | $var= $*"
-  for r in $(seq $n); do
-    left 40 "$var round $r" || break
-    row="$(tg $H 128)"
-    for v in "$@"; do row="$row | $(tg $H 128 $var=$v)"; done
-    echo "$row"
-  done
+  for v in "$@"; do cols+=("$var=$v"); done
+  tg_rounds $n "default | $var= $*" "${cols[@]}"
 }
 # test_ops: `ferry test-ops --backend CUDA0`'s summary line, when 40 s are left.
 test_ops() {

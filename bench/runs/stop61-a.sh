@@ -36,11 +36,7 @@ chain_tests() {
 if [[ $CARD == *H200* ]]; then
   # The F16 target: the plan | stop60-a's binary | this stop's main (its stamps' checks compiled
   # in, off), side by side.
-  echo "--- 1B F16 tg128 (-p 0 -r 5): plan | default (.dev59d) | default (.dev61)"
-  for r in 1 2 3; do
-    left 40 "F16 round $r" || break
-    echo "$(tg $H 128 FERRY_CUDA_PERSIST=0) | $(tg $H 128) | $(F=/tmp/ferry61 tg $H 128)"
-  done
+  tg_rounds 3 "plan | default (.dev59d) | default (.dev61)" FERRY_CUDA_PERSIST=0 "" F=/tmp/ferry61
   sweep_rounds 2 FERRY_CUDA_PERSIST_INFLIGHT 4,1 5,1 4,2 2,1
   echo "(.dev61:)"
   F=/tmp/ferry61 sweep_rounds 2 FERRY_CUDA_PERSIST_INFLIGHT $CHAIN
@@ -53,11 +49,7 @@ if [[ $CARD == *H200* ]]; then
   BIN=$CBIN F=/tmp/ferry61 stamps i3 FERRY_CUDA_PERSIST_INFLIGHT=3,1,1,3,1
   chain_tests
 else
-  echo "--- 1B F16 tg128 (-p 0 -r 5): default (.dev59d) | default (.dev61)"
-  for r in 1 2; do
-    left 40 "F16 round $r" || break
-    echo "$(tg $H 128) | $(F=/tmp/ferry61 tg $H 128)"
-  done
+  tg_rounds 2 "default (.dev59d) | default (.dev61)" "" F=/tmp/ferry61
   echo "(.dev61:)"
   F=/tmp/ferry61 sweep_rounds 3 FERRY_CUDA_PERSIST_INFLIGHT $CHAIN
   BIN=$CBIN F=/tmp/ferry61 stamps base

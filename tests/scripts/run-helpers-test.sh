@@ -9,7 +9,8 @@
 # bench's rows, memory and bandwidth lines (and only those) for each model, that stamps writes
 # $OUT/stamps-NAME.txt with its variables set and sums it up by BIN's persist-stamps.py (by
 # bench/tools/persist-stamps.py where BIN has none), that
-# sweep_rounds prints a row a round of the default and each value, that test_ops prints
+# sweep_rounds prints a row a round of the default and each value, that tg_rounds prints a row a
+# round with each column's variables and binary (and plan_rounds through it), that test_ops prints
 # test-ops' summary line alone, and that the output reaches run.log.
 #   run-helpers-test.sh SOURCE_DIR
 set -u
@@ -69,6 +70,9 @@ echo "stamps   2 wo   blocks 128 start     10.2 input     12.0 (max     12.5) ti
 echo "stamps   3 out  blocks 132 start     15.1 input     16.0 (max     16.2) tiles     20.0 (max     20.1) end     20.5 (max     21.0)" >&2
 BENCH
 chmod +x "$tmp/bench"
+# Another binary, for tg_rounds' F=PATH columns.
+sed 's/caps=\${/other caps=${/' "$tmp/bench" > "$tmp/bench2"
+chmod +x "$tmp/bench2"
 # persist-stamps.py's place: says which file it read.
 printf 'import sys\nprint("summed", sys.argv[1])\n' > "$tmp/bin/persist-stamps.py"
 # A carried benchmark, as the device scripts' BIN holds them.
@@ -120,6 +124,11 @@ F="$tmp/bench" H=m sweep_rounds 2 FERRY_CUDA_PERSIST_CAPS 2,4,1 3,1,1 > "$tmp/sw
 [ "\$(wc -l < "$tmp/sw.txt")" = 3 ] && head -1 "$tmp/sw.txt" | grep -q "default | FERRY_CUDA_PERSIST_CAPS= 2,4,1 3,1,1" &&
   [ "\$(grep -c "^ caps=none  |  caps=2,4,1  |  caps=3,1,1 \$" "$tmp/sw.txt")" = 2 ] ||
   { echo "sweep_rounds printed: \$(cat "$tmp/sw.txt")"; exit 13; }
+F="$tmp/bench" H=m tg_rounds 2 "a | b | c" "" FERRY_CUDA_PERSIST_CAPS=9 "F=$tmp/bench2 FERRY_CUDA_PERSIST_CAPS=7" > "$tmp/tr.txt"
+[ "\$(wc -l < "$tmp/tr.txt")" = 3 ] && head -1 "$tmp/tr.txt" | grep -q "^--- 1B F16 tg128 (-p 0 -r 5): a | b | c\$" &&
+  [ "\$(grep -c "^ caps=none  |  caps=9  |  other caps=7 \$" "$tmp/tr.txt")" = 2 ] &&
+  [ "\$(F="$tmp/bench" H=m plan_rounds 1 | tail -1)" = " caps=none  |  caps=none " ] ||
+  { echo "tg_rounds printed: \$(cat "$tmp/tr.txt")"; exit 16; }
 [ "\$(F="$tmp/bench" test_ops)" = "226 passed, 0 failed" ] || { echo "test_ops printed: \$(F="$tmp/bench" test_ops)"; exit 14; }
 echo "helpers done"
 SCRIPT
