@@ -6,21 +6,27 @@
 # (FERRY_CUDA_PERSIST_STAMPS=1, on branch persist-quant until now), with its test_cuda.
 # The chain sweep asks where the queue that sets the hops sits (stop 59: copies in flight
 # lengthen every hop, by Little's law over the whole card's stream). At tg128 the attention runs
-# in 32 of the 132 blocks; the other 100 wait for wo's input with one copy in flight each, so the
-# stream runs at about a third while the attention lasts. If the queue is each SM's own, the
+# in 32 of the 132 blocks; the other 100 wait for wo's input with one copy in flight each (their
+# rings fill at one copy's pace while the attention lasts). If the queue is each SM's own, the
 # waiting blocks can keep 2-3 copies in flight (I) without slowing the attention's loads and
 # polls: prediction +1-3% for 3,1,1,3,1 against 3,1. If it is the card's (one queue in front of
 # every request), I=3 slows the attention and the hop after it by more than the stream gains:
 # slower. Q and W at 2 (q/k/v's and wo's own streams against their hops) test the other parts.
-# On an H200: stop60-a's steps (the F16 target first, with this stop's main beside it), the chain sweep after its sweep, then the
-# stamps (main's own now: the default, 4,1 and 3,1,1,3,1; since this stop they also split the
-# attention into its hop from q/k/v and its sums, and give each product's producer the shares of
-# its span spent waiting for a free stage and under the cap), then the new test. On an H100:
-# stop60-a's binary beside this stop's main, the chain sweep, the stamps and the new test only (stop 59's H100 figures are the baseline; the
-# device time is kept for another try at an H200).
+# On an H200: stop60-a's steps (the F16 target first, with this stop's main beside it), the
+# chain sweep after its sweep, then the stamps (main's own now: the default, 4,1 and
+# 3,1,1,3,1; since this stop they also split the attention into its hop from q/k/v and its
+# sums, and give each product's producer the shares of its span spent waiting for a free stage
+# and under the cap), then the new test. On an H100:
+# stop60-a's binary beside this stop's main, the chain sweep, the stamps and the new test only
+# (stop 59's H100 figures are the baseline; the device time is kept for another try at an H200).
 CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
-BIN=${BIN:-.dev59d} source bench/runs/common.sh
+BIN=${BIN:-.dev59d}
+# (A checkout without stop60-a's binary runs this stop's in its place: the side-by-side columns
+# then compare one build with itself. .dev61: bench/build-for-device.sh .dev61, then xz -T2 -6
+# .dev61/ferry .dev61/test_cuda, at this stop's code or any later one with the same CUDA code.)
+[ -f $BIN/ferry.xz ] || { echo "($BIN missing: ${CBIN:-.dev61} in its place)"; BIN=${CBIN:-.dev61}; }
+BIN=$BIN source bench/runs/common.sh
 CBIN=${CBIN:-.dev61}
 date +%T
 unxz_bin $CBIN/ferry.xz /tmp/ferry61
