@@ -1532,12 +1532,13 @@ TEST(Cuda, PersistentDecodeQueuedAheadGivesTheSameBits) {
 }
 
 // The persistent step's copies in flight (FERRY_CUDA_PERSIST_INFLIGHT: A,C or, the attention's
-// chain's parts apart, A,Q,T,I,W) only pace the weights' stream: every setting gives the
-// default's bits, past 128 keys too (the attention split over blocks), and none stalls. The
-// settings: the default; one copy everywhere; the chain's parts each at another value; and the
-// most the ring takes (each is clamped to its stages less one). The per-phase stamps
-// (FERRY_CUDA_PERSIST_STAMPS=1, a diagnostic) change no bits either, and print a line a phase
-// (3 layers of 5, then the output, whose producer is stamped too) when the backend goes.
+// chain's parts apart and the output phase's, A,Q,T,I,W,O) only pace the weights' stream: every
+// setting gives the default's bits, past 128 keys too (the attention split over blocks), and none
+// stalls. The settings: the default; one copy everywhere; the chain's parts each at another value;
+// the output phase at 8; and the most the ring takes (each is clamped to its stages less one). The
+// per-phase stamps (FERRY_CUDA_PERSIST_STAMPS=1, a diagnostic) change no bits either, and print a
+// line a phase (3 layers of 5, then the output, whose producer is stamped too) when the backend
+// goes.
 TEST(Cuda, PersistentDecodeCopiesInFlightAndStampsChangeNoBits) {
     REQUIRE_GPU();
     const ModelPreset p = {
@@ -1551,6 +1552,7 @@ TEST(Cuda, PersistentDecodeCopiesInFlightAndStampsChangeNoBits) {
                                     "FERRY_CUDA_PERSIST_INFLIGHT=3,2,1,1,1",
                                     "FERRY_CUDA_PERSIST_INFLIGHT=3,1,2,1,3",
                                     "FERRY_CUDA_PERSIST_INFLIGHT=4,1,1,1,2",
+                                    "FERRY_CUDA_PERSIST_INFLIGHT=3,1,1,1,1,8",
                                     "FERRY_CUDA_PERSIST_INFLIGHT=99,99,99,99,99",
                                     "FERRY_CUDA_PERSIST_STAMPS=1"};
     std::vector<float> runs[std::size(settings)];

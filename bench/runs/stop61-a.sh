@@ -12,6 +12,12 @@
 # polls: prediction +1-3% for 3,1,1,3,1 against 3,1. If it is the card's (one queue in front of
 # every request), I=3 slows the attention and the hop after it by more than the stream gains:
 # slower. Q and W at 2 (q/k/v's and wo's own streams against their hops) test the other parts.
+# The output sweep (O: the output phase's copies in flight, 3 as before by default): the output
+# streams 525 MB a token with no hop after it. On an H100 it reached 3.3 TB/s at 3 copies (stop
+# 59: 159 us), the card's peak. On an H200, 3 copies a block are 6.5 MB in flight: the ~4.6 TB/s
+# it can stream needs them back in 1.4 us, which the H100's loaded 2 us would miss. Prediction:
+# on an H200, O = 5 or 8 is faster by up to ~15 us a token (+2%) if 3 leaves the output short of
+# the peak (the stamps' output span: 525 MB over it); on an H100, within the spread.
 # On an H200: stop60-a's steps (the F16 target first, with this stop's main beside it), the
 # chain sweep after its sweep, then the stamps (main's own now: the default, 4,1 and
 # 3,1,1,3,1; since this stop they also split the attention into its hop from q/k/v and its
@@ -33,6 +39,7 @@ unxz_bin $CBIN/ferry.xz /tmp/ferry61
 unxz_bin $CBIN/test_cuda.xz /tmp/test_cuda61
 gen_models
 CHAIN="3,1,1,3,1 3,1,1,2,1 3,2,1,1,1 3,3,1,1,1 3,1,1,1,2 3,1,2,1,1"
+OUTPUT="3,1,1,1,1,2 3,1,1,1,1,5 3,1,1,1,1,8"
 chain_tests() {
   left 60 "the chain's tests" &&
     F=/tmp/ferry61 TC=/tmp/test_cuda61 tests \
@@ -46,6 +53,7 @@ if [[ $CARD == *H200* ]]; then
   sweep_rounds 2 FERRY_CUDA_PERSIST_INFLIGHT 4,1 5,1 4,2 2,1
   echo "(.dev61:)"
   F=/tmp/ferry61 sweep_rounds 2 FERRY_CUDA_PERSIST_INFLIGHT $CHAIN
+  F=/tmp/ferry61 sweep_rounds 2 FERRY_CUDA_PERSIST_INFLIGHT $OUTPUT
   bench_tables 5 $H $Q
   servers_start
   served_rounds 3
@@ -58,6 +66,7 @@ else
   tg_rounds 2 "default (.dev59d) | default (.dev61)" "" F=/tmp/ferry61
   echo "(.dev61:)"
   F=/tmp/ferry61 sweep_rounds 3 FERRY_CUDA_PERSIST_INFLIGHT $CHAIN
+  F=/tmp/ferry61 sweep_rounds 2 FERRY_CUDA_PERSIST_INFLIGHT $OUTPUT
   BIN=$CBIN F=/tmp/ferry61 stamps base
   BIN=$CBIN F=/tmp/ferry61 stamps i3 FERRY_CUDA_PERSIST_INFLIGHT=3,1,1,3,1
   chain_tests

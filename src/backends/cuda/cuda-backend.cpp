@@ -548,9 +548,10 @@ class CudaBackend : public Backend {
             persist_splits_ = std::clamp(std::atoi(v), 0, 4);
         }
         if (const char* v = std::getenv("FERRY_CUDA_PERSIST_INFLIGHT")) {
-            // "A,C" (C in the whole chain) or "A,Q,T,I,W" (the chain's parts apart).
+            // "A,C" (C in the whole chain) or "A,Q,T,I,W[,O]" (the chain's parts apart, and the
+            // output phase).
             int n = 0;
-            for (const char* c = v; n < 5; c++) {
+            for (const char* c = v; n < 6; c++) {
                 persist_inflight_[n++] = std::max(0, std::atoi(c));
                 if (!(c = std::strchr(c, ','))) break;
             }
@@ -1062,9 +1063,9 @@ class CudaBackend : public Backend {
     // Its attention's blocks a head at most (FERRY_CUDA_PERSIST_SPLITS=1, 2 or 4; 0: as many
     // as the SMs take, up to 4).
     int persist_splits_ = 0;
-    // Its weight copies in flight a block, and in the attention's chain's parts (PersistModel::
-    // chain: FERRY_CUDA_PERSIST_INFLIGHT=3,1 or 3,1,1,1,1; 0: the kernel's own).
-    int persist_inflight_[5] = {0, 0, 0, 0, 0};
+    // Its weight copies in flight a block, in the attention's chain's parts (PersistModel::chain)
+    // and in the output phase (FERRY_CUDA_PERSIST_INFLIGHT=3,1 or 3,1,1,1,1,3; 0: the kernel's).
+    int persist_inflight_[6] = {0, 0, 0, 0, 0, 0};
     std::unique_ptr<Persist> persist_;
     // The step whose output a session reads (the persistent step, or the graph's last product),
     // or -1: its launch gets OpContext::host_out. direct_out_: that output (device memory) when
@@ -1479,6 +1480,7 @@ Status CudaBackend::plan(Graph& g) {
             pm.inflight = persist_inflight_[0];
             pm.stamps = persist_stamps_;
             std::copy(persist_inflight_ + 1, persist_inflight_ + 5, pm.chain);
+            pm.out_inflight = persist_inflight_[5];
             const Status ps = persist_->prepare(pm, ctx_.device, ctx_.n_sm, &p_id);
             lowered = ps.is_ok();
             if (!lowered) why = ps.message();

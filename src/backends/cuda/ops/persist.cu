@@ -99,11 +99,12 @@ struct Args {
     int splits;
     Word* part;
     Word* ml;
-    // Copies in flight a block, and in each part of the attention's chain (ChainPart: q/k/v, a
-    // block's attention split, a block waiting for wo's input, wo): kInflight, kChainInflight
-    // unless PersistModel asks for others.
+    // Copies in flight a block, in each part of the attention's chain (ChainPart: q/k/v, a
+    // block's attention split, a block waiting for wo's input, wo) and in the output phase:
+    // kInflight, kChainInflight and kInflight unless PersistModel asks for others.
     int inflight;
     int chain[kChainParts];
+    int out_inflight;
     const float* x0;
     float* logits;
     // Where the output phase also stores the logits: the device word holding host memory the
@@ -642,6 +643,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
             *cur_cap = ph.kind == kQkvK                       ? a.chain[kChainQkv]
                        : attends                              ? a.chain[kChainAttn]
                        : ph.kind == kAttnK || ph.kind == kWoK ? a.chain[kChainWait]
+                       : ph.kind == kOutK                     ? a.out_inflight
                                                               : a.inflight;
         }
         if (ph.kind == kAttnK) {
@@ -1076,6 +1078,7 @@ Status Persist::prepare(const PersistModel& m, int device, int n_sm, int* id) {
     auto cap = [](int v, int d) { return v > 0 ? std::min(v, kStages - 1) : d; };
     a.inflight = cap(m.inflight, kInflight);
     for (int i = 0; i < kChainParts; i++) a.chain[i] = cap(m.chain[i], kChainInflight);
+    a.out_inflight = cap(m.out_inflight, a.inflight);
     const size_t table_bytes = ph.size() * sizeof(Phase);
     for (size_t i = 0; i < I.tables.size(); i++) {
         Impl::Table& t = I.tables[i];

@@ -63,12 +63,13 @@ struct PersistModel {
     int n_kv = 0;  // keys attended: cache rows [0, n_kv)
     // The attention's blocks a head at most (1, 2 or 4; 0: 4): as many as the SMs take.
     int splits = 0;
-    // Weight copies in flight a block (0: the kernel's own, 3), and in the attention's chain:
-    // in q/k/v, in a block's attention split, while a block waits for wo's input (a block with
-    // no split waits from the attention's start), in wo (each 0: the kernel's own, 1). Each at
-    // most the kernel's stages less one.
+    // Weight copies in flight a block (0: the kernel's own, 3), in the attention's chain: in
+    // q/k/v, in a block's attention split, while a block waits for wo's input (a block with no
+    // split waits from the attention's start), in wo (each 0: the kernel's own, 1), and in the
+    // output phase (0: as `inflight`). Each at most the kernel's stages less one.
     int inflight = 0;
     int chain[4] = {0, 0, 0, 0};
+    int out_inflight = 0;
     // Per-phase stamps of each block (a diagnostic, FERRY_CUDA_PERSIST_STAMPS=1): the last
     // launch's, summed up per phase on stderr when the Persist goes.
     bool stamps = false;
