@@ -205,6 +205,16 @@ __device__ __forceinline__ unsigned long long* stamps_of(const Args& a, int pi) 
 __device__ __forceinline__ void stamp(const Args& a, int pi, int i) {
     if (a.stamps && threadIdx.x == 0) stamps_of(a, pi)[i] = now_ns();
 }
+// The producer's cap on copies in flight while the consumers start a phase of `kind` (attends:
+// this block runs one of its attention's splits). wo's rises to chain[kChainWo] once its input
+// is read.
+__device__ __forceinline__ int phase_cap(const Args& a, int kind, bool attends) {
+    return kind == kQkvK                    ? a.chain[kChainQkv]
+           : attends                        ? a.chain[kChainAttn]
+           : kind == kAttnK || kind == kWoK ? a.chain[kChainWait]
+           : kind == kOutK                  ? a.out_inflight
+                                            : a.inflight;
+}
 // What a wait that gave up was for (DeviceError::value).
 enum What : int { kWaitX = 1, kWaitAttn, kWaitH, kWaitQkv, kWaitRow, kWaitStage, kWaitTile };
 
@@ -570,7 +580,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
     volatile int* cur_cap = &cur_cap_word;
     const unsigned epoch = *reinterpret_cast<volatile unsigned*>(a.ctl);
     if (threadIdx.x == 0) {
-        *cur_cap = a.phases[0].kind == kQkvK ? a.chain[kChainQkv] : a.inflight;
+        *cur_cap = phase_cap(a, a.phases[0].kind, false);
         for (int s = 0; s < kStages; s++) {
             psync::mbar_init(full + s, 1);
             psync::mbar_init(empty + s, kConsumers);
@@ -639,13 +649,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_persist(Args a) {
     for (int pi = 0; pi < a.n_phases; pi++) {
         const Phase ph = a.phases[pi];
         const bool attends = ph.kind == kAttnK && b < a.n_head * splits;
-        if (threadIdx.x == 0) {
-            *cur_cap = ph.kind == kQkvK                       ? a.chain[kChainQkv]
-                       : attends                              ? a.chain[kChainAttn]
-                       : ph.kind == kAttnK || ph.kind == kWoK ? a.chain[kChainWait]
-                       : ph.kind == kOutK                     ? a.out_inflight
-                                                              : a.inflight;
-        }
+        if (threadIdx.x == 0) *cur_cap = phase_cap(a, ph.kind, attends);
         if (ph.kind == kAttnK) {
             if (attends) {
                 stamp(a, pi, 0);
